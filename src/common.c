@@ -1,0 +1,55 @@
+/* common.c - error messages, clock and aligned memory. */
+#define _POSIX_C_SOURCE 200809L
+#include "common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int kvc_fail(kvc_err *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+int kvc_err_prefix(kvc_err *err, const char *fmt, ...)
+{
+    if (!err)
+        return KVC_OK;
+    char head[256], old[sizeof(err->msg)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(head, sizeof(head), fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof(old));
+    snprintf(err->msg, sizeof(err->msg), "%s: %s", head, old);
+    return err->code;
+}
+
+int64_t kvc_time_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+void *kvc_alloc_aligned(size_t size)
+{
+    void *p = NULL;
+    if (size == 0)
+        size = 64;
+    size = (size + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, size) != 0)
+        return NULL;
+    return p;
+}
+
+void kvc_free_aligned(void *p) { free(p); }

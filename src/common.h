@@ -1,0 +1,41 @@
+/* common.h - status codes, error reporting and small helpers shared by every part.
+ *
+ * Library code never prints or exits: a failing function returns a negative
+ * kvc status (see include/kvchat.h) and, when the caller passed a kvc_err,
+ * leaves a message there that names what was wrong ("tensor blk.3.ffn_up.weight:
+ * type 23 not supported"). */
+#ifndef KVC_COMMON_H
+#define KVC_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "kvchat.h"
+
+typedef struct kvc_err {
+    int  code;          /* last status set, KVC_OK when none */
+    char msg[512];      /* NUL-terminated message, "" when none */
+} kvc_err;
+
+/* Record `code` and a printf-style message in `err` (which may be NULL).
+ * Returns `code`, so a failing path can read `return kvc_fail(err, ...)`. */
+int kvc_fail(kvc_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Prepend context to an existing message: "loading x.gguf: <old message>". */
+int kvc_err_prefix(kvc_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define KVC_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVC_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define KVC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Monotonic clock in microseconds. */
+int64_t kvc_time_us(void);
+
+/* Aligned allocation (64 bytes) for SIMD buffers; free with kvc_free_aligned (NULL ok). */
+void *kvc_alloc_aligned(size_t size);
+void  kvc_free_aligned(void *p);
+
+#endif

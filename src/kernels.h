@@ -1,0 +1,66 @@
+/* kernels.h - the arithmetic: matrix multiplication per weight type and the
+ * vector kernels of attention, each with a scalar reference and SIMD paths
+ * (AVX2, AVX-512) picked at run time.
+ *
+ * The fidelity rule (DESIGN.md §3) is built here. For a given ISA the value of
+ * every output element is a fixed function of its weight row and its one
+ * activation row: it does not depend on how many tokens are in the batch, where
+ * in the batch the token is, or which rows a thread was given. Prefill (many
+ * tokens) and decode (one token) therefore give bitwise-equal results.
+ *
+ * Activations are float32; quantized weights are dequantized exactly (as the
+ * GGUF format defines them) to float32 and multiplied in float32. There is no
+ * activation quantization, so results stay close to an exact float64 forward. */
+#ifndef KVC_KERNELS_H
+#define KVC_KERNELS_H
+
+#include "common.h"
+#include "quant.h"
+
+typedef enum kvc_isa {
+    KVC_ISA_SCALAR = 0,
+    KVC_ISA_AVX2   = 1,   /* AVX2 + FMA + F16C */
+    KVC_ISA_AVX512 = 2,   /* AVX-512 F/BW/VL/DQ */
+} kvc_isa;
+
+/* The ISA the kernels use: the best the CPU supports, unless the environment
+ * variable KVC_ISA=scalar|avx2|avx512 asks for a lower one. Thread-safe. */
+kvc_isa kvc_kernels_isa(void);
+const char *kvc_isa_name(kvc_isa isa);
+/* Force an ISA (tests); returns KVC_ERR_UNSUPPORTED if the CPU lacks it. */
+int kvc_kernels_set_isa(kvc_isa isa);
+
+/* A 2-D weight matrix as stored in the file: n_out rows of n_in elements. */
+typedef struct kvc_weight {
+    uint32_t    type;       /* enum kvc_type */
+    int64_t     n_in;       /* row length (GGUF ne[0]) */
+    int64_t     n_out;      /* rows (GGUF ne[1]) */
+    size_t      row_bytes;  /* kvc_row_size(type, n_in) */
+    const void *data;       /* n_out * row_bytes bytes */
+} kvc_weight;
+
+/* Floats of scratch one thread needs for kvc_matmul_rows on rows of n_in. */
+size_t kvc_matmul_scratch_floats(int64_t n_in);
+
+/* y[t * ldy + r] = sum_k W[r][k] * x[t * ldx + k]  for t in [0, n_tok), r in [r0, r1).
+ * x: float32 activations (n_tok rows of W->n_in, stride ldx >= n_in).
+ * scratch: kvc_matmul_scratch_floats(W->n_in) floats, 64-byte aligned, owned by the
+ * calling thread. Writes only the y elements named. See the invariance rule above. */
+void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
+                     float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
+
+/* Dequantize n elements (a multiple of the block size) of a row to float32 with
+ * the selected ISA. Bitwise equal to kvc_dequantize_row_ref. */
+void kvc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
+
+/* Dot products for attention, fixed reduction order for a given ISA and n. */
+float kvc_dot_f32(const float *a, const float *b, int64_t n);
+float kvc_dot_f16_f32(const kvc_fp16 *a, const float *b, int64_t n);
+/* y[i] += a * x[i] */
+void kvc_axpy_f32(float a, const float *x, float *y, int64_t n);
+void kvc_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n);
+/* Convert n floats to fp16 (round to nearest even) and back. */
+void kvc_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n);
+void kvc_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n);
+
+#endif

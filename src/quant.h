@@ -1,0 +1,105 @@
+/* quant.h - weight types: ids, block layouts, reference (de)quantization.
+ *
+ * Type ids and block layouts are GGUF's (ggml's), so files people download load
+ * as they are. Every function here is the scalar reference: the SIMD kernels in
+ * kernels.h are tested against it. */
+#ifndef KVC_QUANT_H
+#define KVC_QUANT_H
+
+#include "common.h"
+
+enum kvc_type {
+    KVC_TYPE_F32  = 0,
+    KVC_TYPE_F16  = 1,
+    KVC_TYPE_Q4_0 = 2,
+    KVC_TYPE_Q4_1 = 3,
+    KVC_TYPE_Q5_0 = 6,
+    KVC_TYPE_Q5_1 = 7,
+    KVC_TYPE_Q8_0 = 8,
+    KVC_TYPE_Q8_1 = 9,
+    KVC_TYPE_Q2_K = 10,
+    KVC_TYPE_Q3_K = 11,
+    KVC_TYPE_Q4_K = 12,
+    KVC_TYPE_Q5_K = 13,
+    KVC_TYPE_Q6_K = 14,
+    KVC_TYPE_Q8_K = 15,
+    KVC_TYPE_BF16 = 30,
+    KVC_TYPE_COUNT = 40  /* ids below this may be known to GGUF; see kvc_type_traits */
+};
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define QK8_0 32
+#define QK_K  256
+#define K_SCALE_SIZE 12
+
+typedef uint16_t kvc_fp16;  /* IEEE half, raw bits */
+typedef uint16_t kvc_bf16;  /* bfloat16, raw bits */
+
+typedef struct { kvc_fp16 d; uint8_t qs[QK4_0 / 2]; } block_q4_0;                 /* x = d * (q - 8) */
+typedef struct { kvc_fp16 d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;              /* x = d * q + m */
+typedef struct { kvc_fp16 d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;  /* x = d * (q - 16) */
+typedef struct { kvc_fp16 d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1; /* x = d * q + m */
+typedef struct { kvc_fp16 d; int8_t qs[QK8_0]; } block_q8_0;                      /* x = d * q */
+typedef struct {                   /* 8 sub-blocks of 32: x = d*sc*q - dmin*m, 6-bit sc/m */
+    kvc_fp16 d, dmin;
+    uint8_t  scales[K_SCALE_SIZE];
+    uint8_t  qs[QK_K / 2];
+} block_q4_K;
+typedef struct {                   /* as q4_K with a 5th bit in qh */
+    kvc_fp16 d, dmin;
+    uint8_t  scales[K_SCALE_SIZE];
+    uint8_t  qh[QK_K / 8];
+    uint8_t  qs[QK_K / 2];
+} block_q5_K;
+typedef struct {                   /* 16 sub-blocks of 16: x = d * sc * (q - 32), 8-bit sc */
+    uint8_t  ql[QK_K / 2];
+    uint8_t  qh[QK_K / 4];
+    int8_t   scales[QK_K / 16];
+    kvc_fp16 d;
+} block_q6_K;
+
+_Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 layout");
+_Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 layout");
+_Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 layout");
+_Static_assert(sizeof(block_q5_1) == 24, "block_q5_1 layout");
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 layout");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K layout");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
+
+typedef struct kvc_type_traits {
+    const char *name;        /* "q4_K" */
+    int         block_size;  /* elements per block (1 for float types) */
+    size_t      type_size;   /* bytes per block */
+    bool        supported;   /* we can dequantize / compute with it */
+} kvc_type_traits;
+
+/* Traits of a ggml type id, or NULL when the id is unknown. A known but
+ * unsupported type (Q2_K, IQ*, ...) has traits with supported == false, so a
+ * file can be described even when it cannot be run. */
+const kvc_type_traits *kvc_type_info(uint32_t type);
+
+/* Bytes taken by n elements of `type`; 0 when n is not a multiple of the block
+ * size or the type is unknown. */
+size_t kvc_row_size(uint32_t type, int64_t n);
+
+/* Name -> id ("q8_0", "Q4_K", "f16", case-insensitive); -1 when unknown. */
+int kvc_type_from_name(const char *name);
+
+float    kvc_fp16_to_fp32(kvc_fp16 h);
+kvc_fp16 kvc_fp32_to_fp16(float f);     /* round to nearest even */
+float    kvc_bf16_to_fp32(kvc_bf16 h);
+kvc_bf16 kvc_fp32_to_bf16(float f);     /* round to nearest even, NaN kept NaN */
+
+/* Reference dequantization of n elements (n a multiple of the block size). */
+void kvc_dequantize_row_ref(uint32_t type, const void *src, float *dst, int64_t n);
+
+/* Reference quantization of n elements into `dst` (kvc_row_size bytes).
+ * Deterministic; used by make-model and the KV cache's Q8_0 type.
+ * Returns bytes written, 0 for an unsupported type or bad n. */
+size_t kvc_quantize_row_ref(uint32_t type, const float *src, void *dst, int64_t n);
+
+#endif

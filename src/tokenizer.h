@@ -1,0 +1,98 @@
+/* tokenizer.h - text <-> token ids, as the model's GGUF vocabulary defines them.
+ *
+ * Two models (tokenizer.ggml.model):
+ *   "llama": SentencePiece-style. Spaces become U+2581, a leading one is added
+ *            (tokenizer.ggml.add_space_prefix, default true); pieces are merged
+ *            by score; characters not in the vocabulary fall back to byte tokens
+ *            <0xXX> when the vocabulary has them, else to the unknown token.
+ *   "gpt2":  byte-level BPE: the text is split by the pre-tokenizer named in
+ *            tokenizer.ggml.pre (default/gpt-2, llama-bpe, qwen2, smollm,
+ *            deepseek-coder, falcon, starcoder, ...), bytes are mapped to
+ *            printable code points, and merges (tokenizer.ggml.merges) are applied
+ *            by rank.
+ * Special/control tokens (token_type 3 = control, 4 = user-defined) are matched
+ * in the text as whole strings only when parse_special is true.
+ *
+ * A kvc_tokenizer is immutable after load and safe to share between threads. */
+#ifndef KVC_TOKENIZER_H
+#define KVC_TOKENIZER_H
+
+#include "common.h"
+#include "gguf.h"
+
+typedef struct kvc_tokenizer kvc_tokenizer;
+
+enum kvc_token_type {          /* tokenizer.ggml.token_type values */
+    KVC_TOKEN_UNDEFINED    = 0,
+    KVC_TOKEN_NORMAL       = 1,
+    KVC_TOKEN_UNKNOWN      = 2,
+    KVC_TOKEN_CONTROL      = 3,
+    KVC_TOKEN_USER_DEFINED = 4,
+    KVC_TOKEN_UNUSED       = 5,
+    KVC_TOKEN_BYTE         = 6,
+};
+
+/* Build a tokenizer from a GGUF's tokenizer.* keys (the file may be closed
+ * afterwards: everything needed is copied). Errors name the missing or bad key:
+ * KVC_ERR_NOT_FOUND ("tokenizer.ggml.tokens missing"), KVC_ERR_FORMAT,
+ * KVC_ERR_UNSUPPORTED (an unknown tokenizer model or pre-tokenizer). */
+int  kvc_tokenizer_load(const gguf_file *f, kvc_tokenizer **out, kvc_err *err);
+void kvc_tokenizer_free(kvc_tokenizer *t);   /* NULL ok */
+
+int32_t kvc_tokenizer_n_vocab(const kvc_tokenizer *t);
+int32_t kvc_tokenizer_bos(const kvc_tokenizer *t);   /* -1 when none */
+int32_t kvc_tokenizer_eos(const kvc_tokenizer *t);   /* -1 when none */
+bool    kvc_tokenizer_add_bos(const kvc_tokenizer *t); /* the vocabulary asks for BOS */
+bool    kvc_tokenizer_add_eos(const kvc_tokenizer *t);
+/* End of generation: EOS, EOT (tokenizer.ggml.eot_token_id), EOM, and control
+ * tokens whose text is one of <|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>,
+ * <|endoftext|>, </s>. */
+bool    kvc_tokenizer_is_eog(const kvc_tokenizer *t, int32_t id);
+int     kvc_tokenizer_token_type(const kvc_tokenizer *t, int32_t id);
+/* The token's text as stored in the vocabulary (not decoded); NULL if id is out of range. */
+const char *kvc_tokenizer_token_text(const kvc_tokenizer *t, int32_t id);
+/* Id of a token whose vocabulary text is exactly `text`, or -1. */
+int32_t kvc_tokenizer_find(const kvc_tokenizer *t, const char *text);
+
+/* Tokenize len bytes of text (need not be NUL-terminated; invalid UTF-8 is
+ * taken byte by byte). add_special: add BOS/EOS as the vocabulary's add_bos /
+ * add_eos flags ask. parse_special: recognise control and user-defined token
+ * strings in the text.
+ * Returns the number of tokens; when that is more than cap, nothing beyond cap
+ * was written and the caller retries with a larger buffer. Negative status on
+ * error (KVC_ERR_NOMEM). */
+int64_t kvc_tokenize(const kvc_tokenizer *t, const char *text, size_t len,
+                     bool add_special, bool parse_special,
+                     int32_t *out, int64_t cap);
+
+/* The bytes a token stands for: U+2581 -> ' ', <0xXX> -> the byte, byte-level
+ * BPE code points -> bytes. Control tokens give "" unless render_special.
+ * Returns the length; when it exceeds cap nothing is written (call again with
+ * a bigger buffer). Negative for an id out of range. */
+int kvc_token_to_piece(const kvc_tokenizer *t, int32_t id, bool render_special,
+                       char *buf, int cap);
+
+/* Streaming detokenizer: turns a token stream into text, releasing only whole
+ * UTF-8 characters (a character split across tokens is held back). With the
+ * SentencePiece model the space that add_space_prefix put before the first
+ * token is removed. Init with kvc_detok_init; holds no heap memory. */
+typedef struct kvc_detok {
+    const kvc_tokenizer *tok;
+    bool   render_special;
+    bool   at_start;       /* nothing emitted yet */
+    int    n_pending;
+    char   pending[8];     /* an incomplete UTF-8 sequence */
+} kvc_detok;
+
+void kvc_detok_init(kvc_detok *d, const kvc_tokenizer *t, bool render_special);
+/* Append the text that token `id` completes to out (at most cap bytes;
+ * 256 + 8 is always enough for one token). Returns bytes written, negative on
+ * a bad id. */
+int  kvc_detok_feed(kvc_detok *d, int32_t id, char *out, int cap);
+/* Release what is held back (an invalid trailing sequence becomes U+FFFD). */
+int  kvc_detok_flush(kvc_detok *d, char *out, int cap);
+
+/* Decode a whole token array to a malloc'd NUL-terminated string (NULL on OOM). */
+char *kvc_detokenize(const kvc_tokenizer *t, const int32_t *ids, int64_t n, bool render_special);
+
+#endif
