@@ -10,8 +10,11 @@
  *            deepseek-coder, falcon, starcoder, ...), bytes are mapped to
  *            printable code points, and merges (tokenizer.ggml.merges) are applied
  *            by rank.
- * Special/control tokens (token_type 3 = control, 4 = user-defined) are matched
- * in the text as whole strings only when parse_special is true.
+ * Special tokens are matched in the text as whole strings before the model
+ * splits it, longest first (llama.cpp's order): control (token_type 3) and
+ * unknown (2) tokens only when parse_special is true, user-defined (4) tokens
+ * always (as llama.cpp and Hugging Face do). With "llama", each text run at the
+ * start or after a special token gets the add_space_prefix space.
  *
  * A kvc_tokenizer is immutable after load and safe to share between threads. */
 #ifndef KVC_TOKENIZER_H
@@ -44,55 +47,79 @@ int32_t kvc_tokenizer_bos(const kvc_tokenizer *t);   /* -1 when none */
 int32_t kvc_tokenizer_eos(const kvc_tokenizer *t);   /* -1 when none */
 bool    kvc_tokenizer_add_bos(const kvc_tokenizer *t); /* the vocabulary asks for BOS */
 bool    kvc_tokenizer_add_eos(const kvc_tokenizer *t);
-/* End of generation: EOS, EOT (tokenizer.ggml.eot_token_id), EOM, and control
- * tokens whose text is one of <|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>,
- * <|endoftext|>, </s>. */
+/* End of generation: EOS, EOT (tokenizer.ggml.eot_token_id), EOM, and tokens
+ * whose text is in llama.cpp's list (<|im_end|>, <|eot_id|>, <|end|>,
+ * <end_of_turn>, <|endoftext|>, </s>, <|eom_id|>, <|end_of_text|>, <eos>, ...);
+ * like llama.cpp, such a token is made a control token whatever its stored type. */
 bool    kvc_tokenizer_is_eog(const kvc_tokenizer *t, int32_t id);
-int     kvc_tokenizer_token_type(const kvc_tokenizer *t, int32_t id);
+int     kvc_tokenizer_token_type(const kvc_tokenizer *t, int32_t id); /* after that override */
 /* The token's text as stored in the vocabulary (not decoded); NULL if id is out of range. */
 const char *kvc_tokenizer_token_text(const kvc_tokenizer *t, int32_t id);
 /* Id of a token whose vocabulary text is exactly `text`, or -1. */
 int32_t kvc_tokenizer_find(const kvc_tokenizer *t, const char *text);
 
 /* Tokenize len bytes of text (need not be NUL-terminated; invalid UTF-8 is
- * taken byte by byte). add_special: add BOS/EOS as the vocabulary's add_bos /
- * add_eos flags ask. parse_special: recognise control and user-defined token
- * strings in the text.
+ * taken byte by byte and comes back unchanged from kvc_detokenize). add_special:
+ * add BOS/EOS as the vocabulary's add_bos / add_eos flags ask (and when it has
+ * that token). parse_special: recognise control and unknown token strings in
+ * the text (user-defined ones are always recognised).
  * Returns the number of tokens; when that is more than cap, nothing beyond cap
  * was written and the caller retries with a larger buffer. Negative status on
- * error (KVC_ERR_NOMEM). */
+ * error: KVC_ERR_NOMEM, KVC_ERR_INVALID_ARG (NULL arguments, len > 256 MiB). */
 int64_t kvc_tokenize(const kvc_tokenizer *t, const char *text, size_t len,
                      bool add_special, bool parse_special,
                      int32_t *out, int64_t cap);
 
+/* The same for text that continues earlier text (continuation = true): the
+ * SentencePiece add_space_prefix space is not put before its first run, so a
+ * suffix can be tokenized after the tokens of its prefix. Its tokens equal
+ * those of the whole text only when no merge would cross the boundary.
+ * kvc_tokenize is kvc_tokenize_ex with continuation = false. */
+int64_t kvc_tokenize_ex(const kvc_tokenizer *t, const char *text, size_t len,
+                        bool add_special, bool parse_special, bool continuation,
+                        int32_t *out, int64_t cap);
+
 /* The bytes a token stands for: U+2581 -> ' ', <0xXX> -> the byte, byte-level
- * BPE code points -> bytes. Control tokens give "" unless render_special.
+ * BPE code points -> bytes; unused tokens give "". Control and unknown tokens
+ * give "" unless render_special (then their text). No NUL is written.
  * Returns the length; when it exceeds cap nothing is written (call again with
  * a bigger buffer). Negative for an id out of range. */
 int kvc_token_to_piece(const kvc_tokenizer *t, int32_t id, bool render_special,
                        char *buf, int cap);
 
 /* Streaming detokenizer: turns a token stream into text, releasing only whole
- * UTF-8 characters (a character split across tokens is held back). With the
- * SentencePiece model the space that add_space_prefix put before the first
- * token is removed. Init with kvc_detok_init; holds no heap memory. */
+ * UTF-8 characters (a character split across tokens is held back; bytes that
+ * cannot form one become U+FFFD, so the output is always valid UTF-8). With the
+ * SentencePiece model and add_space_prefix, the space tokenization put at the
+ * start of a text run (the first one, and each after a control or
+ * user-defined token) is removed. Init with kvc_detok_init; holds no heap
+ * memory. To continue text that is already shown (a completion after its
+ * prompt), set at_start = false after init. */
 typedef struct kvc_detok {
     const kvc_tokenizer *tok;
     bool   render_special;
-    bool   at_start;       /* nothing emitted yet */
+    bool   at_start;       /* the next text token starts a text run */
     int    n_pending;
     char   pending[8];     /* an incomplete UTF-8 sequence */
 } kvc_detok;
 
 void kvc_detok_init(kvc_detok *d, const kvc_tokenizer *t, bool render_special);
-/* Append the text that token `id` completes to out (at most cap bytes;
- * 256 + 8 is always enough for one token). Returns bytes written, negative on
- * a bad id. */
+/* Write the text that token `id` completes to out. Returns the bytes written;
+ * a return above cap means out was too small: nothing was written or consumed,
+ * call again with that much room (3 * the piece length + 4 always suffices).
+ * Negative on a bad id. */
 int  kvc_detok_feed(kvc_detok *d, int32_t id, char *out, int cap);
-/* Release what is held back (an invalid trailing sequence becomes U+FFFD). */
+/* Release what is held back (an incomplete trailing sequence becomes U+FFFD,
+ * 3 bytes; a return above cap: too small, nothing done). */
 int  kvc_detok_flush(kvc_detok *d, char *out, int cap);
 
-/* Decode a whole token array to a malloc'd NUL-terminated string (NULL on OOM). */
+/* Decode a whole token array to a malloc'd NUL-terminated string, the exact
+ * bytes of the pieces (no UTF-8 repair; leading-space rule as kvc_detok), so
+ * that kvc_detokenize(kvc_tokenize(x)) == x, except where tokenization loses
+ * text: a character that became the unknown token, a U+2581 in SentencePiece
+ * text (it reads as a space), whitespace a special token
+ * with the strip attribute ate (Phi-3), special tokens when render_special is
+ * off. NULL on OOM or an id out of range; caller frees. */
 char *kvc_detokenize(const kvc_tokenizer *t, const int32_t *ids, int64_t n, bool render_special);
 
 #endif

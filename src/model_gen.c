@@ -1,0 +1,555 @@
+/* model_gen.c - random-weight GGUF models: parameters, presets, weight types,
+ * weights, and the file. The vocabulary is in model_gen_vocab.c. */
+#include "model_gen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "quant.h"
+#include "threadpool.h"
+
+#define GEN_LOGIT_SCALE  5.0f   /* output_norm's mean: the logits' standard deviation */
+#define GEN_NORM_NOISE   0.1f   /* norm weights are 1 + this * N(0,1) */
+#define GEN_BIAS_STD     0.1f
+#define GEN_QUIET_SCALE  0.25f  /* output rows of kvc_gen_token_quiet tokens */
+#define GEN_MAX_DIM      (1 << 18)
+#define GEN_MAX_VOCAB    (1 << 22)
+#define GEN_MAX_LAYERS   1024
+#define GEN_PARALLEL_MIN (1 << 18) /* elements; smaller tensors are not worth waking threads */
+
+/* ------------------------------------------------------------------ params */
+
+kvc_gen_params kvc_gen_default_params(void)
+{
+    return (kvc_gen_params){
+        .arch = "qwen2", .ftype = "f16",
+        .n_embd = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .head_dim = 0,
+        .n_ff = 384, .n_ctx = 4096, .n_vocab = 0,
+        .vocab = "bpe", .bpe_pre = NULL, .tied = true, .vocab_only = false,
+        .rope_theta = 10000.0f, .rms_eps = 1e-6f, .seed = 42, .name = NULL, .n_threads = 0,
+    };
+}
+
+static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-qwen3", "qwen2.5-0.5b" };
+
+const char *kvc_gen_preset_name(int i)
+{
+    return i >= 0 && i < (int)KVC_ARRAY_LEN(preset_names) ? preset_names[i] : NULL;
+}
+
+int kvc_gen_preset(const char *name, kvc_gen_params *out)
+{
+    kvc_gen_params p = kvc_gen_default_params();
+    if (!name || !out)
+        return KVC_ERR_NOT_FOUND;
+    if (strcmp(name, "demo") == 0) {
+        /* the defaults */
+    } else if (strcmp(name, "tiny") == 0) {
+        p.ftype = "f32";
+        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.n_ff = 128, p.n_ctx = 2048;
+    } else if (strcmp(name, "tiny-llama") == 0) {
+        p.arch = "llama", p.ftype = "f32", p.vocab = "spm", p.tied = false;
+        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.n_ff = 192, p.n_ctx = 2048;
+    } else if (strcmp(name, "tiny-qwen3") == 0) {
+        p.arch = "qwen3", p.ftype = "f32", p.vocab = "spm";
+        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 1, p.head_dim = 32;
+        p.n_ff = 128, p.n_ctx = 2048;
+    } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
+        p.n_embd = 896, p.n_layer = 24, p.n_head = 14, p.n_head_kv = 2, p.head_dim = 64;
+        p.n_ff = 4864, p.n_vocab = 151936, p.n_ctx = 32768, p.rope_theta = 1e6f;
+    } else {
+        return KVC_ERR_NOT_FOUND;
+    }
+    *out = p;
+    return KVC_OK;
+}
+
+/* ------------------------------------------------------------ weight types */
+
+typedef enum gen_mix { MIX_NONE, MIX_K_S, MIX_K_M } gen_mix;
+
+typedef struct gen_ftype {
+    const char *name;
+    uint32_t    file_type;   /* general.file_type (llama_ftype) */
+    uint32_t    base;        /* the type of most 2-D weights */
+    gen_mix     mix;
+} gen_ftype;
+
+static const gen_ftype ftypes[] = {
+    { "f32",    0,  KVC_TYPE_F32,  MIX_NONE },
+    { "f16",    1,  KVC_TYPE_F16,  MIX_NONE },
+    { "bf16",   32, KVC_TYPE_BF16, MIX_NONE },
+    { "q4_0",   2,  KVC_TYPE_Q4_0, MIX_NONE },
+    { "q4_1",   3,  KVC_TYPE_Q4_1, MIX_NONE },
+    { "q8_0",   7,  KVC_TYPE_Q8_0, MIX_NONE },
+    { "q5_0",   8,  KVC_TYPE_Q5_0, MIX_NONE },
+    { "q5_1",   9,  KVC_TYPE_Q5_1, MIX_NONE },
+    { "q4_k",   14, KVC_TYPE_Q4_K, MIX_K_S  },
+    { "q4_k_s", 14, KVC_TYPE_Q4_K, MIX_K_S  },
+    { "q4_k_m", 15, KVC_TYPE_Q4_K, MIX_K_M  },
+    { "q5_k",   16, KVC_TYPE_Q5_K, MIX_K_S  },
+    { "q5_k_s", 16, KVC_TYPE_Q5_K, MIX_K_S  },
+    { "q5_k_m", 17, KVC_TYPE_Q5_K, MIX_K_M  },
+    { "q6_k",   18, KVC_TYPE_Q6_K, MIX_NONE },
+};
+
+static const gen_ftype *find_ftype(const char *name)
+{
+    for (size_t i = 0; name && i < KVC_ARRAY_LEN(ftypes); i++)
+        if (strcasecmp(ftypes[i].name, name) == 0)
+            return &ftypes[i];
+    return NULL;
+}
+
+static bool is_float_type(uint32_t t)
+{
+    return t == KVC_TYPE_F32 || t == KVC_TYPE_F16 || t == KVC_TYPE_BF16;
+}
+
+static int64_t block_of(uint32_t t) { return kvc_type_info(t)->block_size; }
+
+/* llama.cpp's "use_more_bits": the first and last eighth of the layers and
+ * every third layer in between. */
+static bool more_bits(int i, int n)
+{
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+static bool name_has(const char *name, const char *part) { return strstr(name, part) != NULL; }
+
+int kvc_gen_tensor_type(const char *ftype, const char *name, int layer, int n_layer,
+                        int64_t ne0, bool tied)
+{
+    const gen_ftype *ft = find_ftype(ftype);
+    if (!ft || !name)
+        return -1;
+    uint32_t t = ft->base;
+    if (is_float_type(t))
+        return (int)t;
+    bool is_output = strcmp(name, "output.weight") == 0 ||
+                     (tied && strcmp(name, "token_embd.weight") == 0);
+    if (is_output) {
+        t = (ne0 % block_of(t) != 0 || t == KVC_TYPE_Q8_0) ? KVC_TYPE_Q8_0 : KVC_TYPE_Q6_K;
+    } else if (name_has(name, "attn_v.weight")) {
+        if (ft->mix == MIX_K_M && more_bits(layer, n_layer))
+            t = KVC_TYPE_Q6_K;
+        else if (ft->mix == MIX_K_S && t == KVC_TYPE_Q4_K && layer < 4)
+            t = KVC_TYPE_Q5_K;
+    } else if (name_has(name, "ffn_down")) {
+        if (ft->mix == MIX_K_M && more_bits(layer, n_layer))
+            t = KVC_TYPE_Q6_K;
+        else if (ft->mix == MIX_K_S && t == KVC_TYPE_Q4_K && layer < n_layer / 8)
+            t = KVC_TYPE_Q5_K;
+    }
+    if (ne0 % block_of(t) != 0) {
+        switch (t) {
+        case KVC_TYPE_Q4_K: t = KVC_TYPE_Q5_0; break;
+        case KVC_TYPE_Q5_K: t = KVC_TYPE_Q5_1; break;
+        case KVC_TYPE_Q6_K: t = KVC_TYPE_Q8_0; break;
+        default: break;
+        }
+        if (ne0 % block_of(t) != 0)
+            t = KVC_TYPE_F16;
+    }
+    return (int)t;
+}
+
+/* ---------------------------------------------------------------- validate */
+
+static bool arch_known(const char *a)
+{
+    return a && (strcmp(a, "llama") == 0 || strcmp(a, "qwen2") == 0 || strcmp(a, "qwen3") == 0);
+}
+
+static int check_dim(const char *what, int64_t v, int64_t lo, int64_t hi, kvc_err *err)
+{
+    if (v < lo || v > hi)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "%s %lld out of range [%lld, %lld]",
+                        what, (long long)v, (long long)lo, (long long)hi);
+    return KVC_OK;
+}
+
+/* Validate p and fill the defaults (n_head_kv, head_dim, n_vocab) into *q. */
+static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *err)
+{
+    if (!p->vocab || (strcasecmp(p->vocab, "bpe") != 0 && strcasecmp(p->vocab, "spm") != 0))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "vocab \"%s\": expected \"bpe\" or \"spm\"",
+                        p->vocab ? p->vocab : "(null)");
+    if (!arch_known(p->arch))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\": expected llama, qwen2 or qwen3",
+                        p->arch ? p->arch : "(null)");
+    if (!find_ftype(p->ftype))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "ftype \"%s\" unknown (f32 f16 bf16 q8_0 q4_0 "
+                        "q4_1 q5_0 q5_1 q4_k q4_k_s q4_k_m q5_k q5_k_s q5_k_m q6_k)",
+                        p->ftype ? p->ftype : "(null)");
+    *q = *p;
+    if (q->n_head_kv == 0)
+        q->n_head_kv = q->n_head;
+    if (q->head_dim == 0 && q->n_head > 0)
+        q->head_dim = q->n_embd / q->n_head;
+    int rc;
+    if ((rc = check_dim("n_embd", q->n_embd, 1, GEN_MAX_DIM, err)) ||
+        (rc = check_dim("n_layer", q->n_layer, 1, GEN_MAX_LAYERS, err)) ||
+        (rc = check_dim("n_head", q->n_head, 1, GEN_MAX_DIM, err)) ||
+        (rc = check_dim("n_head_kv", q->n_head_kv, 1, q->n_head, err)) ||
+        (rc = check_dim("head_dim", q->head_dim, 2, GEN_MAX_DIM, err)) ||
+        (rc = check_dim("n_head * head_dim", (int64_t)q->n_head * q->head_dim, 1, GEN_MAX_DIM, err)) ||
+        (rc = check_dim("n_ff", q->n_ff, 1, GEN_MAX_DIM, err)) ||
+        (rc = check_dim("n_ctx", q->n_ctx, 1, INT32_MAX, err)) ||
+        (rc = check_dim("n_vocab", q->n_vocab, 0, GEN_MAX_VOCAB, err)) ||
+        (rc = check_dim("n_threads", q->n_threads, 0, 1024, err)))
+        return rc;
+    if (p->head_dim == 0 && q->n_embd % q->n_head != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "n_embd %d is not a multiple of n_head %d; give head_dim",
+                        (int)q->n_embd, (int)q->n_head);
+    if (q->n_head % q->n_head_kv != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "n_head %d is not a multiple of n_head_kv %d",
+                        (int)q->n_head, (int)q->n_head_kv);
+    if (q->head_dim % 2 != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "head_dim %d is odd (RoPE rotates pairs)",
+                        (int)q->head_dim);
+    if (!(q->rope_theta > 0.0f) || !(q->rms_eps > 0.0f))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope_theta and rms_eps must be positive");
+    int32_t natural = kvc_gen_vocab_size(q->vocab);
+    if (natural < 0)
+        return kvc_fail(err, KVC_ERR_NOMEM, "building the %s vocabulary: out of memory", q->vocab);
+    if (q->n_vocab == 0)
+        q->n_vocab = natural;
+    if (q->n_vocab < natural)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "n_vocab %d is below the %s vocabulary's %d tokens",
+                        (int)q->n_vocab, q->vocab, (int)natural);
+    return KVC_OK;
+}
+
+/* ------------------------------------------------------------------ random */
+
+/* A tensor's weights are one splitmix64 stream from a seed hashed from the
+ * model seed and the tensor's name: element k is mix(s + (k+1) * golden), so a
+ * row can be generated without the ones before it. */
+#define GOLDEN 0x9E3779B97F4A7C15ull
+
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t tensor_seed(uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;      /* FNV-1a */
+    for (const unsigned char *s = (const unsigned char *)name; *s; s++)
+        h = (h ^ *s) * 0x100000001b3ull;
+    return mix64(seed ^ mix64(h));
+}
+
+/* Approximately N(0,1): the sum of the four 16-bit uniforms in one draw
+ * (Irwin-Hall), centred and scaled; bounded at +-sqrt(12) * 0.99998. */
+static inline float normal_of(uint64_t x)
+{
+    static const double inv_std = 2.6428804453310986e-05;  /* 1/sqrt((65536^2 - 1) / 3) */
+    int64_t sum = (int64_t)(x & 0xFFFF) + (int64_t)((x >> 16) & 0xFFFF) +
+                  (int64_t)((x >> 32) & 0xFFFF) + (int64_t)(x >> 48);
+    return (float)((double)(sum - 131070) * inv_std);
+}
+
+/* -------------------------------------------------------------- generation */
+
+typedef struct gen_tensor {
+    char     name[64];
+    int      layer;          /* -1 for global tensors */
+    int      n_dims;
+    int64_t  ne[2];          /* ne[0] row length; ne[1] rows (1 for 1-D) */
+    uint32_t type;
+    float    mean, std;      /* element = mean + std * N(0,1) */
+    const uint8_t *quiet;    /* [ne[1]] rows to scale by GEN_QUIET_SCALE, or NULL */
+} gen_tensor;
+
+typedef struct gen_job {
+    const gen_tensor *t;
+    uint64_t seed;           /* tensor_seed */
+    size_t   row_size;       /* bytes per row in t->type */
+    int64_t  rows_per_task;
+    uint8_t *out;            /* [ne[1] * row_size] */
+    float  **scratch;        /* per thread, [ne[0]] */
+} gen_job;
+
+static void gen_rows(void *ctx, int64_t task, int thread)
+{
+    const gen_job *j = ctx;
+    const gen_tensor *t = j->t;
+    float *row = j->scratch[thread];
+    int64_t r0 = task * j->rows_per_task;
+    int64_t r1 = KVC_MIN(r0 + j->rows_per_task, t->ne[1]);
+    for (int64_t r = r0; r < r1; r++) {
+        uint64_t s = j->seed + (uint64_t)(r * t->ne[0]) * GOLDEN;
+        float mean = t->mean, std = t->std;
+        if (t->quiet && t->quiet[r]) {
+            mean *= GEN_QUIET_SCALE;
+            std *= GEN_QUIET_SCALE;
+        }
+        for (int64_t k = 0; k < t->ne[0]; k++) {
+            s += GOLDEN;
+            row[k] = mean + std * normal_of(mix64(s));
+        }
+        uint8_t *dst = j->out + (size_t)r * j->row_size;
+        switch (t->type) {
+        case KVC_TYPE_F32:
+            memcpy(dst, row, (size_t)t->ne[0] * sizeof(float));
+            break;
+        case KVC_TYPE_F16:
+            for (int64_t k = 0; k < t->ne[0]; k++)
+                ((kvc_fp16 *)dst)[k] = kvc_fp32_to_fp16(row[k]);
+            break;
+        case KVC_TYPE_BF16:
+            for (int64_t k = 0; k < t->ne[0]; k++)
+                ((kvc_bf16 *)dst)[k] = kvc_fp32_to_bf16(row[k]);
+            break;
+        default:
+            kvc_quantize_row_ref(t->type, row, dst, t->ne[0]);  /* checked in gen_tensor_add */
+            break;
+        }
+    }
+}
+
+/* Generate tensor t and add it to the writer. */
+static int gen_tensor_add(gguf_writer *w, const gen_tensor *t, uint64_t seed,
+                          kvc_threadpool *tp, float **scratch, kvc_err *err)
+{
+    size_t row_size = kvc_row_size(t->type, t->ne[0]);
+    const kvc_type_traits *tt = kvc_type_info(t->type);
+    if (row_size == 0 || !tt)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "tensor %s: row of %lld not possible in type %u",
+                        t->name, (long long)t->ne[0], t->type);
+    if (!is_float_type(t->type)) {
+        /* a quantizer that is missing would otherwise leave garbage in the file */
+        float zero[QK_K] = { 0 };
+        uint8_t probe[sizeof(block_q8_0) * QK_K / QK8_0 + sizeof(block_q6_K)];
+        if (kvc_quantize_row_ref(t->type, zero, probe, tt->block_size) == 0)
+            return kvc_fail(err, KVC_ERR_UNSUPPORTED, "tensor %s: quantization to %s not available",
+                            t->name, tt->name);
+    }
+    size_t size = row_size * (size_t)t->ne[1];
+    gen_job j = { .t = t, .seed = tensor_seed(seed, t->name), .row_size = row_size,
+                  .out = malloc(size ? size : 1), .scratch = scratch };
+    if (!j.out)
+        return kvc_fail(err, KVC_ERR_NOMEM, "tensor %s: cannot allocate %zu bytes", t->name, size);
+    j.rows_per_task = KVC_MAX(1, 65536 / t->ne[0]);
+    int64_t n_tasks = (t->ne[1] + j.rows_per_task - 1) / j.rows_per_task;
+    if (tp && t->ne[0] * t->ne[1] >= GEN_PARALLEL_MIN)
+        kvc_threadpool_run(tp, n_tasks, gen_rows, &j);
+    else
+        for (int64_t i = 0; i < n_tasks; i++)
+            gen_rows(&j, i, 0);
+    int rc = gguf_writer_add_tensor(w, t->name, t->type, (uint32_t)t->n_dims, t->ne, j.out, size);
+    free(j.out);
+    if (rc != KVC_OK)
+        return kvc_fail(err, rc, "tensor %s: adding to the file: %s", t->name, kvc_strerror(rc));
+    return KVC_OK;
+}
+
+/* ------------------------------------------------------------------ layout */
+
+/* The tensors of the model, in file order (malloc'd, *n_out of them); they
+ * borrow `quiet` ([n_vocab]). */
+static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const uint8_t *quiet,
+                                int *n_out)
+{
+    gen_tensor *ts = calloc((size_t)p->n_layer * 12 + 3, sizeof(*ts));   /* 12: qwen2's, the most */
+    if (!ts)
+        return NULL;
+    int n = 0;
+    int64_t d = p->n_embd, q = (int64_t)p->n_head * p->head_dim, kv = (int64_t)p->n_head_kv * p->head_dim;
+    float emb_std = 1.0f / sqrtf((float)d);
+
+#define ADD(layer_, nm, dims, ne0, ne1, mean_, std_, quiet_) do {                           \
+        gen_tensor *t_ = &ts[n++];                                                           \
+        if ((layer_) >= 0) snprintf(t_->name, sizeof(t_->name), "blk.%d.%s", (layer_), nm);  \
+        else snprintf(t_->name, sizeof(t_->name), "%s", nm);                                 \
+        t_->layer = (layer_), t_->n_dims = (dims);                                           \
+        t_->ne[0] = (ne0), t_->ne[1] = (ne1);                                                \
+        t_->mean = (mean_), t_->std = (std_), t_->quiet = (quiet_);                          \
+    } while (0)
+#define W(layer_, nm, ne0, ne1) ADD(layer_, nm, 2, ne0, ne1, 0.0f, 1.0f / sqrtf((float)(ne0)), NULL)
+#define NORM(layer_, nm, ne0)   ADD(layer_, nm, 1, ne0, 1, 1.0f, GEN_NORM_NOISE, NULL)
+#define BIAS(layer_, nm, ne0)   ADD(layer_, nm, 1, ne0, 1, 0.0f, GEN_BIAS_STD, NULL)
+
+    bool qwen2 = strcmp(p->arch, "qwen2") == 0, qwen3 = strcmp(p->arch, "qwen3") == 0;
+    ADD(-1, "token_embd.weight", 2, d, n_vocab, 0.0f, emb_std, p->tied ? quiet : NULL);
+    for (int l = 0; l < p->n_layer; l++) {
+        NORM(l, "attn_norm.weight", d);
+        W(l, "attn_q.weight", d, q);
+        if (qwen2) BIAS(l, "attn_q.bias", q);
+        W(l, "attn_k.weight", d, kv);
+        if (qwen2) BIAS(l, "attn_k.bias", kv);
+        W(l, "attn_v.weight", d, kv);
+        if (qwen2) BIAS(l, "attn_v.bias", kv);
+        if (qwen3) {
+            NORM(l, "attn_q_norm.weight", p->head_dim);
+            NORM(l, "attn_k_norm.weight", p->head_dim);
+        }
+        W(l, "attn_output.weight", q, d);
+        NORM(l, "ffn_norm.weight", d);
+        W(l, "ffn_gate.weight", d, p->n_ff);
+        W(l, "ffn_up.weight", d, p->n_ff);
+        W(l, "ffn_down.weight", p->n_ff, d);
+    }
+    ADD(-1, "output_norm.weight", 1, d, 1, GEN_LOGIT_SCALE, GEN_LOGIT_SCALE * GEN_NORM_NOISE, NULL);
+    if (!p->tied)
+        ADD(-1, "output.weight", 2, d, n_vocab, 0.0f, emb_std, quiet);
+#undef ADD
+#undef W
+#undef NORM
+#undef BIAS
+
+    /* norms and biases stay F32, as llama.cpp's quantizer leaves 1-D tensors */
+    for (int i = 0; i < n; i++)
+        ts[i].type = ts[i].n_dims == 1
+                   ? KVC_TYPE_F32
+                   : (uint32_t)kvc_gen_tensor_type(p->ftype, ts[i].name, ts[i].layer, p->n_layer,
+                                                   ts[i].ne[0], p->tied);
+    *n_out = n;
+    return ts;
+}
+
+/* ------------------------------------------------------------------- keys */
+
+static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
+{
+    const gen_ftype *ft = find_ftype(p->ftype);
+    char name[96], key[96];
+    if (p->name)
+        snprintf(name, sizeof(name), "%s", p->name);
+    else
+        snprintf(name, sizeof(name), "random-%s-%dL-%dd", p->arch, (int)p->n_layer, (int)p->n_embd);
+    int rc = gguf_writer_set_str(w, "general.architecture", p->arch);
+    if (!rc) rc = gguf_writer_set_str(w, "general.name", name);
+    if (!rc) rc = gguf_writer_set_u32(w, "general.file_type", ft->file_type);
+    if (!rc && !is_float_type(ft->base))
+        rc = gguf_writer_set_u32(w, "general.quantization_version", 2);
+#define ARCH_U32(suffix, v) if (!rc) { snprintf(key, sizeof(key), "%s." suffix, p->arch); \
+                                        rc = gguf_writer_set_u32(w, key, (uint32_t)(v)); }
+#define ARCH_F32(suffix, v) if (!rc) { snprintf(key, sizeof(key), "%s." suffix, p->arch); \
+                                        rc = gguf_writer_set_f32(w, key, (v)); }
+    ARCH_U32("vocab_size", p->n_vocab);
+    ARCH_U32("context_length", p->n_ctx);
+    ARCH_U32("embedding_length", p->n_embd);
+    ARCH_U32("block_count", p->n_layer);
+    ARCH_U32("feed_forward_length", p->n_ff);
+    ARCH_U32("attention.head_count", p->n_head);
+    ARCH_U32("attention.head_count_kv", p->n_head_kv);
+    ARCH_U32("attention.key_length", p->head_dim);
+    ARCH_U32("attention.value_length", p->head_dim);
+    ARCH_U32("rope.dimension_count", p->head_dim);
+    ARCH_F32("rope.freq_base", p->rope_theta);
+    ARCH_F32("attention.layer_norm_rms_epsilon", p->rms_eps);
+#undef ARCH_U32
+#undef ARCH_F32
+    return rc;
+}
+
+static int default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+/* Generate every tensor of the (resolved) model p into w. */
+static int gen_weights(gguf_writer *w, const kvc_gen_params *p, const kvc_gen_vocab_info *vi,
+                       kvc_err *err)
+{
+    int n_tensors = 0, rc = KVC_OK;
+    int n_threads = p->n_threads ? p->n_threads : default_threads();
+    uint8_t *quiet = malloc((size_t)vi->n_vocab);                     /* [n_vocab] */
+    for (int32_t i = 0; quiet && i < vi->n_vocab; i++)
+        quiet[i] = kvc_gen_token_quiet(p->vocab, vi->n_real, i);
+    gen_tensor *ts = quiet ? plan_tensors(p, vi->n_vocab, quiet, &n_tensors) : NULL;
+    int64_t max_ne0 = 0, max_n = 0;
+    for (int i = 0; ts && i < n_tensors; i++) {
+        max_ne0 = KVC_MAX(max_ne0, ts[i].ne[0]);
+        max_n = KVC_MAX(max_n, ts[i].ne[0] * ts[i].ne[1]);
+    }
+    kvc_threadpool *tp = NULL;
+    bool parallel = n_threads > 1 && max_n >= GEN_PARALLEL_MIN;
+    if (ts && parallel)
+        tp = kvc_threadpool_new(n_threads);
+    float **scratch = ts && (tp || !parallel) ? calloc((size_t)n_threads, sizeof(float *)) : NULL;
+    for (int i = 0; scratch && i < n_threads; i++)                    /* [n_threads][max_ne0] */
+        if (!(scratch[i] = malloc((size_t)max_ne0 * sizeof(float))))
+            rc = KVC_ERR_NOMEM;
+    if (!scratch || rc != KVC_OK)
+        rc = kvc_fail(err, KVC_ERR_NOMEM, "cannot allocate the generator's buffers");
+    for (int i = 0; rc == KVC_OK && i < n_tensors; i++)
+        rc = gen_tensor_add(w, &ts[i], p->seed, tp, scratch, err);
+    for (int i = 0; scratch && i < n_threads; i++)
+        free(scratch[i]);
+    free(scratch);
+    kvc_threadpool_free(tp);
+    free(ts);
+    free(quiet);
+    return rc;
+}
+
+/* Build the whole file in a writer (*out, the caller's to free). */
+static int gen_build(const kvc_gen_params *user, gguf_writer **out, kvc_err *err)
+{
+    kvc_gen_params p;
+    int rc = resolve_params(user, &p, err);
+    if (rc != KVC_OK)
+        return rc;
+    gguf_writer *w = gguf_writer_new();
+    if (!w)
+        return kvc_fail(err, KVC_ERR_NOMEM, "cannot allocate the GGUF writer");
+    kvc_gen_vocab_info vi;
+    rc = write_hparams(w, &p);
+    if (rc != KVC_OK)
+        kvc_fail(err, rc, "writing the hyperparameters: %s", kvc_strerror(rc));
+    else
+        rc = kvc_gen_vocab_write(w, &p, &vi, err);
+    if (rc == KVC_OK && !p.vocab_only)
+        rc = gen_weights(w, &p, &vi, err);
+    if (rc != KVC_OK) {
+        gguf_writer_free(w);
+        return rc;
+    }
+    *out = w;
+    return KVC_OK;
+}
+
+int kvc_gen_model(const kvc_gen_params *p, const char *path, kvc_err *err)
+{
+    if (!p || !path)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "kvc_gen_model: NULL argument");
+    gguf_writer *w = NULL;
+    int rc = gen_build(p, &w, err);
+    if (rc == KVC_OK)
+        rc = gguf_writer_write(w, path, err);
+    gguf_writer_free(w);
+    return rc;
+}
+
+int kvc_gen_write(const kvc_gen_params *p, const char *path, char *err, size_t err_size)
+{
+    kvc_err e = { 0 };
+    int rc = kvc_gen_model(p, path, &e);
+    if (rc != KVC_OK && err && err_size > 0)
+        snprintf(err, err_size, "%s", e.msg[0] ? e.msg : kvc_strerror(rc));
+    return rc;
+}
+
+int kvc_gen_model_memory(const kvc_gen_params *p, void **out, size_t *out_size, kvc_err *err)
+{
+    if (!p || !out || !out_size)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "kvc_gen_model_memory: NULL argument");
+    *out = NULL;
+    gguf_writer *w = NULL;
+    int rc = gen_build(p, &w, err);
+    if (rc == KVC_OK)
+        rc = gguf_writer_to_memory(w, out, out_size, err);
+    gguf_writer_free(w);
+    return rc;
+}
