@@ -1,0 +1,223 @@
+/* kernels.c - run-time ISA selection, dispatch, and the scalar reference kernels.
+ *
+ * The scalar kernels define the reference arithmetic every SIMD path is tested
+ * against (with a tolerance: each ISA fixes its own order of float operations,
+ * see kernels_avx2.c and kernels_avx512.c). */
+#include "kernels_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* --------------------------------------------------------- ISA selection */
+
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+static kvc_isa isa_best = KVC_ISA_SCALAR;              /* set once by isa_init */
+static _Atomic(const kvc_kernel_ops *) isa_ops = NULL; /* the table in use */
+static _Atomic int isa_current = KVC_ISA_SCALAR;
+
+static int isa_from_name(const char *s)
+{
+    if (strcasecmp(s, "scalar") == 0) return KVC_ISA_SCALAR;
+    if (strcasecmp(s, "avx2") == 0)   return KVC_ISA_AVX2;
+    if (strcasecmp(s, "avx512") == 0) return KVC_ISA_AVX512;
+    return -1;
+}
+
+static void isa_init(void)
+{
+    __builtin_cpu_init();
+    kvc_isa best = KVC_ISA_SCALAR;
+    /* libgcc's checks include the OS saving the ymm/zmm state (XGETBV). */
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        best = KVC_ISA_AVX2;
+    if (best == KVC_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        best = KVC_ISA_AVX512;
+    isa_best = best;
+
+    kvc_isa use = best;
+    const char *env = getenv("KVC_ISA");     /* may only lower the choice; unknown names ignored */
+    int want = env ? isa_from_name(env) : -1;
+    if (want >= 0 && want < (int)best)
+        use = (kvc_isa)want;
+    atomic_store(&isa_current, (int)use);
+    atomic_store(&isa_ops, kvc_kernel_ops_for(use));
+}
+
+static inline const kvc_kernel_ops *ops(void)
+{
+    const kvc_kernel_ops *o = atomic_load_explicit(&isa_ops, memory_order_acquire);
+    if (o)
+        return o;
+    pthread_once(&isa_once, isa_init);
+    return atomic_load(&isa_ops);
+}
+
+const kvc_kernel_ops *kvc_kernel_ops_for(kvc_isa isa)
+{
+    switch (isa) {
+    case KVC_ISA_AVX512: return &kvc_kernels_avx512;
+    case KVC_ISA_AVX2:   return &kvc_kernels_avx2;
+    default:             return &kvc_kernels_scalar;
+    }
+}
+
+kvc_isa kvc_kernels_isa(void)
+{
+    pthread_once(&isa_once, isa_init);
+    return (kvc_isa)atomic_load(&isa_current);
+}
+
+const char *kvc_isa_name(kvc_isa isa)
+{
+    switch (isa) {
+    case KVC_ISA_SCALAR: return "scalar";
+    case KVC_ISA_AVX2:   return "avx2";
+    case KVC_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+int kvc_kernels_set_isa(kvc_isa isa)
+{
+    pthread_once(&isa_once, isa_init);
+    if ((int)isa < KVC_ISA_SCALAR || isa > KVC_ISA_AVX512)
+        return KVC_ERR_INVALID_ARG;
+    if (isa > isa_best)
+        return KVC_ERR_UNSUPPORTED;
+    atomic_store(&isa_current, (int)isa);
+    atomic_store(&isa_ops, kvc_kernel_ops_for(isa));
+    return KVC_OK;
+}
+
+/* -------------------------------------------------------------- dispatch */
+
+size_t kvc_matmul_scratch_floats(int64_t n_in)
+{
+    /* The largest need of any ISA, so a buffer sized before kvc_kernels_set_isa stays valid. */
+    size_t a = kvc_kernels_scalar.matmul_scratch_floats(n_in);
+    size_t b = kvc_kernels_avx2.matmul_scratch_floats(n_in);
+    size_t c = kvc_kernels_avx512.matmul_scratch_floats(n_in);
+    return KVC_MAX(a, KVC_MAX(b, c));
+}
+
+void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
+                     float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
+{
+    if (n_tok <= 0 || r0 >= r1 || w->n_in <= 0 || !kvc_matmul_type_ok(w->type))
+        return;
+    ops()->matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+}
+
+void kvc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
+{
+    const kvc_type_traits *t = kvc_type_info(type);
+    if (!t || !t->supported || n <= 0 || n % t->block_size != 0)
+        return;
+    ops()->dequantize_row(type, src, dst, n);
+}
+
+float kvc_dot_f32(const float *a, const float *b, int64_t n) { return ops()->dot_f32(a, b, n); }
+float kvc_dot_f16_f32(const kvc_fp16 *a, const float *b, int64_t n) { return ops()->dot_f16_f32(a, b, n); }
+void kvc_axpy_f32(float a, const float *x, float *y, int64_t n) { ops()->axpy_f32(a, x, y, n); }
+void kvc_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n) { ops()->axpy_f16(a, x, y, n); }
+void kvc_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n) { ops()->fp32_to_fp16_row(x, y, n); }
+void kvc_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n) { ops()->fp16_to_fp32_row(x, y, n); }
+
+/* ----------------------------------------------------- scalar reference
+ *
+ * Scalar order of one dot product of length n: eight partial sums, element k
+ * going to sum k % 8 (multiply, then add: two roundings), then the tree
+ * s4[i] = p[i] + p[i+4], s2[i] = s4[i] + s4[i+2], result s2[0] + s2[1].
+ * The compiler may vectorize these loops; it cannot change the result, since
+ * every lane's operations and their order are spelled out. */
+
+static inline float sum_tree8(const float p[8])
+{
+    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
+static float scalar_dot_f32(const float *a, const float *b, int64_t n)
+{
+    float p[8] = { 0 };
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int j = 0; j < 8; j++)
+            p[j] += a[k + j] * b[k + j];
+    for (int j = 0; k + j < n; j++)
+        p[j] += a[k + j] * b[k + j];
+    return sum_tree8(p);
+}
+
+static float scalar_dot_f16_f32(const kvc_fp16 *a, const float *b, int64_t n)
+{
+    float p[8] = { 0 };
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int j = 0; j < 8; j++)
+            p[j] += kvc_fp16_to_fp32(a[k + j]) * b[k + j];
+    for (int j = 0; k + j < n; j++)
+        p[j] += kvc_fp16_to_fp32(a[k + j]) * b[k + j];
+    return sum_tree8(p);
+}
+
+static void scalar_axpy_f32(float a, const float *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void scalar_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * kvc_fp16_to_fp32(x[i]);
+}
+
+static void scalar_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = kvc_fp32_to_fp16(x[i]);
+}
+
+static void scalar_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = kvc_fp16_to_fp32(x[i]);
+}
+
+static size_t scalar_scratch_floats(int64_t n_in) { return (size_t)(n_in > 0 ? n_in : 0) + 16; }
+
+/* Row by row: dequantize the row once (into scratch) and dot it with every
+ * token. Each y element is scalar_dot_f32(row, token), whatever the batch. */
+static void scalar_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
+                               float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
+{
+    const uint8_t *base = w->data;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *src = base + (size_t)r * w->row_bytes;
+        const float *row = scratch;
+        if (w->type == KVC_TYPE_F32)
+            row = (const float *)(const void *)src;
+        else
+            kvc_dequantize_row_ref(w->type, src, scratch, w->n_in);
+        for (int64_t t = 0; t < n_tok; t++)
+            y[t * ldy + r] = scalar_dot_f32(row, x + t * ldx, w->n_in);
+    }
+}
+
+const kvc_kernel_ops kvc_kernels_scalar = {
+    .matmul_rows           = scalar_matmul_rows,
+    .matmul_scratch_floats = scalar_scratch_floats,
+    .dequantize_row        = kvc_dequantize_row_ref,
+    .dot_f32               = scalar_dot_f32,
+    .dot_f16_f32           = scalar_dot_f16_f32,
+    .axpy_f32              = scalar_axpy_f32,
+    .axpy_f16              = scalar_axpy_f16,
+    .fp32_to_fp16_row      = scalar_fp32_to_fp16_row,
+    .fp16_to_fp32_row      = scalar_fp16_to_fp32_row,
+};

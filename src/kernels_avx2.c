@@ -1,0 +1,656 @@
+/* kernels_avx2.c - AVX2 kernels (with FMA and F16C).
+ *
+ * Built with -mavx2 -mfma -mf16c and only called after kernels.c found those
+ * features at run time.
+ *
+ * THE ORDER OF ONE DOT PRODUCT (the invariance contract of kernels.h). On this
+ * ISA every matmul output y[t][r] = dot(W[r], x[t]) of length n is computed as
+ *
+ *   acc = 0 (8 lanes)
+ *   for k = 0, 8, 16, ... < n:   acc = fma(w[k..k+8), x[k..k+8), acc)
+ *       (the last step, when n % 8 != 0, uses zeros past n in both operands)
+ *   y = tree(acc): s4[i] = a[i] + a[i+4], s2[i] = s4[i] + s4[i+2], y = s2[0] + s2[1]
+ *
+ * where w holds the exact float values of the weights (bitwise those of
+ * kvc_dequantize_row_ref). Fused decode kernels, register-blocked GEMM tiles
+ * and the k-blocked path all perform exactly this sequence per element;
+ * kvc_dot_f32 and kvc_dot_f16_f32 follow it too. The structure mirrors
+ * kernels_avx512.c, with 4-row tiles for the 16 ymm registers. */
+#include "kernels_internal.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+#define MR       4                  /* weight rows per tile and per panel */
+#define NT       3                  /* tokens per tile: 12 ymm accumulators */
+#define FR       8                  /* rows per fused decode step */
+#define KC_MAX   1024               /* floats of a row per k-block */
+#define PANEL_LD (KC_MAX + 16)      /* panel row stride; the pad avoids 4 KiB set aliasing */
+#define X_BUDGET (1u << 20)         /* bytes of activations kept hot (L2) per token block */
+#define TB_MAX   192                /* tokens per token block */
+#define FUSED_MAX_TOK 4             /* batches smaller than this skip the panel (when they can) */
+
+/* ------------------------------------------------------ horizontal sums */
+
+AI float hsum8(__m256 v)
+{
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+/* The same tree for four vectors: [hsum8(v0), ..., hsum8(v3)]. */
+AI __m128 reduce4(__m256 v0, __m256 v1, __m256 v2, __m256 v3)
+{
+    __m256 a01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+    __m256 a23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20), _mm256_permute2f128_ps(v2, v3, 0x31));
+    /* 128-bit lane j: [s2 of v[j] (2), s2 of v[j + 2] (2)] */
+    __m256 b = _mm256_add_ps(_mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 c = _mm256_add_ps(b, _mm256_shuffle_ps(b, b, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(c, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
+}
+
+static inline __m256i tail_mask(int64_t left)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+AI void store4(float *y, __m128 s, int nr)
+{
+    if (nr == 4)
+        _mm_storeu_ps(y, s);
+    else
+        _mm_maskstore_ps(y, _mm_cmpgt_epi32(_mm_set1_epi32(nr), _mm_setr_epi32(0, 1, 2, 3)), s);
+}
+
+/* Up to 8 halves, zeros past n. */
+AI __m256 f16x8_tail(const kvc_fp16 *x, int64_t n)
+{
+    kvc_fp16 tmp[8] = { 0 };
+    memcpy(tmp, x, (size_t)n * sizeof(kvc_fp16));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tmp));
+}
+
+AI __m256 f16x8(const kvc_fp16 *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
+AI __m256 bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+
+/* --------------------------------------------------------- dequantization
+ * Bitwise equal to kvc_dequantize_row_ref (same float operations). */
+
+static void dq_f16(const kvc_fp16 *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, f16x8(x + i));
+    if (i < n)
+        _mm256_maskstore_ps(y + i, tail_mask(n - i), f16x8_tail(x + i, n - i));
+}
+
+static void dq_bf16(const kvc_bf16 *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, bf16x8(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++)
+        y[i] = kvc_bf16_to_fp32(x[i]);     /* exact either way */
+}
+
+AI __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+AI __m256 i32f(__m256i v) { return _mm256_cvtepi32_ps(v); }
+
+static void dq_q4_0(const block_q4_0 *b, float *y, int64_t nb)
+{
+    const __m256i c15 = _mm256_set1_epi32(15), c8 = _mm256_set1_epi32(8);
+    for (int64_t i = 0; i < nb; i++, b++, y += 32) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        for (int g = 0; g < 2; g++) {
+            __m256i v = u8x8(b->qs + 8 * g);
+            _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(i32f(_mm256_sub_epi32(_mm256_and_si256(v, c15), c8)), d));
+            _mm256_storeu_ps(y + 16 + 8 * g, _mm256_mul_ps(i32f(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), c8)), d));
+        }
+    }
+}
+
+static void dq_q4_1(const block_q4_1 *b, float *y, int64_t nb)
+{
+    const __m256i c15 = _mm256_set1_epi32(15);
+    for (int64_t i = 0; i < nb; i++, b++, y += 32) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d)), m = _mm256_set1_ps(_cvtsh_ss(b->m));
+        for (int g = 0; g < 2; g++) {
+            __m256i v = u8x8(b->qs + 8 * g);
+            _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(_mm256_mul_ps(i32f(_mm256_and_si256(v, c15)), d), m));
+            _mm256_storeu_ps(y + 16 + 8 * g, _mm256_add_ps(_mm256_mul_ps(i32f(_mm256_srli_epi32(v, 4)), d), m));
+        }
+    }
+}
+
+/* 5-bit codes of elements j0 .. j0+7 of a Q5 block (nibbles v, high bits in h). */
+AI __m256i q5_or_bit(__m256i v, uint32_t h, int j0)
+{
+    const __m256i sh = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(j0));
+    __m256i bit = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)h), sh), _mm256_set1_epi32(1));
+    return _mm256_or_si256(v, _mm256_slli_epi32(bit, 4));
+}
+
+static void dq_q5_0(const block_q5_0 *b, float *y, int64_t nb)
+{
+    const __m256i c15 = _mm256_set1_epi32(15), c16 = _mm256_set1_epi32(16);
+    for (int64_t i = 0; i < nb; i++, b++, y += 32) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        uint32_t h;
+        memcpy(&h, b->qh, 4);
+        for (int g = 0; g < 2; g++) {
+            __m256i v = u8x8(b->qs + 8 * g);
+            __m256i lo = q5_or_bit(_mm256_and_si256(v, c15), h, 8 * g);
+            __m256i hi = q5_or_bit(_mm256_srli_epi32(v, 4), h, 16 + 8 * g);
+            _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(i32f(_mm256_sub_epi32(lo, c16)), d));
+            _mm256_storeu_ps(y + 16 + 8 * g, _mm256_mul_ps(i32f(_mm256_sub_epi32(hi, c16)), d));
+        }
+    }
+}
+
+static void dq_q5_1(const block_q5_1 *b, float *y, int64_t nb)
+{
+    const __m256i c15 = _mm256_set1_epi32(15);
+    for (int64_t i = 0; i < nb; i++, b++, y += 32) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d)), m = _mm256_set1_ps(_cvtsh_ss(b->m));
+        uint32_t h;
+        memcpy(&h, b->qh, 4);
+        for (int g = 0; g < 2; g++) {
+            __m256i v = u8x8(b->qs + 8 * g);
+            __m256i lo = q5_or_bit(_mm256_and_si256(v, c15), h, 8 * g);
+            __m256i hi = q5_or_bit(_mm256_srli_epi32(v, 4), h, 16 + 8 * g);
+            _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(_mm256_mul_ps(i32f(lo), d), m));
+            _mm256_storeu_ps(y + 16 + 8 * g, _mm256_add_ps(_mm256_mul_ps(i32f(hi), d), m));
+        }
+    }
+}
+
+static void dq_q8_0(const block_q8_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += 32) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        for (int g = 0; g < 4; g++) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * g)));
+            _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(i32f(q), d));
+        }
+    }
+}
+
+/* The 8 sub-block scales and mins of a Q4_K/Q5_K block: the 6-bit codes
+ * unpacked 4 at a time in 32-bit words, then d * (float)sc and dmin * (float)m
+ * as the reference computes them. */
+AI void k4_scales(const uint8_t *s, float d, float dmin, float ds[8], float dm[8])
+{
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    const uint32_t sc_lo = u0 & 0x3f3f3f3f, m_lo = u1 & 0x3f3f3f3f;
+    const uint32_t sc_hi = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4;
+    const uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4;
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo)));
+    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_set1_ps(d), sc));
+    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(dmin), m));
+}
+
+/* Q4_K / Q5_K; qh NULL for Q4_K. */
+AI void dq_k4(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, float d, float dmin, float *y)
+{
+    const __m256i c15 = _mm256_set1_epi32(15), c1 = _mm256_set1_epi32(1);
+    float ds[8], dm[8];
+    k4_scales(scales, d, dmin, ds, dm);
+    for (int c = 0; c < 4; c++, y += 64) {
+        const __m256 d1 = _mm256_set1_ps(ds[2 * c]), m1 = _mm256_set1_ps(dm[2 * c]);
+        const __m256 d2 = _mm256_set1_ps(ds[2 * c + 1]), m2 = _mm256_set1_ps(dm[2 * c + 1]);
+        for (int g = 0; g < 4; g++) {
+            __m256i v = u8x8(qs + 32 * c + 8 * g);
+            __m256i lo = _mm256_and_si256(v, c15), hi = _mm256_srli_epi32(v, 4);
+            if (qh) {
+                __m256i h = u8x8(qh + 8 * g);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(2 * c)), c1), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(2 * c + 1)), c1), 4));
+            }
+            _mm256_storeu_ps(y + 8 * g, _mm256_sub_ps(_mm256_mul_ps(d1, i32f(lo)), m1));
+            _mm256_storeu_ps(y + 32 + 8 * g, _mm256_sub_ps(_mm256_mul_ps(d2, i32f(hi)), m2));
+        }
+    }
+}
+
+static void dq_q4_K(const block_q4_K *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_K)
+        dq_k4(b->scales, b->qs, NULL, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), y);
+}
+
+static void dq_q5_K(const block_q5_K *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_K)
+        dq_k4(b->scales, b->qs, b->qh, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), y);
+}
+
+static void dq_q6_K(const block_q6_K *b, float *y, int64_t nb)
+{
+    const __m256i c15 = _mm256_set1_epi32(15), c3 = _mm256_set1_epi32(3), c32 = _mm256_set1_epi32(32);
+    for (int64_t i = 0; i < nb; i++, b++) {
+        /* d * (float)sc for the 16 scales, as the reference's first product */
+        float ds[16];
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        for (int g = 0; g < 2; g++)
+            _mm256_storeu_ps(ds + 8 * g, _mm256_mul_ps(d, i32f(_mm256_cvtepi8_epi32(
+                                                              _mm_loadl_epi64((const __m128i *)(b->scales + 8 * g))))));
+        for (int h = 0; h < 2; h++, y += 128) {
+            const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+            const float *dsh = ds + 8 * h;
+            for (int s = 0; s < 4; s++) {       /* elements 8s .. 8s + 7 of each quarter */
+                __m256i a = u8x8(ql + 8 * s), c = u8x8(ql + 32 + 8 * s), hh = u8x8(qh + 8 * s);
+                __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, c15), _mm256_slli_epi32(_mm256_and_si256(hh, c3), 4));
+                __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, c15),
+                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hh, 2), c3), 4));
+                __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(a, 4),
+                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hh, 4), c3), 4));
+                __m256i q4 = _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_slli_epi32(_mm256_srli_epi32(hh, 6), 4));
+                const int is = s / 2;
+                _mm256_storeu_ps(y + 8 * s,      _mm256_mul_ps(_mm256_set1_ps(dsh[is + 0]), i32f(_mm256_sub_epi32(q1, c32))));
+                _mm256_storeu_ps(y + 8 * s + 32, _mm256_mul_ps(_mm256_set1_ps(dsh[is + 2]), i32f(_mm256_sub_epi32(q2, c32))));
+                _mm256_storeu_ps(y + 8 * s + 64, _mm256_mul_ps(_mm256_set1_ps(dsh[is + 4]), i32f(_mm256_sub_epi32(q3, c32))));
+                _mm256_storeu_ps(y + 8 * s + 96, _mm256_mul_ps(_mm256_set1_ps(dsh[is + 6]), i32f(_mm256_sub_epi32(q4, c32))));
+            }
+        }
+    }
+}
+
+static void avx2_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
+{
+    const kvc_type_traits *t = kvc_type_info(type);
+    const int64_t nb = n / t->block_size;
+    switch (type) {
+    case KVC_TYPE_F32:  memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case KVC_TYPE_F16:  dq_f16(src, dst, n); break;
+    case KVC_TYPE_BF16: dq_bf16(src, dst, n); break;
+    case KVC_TYPE_Q4_0: dq_q4_0(src, dst, nb); break;
+    case KVC_TYPE_Q4_1: dq_q4_1(src, dst, nb); break;
+    case KVC_TYPE_Q5_0: dq_q5_0(src, dst, nb); break;
+    case KVC_TYPE_Q5_1: dq_q5_1(src, dst, nb); break;
+    case KVC_TYPE_Q8_0: dq_q8_0(src, dst, nb); break;
+    case KVC_TYPE_Q4_K: dq_q4_K(src, dst, nb); break;
+    case KVC_TYPE_Q5_K: dq_q5_K(src, dst, nb); break;
+    case KVC_TYPE_Q6_K: dq_q6_K(src, dst, nb); break;
+    default:            kvc_dequantize_row_ref(type, src, dst, n); break;
+    }
+}
+
+/* ------------------------------------------------ GEMM through a panel
+ * As in kernels_avx512.c: MR rows x k-block dequantized once into an aligned
+ * panel, MR x T register tiles, accumulators parked between k-blocks. */
+
+AI void tile_fma(const int T, const float *pw, const float *x, int64_t ldx, int64_t n,
+                 __m256 acc[MR][NT])
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 xv[NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_loadu_ps(x + t * ldx + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++) {
+            __m256 wv = _mm256_load_ps(pw + r * PANEL_LD + k);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    if (k < n) {
+        const __m256i m = tail_mask(n - k);
+        __m256 xv[NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_maskload_ps(x + t * ldx + k, m);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++) {
+            __m256 wv = _mm256_maskload_ps(pw + r * PANEL_LD + k, m);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+}
+
+AI void panel_tile(const int T, const float *panel, const float *x, int64_t ldx, int64_t kn,
+                   float *accbuf, bool first, bool last, float *y, int64_t ldy, int nr)
+{
+    __m256 acc[MR][NT];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[r][t] = first ? _mm256_setzero_ps() : _mm256_load_ps(accbuf + (t * MR + r) * 8);
+    tile_fma(T, panel, x, ldx, kn, acc);
+    if (!last) {
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                _mm256_store_ps(accbuf + (t * MR + r) * 8, acc[r][t]);
+        return;
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        store4(y + t * ldy, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]), nr);
+}
+
+#define PANEL_TILE_FN(T)                                                                     \
+    static void panel_tile##T(const float *panel, const float *x, int64_t ldx, int64_t kn,  \
+                              float *accbuf, bool first, bool last, float *y, int64_t ldy,  \
+                              int nr)                                                       \
+    {                                                                                       \
+        panel_tile(T, panel, x, ldx, kn, accbuf, first, last, y, ldy, nr);                  \
+    }
+PANEL_TILE_FN(1)
+PANEL_TILE_FN(2)
+PANEL_TILE_FN(3)
+
+static int64_t k_block(uint32_t type, int64_t n_in)
+{
+    const int64_t unit = KVC_MAX(8, kvc_type_info(type)->block_size);
+    const int64_t nkb = (n_in + KC_MAX - 1) / KC_MAX;
+    const int64_t per = (n_in + nkb - 1) / nkb;
+    return (per + unit - 1) / unit * unit;
+}
+
+static int64_t tok_block(int64_t n_in)
+{
+    int64_t tb = (int64_t)X_BUDGET / (n_in * (int64_t)sizeof(float));
+    tb = KVC_MAX(NT, KVC_MIN(TB_MAX, tb));
+    return tb / NT * NT;
+}
+
+static size_t avx2_scratch_floats(int64_t n_in)
+{
+    size_t acc = n_in > KC_MAX ? (size_t)tok_block(n_in) * MR * 8 : 0;
+    return (size_t)MR * PANEL_LD + acc + 16;
+}
+
+static void fill_panel(const kvc_weight *w, int64_t rg, int nr, int64_t kb, int64_t kn, float *panel)
+{
+    const kvc_type_traits *tt = kvc_type_info(w->type);
+    const size_t off = (size_t)(kb / tt->block_size) * tt->type_size;
+    const uint8_t *base = (const uint8_t *)w->data + (size_t)rg * w->row_bytes + off;
+    for (int r = 0; r < nr; r++)
+        avx2_dequantize_row(w->type, base + (size_t)r * w->row_bytes, panel + r * PANEL_LD, kn);
+    for (int r = nr; r < MR; r++)
+        memset(panel + r * PANEL_LD, 0, (size_t)kn * sizeof(float));
+}
+
+static void matmul_panel(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
+                         float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
+{
+    const int64_t n_in = w->n_in, kc = k_block(w->type, n_in), tb = tok_block(n_in);
+    /* 64-byte alignment even if the caller's scratch lacks it (the +16 floats of slack) */
+    float *panel = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63), *accbuf = panel + MR * PANEL_LD;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t nt = KVC_MIN(tb, n_tok - t0);
+        for (int64_t rg = r0; rg < r1; rg += MR) {
+            const int nr = (int)KVC_MIN(MR, r1 - rg);
+            for (int64_t kb = 0; kb < n_in; kb += kc) {
+                const int64_t kn = KVC_MIN(kc, n_in - kb);
+                const bool first = kb == 0, last = kb + kn == n_in;
+                fill_panel(w, rg, nr, kb, kn, panel);
+                for (int64_t t = 0; t < nt;) {
+                    const int64_t T = KVC_MIN(NT, nt - t);
+                    const float *xt = x + (t0 + t) * ldx + kb;
+                    float *yt = y + (t0 + t) * ldy + rg, *ab = accbuf + t * MR * 8;
+                    if (T == 3)
+                        panel_tile3(panel, xt, ldx, kn, ab, first, last, yt, ldy, nr);
+                    else if (T == 2)
+                        panel_tile2(panel, xt, ldx, kn, ab, first, last, yt, ldy, nr);
+                    else
+                        panel_tile1(panel, xt, ldx, kn, ab, first, last, yt, ldy, nr);
+                    t += T;
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------ fused decode kernels
+ * Few tokens: stream FR weight rows once per token, converting in registers.
+ * Prefetching as in kernels_avx512.c: the next group of contiguous rows at the
+ * pace of this one when rows are short, PF_AHEAD bytes ahead in each row
+ * otherwise. */
+
+#define PF_GROUP_MAX (48 << 10)   /* group bytes up to which the next group is prefetched */
+#define PF_AHEAD     512          /* bytes ahead within each row otherwise */
+
+typedef struct {
+    const uint8_t *next;          /* next group's first byte, or NULL */
+    int            ahead;         /* in-row distance in bytes, or 0 */
+} prefetch_plan;
+
+AI void prefetch_next(prefetch_plan *pf, int bytes)
+{
+    for (int i = 0; i < bytes; i += 64)
+        _mm_prefetch((const char *)pf->next + i, _MM_HINT_T1);
+    pf->next += bytes;
+}
+
+AI void prefetch_ahead(const uint8_t *const rows[FR], size_t off)
+{
+#pragma GCC unroll 8
+    for (int r = 0; r < FR; r++)
+        _mm_prefetch((const char *)rows[r] + off, _MM_HINT_T0);
+}
+
+enum { W_F32, W_F16, W_BF16 };
+
+AI __m256 load_w(const int kind, const uint8_t *row, int64_t k)
+{
+    if (kind == W_F32)
+        return _mm256_loadu_ps((const float *)(const void *)row + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)(const void *)row + k));
+    return kind == W_F16 ? _mm256_cvtph_ps(h) : bf16x8(h);
+}
+
+AI __m256 load_w_tail(const int kind, const uint8_t *row, int64_t k, int64_t left)
+{
+    if (kind == W_F32)
+        return _mm256_maskload_ps((const float *)(const void *)row + k, tail_mask(left));
+    uint16_t tmp[8] = { 0 };
+    memcpy(tmp, (const uint16_t *)(const void *)row + k, (size_t)left * 2);
+    __m128i h = _mm_loadu_si128((const __m128i *)tmp);
+    return kind == W_F16 ? _mm256_cvtph_ps(h) : bf16x8(h);
+}
+
+AI void fused_float(const int kind, const uint8_t *const rows[FR], prefetch_plan pf, const float *x,
+                    int64_t n, __m256 acc[FR])
+{
+    const int bpw = kind == W_F32 ? 4 : 2;       /* bytes per weight */
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + k);
+        if (pf.next)
+            prefetch_next(&pf, FR * 8 * bpw);
+        if (pf.ahead && ((k * bpw) & 63) == 0)        /* once per 64 bytes of a row */
+            prefetch_ahead(rows, (size_t)(k * bpw + pf.ahead));
+#pragma GCC unroll 8
+        for (int r = 0; r < FR; r++)
+            acc[r] = _mm256_fmadd_ps(load_w(kind, rows[r], k), xv, acc[r]);
+    }
+    if (k < n) {
+        const __m256 xv = _mm256_maskload_ps(x + k, tail_mask(n - k));
+#pragma GCC unroll 8
+        for (int r = 0; r < FR; r++)
+            acc[r] = _mm256_fmadd_ps(load_w_tail(kind, rows[r], k, n - k), xv, acc[r]);
+    }
+}
+
+static void fused_f32(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
+{
+    fused_float(W_F32, rows, pf, x, n, acc);
+}
+
+static void fused_f16(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
+{
+    fused_float(W_F16, rows, pf, x, n, acc);
+}
+
+static void fused_bf16(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
+{
+    fused_float(W_BF16, rows, pf, x, n, acc);
+}
+
+/* Q8_0: the weight vector is (float)q * d, exactly the reference's value. */
+static void fused_q8_0(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
+{
+    for (int64_t ib = 0; ib < n / QK8_0; ib++) {
+        if (pf.next)
+            prefetch_next(&pf, FR * (int)sizeof(block_q8_0));
+        if (pf.ahead)
+            prefetch_ahead(rows, (size_t)ib * sizeof(block_q8_0) + (size_t)pf.ahead);
+#pragma GCC unroll 8
+        for (int r = 0; r < FR; r++) {
+            const block_q8_0 *b = (const block_q8_0 *)(const void *)rows[r] + ib;
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+            for (int g = 0; g < 4; g++) {
+                __m256 wv = _mm256_mul_ps(i32f(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * g)))), d);
+                acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + ib * QK8_0 + 8 * g), acc[r]);
+            }
+        }
+    }
+}
+
+typedef void (*fused_fn)(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n,
+                         __m256 acc[FR]);
+
+static fused_fn fused_for(uint32_t type)
+{
+    switch (type) {
+    case KVC_TYPE_F32:  return fused_f32;
+    case KVC_TYPE_F16:  return fused_f16;
+    case KVC_TYPE_BF16: return fused_bf16;
+    case KVC_TYPE_Q8_0: return fused_q8_0;
+    default:            return NULL;
+    }
+}
+
+static void matmul_fused(fused_fn fn, const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
+                         float *y, int64_t ldy, int64_t r0, int64_t r1)
+{
+    const uint8_t *base = w->data;
+    for (int64_t rg = r0; rg < r1; rg += FR) {
+        const int nr = (int)KVC_MIN(FR, r1 - rg);
+        const uint8_t *rows[FR];
+        for (int r = 0; r < FR; r++)      /* missing rows repeat the last one; not stored */
+            rows[r] = base + (size_t)(rg + KVC_MIN(r, nr - 1)) * w->row_bytes;
+        prefetch_plan pf = { NULL, 0 };   /* for the first token, which brings the rows in */
+        if (FR * w->row_bytes > PF_GROUP_MAX)
+            pf.ahead = PF_AHEAD;
+        else if (rg + FR < r1)
+            pf.next = base + (size_t)(rg + FR) * w->row_bytes;
+        for (int64_t t = 0; t < n_tok; t++) {
+            __m256 acc[FR];
+            for (int r = 0; r < FR; r++)
+                acc[r] = _mm256_setzero_ps();
+            fn(rows, pf, x + t * ldx, w->n_in, acc);
+            float *yt = y + t * ldy + rg;
+            store4(yt, reduce4(acc[0], acc[1], acc[2], acc[3]), KVC_MIN(nr, 4));
+            if (nr > 4)
+                store4(yt + 4, reduce4(acc[4], acc[5], acc[6], acc[7]), nr - 4);
+            pf = (prefetch_plan){ NULL, 0 };
+        }
+    }
+}
+
+static void avx2_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
+                             float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
+{
+    fused_fn fn = n_tok < FUSED_MAX_TOK ? fused_for(w->type) : NULL;
+    if (fn)
+        matmul_fused(fn, w, x, ldx, n_tok, y, ldy, r0, r1);
+    else
+        matmul_panel(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+}
+
+/* ------------------------------------------------------ attention helpers */
+
+static float avx2_dot_f32(const float *a, const float *b, int64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    if (k < n) {
+        const __m256i m = tail_mask(n - k);
+        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + k, m), _mm256_maskload_ps(b + k, m), acc);
+    }
+    return hsum8(acc);
+}
+
+static float avx2_dot_f16_f32(const kvc_fp16 *a, const float *b, int64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        acc = _mm256_fmadd_ps(f16x8(a + k), _mm256_loadu_ps(b + k), acc);
+    if (k < n)
+        acc = _mm256_fmadd_ps(f16x8_tail(a + k, n - k), _mm256_maskload_ps(b + k, tail_mask(n - k)), acc);
+    return hsum8(acc);
+}
+
+/* y[i] = fma(a, x[i], y[i]): one rounding per element, tail included. */
+static void avx2_axpy_f32(float a, const float *x, float *y, int64_t n)
+{
+    const __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        const __m256i m = tail_mask(n - i);
+        _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m)));
+    }
+}
+
+static void avx2_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n)
+{
+    const __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, f16x8(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        const __m256i m = tail_mask(n - i);
+        _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(av, f16x8_tail(x + i, n - i), _mm256_maskload_ps(y + i, m)));
+    }
+}
+
+static void avx2_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < n) {
+        kvc_fp16 tmp[8];
+        __m256 v = _mm256_maskload_ps(x + i, tail_mask(n - i));
+        _mm_storeu_si128((__m128i *)tmp, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        memcpy(y + i, tmp, (size_t)(n - i) * sizeof(kvc_fp16));
+    }
+}
+
+static void avx2_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n) { dq_f16(x, y, n); }
+
+const kvc_kernel_ops kvc_kernels_avx2 = {
+    .matmul_rows           = avx2_matmul_rows,
+    .matmul_scratch_floats = avx2_scratch_floats,
+    .dequantize_row        = avx2_dequantize_row,
+    .dot_f32               = avx2_dot_f32,
+    .dot_f16_f32           = avx2_dot_f16_f32,
+    .axpy_f32              = avx2_axpy_f32,
+    .axpy_f16              = avx2_axpy_f16,
+    .fp32_to_fp16_row      = avx2_fp32_to_fp16_row,
+    .fp16_to_fp32_row      = avx2_fp16_to_fp32_row,
+};
