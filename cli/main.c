@@ -1,10 +1,47 @@
-/* main.c - the kvchat command line: dispatches to one command per file. */
+/* main.c - the kvchat command line: one command per cmd_*.c. */
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    { "chat",       cmd_chat,       "a conversation that computes only its new tokens" },
+    { "generate",   cmd_generate,   "continue a prompt" },
+    { "eval",       cmd_eval,       "logits of given tokens, as JSON" },
+    { "tokenize",   cmd_tokenize,   "show how text tokenizes" },
+    { "bench",      cmd_bench,      "prompt-processing and generation speed" },
+    { "make-model", cmd_make_model, "write a random-weight GGUF model" },
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: kvchat COMMAND [options]   (kvchat COMMAND --help for its options)\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nWithout -m, commands use a generated demo model (random weights).\n");
+}
+
 int main(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvchat: not yet\n");
-    return 1;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvchat: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
 }

@@ -45,6 +45,373 @@ enum kvc_status {
 /* A static English name for a status ("invalid argument"); never NULL. */
 const char *kvc_strerror(int status);
 
+/* ----------------------------------------------------------------- model */
+
+typedef struct kvc_model kvc_model;
+
+typedef struct kvc_model_params {
+    /* Called with fractions in [0, 1] while the weights are paged in; NULL = none. */
+    void (*progress)(float fraction, void *user);
+    void  *progress_user;
+} kvc_model_params;
+
+kvc_model_params kvc_model_default_params(void);
+
+/* Load a GGUF model (llama, qwen2, qwen3; F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K weights). On failure *out is NULL and err
+ * (err_size bytes, may be NULL) says what was wrong:
+ * "m.gguf: tensor blk.3.ffn_up.weight: type 23 (iq4_xs) not supported". */
+int  kvc_model_load(const char *path, const kvc_model_params *params, kvc_model **out,
+                    char *err, size_t err_size);
+void kvc_model_free(kvc_model *model);
+
+typedef struct kvc_model_info {
+    const char *name;          /* general.name, else the file name; owned by the model */
+    const char *arch;          /* "llama", "qwen2", "qwen3" */
+    int32_t     n_vocab;
+    int32_t     n_ctx_train;
+    int32_t     n_embd;
+    int32_t     n_layer;
+    int32_t     n_head;
+    int32_t     n_head_kv;
+    int32_t     head_dim;
+    int32_t     n_ff;
+    uint64_t    n_params;
+    uint64_t    weight_bytes;
+} kvc_model_info;
+
+void kvc_model_get_info(const kvc_model *model, kvc_model_info *out);
+
+/* Tokenize len bytes of text. add_special: BOS/EOS as the vocabulary asks.
+ * parse_special: control-token strings in the text become those tokens.
+ * Returns the number of tokens (when more than cap, only cap were written:
+ * call again with a larger buffer), or a negative status. */
+int64_t kvc_model_tokenize(const kvc_model *model, const char *text, size_t len,
+                           bool add_special, bool parse_special, int32_t *out, int64_t cap);
+
+/* The text of one token (control tokens only when render_special). Returns
+ * its length; when larger than cap, nothing was written. Negative: bad id. */
+int kvc_model_token_to_piece(const kvc_model *model, int32_t token, bool render_special,
+                             char *buf, int cap);
+
+int32_t kvc_model_token_bos(const kvc_model *model);    /* -1 when none */
+int32_t kvc_model_token_eos(const kvc_model *model);    /* -1 when none */
+bool    kvc_model_token_is_eog(const kvc_model *model, int32_t token);
+
+/* Streaming detokenizer: turns generated tokens into text, releasing only
+ * whole UTF-8 characters (one split across tokens is held back). */
+typedef struct kvc_detokenizer kvc_detokenizer;
+kvc_detokenizer *kvc_detokenizer_new(const kvc_model *model, bool render_special); /* NULL: OOM */
+void kvc_detokenizer_free(kvc_detokenizer *d);
+/* Append the text token completes to out (cap >= 512 always suffices).
+ * Returns bytes written, negative for a bad token id. */
+int  kvc_detokenizer_feed(kvc_detokenizer *d, int32_t token, char *out, int cap);
+/* Release what is held back (an incomplete character becomes U+FFFD). */
+int  kvc_detokenizer_flush(kvc_detokenizer *d, char *out, int cap);
+
+/* tokenizer.chat_template (Jinja source) or NULL; owned by the model. */
+const char *kvc_model_chat_template(const kvc_model *model);
+
+/* --------------------------------------------------------------- context */
+
+/* A context owns a paged KV pool and the scratch of the forward pass. It holds
+ * n_seq independent sequences (0 .. n_seq-1) that share the pool's blocks. One
+ * thread at a time. */
+typedef struct kvc_context kvc_context;
+
+enum kvc_kv_type {
+    KVC_KV_F16  = 0,   /* default */
+    KVC_KV_F32  = 1,
+    KVC_KV_Q8_0 = 2,
+};
+
+typedef struct kvc_context_params {
+    int32_t n_ctx;      /* longest sequence; 0 = the model's training context */
+    int32_t n_batch;    /* most tokens per forward pass; 0 = 512 */
+    int32_t n_threads;  /* 0 = all cores */
+    int32_t n_seq;      /* sequences; 0 = 1 */
+    int32_t kv_type;    /* enum kvc_kv_type */
+    int64_t kv_blocks;  /* pool size in blocks of 16 tokens; 0 = n_seq * n_ctx / 16 */
+} kvc_context_params;
+
+kvc_context_params kvc_context_default_params(void);
+
+int  kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_context **out,
+                     char *err, size_t err_size);
+void kvc_context_free(kvc_context *ctx);
+
+int32_t kvc_context_n_ctx(const kvc_context *ctx);
+int32_t kvc_context_n_batch(const kvc_context *ctx);
+int32_t kvc_context_n_threads(const kvc_context *ctx);
+
+/* Append n tokens to sequence `seq`, at positions [len, len + n), computing
+ * them in forward passes of at most n_batch tokens. Afterwards
+ * kvc_context_logits(ctx, -1) holds the logits predicting the token after the
+ * last one; with all_logits (only for n <= n_batch) every token's logits are
+ * kept. KVC_ERR_CONTEXT_LENGTH when len + n > n_ctx, KVC_ERR_KV_FULL when the
+ * pool has no room; the sequence is then unchanged. */
+int kvc_context_decode(kvc_context *ctx, int32_t seq, const int32_t *tokens, int32_t n,
+                       bool all_logits, char *err, size_t err_size);
+
+/* Logits (n_vocab floats) of token i of the last decode call with all_logits,
+ * or of its last token for i = -1. Valid until the next decode. */
+const float *kvc_context_logits(const kvc_context *ctx, int32_t i);
+
+int32_t kvc_context_seq_len(const kvc_context *ctx, int32_t seq);
+/* Keep positions [0, n_keep) of a sequence, drop the rest. */
+int     kvc_context_seq_truncate(kvc_context *ctx, int32_t seq, int32_t n_keep);
+
+/* --------------------------------------------------------------- sampler */
+
+typedef struct kvc_sampler kvc_sampler;
+
+typedef struct kvc_sampler_params {
+    float    temperature;       /* <= 0: greedy (argmax, lowest id on ties) */
+    int32_t  top_k;             /* <= 0: off */
+    float    top_p;             /* >= 1: off */
+    float    min_p;             /* <= 0: off */
+    float    repeat_penalty;    /* 1: off */
+    int32_t  repeat_last_n;     /* tokens of history the penalties look at */
+    float    presence_penalty;  /* 0: off */
+    float    frequency_penalty; /* 0: off */
+    uint64_t seed;
+} kvc_sampler_params;
+
+kvc_sampler_params kvc_sampler_default_params(void);
+/* NULL on allocation failure or n_vocab < 1. */
+kvc_sampler *kvc_sampler_new(const kvc_sampler_params *params, int32_t n_vocab);
+void    kvc_sampler_free(kvc_sampler *s);
+/* Pick a token from logits (n_vocab floats, not modified). */
+int32_t kvc_sampler_sample(kvc_sampler *s, const float *logits);
+/* Record a token (prompt or generated) in the history the penalties use. */
+void    kvc_sampler_accept(kvc_sampler *s, int32_t token);
+void    kvc_sampler_reset(kvc_sampler *s);
+
+/* ------------------------------------------------------------------ chat */
+
+/* A session is one conversation over one sequence of a context. Each call of
+ * kvc_session_chat gets the WHOLE conversation, as OpenAI clients send it, and
+ * computes only what the cache does not hold (DESIGN.md §3):
+ *   1. the messages are rendered with the chat template;
+ *   2. text prefix first: when the new prompt text starts with the exact text
+ *      the cached tokens stand for (the last prompt plus the reply generated),
+ *      every cached token is kept and only the rest of the text is tokenized;
+ *   3. otherwise the longest common token prefix of the new tokens and the
+ *      cached ones;
+ *   4. the sequence is truncated there (an edit, a regeneration, a branch);
+ *   5. the unmatched tokens are computed (the last one again when everything
+ *      matched, for its logits);
+ *   6. the reply is generated; its tokens stay in the cache.
+ * The result does not depend on what was cached: with greedy sampling the
+ * reply is bitwise the one a cold run of the same tokens gives. */
+typedef struct kvc_session kvc_session;
+
+typedef struct kvc_chat_message {
+    const char *role;       /* "system", "user", "assistant" (borrowed) */
+    const char *content;    /* UTF-8; NULL = "" */
+} kvc_chat_message;
+
+enum kvc_overflow {
+    KVC_OVERFLOW_ERROR = 0, /* prompt + max_tokens > context: KVC_ERR_CONTEXT_LENGTH */
+    KVC_OVERFLOW_SHIFT = 1, /* keep the system prompt, drop the oldest whole turns,
+                               re-rotate the kept K to their new positions */
+};
+
+typedef struct kvc_chat_params {
+    int32_t            max_tokens;  /* reply length limit; 0 = up to the context */
+    kvc_sampler_params sampling;
+    const char *const *stop;        /* extra stop strings, n_stop of them (borrowed) */
+    int32_t            n_stop;
+    int32_t            overflow;    /* enum kvc_overflow */
+    bool               no_cache;    /* recompute every token of the prompt (a cold run) */
+} kvc_chat_params;
+
+kvc_chat_params kvc_chat_default_params(void);
+
+typedef struct kvc_chat_stats {
+    int32_t prompt_tokens;    /* tokens of the rendered conversation */
+    int32_t cached_tokens;    /* of those, reused from the cache */
+    int32_t computed_tokens;  /* run through the model for the prompt */
+    int32_t output_tokens;    /* generated */
+    int32_t dropped_tokens;   /* removed by a context shift */
+    double  prompt_ms;        /* computing the prompt */
+    double  ttft_ms;          /* request start to the first token */
+    double  decode_ms;        /* first token to the last */
+    double  total_ms;
+    double  prompt_tps;       /* computed_tokens / prompt time */
+    double  decode_tps;       /* output tokens after the first / decode time */
+    const char *finish_reason; /* "stop" (EOG or stop string), "length", "cancelled" */
+} kvc_chat_stats;
+
+/* Called with each piece of reply text as it is generated (whole UTF-8
+ * characters). Return false to stop generating ("cancelled"). */
+typedef bool (*kvc_chat_stream_fn)(const char *text, size_t len, void *user);
+
+/* A session on sequence `seq` of ctx (which it then owns; one session per
+ * sequence). template_name: a chat format name ("chatml", "llama3", ...) or
+ * NULL for the model's own template (ChatML when it has none or it is not
+ * recognised). NULL on failure, with err set. */
+kvc_session *kvc_session_new(kvc_context *ctx, int32_t seq, const char *template_name,
+                             char *err, size_t err_size);
+void kvc_session_free(kvc_session *s);
+/* Forget the conversation and release its cache (a new conversation). */
+void kvc_session_reset(kvc_session *s);
+/* The chat format in use ("chatml"). */
+const char *kvc_session_template(const kvc_session *s);
+
+/* Generate the assistant's reply to msgs[0, n). *reply (may be NULL) gets a
+ * malloc'd copy of the reply text, which is what the client should send back
+ * as the assistant message. Stats are filled when non-NULL.
+ * KVC_ERR_CONTEXT_LENGTH (message with the sizes) when the prompt plus
+ * max_tokens does not fit and overflow is KVC_OVERFLOW_ERROR: nothing is then
+ * changed or computed. */
+int kvc_session_chat(kvc_session *s, const kvc_chat_message *msgs, size_t n,
+                     const kvc_chat_params *params, kvc_chat_stream_fn stream, void *user,
+                     char **reply, kvc_chat_stats *stats, char *err, size_t err_size);
+
+/* ------------------------------------------------------------ make-model */
+
+/* Random-weight GGUF models for tests, demos and benchmarks: every supported
+ * architecture and weight type, any shape, with a built-in vocabulary and a
+ * ChatML template. */
+typedef struct kvc_gen_params {
+    const char *arch;        /* "llama" | "qwen2" (q/k/v biases) | "qwen3" (q/k norms) */
+    const char *ftype;       /* "f32" "f16" "bf16" "q8_0" "q4_0" "q4_1" "q5_0" "q5_1"
+                              * "q4_k" (= "q4_k_s") "q5_k" (= "q5_k_s") "q6_k"
+                              * "q4_k_m" "q5_k_m"; case-insensitive */
+    int32_t     n_embd;      /* > 0 */
+    int32_t     n_layer;     /* > 0 */
+    int32_t     n_head;      /* > 0 */
+    int32_t     n_head_kv;   /* 0 = n_head; must divide n_head */
+    int32_t     head_dim;    /* 0 = n_embd / n_head; must be even (RoPE) */
+    int32_t     n_ff;        /* > 0 */
+    int32_t     n_ctx;       /* context_length written to the file, > 0 */
+    int32_t     n_vocab;     /* 0 = the built-in vocabulary's natural size; larger
+                              * pads with unused filler tokens; smaller is an error */
+    const char *vocab;       /* "bpe" (byte-level, tokenizer.ggml.model "gpt2") | "spm" ("llama") */
+    const char *bpe_pre;     /* tokenizer.ggml.pre for "bpe"; NULL = "qwen2" for the
+                              * qwen archs, "llama-bpe" for llama. "spm" writes "default" */
+    bool        tied;        /* no output.weight: token_embd is the output projection */
+    bool        vocab_only;  /* write the keys only, no tensors (tokenizer tests) */
+    float       rope_theta;  /* rope.freq_base, > 0 */
+    float       rms_eps;     /* attention.layer_norm_rms_epsilon, > 0 */
+    uint64_t    seed;        /* weights are a function of (seed, tensor name) */
+    const char *name;        /* general.name; NULL = "random-{arch}-{L}L-{d}d" */
+    int32_t     n_threads;   /* 0 = all online CPUs; the output does not depend on it */
+} kvc_gen_params;
+
+/* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
+ * n_ff 384, context 4096, f16, bpe vocabulary, tied, rope theta 10000,
+ * rms eps 1e-6, seed 42. */
+kvc_gen_params kvc_gen_default_params(void);
+
+/* Named presets; *out is overwritten (all of it) on success.
+ *   "demo"          kvc_gen_default_params()
+ *   "tiny"          qwen2, d 64, 2 layers, 4/2 heads, ff 128, ctx 2048, f32, bpe, tied
+ *   "tiny-llama"    llama, d 64, 2 layers, 4/2 heads, ff 192, ctx 2048, f32, spm, untied
+ *   "tiny-qwen3"    qwen3, d 64, 2 layers, 4/1 heads, hd 32, ff 128, ctx 2048, f32, spm, tied
+ *   "qwen2.5-0.5b"  Qwen2.5-0.5B's shapes: 24 layers, d 896, 14/2 heads, hd 64,
+ *                   ff 4864, vocab 151936, ctx 32768, theta 1e6, tied, bpe, f16
+ * Returns KVC_OK, or KVC_ERR_NOT_FOUND for an unknown name (out untouched). */
+int kvc_gen_preset(const char *name, kvc_gen_params *out);
+
+/* The i-th preset name for listings, NULL when i is out of range. */
+const char *kvc_gen_preset_name(int i);
+
+/* kvc_gen_model with the public API's error convention: on failure a message
+ * goes into err (err_size bytes, NUL-terminated; err may be NULL). For the CLI. */
+int kvc_gen_write(const kvc_gen_params *p, const char *path, char *err, size_t err_size);
+
+/* ---------------------------------------------------------------- engine */
+
+/* The engine serves many conversations at once (DESIGN.md §4): one engine
+ * thread owns the model, the KV pool and the prefix cache and runs steps;
+ * other threads submit requests and read their events. Sessions are found by
+ * key (prompt_cache_key, else user); without a key the prefix cache alone
+ * finds what is already computed. Thread-safe. */
+typedef struct kvc_engine kvc_engine;
+
+typedef struct kvc_engine_params {
+    int32_t     n_ctx;          /* longest conversation; 0 = the model's training context */
+    int32_t     n_batch;        /* most tokens per step; 0 = 512 */
+    int32_t     n_threads;      /* 0 = all cores */
+    int32_t     n_parallel;     /* conversations computed at once; 0 = 8 */
+    int64_t     kv_budget_mib;  /* KV pool size; 0 = n_parallel full contexts */
+    int32_t     kv_type;        /* enum kvc_kv_type */
+    int32_t     max_queue;      /* requests waiting beyond the running ones; 0 = 64 */
+    int32_t     max_sessions;   /* keyed sessions kept (LRU); 0 = 256 */
+    const char *chat_template;  /* format name, NULL = the model's */
+    int32_t     overflow;       /* enum kvc_overflow */
+} kvc_engine_params;
+
+kvc_engine_params kvc_engine_default_params(void);
+
+int  kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine **out,
+                    char *err, size_t err_size);
+/* Cancels what is queued or running, joins the engine thread. NULL ok. */
+void kvc_engine_free(kvc_engine *engine);
+
+typedef struct kvc_request_params {
+    const kvc_chat_message *messages;  /* chat: the whole conversation ... */
+    size_t      n_messages;
+    const char *prompt;                /* ... or a raw completion prompt (messages NULL) */
+    const char *session_key;           /* prompt_cache_key, else user; NULL = none */
+    kvc_chat_params chat;              /* max_tokens, sampling, stops, no_cache */
+} kvc_request_params;
+
+/* A submitted request; its events are read with kvc_request_next. */
+typedef struct kvc_request kvc_request;
+
+enum kvc_event_type {
+    KVC_EVENT_TEXT  = 1,   /* a piece of reply text */
+    KVC_EVENT_DONE  = 2,   /* finished: stats, the whole reply */
+    KVC_EVENT_ERROR = 3,   /* failed: status and message (nothing more follows) */
+};
+
+typedef struct kvc_event {
+    int            type;        /* enum kvc_event_type; 0 = timed out */
+    char          *text;        /* TEXT: the piece; DONE: the whole reply (malloc'd, NUL-terminated) */
+    size_t         len;
+    int            status;      /* ERROR: a KVC_ERR_* */
+    char           message[512];/* ERROR: what went wrong */
+    kvc_chat_stats stats;       /* DONE */
+} kvc_event;
+
+/* Queue a request (everything in params is copied). NULL with err set when
+ * it is invalid (KVC_ERR_INVALID_ARG) or the queue is full (KVC_ERR_BUSY;
+ * *status gets the code when non-NULL). */
+kvc_request *kvc_engine_submit(kvc_engine *engine, const kvc_request_params *params,
+                               int *status, char *err, size_t err_size);
+/* Wait up to timeout_ms (-1 = forever) for the next event. Returns true with
+ * *ev filled, false on time-out. After DONE or ERROR there are no more. Free
+ * ev->text with kvc_event_clear. */
+bool kvc_request_next(kvc_request *r, kvc_event *ev, int timeout_ms);
+void kvc_event_clear(kvc_event *ev);
+/* Stop generating (a client went away); the request still ends with DONE
+ * (finish "cancelled"). Its computed blocks stay cached. */
+void kvc_request_cancel(kvc_request *r);
+/* Release the handle (cancelling it if still running). NULL ok. */
+void kvc_request_free(kvc_request *r);
+
+typedef struct kvc_engine_metrics {
+    uint64_t requests;          /* finished */
+    uint64_t requests_failed;
+    uint64_t prompt_tokens;
+    uint64_t cached_tokens;
+    uint64_t computed_tokens;
+    uint64_t output_tokens;
+    int64_t  blocks_total;
+    int64_t  blocks_used;
+    int64_t  blocks_free;
+    uint64_t blocks_evicted;
+    int32_t  sessions;
+    int32_t  queue_depth;       /* waiting */
+    int32_t  running;
+    int32_t  block_tokens;
+} kvc_engine_metrics;
+
+void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,7 +30,7 @@ int kvc_err_prefix(kvc_err *err, const char *fmt, ...)
     vsnprintf(head, sizeof(head), fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof(old));
-    snprintf(err->msg, sizeof(err->msg), "%s: %s", head, old);
+    snprintf(err->msg, sizeof(err->msg), "%.200s: %.300s", head, old);
     return err->code;
 }
 

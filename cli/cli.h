@@ -1,0 +1,61 @@
+/* cli.h - shared pieces of the kvchat commands: option parsing, model loading
+ * with progress, the demo model. Each command lives in its own cmd_*.c. */
+#ifndef KVC_CLI_H
+#define KVC_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvchat.h"
+
+#define KVC_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVC_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Options most commands share. */
+typedef struct cli_common {
+    const char *model;          /* -m; NULL = the generated demo model */
+    int32_t     n_threads;      /* -t; 0 = all cores */
+    int32_t     n_ctx;          /* -c; 0 = the model's */
+    int32_t     n_batch;        /* -b; 0 = 512 */
+    int32_t     kv_type;        /* --kv-type f16|f32|q8_0 */
+    bool        json;           /* --json */
+    kvc_sampler_params sampling;
+} cli_common;
+
+void cli_common_init(cli_common *c);
+
+/* If argv[*i] is one of the shared options, consume it (and its value),
+ * advance *i and return 1; return 0 when it is not; -1 (after printing an
+ * error naming the option) when its value is missing or bad. */
+int cli_parse_common(cli_common *c, int argc, char **argv, int *i);
+/* The sampling flags: --temp --top-k --top-p --min-p --repeat-penalty
+ * --repeat-last-n --presence-penalty --frequency-penalty --seed. Same return. */
+int cli_parse_sampling(kvc_sampler_params *s, int argc, char **argv, int *i);
+extern const char cli_common_help[];
+extern const char cli_sampling_help[];
+
+/* Parse an integer / float option value; print an error and return false when bad. */
+bool cli_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+bool cli_float(const char *opt, const char *s, float *out);
+
+/* Load c->model (or make and load the demo model) with a progress bar on
+ * stderr for large files. Prints the error and returns NULL on failure. */
+kvc_model *cli_load_model(const cli_common *c);
+kvc_context *cli_new_context(const cli_common *c, kvc_model *m, int32_t n_seq);
+
+/* Path of the demo model, generated on first use (in $KVCHAT_CACHE, else
+ * $XDG_CACHE_HOME/kvchat, else ~/.cache/kvchat). NULL on failure (printed). */
+const char *cli_demo_model_path(void);
+
+/* Print a message for an unknown option of `cmd`. Returns 2. */
+int cli_bad_option(const char *cmd, const char *opt);
+
+int cmd_chat(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_make_model(int argc, char **argv);
+
+#endif

@@ -1,0 +1,128 @@
+/* cmd_bench.c - kvchat bench: prompt processing and generation speed, printed
+ * in llama-bench's table form (rows pp512 and tg128) so the two can be read
+ * side by side. Like llama-bench: random-free synthetic tokens, an empty
+ * cache before every repetition, the mean and standard deviation over -r runs. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+static const char help[] =
+    "usage: kvchat bench [-m MODEL.gguf] [-p N] [-n N] [-r N] [-t N] [options]\n\n"
+    "  -p, --n-prompt N    prompt tokens processed in one go (default 512; 0 = skip)\n"
+    "  -n, --n-gen N       tokens generated one at a time (default 128; 0 = skip)\n"
+    "  -r, --repetitions N runs of each test (default 3)\n";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* One run: tokens/s of processing n tokens as a prompt (gen = false) or
+ * generating n one by one (gen = true), from an empty sequence. */
+static double run_once(kvc_context *ctx, const kvc_model_info *info, int32_t n, bool gen, bool *ok)
+{
+    char err[512];
+    kvc_context_seq_truncate(ctx, 0, 0);
+    int32_t *toks = malloc((size_t)n * sizeof(int32_t));
+    for (int32_t i = 0; i < n; i++)
+        toks[i] = (int32_t)((1000003u * (uint32_t)(i + 1)) % (uint32_t)info->n_vocab);
+    double t0 = now_s();
+    int rc = KVC_OK;
+    if (!gen)
+        rc = kvc_context_decode(ctx, 0, toks, n, false, err, sizeof(err));
+    else
+        for (int32_t i = 0; i < n && rc == KVC_OK; i++)
+            rc = kvc_context_decode(ctx, 0, &toks[i], 1, false, err, sizeof(err));
+    double dt = now_s() - t0;
+    free(toks);
+    if (rc != KVC_OK) {
+        fprintf(stderr, "kvchat bench: %s\n", err);
+        *ok = false;
+        return 0;
+    }
+    return n / dt;
+}
+
+static bool bench_row(kvc_context *ctx, const kvc_model_info *info, const char *size_s,
+                      const char *params_s, int32_t n, bool gen, int reps)
+{
+    bool ok = true;
+    run_once(ctx, info, gen ? KVC_MIN(n, 16) : KVC_MIN(n, 32), gen, &ok);   /* warm-up */
+    double sum = 0, sum2 = 0;
+    for (int r = 0; ok && r < reps; r++) {
+        double tps = run_once(ctx, info, n, gen, &ok);
+        sum += tps;
+        sum2 += tps * tps;
+    }
+    if (!ok)
+        return false;
+    double mean = sum / reps, sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * sum / reps) / (reps - 1))) : 0;
+    char test[32];
+    snprintf(test, sizeof(test), "%s%d", gen ? "tg" : "pp", n);
+    printf("| %-24.24s | %10s | %8s | %-7s | %7d | %13s | %12.2f ± %.2f |\n", info->name, size_s,
+           params_s, "CPU", kvc_context_n_threads(ctx), test, mean, sd);
+    fflush(stdout);
+    return true;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    cli_common c;
+    cli_common_init(&c);
+    int64_t n_prompt = 512, n_gen = 128, reps = 3;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s\nOptions:\n%s", help, cli_common_help);
+            return 0;
+        }
+        int r = cli_parse_common(&c, argc, argv, &i);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            continue;
+        int64_t *dst = NULL, lo = 0;
+        if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt"))
+            dst = &n_prompt;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
+            dst = &n_gen;
+        else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions"))
+            dst = &reps, lo = 1;
+        else
+            return cli_bad_option("bench", a);
+        if (i + 1 >= argc || !cli_int(a, argv[i + 1], lo, 1 << 20, dst))
+            return 2;
+        i++;
+    }
+    if (c.n_ctx == 0)
+        c.n_ctx = (int32_t)KVC_MAX(n_prompt, n_gen) + 16;
+    if (c.n_batch == 0)
+        c.n_batch = (int32_t)KVC_MAX(n_prompt, 1);
+    kvc_model *m = cli_load_model(&c);
+    kvc_context *ctx = m ? cli_new_context(&c, m, 1) : NULL;
+    if (!ctx) {
+        kvc_model_free(m);
+        return 1;
+    }
+    kvc_model_info info;
+    kvc_model_get_info(m, &info);
+    char size_s[32], params_s[32];
+    snprintf(size_s, sizeof(size_s), "%.2f MiB", info.weight_bytes / 1048576.0);
+    snprintf(params_s, sizeof(params_s), "%.2f M", info.n_params / 1e6);
+    printf("| %-24s | %10s | %8s | %-7s | %7s | %13s | %20s |\n", "model", "size", "params",
+           "backend", "threads", "test", "t/s");
+    printf("| ------------------------ | ---------: | -------: | ------- | ------: | ------------: | -------------------: |\n");
+    bool ok = true;
+    if (n_prompt > 0)
+        ok = bench_row(ctx, &info, size_s, params_s, (int32_t)n_prompt, false, (int)reps);
+    if (ok && n_gen > 0)
+        ok = bench_row(ctx, &info, size_s, params_s, (int32_t)n_gen, true, (int)reps);
+    kvc_context_free(ctx);
+    kvc_model_free(m);
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,263 @@
+/* context.c - the public model and context API over model.h, kv.h and forward.c. */
+#include "context.h"
+#include "quant.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void copy_err(const kvc_err *e, char *err, size_t err_size)
+{
+    if (err && err_size)
+        snprintf(err, err_size, "%s", e->msg[0] ? e->msg : kvc_strerror(e->code));
+}
+
+/* ----------------------------------------------------------------- model */
+
+kvc_model_params kvc_model_default_params(void)
+{
+    kvc_model_params p = { 0 };
+    return p;
+}
+
+int kvc_model_load(const char *path, const kvc_model_params *params, kvc_model **out,
+                   char *err, size_t err_size)
+{
+    kvc_err e = { 0 };
+    kvc_model_params p = params ? *params : kvc_model_default_params();
+    int rc = kvc_model_load_file(path, p.progress, p.progress_user, out, &e);
+    if (rc)
+        copy_err(&e, err, err_size);
+    return rc;
+}
+
+void kvc_model_free(kvc_model *model) { kvc_model_release(model); }
+
+void kvc_model_get_info(const kvc_model *m, kvc_model_info *out)
+{
+    const kvc_hparams *hp = &m->hp;
+    out->name = m->name;
+    out->arch = hp->arch_name;
+    out->n_vocab = hp->n_vocab;
+    out->n_ctx_train = hp->n_ctx_train;
+    out->n_embd = hp->n_embd;
+    out->n_layer = hp->n_layer;
+    out->n_head = hp->n_head;
+    out->n_head_kv = hp->n_head_kv;
+    out->head_dim = hp->head_dim;
+    out->n_ff = hp->n_ff;
+    out->n_params = m->n_params;
+    out->weight_bytes = m->weight_bytes;
+}
+
+int64_t kvc_model_tokenize(const kvc_model *m, const char *text, size_t len,
+                           bool add_special, bool parse_special, int32_t *out, int64_t cap)
+{
+    return kvc_tokenize(m->tok, text, len, add_special, parse_special, out, cap);
+}
+
+int kvc_model_token_to_piece(const kvc_model *m, int32_t token, bool render_special,
+                             char *buf, int cap)
+{
+    return kvc_token_to_piece(m->tok, token, render_special, buf, cap);
+}
+
+int32_t kvc_model_token_bos(const kvc_model *m) { return kvc_tokenizer_bos(m->tok); }
+int32_t kvc_model_token_eos(const kvc_model *m) { return kvc_tokenizer_eos(m->tok); }
+bool kvc_model_token_is_eog(const kvc_model *m, int32_t t) { return kvc_tokenizer_is_eog(m->tok, t); }
+const char *kvc_model_chat_template(const kvc_model *m) { return m->chat_template; }
+
+/* --------------------------------------------------------------- context */
+
+
+
+kvc_context_params kvc_context_default_params(void)
+{
+    kvc_context_params p = { 0 };
+    p.kv_type = KVC_KV_F16;
+    return p;
+}
+
+static int kv_type_of(int32_t t)
+{
+    switch (t) {
+    case KVC_KV_F16:  return KVC_TYPE_F16;
+    case KVC_KV_F32:  return KVC_TYPE_F32;
+    case KVC_KV_Q8_0: return KVC_TYPE_Q8_0;
+    }
+    return -1;
+}
+
+int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_context **out,
+                    char *err, size_t err_size)
+{
+    kvc_err e = { 0 };
+    *out = NULL;
+    kvc_context_params p = params ? *params : kvc_context_default_params();
+    if (p.n_ctx <= 0)
+        p.n_ctx = model->hp.n_ctx_train;
+    if (p.n_batch <= 0)
+        p.n_batch = 512;
+    if (p.n_threads <= 0)
+        p.n_threads = (int32_t)KVC_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
+    if (p.n_seq <= 0)
+        p.n_seq = 1;
+    if (p.n_batch > p.n_ctx)
+        p.n_batch = p.n_ctx;
+    const int32_t B = 16;
+    if (p.kv_blocks <= 0)
+        p.kv_blocks = (int64_t)p.n_seq * ((p.n_ctx + B - 1) / B);
+    int kt = kv_type_of(p.kv_type);
+    if (kt < 0) {
+        kvc_fail(&e, KVC_ERR_INVALID_ARG, "KV type %d not supported", p.kv_type);
+        copy_err(&e, err, err_size);
+        return e.code;
+    }
+    kvc_context *c = calloc(1, sizeof(*c));
+    int rc = c ? KVC_OK : kvc_fail(&e, KVC_ERR_NOMEM, "out of memory");
+    if (!rc) {
+        c->model = model;
+        c->p = p;
+        kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
+                                  B, (uint32_t)kt, p.kv_blocks };
+        rc = kvc_kv_pool_new(&pp, &c->pool, &e);
+    }
+    if (!rc)
+        rc = kvc_compute_new(model, p.n_batch, p.n_ctx, p.n_threads, &c->compute, &e);
+    if (!rc) {
+        c->seqs = calloc((size_t)p.n_seq, sizeof(kvc_kv_seq));
+        c->items = calloc((size_t)p.n_batch, sizeof(kvc_batch_item));
+        c->logits = malloc((size_t)model->hp.n_vocab * sizeof(float));
+        c->logits_cap = 1;
+        if (!c->seqs || !c->items || !c->logits)
+            rc = kvc_fail(&e, KVC_ERR_NOMEM, "out of memory");
+    }
+    if (rc) {
+        kvc_context_free(c);
+        copy_err(&e, err, err_size);
+        return rc;
+    }
+    *out = c;
+    return KVC_OK;
+}
+
+void kvc_context_free(kvc_context *c)
+{
+    if (!c)
+        return;
+    if (c->seqs && c->pool)
+        for (int32_t s = 0; s < c->p.n_seq; s++)
+            kvc_kv_seq_release(c->pool, &c->seqs[s]);
+    free(c->seqs);
+    free(c->items);
+    free(c->logits);
+    kvc_compute_free(c->compute);
+    kvc_kv_pool_free(c->pool);
+    free(c);
+}
+
+int32_t kvc_context_n_ctx(const kvc_context *c) { return c->p.n_ctx; }
+int32_t kvc_context_n_batch(const kvc_context *c) { return c->p.n_batch; }
+int32_t kvc_context_n_threads(const kvc_context *c) { return c->p.n_threads; }
+
+int kvc_context_decode(kvc_context *c, int32_t seq, const int32_t *tokens, int32_t n,
+                       bool all_logits, char *err, size_t err_size)
+{
+    kvc_err e = { 0 };
+    int rc = KVC_OK;
+    if (seq < 0 || seq >= c->p.n_seq)
+        rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "sequence %d outside [0, %d)", seq, c->p.n_seq);
+    else if (n < 1 || (all_logits && n > c->p.n_batch))
+        rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "decode of %d tokens (all logits: at most %d)", n,
+                      c->p.n_batch);
+    if (!rc && all_logits && n > c->logits_cap) {
+        /* grown on demand: a full batch of logits of a large vocabulary is big */
+        float *l = realloc(c->logits, (size_t)n * (size_t)c->model->hp.n_vocab * sizeof(float));
+        if (!l)
+            rc = kvc_fail(&e, KVC_ERR_NOMEM, "out of memory for %d x %d logits", n,
+                          c->model->hp.n_vocab);
+        else {
+            c->logits = l;
+            c->logits_cap = n;
+        }
+    }
+    kvc_kv_seq *s = rc ? NULL : &c->seqs[seq];
+    int64_t len0 = s ? s->n_tokens : 0;
+    if (!rc && len0 + n > c->p.n_ctx)
+        rc = kvc_fail(&e, KVC_ERR_CONTEXT_LENGTH, "%lld tokens exceed the context of %d",
+                      (long long)(len0 + n), c->p.n_ctx);
+    if (!rc)
+        rc = kvc_kv_seq_reserve(c->pool, s, len0 + n, &e);
+    for (int32_t done = 0; !rc && done < n;) {
+        int32_t m = KVC_MIN(n - done, c->p.n_batch);
+        for (int32_t i = 0; i < m; i++) {
+            kvc_batch_item *it = &c->items[i];
+            it->token = tokens[done + i];
+            it->pos = (int32_t)(len0 + done + i);
+            it->seq = s;
+            it->want_logits = all_logits || done + i == n - 1;
+        }
+        rc = kvc_compute_forward(c->compute, c->pool, c->items, m, c->logits, &e);
+        done += m;
+    }
+    if (rc) {
+        if (s)
+            kvc_kv_seq_truncate(c->pool, s, len0);
+        c->n_logits = 0;
+        copy_err(&e, err, err_size);
+        return rc;
+    }
+    c->n_logits = all_logits ? n : 1;
+    return KVC_OK;
+}
+
+const float *kvc_context_logits(const kvc_context *c, int32_t i)
+{
+    if (i < 0)
+        i = c->n_logits - 1;
+    if (i < 0 || i >= c->n_logits)
+        return NULL;
+    return c->logits + (size_t)i * (size_t)c->model->hp.n_vocab;
+}
+
+int32_t kvc_context_seq_len(const kvc_context *c, int32_t seq)
+{
+    if (seq < 0 || seq >= c->p.n_seq)
+        return -1;
+    return (int32_t)c->seqs[seq].n_tokens;
+}
+
+int kvc_context_seq_truncate(kvc_context *c, int32_t seq, int32_t n_keep)
+{
+    if (seq < 0 || seq >= c->p.n_seq || n_keep < 0)
+        return KVC_ERR_INVALID_ARG;
+    kvc_kv_seq_truncate(c->pool, &c->seqs[seq], n_keep);
+    return KVC_OK;
+}
+
+/* ---------------------------------------------------------- detokenizer */
+
+struct kvc_detokenizer {
+    kvc_detok d;
+};
+
+kvc_detokenizer *kvc_detokenizer_new(const kvc_model *m, bool render_special)
+{
+    kvc_detokenizer *d = malloc(sizeof(*d));
+    if (d)
+        kvc_detok_init(&d->d, m->tok, render_special);
+    return d;
+}
+
+void kvc_detokenizer_free(kvc_detokenizer *d) { free(d); }
+
+int kvc_detokenizer_feed(kvc_detokenizer *d, int32_t token, char *out, int cap)
+{
+    return kvc_detok_feed(&d->d, token, out, cap);
+}
+
+int kvc_detokenizer_flush(kvc_detokenizer *d, char *out, int cap)
+{
+    return kvc_detok_flush(&d->d, out, cap);
+}

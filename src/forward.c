@@ -1,0 +1,500 @@
+/* forward.c - the forward pass over a batch of tokens, reading and writing the
+ * paged KV pool.
+ *
+ * Order of one layer (llama / qwen2 / qwen3, as llama.cpp runs them):
+ *   h = rmsnorm(x) * attn_norm
+ *   q, k, v = h Wq, h Wk, h Wv   (+ biases: qwen2)   (per-head rmsnorm of q, k: qwen3)
+ *   rope(q, k at pos); store k, v in the pool (rounded to the pool's type)
+ *   a = softmax(q K^T / sqrt(hd)) V    over positions [0, pos] of the sequence, from the pool
+ *   x += a Wo
+ *   h = rmsnorm(x) * ffn_norm;  x += (silu(h Wgate) * (h Wup)) Wdown
+ * then logits = rmsnorm(x) * output_norm Wout for the tokens that want them.
+ *
+ * Batch invariance: every step is per token (norms, rope, attention) or a
+ * matmul whose per-element arithmetic is fixed (kernels.h); attention reads its
+ * batch-mates' K/V from the pool exactly as a later decode step would, and
+ * reduces over positions in order. So a token's logits do not depend on the
+ * batch, its split into chunks, or the thread count. */
+#include "model.h"
+#include "quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvc_compute {
+    const kvc_model *m;
+    kvc_threadpool  *tp;
+    int32_t  max_batch;
+    int32_t  max_ctx;
+    /* activations, max_batch rows each */
+    float   *x;           /* [n][n_embd] residual stream */
+    float   *h;           /* [n][n_embd] normalised input of a sublayer */
+    float   *q;           /* [n][n_head * hd] */
+    float   *k;           /* [n][n_head_kv * hd] */
+    float   *v;           /* [n][n_head_kv * hd] */
+    float   *att;         /* [n][n_head * hd] attention output */
+    float   *gate;        /* [n][n_ff] */
+    float   *up;          /* [n][n_ff] */
+    float   *rope_cos;    /* [n][hd / 2] */
+    float   *rope_sin;    /* [n][hd / 2] */
+    double  *inv_freq;    /* [hd / 2] theta^(-2i/hd) */
+    /* per-thread scratch */
+    float  **mm_scratch;  /* [thread][kvc_matmul_scratch_floats(max n_in)] */
+    float  **scores;      /* [thread][max_ctx] */
+    float  **krow;        /* [thread][hd] a dequantized K or V row */
+};
+
+/* ------------------------------------------------------------ lifetime */
+
+static float *alloc_f(size_t n) { return kvc_alloc_aligned(n * sizeof(float)); }
+
+int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int n_threads,
+                    kvc_compute **out, kvc_err *err)
+{
+    *out = NULL;
+    if (max_batch < 1 || max_ctx < 1 || n_threads < 1)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "compute: batch %d, context %d, threads %d",
+                        max_batch, max_ctx, n_threads);
+    const kvc_hparams *hp = &m->hp;
+    kvc_compute *c = calloc(1, sizeof(*c));
+    if (!c)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->max_batch = max_batch;
+    c->max_ctx = max_ctx;
+    size_t B = (size_t)max_batch, hd = (size_t)hp->head_dim;
+    size_t nq = (size_t)hp->n_head * hd, nkv = (size_t)hp->n_head_kv * hd;
+    c->x = alloc_f(B * hp->n_embd);
+    c->h = alloc_f(B * hp->n_embd);
+    c->q = alloc_f(B * nq);
+    c->k = alloc_f(B * nkv);
+    c->v = alloc_f(B * nkv);
+    c->att = alloc_f(B * nq);
+    c->gate = alloc_f(B * hp->n_ff);
+    c->up = alloc_f(B * hp->n_ff);
+    c->rope_cos = alloc_f(B * hd / 2);
+    c->rope_sin = alloc_f(B * hd / 2);
+    c->inv_freq = malloc(hd / 2 * sizeof(double));
+    c->tp = kvc_threadpool_new(n_threads);
+    c->mm_scratch = calloc((size_t)n_threads, sizeof(float *));
+    c->scores = calloc((size_t)n_threads, sizeof(float *));
+    c->krow = calloc((size_t)n_threads, sizeof(float *));
+    bool ok = c->x && c->h && c->q && c->k && c->v && c->att && c->gate && c->up &&
+              c->rope_cos && c->rope_sin && c->inv_freq && c->tp && c->mm_scratch &&
+              c->scores && c->krow;
+    int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
+    for (int t = 0; ok && t < n_threads; t++) {
+        c->mm_scratch[t] = alloc_f(kvc_matmul_scratch_floats(max_in));
+        c->scores[t] = alloc_f((size_t)max_ctx);
+        c->krow[t] = alloc_f(hd);
+        ok = c->mm_scratch[t] && c->scores[t] && c->krow[t];
+    }
+    if (!ok) {
+        kvc_compute_free(c);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating activations");
+    }
+    for (size_t i = 0; i < hd / 2; i++)
+        c->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)hd);
+    *out = c;
+    return KVC_OK;
+}
+
+void kvc_compute_free(kvc_compute *c)
+{
+    if (!c)
+        return;
+    int nt = c->tp ? kvc_threadpool_n_threads(c->tp) : 0;
+    for (int t = 0; t < nt; t++) {
+        if (c->mm_scratch)
+            kvc_free_aligned(c->mm_scratch[t]);
+        if (c->scores)
+            kvc_free_aligned(c->scores[t]);
+        if (c->krow)
+            kvc_free_aligned(c->krow[t]);
+    }
+    kvc_threadpool_free(c->tp);
+    free(c->mm_scratch);
+    free(c->scores);
+    free(c->krow);
+    float *bufs[] = { c->x, c->h, c->q, c->k, c->v, c->att, c->gate, c->up, c->rope_cos, c->rope_sin };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bufs); i++)
+        kvc_free_aligned(bufs[i]);
+    free(c->inv_freq);
+    free(c);
+}
+
+int kvc_compute_n_threads(const kvc_compute *c) { return kvc_threadpool_n_threads(c->tp); }
+
+/* -------------------------------------------------------------- matmul */
+
+typedef struct mm_job {
+    kvc_compute      *c;
+    const kvc_weight *w;
+    const float      *x;
+    int64_t           ldx;
+    int64_t           n_tok;
+    float            *y;
+    int64_t           ldy;
+    int64_t           rows_per_task;
+} mm_job;
+
+static void mm_task(void *ctx, int64_t task, int thread)
+{
+    mm_job *j = ctx;
+    int64_t r0 = task * j->rows_per_task;
+    int64_t r1 = KVC_MIN(r0 + j->rows_per_task, j->w->n_out);
+    kvc_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
+}
+
+/* y[t][r] = W x[t] for t < n_tok, split by rows over the threads. Any split
+ * gives the same values (kernels.h). */
+static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t n_tok,
+                   float *y, int64_t ldy)
+{
+    int nt = kvc_threadpool_n_threads(c->tp);
+    int64_t rows = w->n_out;
+    int64_t per = (rows + 4 * nt - 1) / (4 * nt);
+    per = (per + 15) / 16 * 16;
+    if (per < 16)
+        per = 16;
+    mm_job j = { c, w, x, w->n_in, n_tok, y, ldy, per };
+    kvc_threadpool_run(c->tp, (rows + per - 1) / per, mm_task, &j);
+}
+
+/* ------------------------------------------------------- per-token math */
+
+/* out = x / sqrt(mean(x^2) + eps) * w  (the sum in double, as exact as cheap) */
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * (double)x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (x[i] * scale) * w[i];
+}
+
+/* Rotate one head in place: pairs (2i, 2i+1), or (i, i + hd/2) for NEOX. */
+static void rope_head(float *x, const float *cs, const float *sn, int32_t hd, bool neox)
+{
+    int32_t half = hd / 2;
+    for (int32_t i = 0; i < half; i++) {
+        int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cs[i] - x1 * sn[i];
+        x[b] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+static void rope_table(const double *inv_freq, int32_t half, double pos, float *cs, float *sn)
+{
+    for (int32_t i = 0; i < half; i++) {
+        double th = pos * inv_freq[i];
+        cs[i] = (float)cos(th);
+        sn[i] = (float)sin(th);
+    }
+}
+
+/* Store one head's row (hd floats) in the pool's type. */
+static void store_row(uint32_t type, const float *src, void *dst, int32_t hd)
+{
+    switch (type) {
+    case KVC_TYPE_F32:  memcpy(dst, src, (size_t)hd * sizeof(float)); break;
+    case KVC_TYPE_F16:  kvc_fp32_to_fp16_row(src, dst, hd); break;
+    default:            kvc_quantize_row_ref(type, src, dst, hd); break;
+    }
+}
+
+/* ------------------------------------------------------------ the batch */
+
+typedef struct fwd {
+    kvc_compute          *c;
+    kvc_kv_pool          *pool;
+    const kvc_batch_item *items;
+    int32_t               n;
+    int32_t               layer;
+    uint32_t              kv_type;
+    int32_t               B;           /* tokens per block */
+    size_t                row_bytes;   /* one head row in the pool */
+} fwd;
+
+static void embed_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const kvc_model *m = f->c->m;
+    const kvc_weight *e = &m->tok_embd;
+    const uint8_t *row = (const uint8_t *)e->data + (size_t)f->items[i].token * e->row_bytes;
+    kvc_dequantize_row(e->type, row, f->c->x + i * m->hp.n_embd, m->hp.n_embd);
+    rope_table(f->c->inv_freq, m->hp.head_dim / 2, (double)f->items[i].pos,
+               f->c->rope_cos + i * (m->hp.head_dim / 2), f->c->rope_sin + i * (m->hp.head_dim / 2));
+}
+
+static void attn_norm_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const kvc_hparams *hp = &f->c->m->hp;
+    rmsnorm(f->c->h + i * hp->n_embd, f->c->x + i * hp->n_embd,
+            f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
+}
+
+static void ffn_norm_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const kvc_hparams *hp = &f->c->m->hp;
+    rmsnorm(f->c->h + i * hp->n_embd, f->c->x + i * hp->n_embd,
+            f->c->m->layers[f->layer].ffn_norm, hp->n_embd, hp->rms_eps);
+}
+
+static void add_bias(float *x, const float *b, int64_t n)
+{
+    if (b)
+        for (int64_t i = 0; i < n; i++)
+            x[i] += b[i];
+}
+
+/* Biases, per-head norms, rope; then K and V of token i go into the pool. */
+static void qkv_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    kvc_compute *c = f->c;
+    const kvc_hparams *hp = &c->m->hp;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    const int32_t hd = hp->head_dim, half = hd / 2;
+    float *q = c->q + i * hp->n_head * hd;
+    float *k = c->k + i * hp->n_head_kv * hd;
+    float *v = c->v + i * hp->n_head_kv * hd;
+    add_bias(q, L->bq, (int64_t)hp->n_head * hd);
+    add_bias(k, L->bk, (int64_t)hp->n_head_kv * hd);
+    add_bias(v, L->bv, (int64_t)hp->n_head_kv * hd);
+    const float *cs = c->rope_cos + i * half, *sn = c->rope_sin + i * half;
+    for (int32_t h = 0; h < hp->n_head; h++) {
+        if (L->q_norm)
+            rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
+        rope_head(q + h * hd, cs, sn, hd, hp->rope_neox);
+    }
+    const kvc_batch_item *it = &f->items[i];
+    int32_t blk = it->seq->blocks[it->pos / f->B];
+    size_t off = (size_t)(it->pos % f->B) * f->row_bytes;
+    for (int32_t h = 0; h < hp->n_head_kv; h++) {
+        if (L->k_norm)
+            rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
+        rope_head(k + h * hd, cs, sn, hd, hp->rope_neox);
+        store_row(f->kv_type, k + h * hd, (uint8_t *)kvc_kv_k(f->pool, blk, f->layer, h) + off, hd);
+        store_row(f->kv_type, v + h * hd, (uint8_t *)kvc_kv_v(f->pool, blk, f->layer, h) + off, hd);
+    }
+}
+
+/* dot(row of the pool's type, q) */
+static float dot_row(uint32_t type, const void *row, const float *q, int32_t hd, float *tmp)
+{
+    switch (type) {
+    case KVC_TYPE_F16: return kvc_dot_f16_f32(row, q, hd);
+    case KVC_TYPE_F32: return kvc_dot_f32(row, q, hd);
+    default:
+        kvc_dequantize_row(type, row, tmp, hd);
+        return kvc_dot_f32(tmp, q, hd);
+    }
+}
+
+/* acc += a * row */
+static void axpy_row(uint32_t type, float a, const void *row, float *acc, int32_t hd, float *tmp)
+{
+    switch (type) {
+    case KVC_TYPE_F16: kvc_axpy_f16(a, row, acc, hd); break;
+    case KVC_TYPE_F32: kvc_axpy_f32(a, row, acc, hd); break;
+    default:
+        kvc_dequantize_row(type, row, tmp, hd);
+        kvc_axpy_f32(a, tmp, acc, hd);
+        break;
+    }
+}
+
+/* Attention of token i = task / n_head, query head task % n_head, over
+ * positions [0, pos] of its sequence, in position order. */
+static void attn_task(void *ctx, int64_t task, int thread)
+{
+    fwd *f = ctx;
+    kvc_compute *c = f->c;
+    const kvc_hparams *hp = &c->m->hp;
+    const int32_t hd = hp->head_dim;
+    int64_t i = task / hp->n_head;
+    int32_t h = (int32_t)(task % hp->n_head);
+    int32_t kvh = h / (hp->n_head / hp->n_head_kv);
+    const kvc_batch_item *it = &f->items[i];
+    const float *q = c->q + i * hp->n_head * hd + h * hd;
+    float *out = c->att + i * hp->n_head * hd + h * hd;
+    float *s = c->scores[thread], *tmp = c->krow[thread];
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t n_pos = (int64_t)it->pos + 1;
+
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n_pos; j++) {
+        int32_t blk = it->seq->blocks[j / f->B];
+        const uint8_t *row = (const uint8_t *)kvc_kv_k(f->pool, blk, f->layer, kvh) +
+                             (size_t)(j % f->B) * f->row_bytes;
+        s[j] = dot_row(f->kv_type, row, q, hd, tmp) * scale;
+        if (s[j] > mx)
+            mx = s[j];
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n_pos; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int64_t j = 0; j < n_pos; j++) {
+        int32_t blk = it->seq->blocks[j / f->B];
+        const uint8_t *row = (const uint8_t *)kvc_kv_v(f->pool, blk, f->layer, kvh) +
+                             (size_t)(j % f->B) * f->row_bytes;
+        axpy_row(f->kv_type, s[j], row, out, hd, tmp);
+    }
+    float inv = (float)(1.0 / sum);
+    for (int32_t d = 0; d < hd; d++)
+        out[d] *= inv;
+}
+
+static void add_rows(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+static void swiglu(float *g, const float *u, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void layer_forward(fwd *f)
+{
+    kvc_compute *c = f->c;
+    const kvc_hparams *hp = &c->m->hp;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    const int64_t n = f->n, d = hp->n_embd;
+    const int64_t nq = (int64_t)hp->n_head * hp->head_dim, nkv = (int64_t)hp->n_head_kv * hp->head_dim;
+
+    kvc_threadpool_run(c->tp, n, attn_norm_task, f);
+    matmul(c, &L->wq, c->h, n, c->q, nq);
+    matmul(c, &L->wk, c->h, n, c->k, nkv);
+    matmul(c, &L->wv, c->h, n, c->v, nkv);
+    kvc_threadpool_run(c->tp, n, qkv_task, f);
+    kvc_threadpool_run(c->tp, n * hp->n_head, attn_task, f);
+    matmul(c, &L->wo, c->att, n, c->h, d);
+    add_rows(c->x, c->h, n * d);
+
+    kvc_threadpool_run(c->tp, n, ffn_norm_task, f);
+    matmul(c, &L->w_gate, c->h, n, c->gate, hp->n_ff);
+    matmul(c, &L->w_up, c->h, n, c->up, hp->n_ff);
+    swiglu(c->gate, c->up, n * hp->n_ff);
+    matmul(c, &L->w_down, c->gate, n, c->h, d);
+    add_rows(c->x, c->h, n * d);
+}
+
+/* Check the batch against the rules of kvc_compute_forward before touching
+ * anything. */
+static int check_batch(const kvc_compute *c, const kvc_kv_pool *pool, const kvc_batch_item *items,
+                       int32_t n, kvc_err *err)
+{
+    const kvc_hparams *hp = &c->m->hp;
+    const int64_t B = kvc_kv_block_tokens(pool);
+    if (n < 1 || n > c->max_batch)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "batch of %d tokens (1..%d)", n, c->max_batch);
+    const kvc_kv_pool_params *pp = kvc_kv_pool_params_of(pool);
+    if (pp->n_layer != hp->n_layer || pp->n_kv_head != hp->n_head_kv || pp->head_dim != hp->head_dim)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool shape does not match the model");
+    for (int32_t i = 0; i < n; i++) {
+        const kvc_batch_item *it = &items[i];
+        if (it->token < 0 || it->token >= hp->n_vocab)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "token %d at batch index %d out of range [0, %d)",
+                            it->token, i, hp->n_vocab);
+        if (!it->seq || it->pos < 0 || it->pos >= c->max_ctx)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "batch index %d: position %d outside [0, %d)",
+                            i, it->pos, c->max_ctx);
+        if (it->pos >= it->seq->n_blocks * B)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "batch index %d: position %d not reserved", i, it->pos);
+        /* the expected position: the sequence's length, or one past its previous batch token */
+        int64_t expect = it->seq->n_tokens;
+        for (int32_t j = i - 1; j >= 0; j--)
+            if (items[j].seq == it->seq) {
+                expect = items[j].pos + 1;
+                break;
+            }
+        if (it->pos != expect)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "batch index %d: position %d, expected %lld",
+                            i, it->pos, (long long)expect);
+    }
+    return KVC_OK;
+}
+
+typedef struct out_job {
+    kvc_compute *c;
+    const int32_t *rows;    /* batch indices that want logits */
+} out_job;
+
+static void out_norm_task(void *ctx, int64_t i, int thread)
+{
+    out_job *o = ctx;
+    const kvc_hparams *hp = &o->c->m->hp;
+    rmsnorm(o->c->h + i * hp->n_embd, o->c->x + (int64_t)o->rows[i] * hp->n_embd,
+            o->c->m->output_norm, hp->n_embd, hp->rms_eps);
+}
+
+int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item *items,
+                        int32_t n, float *logits, kvc_err *err)
+{
+    int rc = check_batch(c, pool, items, n, err);
+    if (rc)
+        return rc;
+    const kvc_hparams *hp = &c->m->hp;
+    fwd f = { c, pool, items, n, 0, kvc_kv_pool_params_of(pool)->type,
+              kvc_kv_block_tokens(pool), kvc_kv_row_bytes(pool) };
+
+    kvc_threadpool_run(c->tp, n, embed_task, &f);
+    for (f.layer = 0; f.layer < hp->n_layer; f.layer++)
+        layer_forward(&f);
+    for (int32_t i = 0; i < n; i++)
+        if (items[i].pos + 1 > items[i].seq->n_tokens)
+            items[i].seq->n_tokens = items[i].pos + 1;
+
+    int32_t rows[n > 0 ? n : 1];
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (items[i].want_logits)
+            rows[n_out++] = i;
+    if (n_out == 0)
+        return KVC_OK;
+    out_job o = { c, rows };
+    kvc_threadpool_run(c->tp, n_out, out_norm_task, &o);
+    matmul(c, &c->m->output, c->h, n_out, logits, hp->n_vocab);
+    return KVC_OK;
+}
+
+/* ----------------------------------------------------------- K shifting */
+
+int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
+                        int64_t p0, int64_t p1, int64_t delta, kvc_err *err)
+{
+    const kvc_hparams *hp = &c->m->hp;
+    const int32_t hd = hp->head_dim, half = hd / 2, B = kvc_kv_block_tokens(pool);
+    const uint32_t type = kvc_kv_pool_params_of(pool)->type;
+    const size_t rb = kvc_kv_row_bytes(pool);
+    if (p0 < 0 || p1 > seq->n_tokens || p0 > p1)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "shift of positions [%lld, %lld) of %lld",
+                        (long long)p0, (long long)p1, (long long)seq->n_tokens);
+    float cs[512], sn[512], row[1024];
+    rope_table(c->inv_freq, half, (double)delta, cs, sn);
+    for (int64_t p = p0; p < p1; p++) {
+        int32_t blk = seq->blocks[p / B];
+        if (kvc_kv_block_refcount(pool, blk) > 1)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "shift of a shared block");
+        for (int32_t l = 0; l < hp->n_layer; l++)
+            for (int32_t h = 0; h < hp->n_head_kv; h++) {
+                uint8_t *dst = (uint8_t *)kvc_kv_k(pool, blk, l, h) + (size_t)(p % B) * rb;
+                kvc_dequantize_row(type, dst, row, hd);
+                rope_head(row, cs, sn, hd, hp->rope_neox);
+                store_row(type, row, dst, hd);
+            }
+    }
+    return KVC_OK;
+}

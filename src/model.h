@@ -1,0 +1,117 @@
+/* model.h - hyperparameters, tensor binding and the forward pass of the
+ * supported architectures: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k
+ * RMS norm).
+ *
+ * A kvc_model is immutable after loading and may be shared by threads. The
+ * mutable side of a forward pass (activations, per-thread scratch, the thread
+ * pool) lives in a kvc_compute, owned by one thread at a time. */
+#ifndef KVC_MODEL_H
+#define KVC_MODEL_H
+
+#include "common.h"
+#include "gguf.h"
+#include "kernels.h"
+#include "kv.h"
+#include "threadpool.h"
+#include "tokenizer.h"
+
+typedef enum kvc_arch {
+    KVC_ARCH_LLAMA = 0,
+    KVC_ARCH_QWEN2 = 1,
+    KVC_ARCH_QWEN3 = 2,
+} kvc_arch;
+
+typedef struct kvc_hparams {
+    kvc_arch arch;
+    char     arch_name[16];
+    int32_t  n_vocab;
+    int32_t  n_ctx_train;
+    int32_t  n_embd;
+    int32_t  n_layer;
+    int32_t  n_head;
+    int32_t  n_head_kv;
+    int32_t  head_dim;       /* attention.key_length, else n_embd / n_head */
+    int32_t  n_ff;
+    float    rms_eps;
+    float    rope_theta;     /* rope.freq_base, default 10000 */
+    bool     rope_neox;      /* rotate (i, i + hd/2) rather than (2i, 2i+1) */
+    bool     tied;           /* token_embd is the output projection */
+} kvc_hparams;
+
+typedef struct kvc_layer {
+    const float *attn_norm;          /* [n_embd] */
+    kvc_weight   wq;                 /* n_embd -> n_head * hd */
+    kvc_weight   wk;                 /* n_embd -> n_head_kv * hd */
+    kvc_weight   wv;                 /* n_embd -> n_head_kv * hd */
+    kvc_weight   wo;                 /* n_head * hd -> n_embd */
+    const float *bq, *bk, *bv;       /* qwen2 biases, else NULL */
+    const float *q_norm, *k_norm;    /* qwen3 [hd], else NULL */
+    const float *ffn_norm;           /* [n_embd] */
+    kvc_weight   w_gate;             /* n_embd -> n_ff */
+    kvc_weight   w_up;               /* n_embd -> n_ff */
+    kvc_weight   w_down;             /* n_ff -> n_embd */
+} kvc_layer;
+
+typedef struct kvc_model {
+    gguf_file     *gguf;             /* the mapping every weight points into */
+    kvc_hparams    hp;
+    kvc_tokenizer *tok;
+    char          *chat_template;    /* tokenizer.chat_template, or NULL */
+    char          *name;             /* general.name, or the file name */
+    uint64_t       n_params;
+    uint64_t       weight_bytes;
+    kvc_weight     tok_embd;         /* n_embd x n_vocab rows */
+    const float   *output_norm;      /* [n_embd] */
+    kvc_weight     output;           /* n_embd -> n_vocab (tok_embd when tied) */
+    kvc_layer     *layers;           /* n_layer */
+    float         *owned;            /* 1-D weights converted to f32 */
+} kvc_model;
+
+typedef void (*kvc_progress_fn)(float fraction, void *user);
+
+/* Load and validate a model: every tensor the architecture needs must exist
+ * with the right shape and a supported type; errors name the tensor or key.
+ * `progress` (may be NULL) is called with fractions in [0, 1] while the weights
+ * are touched (paged in). */
+int  kvc_model_load_file(const char *path, kvc_progress_fn progress, void *user,
+                         kvc_model **out, kvc_err *err);
+void kvc_model_release(kvc_model *m);     /* NULL ok */
+
+/* --------------------------------------------------------------- forward */
+
+typedef struct kvc_compute kvc_compute;
+
+/* max_batch: most tokens per forward call; max_ctx: longest sequence attended
+ * over; n_threads >= 1. */
+int  kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int n_threads,
+                     kvc_compute **out, kvc_err *err);
+void kvc_compute_free(kvc_compute *c);    /* NULL ok */
+int  kvc_compute_n_threads(const kvc_compute *c);
+
+/* One token of a batch. Tokens of one sequence must come in increasing
+ * position order, and each position must be either the sequence's current
+ * length or a position already reserved right after another batch token of
+ * the same sequence (no gaps). */
+typedef struct kvc_batch_item {
+    int32_t     token;
+    int32_t     pos;
+    kvc_kv_seq *seq;
+    bool        want_logits;
+} kvc_batch_item;
+
+/* Run the model over n <= max_batch tokens: their K/V are written into the
+ * pool at (seq, pos) (the caller reserved the blocks with kvc_kv_seq_reserve)
+ * and each token attends to positions [0, pos] of its sequence. Logits of the
+ * tokens with want_logits are written to `logits`, n_vocab floats each, in
+ * batch order. seq->n_tokens grows to cover the positions written.
+ * A token's logits depend only on its sequence's tokens [0, pos], never on the
+ * rest of the batch or the thread count. */
+int  kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item *items,
+                         int32_t n, float *logits, kvc_err *err);
+
+/* Rotate the cached keys of positions [p0, p1) of `seq` by `delta` positions
+ * (RoPE is a rotation, so a shifted position is a rotation of the cached K). */
+int  kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
+                         int64_t p0, int64_t p1, int64_t delta, kvc_err *err);
+
+#endif

@@ -1,0 +1,147 @@
+/* threadpool.c - persistent workers claiming tasks from a shared counter.
+ *
+ * The counter carries the run's number in its high 32 bits, so a worker that
+ * wakes late never claims a task of a run it did not read the parameters of.
+ * The caller claims tasks too and waits only for tasks claimed by others to
+ * finish: a worker that is slow to wake (a busy machine) costs nothing. */
+#include "threadpool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#define SPIN_ITERS 20000
+
+struct kvc_threadpool {
+    int              n_threads;
+    pthread_t       *workers;        /* n_threads - 1 */
+    pthread_mutex_t  mu;
+    pthread_cond_t   wake;
+    atomic_uint      run;            /* number of the current run */
+    atomic_int       stop;
+
+    /* the run in progress, published before `run` is bumped */
+    kvc_task_fn      fn;
+    void            *ctx;
+    int64_t          n_tasks;
+    atomic_uint_fast64_t next;       /* run << 32 | next task index */
+    atomic_int_fast64_t  done;       /* tasks finished */
+};
+
+typedef struct { kvc_threadpool *tp; int index; } worker_arg;
+
+/* Claim and run tasks of run `run` until none are left. */
+static void run_tasks(kvc_threadpool *tp, unsigned run, kvc_task_fn fn, void *ctx,
+                      int64_t n_tasks, int thread)
+{
+    for (;;) {
+        uint64_t v = atomic_load_explicit(&tp->next, memory_order_acquire);
+        if ((unsigned)(v >> 32) != run || (int64_t)(v & 0xffffffffu) >= n_tasks)
+            return;
+        if (!atomic_compare_exchange_weak_explicit(&tp->next, &v, v + 1, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+            continue;
+        fn(ctx, (int64_t)(v & 0xffffffffu), thread);
+        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+    }
+}
+
+static void *worker_main(void *p)
+{
+    worker_arg *arg = p;
+    kvc_threadpool *tp = arg->tp;
+    int index = arg->index;
+    free(arg);
+    unsigned seen = 0;
+    for (;;) {
+        unsigned run;
+        int spins = 0;
+        while ((run = atomic_load_explicit(&tp->run, memory_order_acquire)) == seen &&
+               !atomic_load(&tp->stop)) {
+            if (++spins < SPIN_ITERS) {
+                __builtin_ia32_pause();
+                continue;
+            }
+            pthread_mutex_lock(&tp->mu);
+            while (atomic_load(&tp->run) == seen && !atomic_load(&tp->stop))
+                pthread_cond_wait(&tp->wake, &tp->mu);
+            pthread_mutex_unlock(&tp->mu);
+        }
+        if (atomic_load(&tp->stop))
+            return NULL;
+        seen = run;
+        /* read after `run` (acquire): these belong to run `run` or a later one,
+         * and run_tasks checks the run number before claiming anything */
+        run_tasks(tp, run, tp->fn, tp->ctx, tp->n_tasks, index);
+    }
+}
+
+kvc_threadpool *kvc_threadpool_new(int n_threads)
+{
+    if (n_threads < 1)
+        n_threads = 1;
+    kvc_threadpool *tp = calloc(1, sizeof(*tp));
+    if (!tp)
+        return NULL;
+    tp->n_threads = n_threads;
+    pthread_mutex_init(&tp->mu, NULL);
+    pthread_cond_init(&tp->wake, NULL);
+    tp->workers = calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!tp->workers) {
+        free(tp);
+        return NULL;
+    }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *arg = malloc(sizeof(*arg));
+        if (!arg || (arg->tp = tp, arg->index = i,
+                     pthread_create(&tp->workers[i - 1], NULL, worker_main, arg) != 0)) {
+            free(arg);
+            tp->n_threads = i;      /* the workers started so far */
+            kvc_threadpool_free(tp);
+            return NULL;
+        }
+    }
+    return tp;
+}
+
+void kvc_threadpool_free(kvc_threadpool *tp)
+{
+    if (!tp)
+        return;
+    pthread_mutex_lock(&tp->mu);
+    atomic_store(&tp->stop, 1);
+    pthread_cond_broadcast(&tp->wake);
+    pthread_mutex_unlock(&tp->mu);
+    for (int i = 1; i < tp->n_threads; i++)
+        pthread_join(tp->workers[i - 1], NULL);
+    pthread_cond_destroy(&tp->wake);
+    pthread_mutex_destroy(&tp->mu);
+    free(tp->workers);
+    free(tp);
+}
+
+int kvc_threadpool_n_threads(const kvc_threadpool *tp) { return tp->n_threads; }
+
+void kvc_threadpool_run(kvc_threadpool *tp, int64_t n_tasks, kvc_task_fn fn, void *ctx)
+{
+    if (n_tasks <= 0)
+        return;
+    if (tp->n_threads == 1 || n_tasks == 1) {
+        for (int64_t t = 0; t < n_tasks; t++)
+            fn(ctx, t, 0);
+        return;
+    }
+    unsigned run = atomic_load(&tp->run) + 1;
+    tp->fn = fn;
+    tp->ctx = ctx;
+    tp->n_tasks = n_tasks;
+    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&tp->next, (uint64_t)run << 32, memory_order_release);
+    pthread_mutex_lock(&tp->mu);
+    atomic_store_explicit(&tp->run, run, memory_order_release);
+    pthread_cond_broadcast(&tp->wake);
+    pthread_mutex_unlock(&tp->mu);
+    run_tasks(tp, run, fn, ctx, n_tasks, 0);
+    while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_tasks)
+        __builtin_ia32_pause();
+}
