@@ -56,6 +56,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_chat(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
 
 #endif

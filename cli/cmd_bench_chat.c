@@ -1,0 +1,133 @@
+/* cmd_bench_chat.c - kvchat bench chat: a conversation growing turn by turn,
+ * with the cache and cold (every turn recomputed), TTFT and computed tokens
+ * per turn. The user messages are synthetic text of about --turn-tokens
+ * tokens; replies are --reply-tokens long (greedy). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char help[] =
+    "usage: kvchat bench chat [-m MODEL.gguf] [--turns N] [--turn-tokens N] [--reply-tokens N] [-t N]\n\n"
+    "  --turns N          turns (default 20)\n"
+    "  --turn-tokens N    tokens the conversation grows by per turn (default 130)\n"
+    "  --reply-tokens N   tokens per reply (default 16)\n";
+
+static const char *const words[] = {
+    "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
+    "children", "watched", "from", "bridges", "and", "merchants", "counted", "their", "coins",
+    "under", "bright", "summer", "skies", "near", "quiet", "gardens", "full", "of", "roses",
+};
+
+/* A user message of about n tokens (measured with the model's tokenizer). */
+static char *user_message(kvc_model *m, int turn, int n)
+{
+    size_t cap = 64 + (size_t)n * 16, len = 0;
+    char *s = malloc(cap);
+    len += (size_t)snprintf(s, cap, "Turn %d: ", turn);
+    uint32_t x = 2166136261u ^ (uint32_t)turn;
+    int32_t ids[4096];
+    while (kvc_model_tokenize(m, s, len, false, false, ids, 4096) < n && len + 20 < cap) {
+        x = x * 1664525u + 1013904223u;
+        len += (size_t)snprintf(s + len, cap - len, "%s ", words[(x >> 8) % (sizeof(words) / sizeof(words[0]))]);
+    }
+    s[len - 1] = '.';
+    return s;
+}
+
+int cmd_bench_chat(int argc, char **argv)
+{
+    cli_common c;
+    cli_common_init(&c);
+    int64_t turns = 20, turn_tokens = 130, reply_tokens = 16;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s\nOptions:\n%s", help, cli_common_help);
+            return 0;
+        }
+        int r = cli_parse_common(&c, argc, argv, &i);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            continue;
+        int64_t *dst = !strcmp(a, "--turns") ? &turns : !strcmp(a, "--turn-tokens") ? &turn_tokens
+                     : !strcmp(a, "--reply-tokens") ? &reply_tokens : NULL;
+        if (!dst)
+            return cli_bad_option("bench chat", a);
+        if (i + 1 >= argc || !cli_int(a, argv[i + 1], 1, 100000, dst))
+            return 2;
+        i++;
+    }
+    if (c.n_ctx == 0)
+        c.n_ctx = (int32_t)(turns * (turn_tokens + reply_tokens + 16) + 256);
+    kvc_model *m = cli_load_model(&c);
+    kvc_context *ctx = m ? cli_new_context(&c, m, 2) : NULL;
+    char err[512];
+    kvc_session *warm = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
+    kvc_session *cold = ctx ? kvc_session_new(ctx, 1, NULL, err, sizeof(err)) : NULL;
+    if (!warm || !cold) {
+        if (ctx)
+            fprintf(stderr, "kvchat bench chat: %s\n", err);
+        kvc_session_free(warm);
+        kvc_session_free(cold);
+        kvc_context_free(ctx);
+        kvc_model_free(m);
+        return 1;
+    }
+    kvc_chat_message *msgs = calloc((size_t)turns * 2 + 1, sizeof(*msgs));
+    char **owned = calloc((size_t)turns * 2 + 1, sizeof(char *));
+    size_t n = 0;
+    msgs[n++] = (kvc_chat_message){ "system", "You are a helpful assistant." };
+    kvc_chat_params p = kvc_chat_default_params();
+    p.max_tokens = (int32_t)reply_tokens;
+    p.sampling.temperature = 0;
+    kvc_chat_params pc = p;
+    pc.no_cache = true;
+    printf("| turn | prompt tokens | cached | computed | TTFT cached (ms) | computed cold | TTFT cold (ms) | cold / cached |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    double ttft1 = 0, last_w = 0, last_c = 0;
+    int rc = 0;
+    for (int t = 0; t < turns && !rc; t++) {
+        owned[n] = user_message(m, t + 1, (int)turn_tokens);
+        msgs[n] = (kvc_chat_message){ "user", owned[n] };
+        n++;
+        kvc_chat_stats sw, sc;
+        char *rw = NULL, *rcold = NULL;
+        if (kvc_session_chat(warm, msgs, n, &p, NULL, NULL, &rw, &sw, err, sizeof(err)) ||
+            kvc_session_chat(cold, msgs, n, &pc, NULL, NULL, &rcold, &sc, err, sizeof(err))) {
+            fprintf(stderr, "kvchat bench chat: turn %d: %s\n", t + 1, err);
+            rc = 1;
+            break;
+        }
+        if (strcmp(rw, rcold) != 0) {
+            fprintf(stderr, "kvchat bench chat: turn %d: cached and cold replies differ\n", t + 1);
+            rc = 1;
+        }
+        if (t == 0)
+            ttft1 = sw.ttft_ms;
+        last_w = sw.ttft_ms;
+        last_c = sc.ttft_ms;
+        printf("| %d | %d | %d | %d | %.1f | %d | %.1f | %.1fx |\n", t + 1, sw.prompt_tokens,
+               sw.cached_tokens, sw.computed_tokens, sw.ttft_ms, sc.computed_tokens, sc.ttft_ms,
+               sc.ttft_ms / (sw.ttft_ms > 0 ? sw.ttft_ms : 1e-9));
+        fflush(stdout);
+        owned[n] = rw;
+        msgs[n] = (kvc_chat_message){ "assistant", rw };
+        n++;
+        free(rcold);
+    }
+    if (!rc)
+        printf("\nturn %lld TTFT: %.1f ms cached = %.2fx turn 1 (%.1f ms); cold %.1f ms = %.1fx slower than cached\n",
+               (long long)turns, last_w, last_w / (ttft1 > 0 ? ttft1 : 1e-9), ttft1, last_c,
+               last_c / (last_w > 0 ? last_w : 1e-9));
+    for (size_t i = 0; i < n; i++)
+        free(owned[i]);
+    free(owned);
+    free(msgs);
+    kvc_session_free(warm);
+    kvc_session_free(cold);
+    kvc_context_free(ctx);
+    kvc_model_free(m);
+    return rc;
+}
