@@ -54,14 +54,17 @@ static kvc_sampler *new_sampler(const kvc_sampler_params *p, int32_t n)
 /* Sample `draws` times and return the frequency of each token in freq[n]. */
 static void frequencies(kvc_sampler *s, const float *l, int32_t n, int draws, double *freq)
 {
+    int bad = 0;
     for (int32_t i = 0; i < n; i++)
         freq[i] = 0;
     for (int d = 0; d < draws; d++) {
         int32_t t = kvc_sampler_sample(s, l);
-        CHECK(t >= 0 && t < n);
         if (t >= 0 && t < n)
             freq[t] += 1.0 / draws;
+        else
+            bad++;
     }
+    CHECKF(bad == 0, "%d draws out of range", bad);
 }
 
 /* ---------------------------------------------------------------- reference chain
@@ -434,28 +437,31 @@ static void test_large_vocab(void)
     CHECK_EQ_INT(outside, 0);
     kvc_sampler_free(s);
 
-    /* the crossing point inside a group of 1000 equal logits: top-p keeps
-     * the best token and exactly the lowest ids of the group that its mass
-     * needs. 20000 draws hit each kept token ~35 times, so the drawn set
-     * must equal the kept set */
-    for (int32_t i = 0; i < N; i++)
+    /* the crossing point inside one logit bucket holding 100 tokens a hair
+     * above 0 and 200 tied at 0: top-p keeps the best token, the 100, and
+     * exactly the lowest ids among the tied ones that its mass needs (~47).
+     * 5000 draws hit each kept token ~32 times, so the drawn set must equal
+     * the kept set. 16k entries are enough to leave the small-set sizes
+     * behind and keep the test quick under sanitizers. */
+    enum { NT = 16384 };
+    for (int32_t i = 0; i < NT; i++)
         l[i] = (float)(-12.0 + 4.0 * test_uniform());
-    l[777] = 5.0f;
-    for (int32_t i = 0; i < 1000; i++)
-        l[(i * 151 + 3) % N] = 0.0f;
+    l[777] = 2.0f;
+    for (int32_t i = 0; i < 300; i++)
+        l[(i * 151 + 3) % NT] = i % 3 == 0 ? (float)(0.0005 * (1.0 + test_uniform())) : 0.0f;
     p = params_plain(1.0f);
     p.top_p = 0.5f;
-    s = new_sampler(&p, N);
-    ref_distribution(l, N, &p, want);
-    char *drawn = calloc(N, 1);
-    for (int i = 0; i < 20000; i++)
+    s = new_sampler(&p, NT);
+    ref_distribution(l, NT, &p, want);
+    char *drawn = calloc(NT, 1);
+    for (int i = 0; i < 5000; i++)
         drawn[kvc_sampler_sample(s, l)] = 1;
     int kept = 0, mismatch = 0;
-    for (int32_t i = 0; i < N; i++) {
+    for (int32_t i = 0; i < NT; i++) {
         kept += want[i] > 0.0;
         mismatch += (want[i] > 0.0) != (drawn[i] != 0);
     }
-    CHECKF(kept > 300 && kept < 600, "kept %d", kept);
+    CHECKF(kept > 120 && kept < 180, "kept %d", kept);
     CHECKF(mismatch == 0, "%d tokens differ between the drawn and the kept set", mismatch);
     free(drawn);
     kvc_sampler_free(s);
