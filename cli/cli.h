@@ -52,6 +52,7 @@ const char *cli_demo_model_path(void);
 int cli_bad_option(const char *cmd, const char *opt);
 
 int cmd_chat(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

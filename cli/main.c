@@ -12,6 +12,7 @@ typedef struct command {
 
 static const command commands[] = {
     { "chat",       cmd_chat,       "a conversation that computes only its new tokens" },
+    { "serve",      cmd_serve,      "OpenAI-compatible HTTP server" },
     { "generate",   cmd_generate,   "continue a prompt" },
     { "eval",       cmd_eval,       "logits of given tokens, as JSON" },
     { "tokenize",   cmd_tokenize,   "show how text tokenizes" },

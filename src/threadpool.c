@@ -20,10 +20,12 @@ struct kvc_threadpool {
     atomic_uint      run;            /* number of the current run */
     atomic_int       stop;
 
-    /* the run in progress, published before `run` is bumped */
-    kvc_task_fn      fn;
-    void            *ctx;
-    int64_t          n_tasks;
+    /* the run in progress, published before `run` is bumped; atomic because a
+     * worker that wakes late may read them while the next run writes them (it
+     * then finds the run number changed and claims nothing) */
+    _Atomic(kvc_task_fn) fn;
+    _Atomic(void *)      ctx;
+    atomic_int_fast64_t  n_tasks;
     atomic_uint_fast64_t next;       /* run << 32 | next task index */
     atomic_int_fast64_t  done;       /* tasks finished */
 };
@@ -72,7 +74,9 @@ static void *worker_main(void *p)
         seen = run;
         /* read after `run` (acquire): these belong to run `run` or a later one,
          * and run_tasks checks the run number before claiming anything */
-        run_tasks(tp, run, tp->fn, tp->ctx, tp->n_tasks, index);
+        run_tasks(tp, run, atomic_load_explicit(&tp->fn, memory_order_relaxed),
+                  atomic_load_explicit(&tp->ctx, memory_order_relaxed),
+                  atomic_load_explicit(&tp->n_tasks, memory_order_relaxed), index);
     }
 }
 
@@ -132,9 +136,9 @@ void kvc_threadpool_run(kvc_threadpool *tp, int64_t n_tasks, kvc_task_fn fn, voi
         return;
     }
     unsigned run = atomic_load(&tp->run) + 1;
-    tp->fn = fn;
-    tp->ctx = ctx;
-    tp->n_tasks = n_tasks;
+    atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&tp->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&tp->n_tasks, n_tasks, memory_order_relaxed);
     atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
     atomic_store_explicit(&tp->next, (uint64_t)run << 32, memory_order_release);
     pthread_mutex_lock(&tp->mu);

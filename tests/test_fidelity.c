@@ -133,7 +133,7 @@ static void check_greedy(kvc_model *m, kvc_context *ctx, const cJSON *run, const
 static void check_model(const char *shared, const char *file, model_result *res)
 {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/ref/%s", shared, file);
+    snprintf(path, sizeof(path), "%.3000s/ref/%.200s", shared, file);
     char *json = test_read_file(path, NULL);
     cJSON *ref = json ? cJSON_Parse(json) : NULL;
     CHECKF(ref != NULL, "cannot parse %s", path);
@@ -144,7 +144,7 @@ static void check_model(const char *shared, const char *file, model_result *res)
     snprintf(res->name, sizeof(res->name), "%s", model);
     res->tolerance = cJSON_GetObjectItem(ref, "tolerance")->valuedouble;
     res->llama_cpp = cJSON_GetObjectItem(ref, "llama_cpp_deviation")->valuedouble;
-    snprintf(path, sizeof(path), "%s/models/%s%s", shared, model,
+    snprintf(path, sizeof(path), "%.3000s/models/%.200s%s", shared, model,
              strstr(model, ".gguf") ? "" : ".gguf");
     kvc_model *m = NULL;
     char err[512];
@@ -184,7 +184,7 @@ int main(void)
         return TEST_SKIP;
     }
     char dir[4096];
-    snprintf(dir, sizeof(dir), "%s/ref", shared);
+    snprintf(dir, sizeof(dir), "%.3000s/ref", shared);
     struct dirent **ents;
     int n = scandir(dir, &ents, NULL, by_name);
     if (n < 0) {

@@ -1,0 +1,188 @@
+/* cmd_serve.c - `kvchat serve`: the OpenAI-compatible HTTP server (src/server.c)
+ * over one engine. Runs until SIGINT or SIGTERM, then stops cleanly: open
+ * streams end, their requests are cancelled, the engine thread is joined. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "../src/server.h"
+
+int cmd_serve(int argc, char **argv);
+
+static const char serve_help[] =
+    "usage: kvchat serve [options]\n\n"
+    "Serve the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
+    "GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
+    "      --host ADDR         address to bind (default 127.0.0.1)\n"
+    "      --port N            port (default 8080; 0 = any free port)\n"
+    "      --api-key KEY       require 'Authorization: Bearer KEY' (default: $KVCHAT_API_KEY,\n"
+    "                          else none); /health stays open\n"
+    "      --parallel N        conversations computed at once (default 8)\n"
+    "      --kv-budget MIB     KV cache size in MiB (default: N parallel full contexts)\n"
+    "      --max-queue N       requests waiting beyond the running ones (default 64);\n"
+    "                          more are answered 503\n"
+    "      --max-sessions N    keyed conversations kept (default 256)\n"
+    "      --chat-template NAME  chat format (chatml, llama3, ...; default: the model's)\n"
+    "      --context-overflow error|shift  prompt + max_tokens over the context: a 400\n"
+    "                          error (default) or drop the oldest turns\n"
+    "      --timeout S         close connections idle for S seconds (default 60)\n"
+    "      --max-body MIB      request body limit (default 8)\n";
+
+/* Options of serve beyond the shared ones. Same return as cli_parse_common. */
+static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, char **argv,
+                       int *i)
+{
+    static const char *const names[] = {
+        "--host", "--api-key", "--chat-template", "--context-overflow", "--port", "--parallel",
+        "--max-queue", "--max-sessions", "--timeout", "--kv-budget", "--max-body",
+    };
+    const char *a = argv[*i];
+    int64_t n = 0;
+    size_t k = 0;
+    while (k < sizeof(names) / sizeof(names[0]) && strcmp(a, names[k]))
+        k++;
+    if (k == sizeof(names) / sizeof(names[0]))
+        return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvchat: %s needs a value\n", a);
+        return -1;
+    }
+    const char *v = argv[*i + 1];
+    if (!strcmp(a, "--host"))
+        sp->host = v;
+    else if (!strcmp(a, "--api-key"))
+        sp->api_key = v;
+    else if (!strcmp(a, "--chat-template"))
+        ep->chat_template = v;
+    else if (!strcmp(a, "--context-overflow")) {
+        if (strcmp(v, "error") && strcmp(v, "shift")) {
+            fprintf(stderr, "kvchat: --context-overflow must be error or shift, got '%s'\n", v);
+            return -1;
+        }
+        ep->overflow = !strcmp(v, "shift") ? KVC_OVERFLOW_SHIFT : KVC_OVERFLOW_ERROR;
+    } else if (!strcmp(a, "--port")) {
+        if (!cli_int(a, v, 0, 65535, &n))
+            return -1;
+        sp->port = (int)n;
+    } else if (!strcmp(a, "--parallel") || !strcmp(a, "--max-queue") ||
+               !strcmp(a, "--max-sessions") || !strcmp(a, "--timeout")) {
+        if (!cli_int(a, v, 1, 1 << 20, &n))
+            return -1;
+        int32_t *dst = !strcmp(a, "--parallel") ? &ep->n_parallel
+                     : !strcmp(a, "--max-queue") ? &ep->max_queue
+                     : !strcmp(a, "--max-sessions") ? &ep->max_sessions : NULL;
+        if (dst)
+            *dst = (int32_t)n;
+        else
+            sp->timeout_s = (int)n;
+    } else if (!strcmp(a, "--kv-budget")) {
+        if (!cli_int(a, v, 1, INT64_MAX / (1 << 20), &n))
+            return -1;
+        ep->kv_budget_mib = n;
+    } else if (!strcmp(a, "--max-body")) {
+        if (!cli_int(a, v, 1, 1024, &n))
+            return -1;
+        sp->max_body = (size_t)n << 20;
+    }
+    ++*i;
+    return 1;
+}
+
+/* Parse argv into the three parameter sets. Returns -1 to go on, else the
+ * exit code (0 after --help). */
+static int parse_args(cli_common *c, kvc_server_params *sp, kvc_engine_params *ep, int argc,
+                      char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s%s%s", serve_help, cli_common_help, cli_sampling_help);
+            printf("\nThe sampling options set the defaults for requests that leave them out.\n");
+            return 0;
+        }
+        if (!strcmp(a, "--seed") || !strcmp(a, "-s"))
+            sp->fixed_seed = true;
+        int r = parse_serve(sp, ep, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_common(c, argc, argv, &i);
+        if (r < 0)
+            return 2;
+        if (r == 0)
+            return cli_bad_option("serve", a);
+    }
+    return -1;
+}
+
+/* Start engine and server; wait for SIGINT/SIGTERM (blocked in every thread
+ * and taken here with sigwait); stop. */
+static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *sp)
+{
+    char err[512];
+    kvc_engine *e = NULL;
+    kvc_server *s = NULL;
+    if (kvc_engine_new(m, ep, &e, err, sizeof(err)) != KVC_OK) {
+        fprintf(stderr, "kvchat: %s\n", err);
+        return 1;
+    }
+    if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
+        fprintf(stderr, "kvchat: %s\n", err);
+        kvc_engine_free(e);
+        return 1;
+    }
+    bool v6 = strchr(sp->host, ':') != NULL;
+    fprintf(stderr, "kvchat: model %s; %s\nlistening on http://%s%s%s:%d\n", sp->model_name,
+            sp->api_key ? "API key required" : "no API key", v6 ? "[" : "", sp->host,
+            v6 ? "]" : "", kvc_server_port(s));
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "kvchat: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    kvc_server_stop(s);
+    kvc_engine_free(e);
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    cli_common c;
+    cli_common_init(&c);
+    c.sampling = kvc_sampler_default_params();   /* OpenAI clients expect sampling */
+    kvc_server_params sp = kvc_server_default_params();
+    kvc_engine_params ep = kvc_engine_default_params();
+    const char *env_key = getenv("KVCHAT_API_KEY");
+    sp.api_key = env_key && *env_key ? env_key : NULL;
+    int rc = parse_args(&c, &sp, &ep, argc, argv);
+    if (rc >= 0)
+        return rc;
+    ep.n_ctx = c.n_ctx;
+    ep.n_batch = c.n_batch;
+    ep.n_threads = c.n_threads;
+    ep.kv_type = c.kv_type;
+    sp.sampling = c.sampling;
+    if (sp.api_key && !*sp.api_key)
+        sp.api_key = NULL;
+
+    /* Block the stop signals before any thread exists, so that all inherit
+     * the mask and only sigwait in this thread receives them. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    kvc_model *m = cli_load_model(&c);
+    if (!m)
+        return 1;
+    kvc_model_info info;
+    kvc_model_get_info(m, &info);
+    sp.model_name = info.name;
+    rc = serve(m, &ep, &sp);
+    kvc_model_free(m);
+    return rc;
+}

@@ -1,0 +1,130 @@
+/* fuzz_request.c - libFuzzer target for the server's request parser and
+ * validator (src/server_json.c) and the JSON it writes back.
+ *
+ * Input: byte 0 picks the endpoint (even: chat, odd: completions); the rest is
+ * the request body, placed in an allocation of exactly its size (no NUL after
+ * it), so any read past the end is an ASan report.
+ *
+ * Checked on every input:
+ *   - a rejected body gets status 400 (500 only for out of memory), a non-empty
+ *     message, and error JSON that parses back with the same message;
+ *   - an accepted body gives params within OpenAI's ranges (temperature in
+ *     [0, 2], top_p in [0, 1], n_stop <= 16, max_tokens >= 0, messages within
+ *     the limit, every string readable), and the response and stream chunks
+ *     built from its text parse back as JSON holding that text. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+
+#define MAX_MESSAGES 64
+
+static volatile size_t sink;
+
+static void fail(const char *what)
+{
+    fprintf(stderr, "fuzz_request: %s\n", what);
+    abort();
+}
+
+/* out must be valid JSON; when `path` names a string member chain, its value
+ * must equal `want`. */
+static void check_json(char *out, const char *a, const char *b, const char *want)
+{
+    if (!out)
+        fail("out of memory building JSON");
+    const char *j = !strncmp(out, "data: ", 6) ? out + 6 : out;
+    cJSON *o = cJSON_Parse(j);
+    if (!o)
+        fail("produced JSON does not parse");
+    if (a) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, a);
+        if (cJSON_IsArray(v))
+            v = cJSON_GetArrayItem(v, 0);
+        if (b)
+            for (const char *p = b; v && *p; p += strlen(p) + 1)
+                v = cJSON_GetObjectItemCaseSensitive(v, p);
+        if (!cJSON_IsString(v) || strcmp(v->valuestring, want) != 0)
+            fail("produced JSON lost the text");
+    }
+    cJSON_Delete(o);
+    free(out);
+}
+
+static void check_params(const srv_request *r)
+{
+    const kvc_request_params *p = &r->params;
+    const kvc_sampler_params *s = &p->chat.sampling;
+    if (!(s->temperature >= 0 && s->temperature <= 2) || !(s->top_p >= 0 && s->top_p <= 1) ||
+        !(s->min_p >= 0 && s->min_p <= 1) || fabsf(s->presence_penalty) > 2 ||
+        fabsf(s->frequency_penalty) > 2 || !(s->repeat_penalty > 0) || s->top_k < 0)
+        fail("sampling parameter out of range");
+    if (p->chat.n_stop < 0 || p->chat.n_stop > SRV_MAX_STOP || p->chat.max_tokens < 0)
+        fail("stop or max_tokens out of range");
+    for (int i = 0; i < p->chat.n_stop; i++)
+        if (!p->chat.stop[i][0])
+            fail("empty stop string");
+        else
+            sink += strlen(p->chat.stop[i]);
+    if (r->kind == SRV_CHAT) {
+        if (!p->messages || p->n_messages < 1 || p->n_messages > MAX_MESSAGES || p->prompt)
+            fail("bad message list");
+        for (size_t i = 0; i < p->n_messages; i++)
+            sink += strlen(p->messages[i].role) + strlen(p->messages[i].content);
+    } else if (!p->prompt || p->messages) {
+        fail("completion without a prompt");
+    }
+    if (p->session_key)
+        sink += strlen(p->session_key);
+    if (r->model)
+        sink += strlen(r->model);
+}
+
+/* Build what the server would send for a reply whose text is `text`. */
+static void check_output(const srv_request *r, const char *text)
+{
+    srv_reply_id id = { .id = "chatcmpl-fuzz", .created = 1, .model = r->model ? r->model : "m" };
+    kvc_event done = { .type = KVC_EVENT_DONE, .text = (char *)text, .len = strlen(text) };
+    done.stats.finish_reason = "stop";
+    bool chat = r->kind == SRV_CHAT;
+    check_json(srv_response_json(r->kind, &id, &done), "choices",
+               chat ? "message\0content\0" : "text\0", text);
+    check_json(srv_sse_text(r->kind, &id, text, strlen(text), r->include_usage), "choices",
+               chat ? "delta\0content\0" : "text\0", text);
+    check_json(srv_sse_finish(r->kind, &id, "length", r->include_usage), NULL, NULL, NULL);
+    check_json(srv_sse_usage(r->kind, &id, &done.stats), NULL, NULL, NULL);
+    if (chat)
+        check_json(srv_sse_role(&id, r->include_usage), NULL, NULL, NULL);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    int kind = data[0] & 1 ? SRV_COMPLETION : SRV_CHAT;
+    size_t n = size - 1;
+    char *body = malloc(n ? n : 1);
+    if (!body)
+        return 0;
+    memcpy(body, data + 1, n);
+    srv_limits lim = { .max_messages = MAX_MESSAGES, .sampling = kvc_sampler_default_params() };
+    srv_request r;
+    srv_error e;
+    int rc = srv_request_parse(kind, body, n, &lim, &r, &e);
+    if (rc != 0) {
+        if ((rc != 400 && rc != 500) || rc != e.http_status || !e.message[0] || !e.type[0])
+            fail("rejection without a 400 and a message");
+        check_json(srv_error_json(&e), "error", "message\0", e.message);
+    } else {
+        check_params(&r);
+        const char *text = kind == SRV_CHAT ? r.params.messages[r.params.n_messages - 1].content
+                                            : r.params.prompt;
+        check_output(&r, text);
+    }
+    srv_request_free(&r);
+    free(body);
+    return 0;
+}

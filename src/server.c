@@ -1,0 +1,688 @@
+/* server.c - the HTTP layer of the OpenAI-compatible server (libmicrohttpd).
+ *
+ * One thread per connection (MHD_USE_THREAD_PER_CONNECTION, poll-based), so
+ * a request may block its own thread on the engine without stalling others.
+ * A completion request goes: headers (route, method, API key, Content-Length
+ * checked before any body byte is read) -> body (accumulated up to
+ * max_body; beyond it the rest is discarded and 413 answered, and a body
+ * that goes on past 4 x max_body closes the connection) -> parse and
+ * validate (server_json.c) -> kvc_engine_submit -> wait for events.
+ *
+ * Waiting never blocks forever: kvc_request_next runs with a short tick, and
+ * between ticks the wait checks whether the client hung up (POLLRDHUP on its
+ * socket) and whether the server is stopping; either ends the request, and
+ * releasing the kvc_request cancels its generation.
+ *
+ * Streaming: the first event is awaited before any byte is sent, so an error
+ * known by then (context length, queue full) is a plain JSON error with its
+ * status. After that, an MHD callback response reads events (the reader
+ * blocks on the engine, which is fine in a connection's own thread) and its
+ * free callback releases - and so cancels - the request: a client that
+ * disconnects mid-stream stops its generation. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "server.h"
+
+#define TICK_MS          200          /* engine wait slice between hang-up checks */
+#define STREAM_BATCH     (16 << 10)   /* SSE bytes gathered from ready events per write */
+
+kvc_server_params kvc_server_default_params(void)
+{
+    kvc_server_params p = { 0 };
+    p.host = "127.0.0.1";
+    p.port = 8080;
+    p.sampling = kvc_sampler_default_params();
+    return p;
+}
+
+#if !__has_include(<microhttpd.h>)
+
+int kvc_server_start(kvc_engine *engine, const kvc_server_params *params, kvc_server **out,
+                     char *err, size_t err_size)
+{
+    *out = NULL;
+    snprintf(err, err_size, "kvchat was built without libmicrohttpd: no HTTP server");
+    return KVC_ERR_UNSUPPORTED;
+}
+int  kvc_server_port(const kvc_server *s) { return 0; }
+void kvc_server_stop(kvc_server *s) { }
+
+#else
+
+#include <microhttpd.h>
+
+struct kvc_server {
+    struct MHD_Daemon *daemon;
+    kvc_engine        *engine;       /* borrowed */
+    srv_metrics       *metrics;
+    srv_limits         lim;
+    char              *api_key;      /* NULL = no authentication */
+    char              *model_name;
+    size_t             max_body;
+    int                port;
+    time_t             started;
+    atomic_bool        stopping;
+    atomic_uint_least64_t next_id;   /* response ids: a counter, mixed with id_salt */
+    uint64_t           id_salt;
+};
+
+enum route {
+    ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
+    ROUTE_METRICS,
+};
+
+/* One HTTP request (MHD's con_cls): its route and the body read so far. */
+typedef struct conn {
+    int    route;        /* enum route */
+    char  *body;         /* [len] bytes of [cap] */
+    size_t len, cap;
+    size_t discarded;    /* bytes dropped past max_body (413 follows) */
+    bool   unread_body;  /* answering from the headers while a body may follow */
+} conn;
+
+/* ============================================================ responses */
+
+static const char oom_json[] =
+    "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+    "\"code\":null}}";
+
+/* Queue `body` (malloc'd, taken; NULL = out of memory: a static 500) with
+ * status and content type, plus extra headers: name, value, ..., NULL. */
+static enum MHD_Result respond(struct MHD_Connection *mc, int status, char *body,
+                               const char *ctype, const char *const *headers)
+{
+    struct MHD_Response *r;
+    if (body) {
+        r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    } else {
+        status = 500;
+        ctype = "application/json";
+        r = MHD_create_response_from_buffer(sizeof(oom_json) - 1, (void *)oom_json,
+                                            MHD_RESPMEM_PERSISTENT);
+    }
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    for (; headers && headers[0]; headers += 2)
+        MHD_add_response_header(r, headers[0], headers[1]);
+    enum MHD_Result ret = MHD_queue_response(mc, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static bool is_completion(const conn *c)
+{
+    return c->route == ROUTE_CHAT || c->route == ROUTE_COMPLETIONS;
+}
+
+static enum MHD_Result respond_error(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+                                     const srv_error *e)
+{
+    const char *h[6] = { 0 }, **p = h;
+    if (e->http_status == 401)
+        *p++ = MHD_HTTP_HEADER_WWW_AUTHENTICATE, *p++ = "Bearer";
+    else if (e->http_status == 405)
+        *p++ = MHD_HTTP_HEADER_ALLOW, *p++ = is_completion(c) ? "POST" : "GET";
+    else if (e->http_status == 503)
+        *p++ = MHD_HTTP_HEADER_RETRY_AFTER, *p++ = "1";
+    if (c->unread_body)   /* answered before the body: do not wait for it */
+        *p++ = MHD_HTTP_HEADER_CONNECTION, *p++ = "close";
+    if (is_completion(c))
+        srv_metrics_failed(s->metrics);
+    return respond(mc, e->http_status, srv_error_json(e), "application/json", h);
+}
+
+static enum MHD_Result respond_json(struct MHD_Connection *mc, char *json)
+{
+    return respond(mc, 200, json, "application/json", NULL);
+}
+
+/* ============================================================== waiting */
+
+/* Whether the client closed its side (or the socket failed). A client that
+ * half-closes after its request is taken as gone; HTTP clients do not. */
+static bool peer_gone(int fd)
+{
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    return fd >= 0 && poll(&p, 1, 0) > 0 &&
+           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static int conn_fd(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* The next event of r into *ev (TEXT events skipped when skip_text). false
+ * when the client went away or the server is stopping (nothing in *ev). */
+static bool wait_event(kvc_server *s, int fd, kvc_request *r, kvc_event *ev, bool skip_text)
+{
+    for (;;) {
+        if (kvc_request_next(r, ev, TICK_MS)) {
+            if (!(skip_text && ev->type == KVC_EVENT_TEXT))
+                return true;
+            kvc_event_clear(ev);
+            continue;
+        }
+        if (atomic_load(&s->stopping) || peer_gone(fd))
+            return false;
+    }
+}
+
+/* ============================================================ streaming */
+
+/* A streamed response: the request, and SSE text waiting to be sent. */
+typedef struct stream {
+    kvc_server   *srv;
+    kvc_request  *req;
+    int           fd;
+    int           kind;          /* enum srv_kind */
+    bool          include_usage;
+    bool          finished;      /* DONE or ERROR formatted; nothing more to wait for */
+    srv_reply_id  id;
+    char         *model;         /* id.model's storage */
+    char         *buf;           /* [len] bytes of [cap]; sent up to pos */
+    size_t        len, pos, cap;
+} stream;
+
+/* Append a formatted SSE string (taken). false when out of memory. */
+static bool stream_put(stream *st, char *s)
+{
+    if (!s)
+        return false;
+    size_t n = strlen(s);
+    if (st->len + n > st->cap) {
+        size_t cap = (st->len + n) * 2;
+        char *b = realloc(st->buf, cap);
+        if (!b) {
+            free(s);
+            return false;
+        }
+        st->buf = b;
+        st->cap = cap;
+    }
+    memcpy(st->buf + st->len, s, n);
+    st->len += n;
+    free(s);
+    return true;
+}
+
+/* Format one event. */
+static bool stream_event(stream *st, const kvc_event *ev)
+{
+    kvc_server *s = st->srv;
+    if (ev->type == KVC_EVENT_TEXT)
+        return stream_put(st, srv_sse_text(st->kind, &st->id, ev->text ? ev->text : "", ev->len,
+                                           st->include_usage));
+    st->finished = true;
+    if (ev->type == KVC_EVENT_ERROR) {
+        srv_error e;
+        srv_error_from_status(&e, ev->status, ev->message);
+        srv_metrics_failed(s->metrics);
+        return stream_put(st, srv_sse_error(&e));
+    }
+    srv_metrics_done(s->metrics, &ev->stats);
+    bool ok = stream_put(st, srv_sse_finish(st->kind, &st->id, ev->stats.finish_reason,
+                                            st->include_usage));
+    if (ok && st->include_usage)
+        ok = stream_put(st, srv_sse_usage(st->kind, &st->id, &ev->stats));
+    return ok && stream_put(st, strdup("data: [DONE]\n\n"));
+}
+
+/* MHD content reader: copy what is pending; when nothing is, wait for the
+ * next event (then gather the ones already there, up to STREAM_BATCH). */
+static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+    stream *st = cls;
+    while (st->pos == st->len) {
+        if (st->finished)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        st->pos = st->len = 0;
+        kvc_event ev;
+        if (!wait_event(st->srv, st->fd, st->req, &ev, false))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        bool ok = stream_event(st, &ev);
+        kvc_event_clear(&ev);
+        while (ok && !st->finished && st->len < STREAM_BATCH && kvc_request_next(st->req, &ev, 0)) {
+            ok = stream_event(st, &ev);
+            kvc_event_clear(&ev);
+        }
+        if (!ok)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = st->len - st->pos < max ? st->len - st->pos : max;
+    memcpy(out, st->buf + st->pos, n);
+    st->pos += n;
+    return (ssize_t)n;
+}
+
+/* MHD free callback: the response is done with (sent, or the client went
+ * away). Releasing the request cancels it if it is still generating. */
+static void stream_free(void *cls)
+{
+    stream *st = cls;
+    kvc_request_free(st->req);
+    free(st->model);
+    free(st->buf);
+    free(st);
+}
+
+/* ========================================================== completions */
+
+static void make_id(kvc_server *s, int kind, srv_reply_id *id, const char *model)
+{
+    uint64_t x = atomic_fetch_add(&s->next_id, 1) * 0x9E3779B97F4A7C15ull ^ s->id_salt;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    snprintf(id->id, sizeof(id->id), "%s-%016llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)x);
+    id->created = time(NULL);
+    id->model = model;
+}
+
+/* Start the SSE response with the first event (TEXT or DONE). Takes r. */
+static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, int fd,
+                                    const srv_request *rq, kvc_request *r, const kvc_event *first)
+{
+    stream *st = calloc(1, sizeof(*st));
+    char *model = strdup(rq->model ? rq->model : s->model_name);
+    if (!st || !model) {
+        free(st);
+        free(model);
+        kvc_request_free(r);
+        return respond(mc, 500, NULL, NULL, NULL);
+    }
+    *st = (stream){ .srv = s, .req = r, .fd = fd, .kind = rq->kind,
+                    .include_usage = rq->include_usage, .model = model };
+    make_id(s, rq->kind, &st->id, st->model);
+    bool ok = rq->kind != SRV_CHAT || stream_put(st, srv_sse_role(&st->id, st->include_usage));
+    ok = ok && stream_event(st, first);
+    struct MHD_Response *resp = ok ? MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
+    if (!resp) {
+        stream_free(st);
+        return respond(mc, 500, NULL, NULL, NULL);
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* The complete (non-streamed) answer, from the DONE event. */
+static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
+                                    const srv_request *rq, const kvc_event *done)
+{
+    srv_reply_id id;
+    make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
+    srv_metrics_done(s->metrics, &done->stats);
+    return respond_json(mc, srv_response_json(rq->kind, &id, done));
+}
+
+/* Submit a parsed request and answer it (streamed or whole). An error known
+ * before the first event is a JSON error even for a stream. MHD_NO (close the
+ * connection, no answer) when the client left or the server is stopping. */
+static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+                                   const srv_request *rq)
+{
+    srv_error e;
+    char err[512] = "";
+    int status = KVC_ERR_NOMEM;
+    kvc_request *r = kvc_engine_submit(s->engine, &rq->params, &status, err, sizeof(err));
+    if (!r) {
+        srv_error_from_status(&e, status, err);
+        return respond_error(s, mc, c, &e);
+    }
+    int fd = conn_fd(mc);
+    kvc_event ev;
+    if (!wait_event(s, fd, r, &ev, !rq->stream)) {
+        kvc_request_free(r);   /* cancels: the client is gone or we are stopping */
+        return MHD_NO;
+    }
+    enum MHD_Result ret;
+    if (ev.type == KVC_EVENT_ERROR) {
+        srv_error_from_status(&e, ev.status, ev.message);
+        kvc_request_free(r);
+        ret = respond_error(s, mc, c, &e);
+    } else if (rq->stream) {
+        ret = start_stream(s, mc, fd, rq, r, &ev);
+    } else {
+        kvc_request_free(r);
+        ret = respond_done(s, mc, rq, &ev);
+    }
+    kvc_event_clear(&ev);
+    return ret;
+}
+
+/* The last call for a completion POST (the whole body is in c): 413 when it
+ * went past the limit, 400 when it does not validate, else run it. */
+static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *mc, conn *c)
+{
+    srv_error e;
+    if (c->discarded) {
+        srv_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                      "the request body is larger than the limit of %zu bytes", s->max_body);
+        return respond_error(s, mc, c, &e);
+    }
+    srv_request rq;
+    int kind = c->route == ROUTE_CHAT ? SRV_CHAT : SRV_COMPLETION;
+    if (srv_request_parse(kind, c->body ? c->body : "", c->len, &s->lim, &rq, &e) != 0)
+        return respond_error(s, mc, c, &e);
+    free(c->body);   /* the parsed tree holds what is needed */
+    c->body = NULL;
+    enum MHD_Result ret = run_request(s, mc, c, &rq);
+    srv_request_free(&rq);
+    return ret;
+}
+
+/* ================================================================ GETs */
+
+/* /health, /v1/models, /v1/models/NAME, /metrics. */
+static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+                                  const char *url)
+{
+    switch (c->route) {
+    case ROUTE_HEALTH:
+        return respond_json(mc, strdup("{\"status\":\"ok\"}"));
+    case ROUTE_MODELS:
+        return respond_json(mc, srv_models_json(s->model_name, s->started, false));
+    case ROUTE_MODEL: {
+        const char *name = strrchr(url, '/') + 1;
+        if (strcmp(name, s->model_name) != 0) {
+            srv_error e;
+            srv_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                          "the model '%.200s' does not exist", name);
+            return respond_error(s, mc, c, &e);
+        }
+        return respond_json(mc, srv_models_json(s->model_name, s->started, true));
+    }
+    default: {
+        kvc_engine_metrics em;
+        kvc_engine_get_metrics(s->engine, &em);
+        return respond(mc, 200, srv_metrics_text(s->metrics, &em),
+                       "text/plain; version=0.0.4; charset=utf-8", NULL);
+    }
+    }
+}
+
+/* ============================================================ dispatch */
+
+static int find_route(const char *url)
+{
+    static const struct { const char *path; int route; } routes[] = {
+        { "/v1/chat/completions", ROUTE_CHAT }, { "/chat/completions", ROUTE_CHAT },
+        { "/v1/completions", ROUTE_COMPLETIONS }, { "/completions", ROUTE_COMPLETIONS },
+        { "/v1/models", ROUTE_MODELS }, { "/models", ROUTE_MODELS },
+        { "/health", ROUTE_HEALTH }, { "/metrics", ROUTE_METRICS },
+    };
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (!strcmp(url, routes[i].path))
+            return routes[i].route;
+    if (!strncmp(url, "/v1/models/", 11) && url[11])
+        return ROUTE_MODEL;
+    return ROUTE_NONE;
+}
+
+/* Constant-time comparison of the bearer token with the key. */
+static bool authorized(const kvc_server *s, struct MHD_Connection *mc)
+{
+    if (!s->api_key)
+        return true;
+    const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    size_t n = strlen(h), k = strlen(s->api_key);
+    unsigned char diff = n != k;
+    for (size_t i = 0; i < k; i++)
+        diff |= (unsigned char)s->api_key[i] ^ (unsigned char)(i < n ? h[i] : 0);
+    return diff == 0;
+}
+
+/* The first call for a request: everything that can be decided from the
+ * headers. Returns true when the body should be read (a completion POST),
+ * false when *ret is the answer. */
+static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const char *url,
+                       const char *method, enum MHD_Result *ret)
+{
+    srv_error e;
+    c->route = find_route(url);
+    bool post = is_completion(c);
+    if (post)
+        srv_metrics_request(s->metrics);
+    c->unread_body = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH) ||
+                     MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if (c->route == ROUTE_NONE)
+        srv_error_set(&e, 404, "invalid_request_error", NULL, "not_found",
+                      "Invalid URL (%.16s %.200s)", method, url);
+    else if (strcmp(method, post ? "POST" : "GET") != 0)
+        srv_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                      "%.16s is not allowed on %.200s (use %s)", method, url, post ? "POST" : "GET");
+    else if (c->route != ROUTE_HEALTH && !authorized(s, mc))
+        srv_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                      "a valid API key is required: send the header 'Authorization: Bearer KEY'");
+    else if (!post) {
+        *ret = handle_get(s, mc, c, url);
+        return false;
+    } else {
+        const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
+        if (n <= s->max_body) {
+            c->unread_body = false;   /* it will be read */
+            return true;
+        }
+        srv_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                      "the request body (%llu bytes) is larger than the limit of %zu bytes", n,
+                      s->max_body);
+    }
+    *ret = respond_error(s, mc, c, &e);
+    return false;
+}
+
+/* Append a piece of the body; past max_body it is counted, not kept. false
+ * to drop the connection (a body far past the limit, or out of memory). */
+static bool on_body(kvc_server *s, conn *c, const char *data, size_t n)
+{
+    if (c->discarded || c->len + n > s->max_body) {
+        c->discarded += n;
+        return c->discarded <= 4 * s->max_body;
+    }
+    if (c->len + n > c->cap) {
+        size_t cap = KVC_MAX(c->cap * 2, c->len + n);
+        cap = KVC_MIN(KVC_MAX(cap, 4096), s->max_body);
+        char *b = realloc(c->body, cap);
+        if (!b)
+            return false;
+        c->body = b;
+        c->cap = cap;
+    }
+    memcpy(c->body + c->len, data, n);
+    c->len += n;
+    return true;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
+                                  const char *method, const char *version, const char *data,
+                                  size_t *data_size, void **con_cls)
+{
+    kvc_server *s = cls;
+    conn *c = *con_cls;
+    enum MHD_Result ret = MHD_YES;
+    if (!c) {
+        if (!(c = calloc(1, sizeof(*c))))
+            return MHD_NO;
+        *con_cls = c;
+        return on_headers(s, mc, c, url, method, &ret) ? MHD_YES : ret;
+    }
+    if (*data_size) {
+        bool ok = on_body(s, c, data, *data_size);
+        *data_size = 0;
+        return ok ? MHD_YES : MHD_NO;
+    }
+    return handle_completion(s, mc, c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    conn *c = *con_cls;
+    if (c) {
+        free(c->body);
+        free(c);
+        *con_cls = NULL;
+    }
+}
+
+/* ============================================================ life cycle */
+
+/* A listening TCP socket on host:port; -1 with err set. */
+static int listen_on(const char *host, int port, char *err, size_t err_size)
+{
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV }, *ai = NULL;
+    char ps[16];
+    snprintf(ps, sizeof(ps), "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &ai);
+    if (rc != 0) {
+        snprintf(err, err_size, "cannot resolve '%s': %s", host, gai_strerror(rc));
+        return -1;
+    }
+    int fd = -1, e = 0;
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+            e = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0)
+        snprintf(err, err_size, "cannot listen on %s:%d: %s", host, port, strerror(e));
+    return fd;
+}
+
+static int bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t n = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &n) != 0)
+        return -1;
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+static void server_free(kvc_server *s)
+{
+    srv_metrics_free(s->metrics);
+    free(s->api_key);
+    free(s->model_name);
+    free(s);
+}
+
+static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
+{
+    kvc_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->engine = engine;
+    s->metrics = srv_metrics_new();
+    s->model_name = strdup(p->model_name && *p->model_name ? p->model_name : "kvchat");
+    s->api_key = p->api_key && *p->api_key ? strdup(p->api_key) : NULL;
+    if (!s->metrics || !s->model_name || (p->api_key && *p->api_key && !s->api_key)) {
+        server_free(s);
+        return NULL;
+    }
+    s->max_body = p->max_body ? p->max_body : 8u << 20;
+    s->lim.max_messages = p->max_messages > 0 ? p->max_messages : 4096;
+    s->lim.sampling = p->sampling;
+    s->lim.fixed_seed = p->fixed_seed;
+    s->started = time(NULL);
+    s->id_salt = (uint64_t)s->started * 0x2545F4914F6CDD1Dull ^ (uint64_t)getpid() ^
+                 (uint64_t)(uintptr_t)s;
+    atomic_init(&s->stopping, false);
+    atomic_init(&s->next_id, 1);
+    return s;
+}
+
+int kvc_server_start(kvc_engine *engine, const kvc_server_params *params, kvc_server **out,
+                     char *err, size_t err_size)
+{
+    kvc_server_params p = params ? *params : kvc_server_default_params();
+    *out = NULL;
+    if (!engine || p.port < 0 || p.port > 65535) {
+        snprintf(err, err_size, "kvc_server_start: %s", !engine ? "no engine" : "bad port");
+        return KVC_ERR_INVALID_ARG;
+    }
+    kvc_server *s = server_new(engine, &p);
+    if (!s) {
+        snprintf(err, err_size, "kvc_server_start: out of memory");
+        return KVC_ERR_NOMEM;
+    }
+    int fd = listen_on(p.host ? p.host : "127.0.0.1", p.port, err, err_size);
+    if (fd < 0) {
+        server_free(s);
+        return KVC_ERR_IO;
+    }
+    s->port = bound_port(fd);
+    s->daemon = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD, 0, NULL, NULL,
+        on_request, s, MHD_OPTION_LISTEN_SOCKET, fd,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p.max_connections > 0 ? p.max_connections : 256),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(p.timeout_s > 0 ? p.timeout_s : 60),
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+    if (!s->daemon) {
+        snprintf(err, err_size, "cannot start the HTTP daemon on port %d", s->port);
+        close(fd);
+        server_free(s);
+        return KVC_ERR_IO;
+    }
+    *out = s;
+    return KVC_OK;
+}
+
+int kvc_server_port(const kvc_server *s)
+{
+    return s ? s->port : 0;
+}
+
+void kvc_server_stop(kvc_server *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->stopping, true);   /* waits end within TICK_MS */
+    MHD_stop_daemon(s->daemon);         /* closes the sockets, joins the threads */
+    server_free(s);
+}
+
+#endif

@@ -1,0 +1,176 @@
+/* server.h - the OpenAI-compatible HTTP server over a kvc_engine (DESIGN.md §4, §6).
+ *
+ * Three parts, one file each:
+ *   server.c          the HTTP layer (libmicrohttpd, one thread per connection):
+ *                     routing, API key, body limits, waiting on the engine,
+ *                     streaming (SSE) with client hang-up detection;
+ *   server_json.c     request bodies -> kvc_request_params (validated, with
+ *                     OpenAI-style errors naming the field), and the response,
+ *                     chunk and error JSON;
+ *   server_metrics.c  the server's own counters (TTFT histogram, decode speed)
+ *                     and the Prometheus text of /metrics.
+ *
+ * Threads: every HTTP connection has its own thread; a request blocks that
+ * thread only (kvc_request_next with a short tick, checking for a client that
+ * went away and for shutdown). The engine thread is the engine's. */
+#ifndef KVC_SERVER_H
+#define KVC_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "kvchat.h"
+
+/* ================================================================ server */
+
+typedef struct kvc_server kvc_server;
+
+typedef struct kvc_server_params {
+    const char *host;            /* IPv4/IPv6 literal or name to bind; NULL = "127.0.0.1" */
+    int         port;            /* 0 = an ephemeral port (see kvc_server_port) */
+    const char *api_key;         /* NULL or "" = no authentication; else every path
+                                  * but /health needs "Authorization: Bearer KEY" */
+    const char *model_name;      /* listed by /v1/models, echoed when a request has
+                                  * no "model"; NULL = "kvchat" */
+    size_t      max_body;        /* request body limit in bytes; 0 = 8 MiB */
+    int         max_messages;    /* messages per chat request; 0 = 4096 */
+    int         max_connections; /* open connections (a thread each); 0 = 256 */
+    int         timeout_s;       /* idle connection time-out; 0 = 60 */
+    kvc_sampler_params sampling; /* defaults for fields a request leaves out */
+    bool        fixed_seed;      /* a request without "seed" uses sampling.seed;
+                                  * false: a random seed per request */
+} kvc_server_params;
+
+kvc_server_params kvc_server_default_params(void);
+
+/* Bind and start serving `engine` (borrowed: it must outlive the server).
+ * Returns KVC_OK with *out set; KVC_ERR_IO when the address cannot be bound
+ * (err says which), KVC_ERR_UNSUPPORTED when built without libmicrohttpd,
+ * KVC_ERR_NOMEM. Strings in params are copied. */
+int  kvc_server_start(kvc_engine *engine, const kvc_server_params *params, kvc_server **out,
+                      char *err, size_t err_size);
+/* The port actually bound (the ephemeral one when params.port was 0). */
+int  kvc_server_port(const kvc_server *s);
+/* Stop accepting, end every open connection (streams stop; their requests
+ * are cancelled), join the threads and free. Does not free the engine. NULL ok. */
+void kvc_server_stop(kvc_server *s);
+
+/* ============================================== requests (server_json.c) */
+
+enum srv_kind {
+    SRV_CHAT       = 0,   /* POST /v1/chat/completions */
+    SRV_COMPLETION = 1,   /* POST /v1/completions */
+};
+
+/* An OpenAI-style error: the HTTP status and the fields of {"error": {...}}. */
+typedef struct srv_error {
+    int  http_status;        /* 400, 401, ... */
+    char type[32];           /* "invalid_request_error", "server_error", ... */
+    char param[64];          /* the offending field ("temperature"), "" = null */
+    char code[40];           /* "context_length_exceeded", ... "" = null */
+    char message[600];
+} srv_error;
+
+/* Fill e (and return e->http_status). param and code may be NULL. */
+int srv_error_set(srv_error *e, int http_status, const char *type, const char *param,
+                  const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The error for an engine status (submit failure or ERROR event): 400
+ * invalid_request_error for KVC_ERR_INVALID_ARG, 400 context_length_exceeded
+ * for KVC_ERR_CONTEXT_LENGTH, 503 server_busy for KVC_ERR_BUSY, 503
+ * kv_cache_full for KVC_ERR_KV_FULL, 500 server_error otherwise. The message
+ * is the engine's (or kvc_strerror's when empty). */
+int srv_error_from_status(srv_error *e, int status, const char *message);
+
+#define SRV_MAX_STOP 16
+
+/* A parsed, validated request. `params` points into the storage below (and
+ * into the parsed JSON tree), so it lives as long as the srv_request. */
+typedef struct srv_request {
+    int                kind;            /* enum srv_kind */
+    kvc_request_params params;          /* what is submitted to the engine */
+    const char        *model;           /* "model" of the request, NULL when absent */
+    bool               stream;
+    bool               include_usage;   /* stream_options.include_usage */
+    kvc_chat_message  *msgs;            /* [n_messages] */
+    char             **owned;           /* strings made here (joined content parts) */
+    size_t             n_owned;
+    const char        *stop[SRV_MAX_STOP];
+    void              *json;            /* the cJSON tree the strings point into */
+} srv_request;
+
+typedef struct srv_limits {
+    int                max_messages;    /* > 0 */
+    kvc_sampler_params sampling;        /* defaults */
+    bool               fixed_seed;      /* see kvc_server_params */
+} srv_limits;
+
+/* Parse and validate a request body of `len` bytes (not NUL-terminated; any
+ * bytes). On success returns 0 and fills *out (free with srv_request_free).
+ * On failure returns the HTTP status (400 for everything the client got
+ * wrong) with *e filled - the message names the field and what it must be
+ * ("temperature must be a number between 0 and 2") and e->param the field -
+ * and *out needs no freeing (freeing it is harmless). */
+int  srv_request_parse(int kind, const char *body, size_t len, const srv_limits *lim,
+                       srv_request *out, srv_error *e);
+void srv_request_free(srv_request *r);
+
+/* ============================================= responses (server_json.c) */
+
+/* Identity of one response: id ("chatcmpl-..." / "cmpl-..."), creation time
+ * and the model name to echo. */
+typedef struct srv_reply_id {
+    char        id[48];
+    time_t      created;
+    const char *model;
+} srv_reply_id;
+
+/* All functions below return a malloc'd NUL-terminated string (the caller
+ * frees it), or NULL when memory ran out. */
+
+/* {"error": {"message", "type", "param", "code"}} */
+char *srv_error_json(const srv_error *e);
+/* The whole non-streamed response (chat.completion or text_completion) for a
+ * DONE event: its reply text, finish reason, usage and timings. */
+char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done);
+/* One SSE event "data: {...}\n\n" of a stream:
+ *   srv_sse_role     chat only: the first chunk, delta {role, content ""};
+ *   srv_sse_text     a piece of text (len bytes);
+ *   srv_sse_finish   the empty delta / text with finish_reason;
+ *   srv_sse_usage    choices [] with usage and timings (include_usage);
+ *   srv_sse_error    {"error": {...}} for a failure after the stream began.
+ * include_usage adds "usage": null to the chunks before the last, as OpenAI does. */
+char *srv_sse_role(const srv_reply_id *id, bool include_usage);
+char *srv_sse_text(int kind, const srv_reply_id *id, const char *text, size_t len,
+                   bool include_usage);
+char *srv_sse_finish(int kind, const srv_reply_id *id, const char *finish_reason,
+                     bool include_usage);
+char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats);
+char *srv_sse_error(const srv_error *e);
+/* {"object": "list", "data": [{"id": model, "object": "model", ...}]}; and
+ * the one model object when `one`. */
+char *srv_models_json(const char *model, time_t created, bool one);
+
+/* ======================================== metrics (server_metrics.c) */
+
+#define SRV_TTFT_BUCKETS 14
+
+/* The server's own counters; thread-safe (a mutex inside). */
+typedef struct srv_metrics srv_metrics;
+
+srv_metrics *srv_metrics_new(void);                 /* NULL: out of memory */
+void srv_metrics_free(srv_metrics *m);              /* NULL ok */
+/* A completion request arrived (counted in kvchat_requests_total). */
+void srv_metrics_request(srv_metrics *m);
+/* A completion request was answered with an error (HTTP status >= 400, or
+ * an error event in a stream). */
+void srv_metrics_failed(srv_metrics *m);
+/* A request finished: its TTFT and decode speed enter the histogram. */
+void srv_metrics_done(srv_metrics *m, const kvc_chat_stats *stats);
+/* The Prometheus text exposition (version 0.0.4) of the server counters and
+ * the engine's (e may be NULL: engine gauges are then left out). Malloc'd;
+ * NULL when memory ran out. */
+char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e);
+
+#endif

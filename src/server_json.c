@@ -1,0 +1,641 @@
+/* server_json.c - request bodies to kvc_request_params, and the response JSON.
+ *
+ * The parser validates every field it uses against OpenAI's ranges and names
+ * the field in the error; unknown fields are ignored (clients send many).
+ * Strings are borrowed from the cJSON tree the request keeps, except joined
+ * content parts, which are made here. Nesting is bounded by cJSON itself
+ * (CJSON_NESTING_LIMIT, 1000), so hostile bodies cannot exhaust the stack. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+#include "server.h"
+
+#define MAX_KEY_LEN     512   /* user, prompt_cache_key, model */
+#define MAX_STOP_LEN    1024  /* bytes per stop string */
+#define MAX_ROLE_LEN    32
+
+/* ================================================================ errors */
+
+int srv_error_set(srv_error *e, int http_status, const char *type, const char *param,
+                  const char *code, const char *fmt, ...)
+{
+    e->http_status = http_status;
+    snprintf(e->type, sizeof(e->type), "%s", type);
+    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+    snprintf(e->code, sizeof(e->code), "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    return http_status;
+}
+
+int srv_error_from_status(srv_error *e, int status, const char *message)
+{
+    const char *m = message && *message ? message : kvc_strerror(status);
+    switch (status) {
+    case KVC_ERR_INVALID_ARG:
+        return srv_error_set(e, 400, "invalid_request_error", NULL, NULL, "%s", m);
+    case KVC_ERR_CONTEXT_LENGTH:
+        return srv_error_set(e, 400, "invalid_request_error", "messages",
+                             "context_length_exceeded", "%s", m);
+    case KVC_ERR_BUSY:
+        return srv_error_set(e, 503, "server_error", NULL, "server_busy",
+                             "the server is busy (request queue full); try again later: %s", m);
+    case KVC_ERR_KV_FULL:   /* running requests hold the whole pool: transient */
+        return srv_error_set(e, 503, "server_error", NULL, "kv_cache_full",
+                             "the KV cache is full; try again later: %s", m);
+    default:
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "%s", m);
+    }
+}
+
+/* 400 invalid_request_error naming `param`. */
+static int bad(srv_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(srv_error *e, const char *param, const char *fmt, ...)
+{
+    char msg[sizeof(e->message)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return srv_error_set(e, 400, "invalid_request_error", param, NULL, "%s", msg);
+}
+
+/* ========================================================== field access */
+
+/* The member `name` of object o, NULL when absent or JSON null. */
+static const cJSON *field(const cJSON *o, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* A number in [lo, hi] into *out (left alone when absent). 0 or 400. */
+static int num_field(const cJSON *o, const char *name, double lo, double hi, float *out,
+                     srv_error *e)
+{
+    const cJSON *v = field(o, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo ||
+        v->valuedouble > hi)
+        return bad(e, name, "%s must be a number between %g and %g", name, lo, hi);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+/* An integer in [lo, hi] into *out (left alone when absent; *present says). */
+static int int_field(const cJSON *o, const char *name, double lo, double hi, int64_t *out,
+                     bool *present, srv_error *e)
+{
+    const cJSON *v = field(o, name);
+    if (present)
+        *present = v != NULL;
+    if (!v)
+        return 0;
+    double d = v->valuedouble;
+    if (!cJSON_IsNumber(v) || !isfinite(d) || d != floor(d) || d < lo || d > hi)
+        return bad(e, name, "%s must be an integer between %.0f and %.0f", name, lo, hi);
+    *out = (int64_t)d;
+    return 0;
+}
+
+/* seed: OpenAI's is any 64-bit integer; negative ones wrap (-1 = all ones =
+ * KVC_SEED_RANDOM, as llama.cpp's -1). Left alone when absent. */
+static int seed_field(const cJSON *o, uint64_t *out, bool *present, srv_error *e)
+{
+    const cJSON *v = field(o, "seed");
+    *present = v != NULL;
+    if (!v)
+        return 0;
+    double d = v->valuedouble;
+    if (!cJSON_IsNumber(v) || !isfinite(d) || d != floor(d) || d < -9223372036854775808.0 ||
+        d >= 18446744073709551616.0)
+        return bad(e, "seed", "seed must be a 64-bit integer");
+    *out = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+    return 0;
+}
+
+static int bool_field(const cJSON *o, const char *name, bool *out, srv_error *e)
+{
+    const cJSON *v = field(o, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsBool(v))
+        return bad(e, name, "%s must be a boolean", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* A string of at most max_len bytes; *out NULL when absent. */
+static int str_field(const cJSON *o, const char *name, size_t max_len, const char **out,
+                     srv_error *e)
+{
+    const cJSON *v = field(o, name);
+    *out = NULL;
+    if (!v)
+        return 0;
+    if (!cJSON_IsString(v))
+        return bad(e, name, "%s must be a string", name);
+    if (strlen(v->valuestring) > max_len)
+        return bad(e, name, "%s is longer than %zu bytes", name, max_len);
+    *out = v->valuestring;
+    return 0;
+}
+
+/* ============================================================== messages */
+
+static bool role_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > MAX_ROLE_LEN)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+/* Keep a string made here; false when out of memory (s is then freed). */
+static bool own(srv_request *r, char *s)
+{
+    char **o = realloc(r->owned, (r->n_owned + 1) * sizeof(*o));
+    if (!o) {
+        free(s);
+        return false;
+    }
+    r->owned = o;
+    r->owned[r->n_owned++] = s;
+    return true;
+}
+
+/* Content given as an array of parts: [{type: "text", text}], joined. */
+static int parse_parts(srv_request *r, const cJSON *parts, int i, const char **out, srv_error *e)
+{
+    char param[64];
+    size_t total = 0;
+    int j = 0;
+    const cJSON *p;
+    snprintf(param, sizeof(param), "messages[%d].content", i);
+    cJSON_ArrayForEach(p, parts) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(type))
+            return bad(e, param, "messages[%d].content[%d] must be an object with a \"type\"", i, j);
+        if (strcmp(type->valuestring, "text") != 0)
+            return bad(e, param, "messages[%d].content[%d].type '%.40s' is not supported "
+                       "(only \"text\")", i, j, type->valuestring);
+        if (!cJSON_IsString(text))
+            return bad(e, param, "messages[%d].content[%d].text must be a string", i, j);
+        total += strlen(text->valuestring);
+        j++;
+    }
+    char *s = malloc(total + 1), *w = s;
+    if (!s || !own(r, s))
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    cJSON_ArrayForEach(p, parts) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(w, t, n);
+        w += n;
+    }
+    *w = 0;
+    *out = s;
+    return 0;
+}
+
+static int parse_message(srv_request *r, const cJSON *m, int i, srv_error *e)
+{
+    char param[64];
+    snprintf(param, sizeof(param), "messages[%d]", i);
+    if (!cJSON_IsObject(m))
+        return bad(e, param, "messages[%d] must be an object with \"role\" and \"content\"", i);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    snprintf(param, sizeof(param), "messages[%d].role", i);
+    if (!cJSON_IsString(role))
+        return bad(e, param, "messages[%d].role must be a string", i);
+    if (!role_ok(role->valuestring))
+        return bad(e, param, "messages[%d].role '%.40s' is not a valid role", i, role->valuestring);
+    const char *rs = role->valuestring;
+    r->msgs[i].role = !strcmp(rs, "developer") ? "system" : rs;
+
+    const cJSON *c = field(m, "content");
+    snprintf(param, sizeof(param), "messages[%d].content", i);
+    if (!c) {
+        if (strcmp(rs, "assistant") != 0)
+            return bad(e, param, "messages[%d].content is required", i);
+        r->msgs[i].content = "";
+        return 0;
+    }
+    if (cJSON_IsString(c)) {
+        r->msgs[i].content = c->valuestring;
+        return 0;
+    }
+    if (cJSON_IsArray(c))
+        return parse_parts(r, c, i, &r->msgs[i].content, e);
+    return bad(e, param, "messages[%d].content must be a string or an array of content parts", i);
+}
+
+static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error *e)
+{
+    const cJSON *ms = field(root, "messages");
+    if (!ms)
+        return bad(e, "messages", "messages is required");
+    if (!cJSON_IsArray(ms))
+        return bad(e, "messages", "messages must be an array");
+    int n = cJSON_GetArraySize(ms);
+    if (n < 1)
+        return bad(e, "messages", "messages must contain at least one message");
+    if (n > max)
+        return bad(e, "messages", "messages has %d entries; at most %d are allowed", n, max);
+    r->msgs = calloc((size_t)n, sizeof(*r->msgs));
+    if (!r->msgs)
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    int i = 0, rc;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, ms)
+        if ((rc = parse_message(r, m, i++, e)) != 0)
+            return rc;
+    r->params.messages = r->msgs;
+    r->params.n_messages = (size_t)n;
+    return 0;
+}
+
+/* prompt: a string, or an array of exactly one string. */
+static int parse_prompt(srv_request *r, const cJSON *root, srv_error *e)
+{
+    const cJSON *p = field(root, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child))
+        p = p->child;
+    if (!p)
+        return bad(e, "prompt", "prompt is required");
+    if (!cJSON_IsString(p))
+        return bad(e, "prompt", "prompt must be a string (or an array of one string)");
+    r->params.prompt = p->valuestring;
+    return 0;
+}
+
+/* ============================================================ parameters */
+
+static int parse_stop(srv_request *r, const cJSON *root, srv_error *e)
+{
+    const cJSON *s = field(root, "stop"), *v;
+    int n = 0;
+    if (!s)
+        return 0;
+    if (cJSON_IsString(s)) {
+        if (strlen(s->valuestring) > MAX_STOP_LEN)
+            return bad(e, "stop", "stop is longer than %d bytes", MAX_STOP_LEN);
+        if (*s->valuestring)
+            r->stop[n++] = s->valuestring;
+    } else if (cJSON_IsArray(s) && cJSON_GetArraySize(s) <= SRV_MAX_STOP) {
+        cJSON_ArrayForEach(v, s) {
+            if (!cJSON_IsString(v))
+                return bad(e, "stop", "stop must be a string or an array of strings");
+            if (strlen(v->valuestring) > MAX_STOP_LEN)
+                return bad(e, "stop", "stop strings must be at most %d bytes", MAX_STOP_LEN);
+            if (*v->valuestring)   /* an empty stop string would stop at once: ignored */
+                r->stop[n++] = v->valuestring;
+        }
+    } else {
+        return bad(e, "stop", "stop must be a string or an array of at most %d strings",
+                   SRV_MAX_STOP);
+    }
+    r->params.chat.stop = r->stop;
+    r->params.chat.n_stop = n;
+    return 0;
+}
+
+static int parse_sampling(kvc_sampler_params *s, const cJSON *root, const srv_limits *lim,
+                          srv_error *e)
+{
+    int64_t v = 0;
+    bool has_seed = false;
+    int rc;
+    if ((rc = num_field(root, "temperature", 0, 2, &s->temperature, e)) ||
+        (rc = num_field(root, "top_p", 0, 1, &s->top_p, e)) ||
+        (rc = num_field(root, "min_p", 0, 1, &s->min_p, e)) ||
+        (rc = num_field(root, "presence_penalty", -2, 2, &s->presence_penalty, e)) ||
+        (rc = num_field(root, "frequency_penalty", -2, 2, &s->frequency_penalty, e)) ||
+        (rc = num_field(root, "repeat_penalty", 1e-3, 100, &s->repeat_penalty, e)))
+        return rc;
+    v = s->top_k;
+    if ((rc = int_field(root, "top_k", 0, INT32_MAX, &v, NULL, e)))
+        return rc;
+    s->top_k = (int32_t)v;
+    v = s->repeat_last_n;
+    if ((rc = int_field(root, "repeat_last_n", -1, INT32_MAX, &v, NULL, e)))
+        return rc;
+    s->repeat_last_n = (int32_t)v;
+    if ((rc = seed_field(root, &s->seed, &has_seed, e)))
+        return rc;
+    if (!has_seed && !lim->fixed_seed)
+        s->seed = KVC_SEED_RANDOM;
+    return 0;
+}
+
+/* max_tokens / max_completion_tokens (the newer name wins), n. */
+static int parse_lengths(srv_request *r, const cJSON *root, srv_error *e)
+{
+    int64_t v = 0;
+    int rc;
+    if ((rc = int_field(root, "max_tokens", 1, INT32_MAX, &v, NULL, e)) ||
+        (rc = int_field(root, "max_completion_tokens", 1, INT32_MAX, &v, NULL, e)))
+        return rc;
+    r->params.chat.max_tokens = (int32_t)v;
+    const cJSON *nv = field(root, "n");
+    if (nv && (!cJSON_IsNumber(nv) || nv->valuedouble != 1.0))
+        return bad(e, "n", "n must be 1 (only one choice per request is supported)");
+    return 0;
+}
+
+static int parse_stream(srv_request *r, const cJSON *root, srv_error *e)
+{
+    int rc = bool_field(root, "stream", &r->stream, e);
+    if (rc)
+        return rc;
+    const cJSON *so = field(root, "stream_options");
+    if (!so)
+        return 0;
+    if (!cJSON_IsObject(so))
+        return bad(e, "stream_options", "stream_options must be an object");
+    if (bool_field(so, "include_usage", &r->include_usage, e))
+        return bad(e, "stream_options.include_usage", "stream_options.include_usage must be a boolean");
+    return 0;
+}
+
+/* model, user, prompt_cache_key (the session key), cache_prompt (extension). */
+static int parse_identity(srv_request *r, const cJSON *root, srv_error *e)
+{
+    const char *user, *key;
+    bool cache = true;
+    int rc;
+    if ((rc = str_field(root, "model", MAX_KEY_LEN, &r->model, e)) ||
+        (rc = str_field(root, "user", MAX_KEY_LEN, &user, e)) ||
+        (rc = str_field(root, "prompt_cache_key", MAX_KEY_LEN, &key, e)) ||
+        (rc = bool_field(root, "cache_prompt", &cache, e)))
+        return rc;
+    if (key && *key)
+        r->params.session_key = key;
+    else if (user && *user)
+        r->params.session_key = user;
+    r->params.chat.no_cache = !cache;
+    return 0;
+}
+
+/* ================================================================ parse */
+
+int srv_request_parse(int kind, const char *body, size_t len, const srv_limits *lim,
+                      srv_request *out, srv_error *e)
+{
+    memset(out, 0, sizeof(*out));
+    out->kind = kind;
+    out->params.chat = kvc_chat_default_params();
+    out->params.chat.sampling = lim->sampling;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (!root) {
+        size_t at = end && end >= body ? (size_t)(end - body) : 0;
+        return bad(e, NULL, "the request body is not valid JSON (error near byte %zu)", at);
+    }
+    out->json = root;
+    /* Only whitespace may follow the value (a NUL byte ends cJSON's view). */
+    for (const char *p = end; p && p < body + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            srv_request_free(out);
+            return bad(e, NULL, "the request body is not valid JSON (trailing data at byte %zu)",
+                       (size_t)(p - body));
+        }
+    int rc;
+    if (!cJSON_IsObject(root))
+        rc = bad(e, NULL, "the request body must be a JSON object");
+    else if (!(rc = kind == SRV_CHAT ? parse_messages(out, root, lim->max_messages, e)
+                                     : parse_prompt(out, root, e)) &&
+             !(rc = parse_lengths(out, root, e)) &&
+             !(rc = parse_sampling(&out->params.chat.sampling, root, lim, e)) &&
+             !(rc = parse_stop(out, root, e)) && !(rc = parse_stream(out, root, e)))
+        rc = parse_identity(out, root, e);
+    if (rc)
+        srv_request_free(out);
+    return rc;
+}
+
+void srv_request_free(srv_request *r)
+{
+    if (!r)
+        return;
+    cJSON_Delete(r->json);
+    for (size_t i = 0; i < r->n_owned; i++)
+        free(r->owned[i]);
+    free(r->owned);
+    free(r->msgs);
+    memset(r, 0, sizeof(*r));
+}
+
+/* ============================================================ responses */
+
+/* Print and free `o`; NULL when o is NULL or printing ran out of memory. */
+static char *print(cJSON *o)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+/* "data: " + print(o) + "\n\n" */
+static char *sse(cJSON *o)
+{
+    char *j = print(o);
+    if (!j)
+        return NULL;
+    size_t n = strlen(j);
+    char *s = malloc(n + 9);
+    if (s) {
+        memcpy(s, "data: ", 6);
+        memcpy(s + 6, j, n);
+        memcpy(s + 6 + n, "\n\n", 3);
+    }
+    free(j);
+    return s;
+}
+
+static cJSON *error_object(const srv_error *e)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *x = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(x, "message", e->message);
+    cJSON_AddStringToObject(x, "type", e->type);
+    if (e->param[0])
+        cJSON_AddStringToObject(x, "param", e->param);
+    else
+        cJSON_AddNullToObject(x, "param");
+    if (e->code[0])
+        cJSON_AddStringToObject(x, "code", e->code);
+    else
+        cJSON_AddNullToObject(x, "code");
+    return o;
+}
+
+char *srv_error_json(const srv_error *e) { return print(error_object(e)); }
+char *srv_sse_error(const srv_error *e) { return sse(error_object(e)); }
+
+static void add_usage(cJSON *o, const kvc_chat_stats *st)
+{
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", st->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", st->output_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)st->prompt_tokens + st->output_tokens);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", st->cached_tokens);
+}
+
+/* llama-server's timings object: prompt_n is what was computed, cache_n what
+ * was reused. */
+static void add_timings(cJSON *o, const kvc_chat_stats *st)
+{
+    cJSON *t = cJSON_AddObjectToObject(o, "timings");
+    cJSON_AddNumberToObject(t, "prompt_n", st->computed_tokens);
+    cJSON_AddNumberToObject(t, "cache_n", st->cached_tokens);
+    cJSON_AddNumberToObject(t, "prompt_ms", st->prompt_ms);
+    cJSON_AddNumberToObject(t, "prompt_per_second", st->prompt_tps);
+    cJSON_AddNumberToObject(t, "predicted_n", st->output_tokens);
+    cJSON_AddNumberToObject(t, "predicted_ms", st->decode_ms);
+    cJSON_AddNumberToObject(t, "predicted_per_second", st->decode_tps);
+    cJSON_AddNumberToObject(t, "ttft_ms", st->ttft_ms);
+}
+
+static const char *finish_name(const char *f)
+{
+    return f && *f ? f : "stop";
+}
+
+/* The envelope every response and chunk shares. */
+static cJSON *envelope(const srv_reply_id *id, const char *object)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)id->created);
+    cJSON_AddStringToObject(o, "model", id->model ? id->model : "");
+    cJSON_AddStringToObject(o, "system_fingerprint", "kvchat");
+    return o;
+}
+
+char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done)
+{
+    bool chat = kind == SRV_CHAT;
+    cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion");
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    const char *text = done->text ? done->text : "";
+    if (chat) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", finish_name(done->stats.finish_reason));
+    add_usage(o, &done->stats);
+    add_timings(o, &done->stats);
+    return print(o);
+}
+
+/* A chunk with one choice; `delta` (chat) or `text` (completion) is filled by
+ * the caller through *choice. */
+static cJSON *chunk(int kind, const srv_reply_id *id, const char *finish, bool include_usage,
+                    cJSON **choice)
+{
+    bool chat = kind == SRV_CHAT;
+    cJSON *o = envelope(id, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    *choice = chat ? cJSON_AddObjectToObject(c, "delta") : c;
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    if (include_usage)
+        cJSON_AddNullToObject(o, "usage");
+    return o;
+}
+
+char *srv_sse_role(const srv_reply_id *id, bool include_usage)
+{
+    cJSON *d;
+    cJSON *o = chunk(SRV_CHAT, id, NULL, include_usage, &d);
+    cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddStringToObject(d, "content", "");
+    return sse(o);
+}
+
+char *srv_sse_text(int kind, const srv_reply_id *id, const char *text, size_t len,
+                   bool include_usage)
+{
+    char *t = malloc(len + 1);
+    if (!t)
+        return NULL;
+    memcpy(t, text, len);
+    t[len] = 0;
+    cJSON *d;
+    cJSON *o = chunk(kind, id, NULL, include_usage, &d);
+    cJSON_AddStringToObject(d, kind == SRV_CHAT ? "content" : "text", t);
+    free(t);
+    return sse(o);
+}
+
+char *srv_sse_finish(int kind, const srv_reply_id *id, const char *finish_reason,
+                     bool include_usage)
+{
+    cJSON *d;
+    cJSON *o = chunk(kind, id, finish_name(finish_reason), include_usage, &d);
+    if (kind != SRV_CHAT)
+        cJSON_AddStringToObject(d, "text", "");
+    return sse(o);
+}
+
+char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats)
+{
+    cJSON *o = envelope(id, kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(o, "choices");
+    add_usage(o, stats);
+    add_timings(o, stats);
+    return sse(o);
+}
+
+static cJSON *model_object(const char *model, time_t created)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "kvchat");
+    return m;
+}
+
+char *srv_models_json(const char *model, time_t created, bool one)
+{
+    if (one)
+        return print(model_object(model, created));
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *d = cJSON_AddArrayToObject(o, "data");
+    cJSON_AddItemToArray(d, model_object(model, created));
+    return print(o);
+}

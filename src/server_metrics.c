@@ -1,0 +1,190 @@
+/* server_metrics.c - the server's counters and the Prometheus text of /metrics.
+ *
+ * The engine counts tokens and blocks (kvc_engine_get_metrics); the server
+ * counts requests as the client saw them (a 400 never reaches the engine) and
+ * keeps a time-to-first-token histogram and decode speeds from DONE stats. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+
+/* Upper bounds (seconds) of the TTFT histogram buckets; +Inf is implied. */
+static const double ttft_bounds[SRV_TTFT_BUCKETS] = {
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+};
+
+typedef struct counters {
+    uint64_t requests;                       /* completion requests received */
+    uint64_t failed;                         /* answered with an error */
+    uint64_t ttft_count[SRV_TTFT_BUCKETS + 1]; /* per bucket (not cumulative); last = +Inf */
+    uint64_t ttft_n;
+    double   ttft_sum;                       /* seconds */
+    double   decode_last;                    /* tokens/s of the last request that decoded */
+    double   decode_tokens;                  /* sum of tokens after the first ... */
+    double   decode_seconds;                 /* ... and of the time they took */
+} counters;
+
+struct srv_metrics {
+    pthread_mutex_t mu;
+    counters        c;                       /* under mu */
+};
+
+srv_metrics *srv_metrics_new(void)
+{
+    srv_metrics *m = calloc(1, sizeof(*m));
+    if (m)
+        pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+void srv_metrics_free(srv_metrics *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+void srv_metrics_request(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->c.requests++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_failed(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->c.failed++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_done(srv_metrics *m, const kvc_chat_stats *st)
+{
+    pthread_mutex_lock(&m->mu);
+    if (st->output_tokens > 0 && st->ttft_ms >= 0) {
+        double s = st->ttft_ms / 1000.0;
+        int b = 0;
+        while (b < SRV_TTFT_BUCKETS && s > ttft_bounds[b])
+            b++;
+        m->c.ttft_count[b]++;
+        m->c.ttft_n++;
+        m->c.ttft_sum += s;
+    }
+    if (st->output_tokens > 1 && st->decode_ms > 0) {
+        m->c.decode_last = st->decode_tps;
+        m->c.decode_tokens += st->output_tokens - 1;
+        m->c.decode_seconds += st->decode_ms / 1000.0;
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* ------------------------------------------------------------- the text */
+
+typedef struct text {
+    char  *s;
+    size_t len, cap;
+    bool   oom;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = t->cap - t->len;
+        int n = t->oom ? 0 : vsnprintf(t->s + t->len, room, fmt, ap);
+        va_end(ap);
+        if (t->oom || n < 0)
+            return;
+        if ((size_t)n < room) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = (t->cap + (size_t)n + 1) * 2;
+        char *s = realloc(t->s, cap);
+        if (!s) {
+            t->oom = true;
+            return;
+        }
+        t->s = s;
+        t->cap = cap;
+    }
+}
+
+static void metric(text *t, const char *name, const char *type, const char *help, double v)
+{
+    put(t, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void put_histogram(text *t, const counters *m)
+{
+    const char *n = "kvchat_ttft_seconds";
+    put(t, "# HELP %s Time from request arrival to the first generated token.\n", n);
+    put(t, "# TYPE %s histogram\n", n);
+    uint64_t cum = 0;
+    for (int b = 0; b < SRV_TTFT_BUCKETS; b++) {
+        cum += m->ttft_count[b];
+        put(t, "%s_bucket{le=\"%g\"} %llu\n", n, ttft_bounds[b], (unsigned long long)cum);
+    }
+    cum += m->ttft_count[SRV_TTFT_BUCKETS];
+    put(t, "%s_bucket{le=\"+Inf\"} %llu\n", n, (unsigned long long)cum);
+    put(t, "%s_sum %.17g\n%s_count %llu\n", n, m->ttft_sum, n, (unsigned long long)m->ttft_n);
+}
+
+static void put_engine(text *t, const kvc_engine_metrics *e)
+{
+    metric(t, "kvchat_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+           (double)e->prompt_tokens);
+    metric(t, "kvchat_cached_tokens_total", "counter", "Prompt tokens reused from the KV cache.",
+           (double)e->cached_tokens);
+    metric(t, "kvchat_computed_tokens_total", "counter",
+           "Prompt tokens run through the model.", (double)e->computed_tokens);
+    metric(t, "kvchat_output_tokens_total", "counter", "Generated tokens.",
+           (double)e->output_tokens);
+    metric(t, "kvchat_cache_hit_ratio", "gauge", "Cached prompt tokens / prompt tokens.",
+           e->prompt_tokens ? (double)e->cached_tokens / (double)e->prompt_tokens : 0.0);
+    metric(t, "kvchat_kv_blocks_total", "gauge", "KV pool size in blocks.",
+           (double)e->blocks_total);
+    metric(t, "kvchat_kv_blocks_used", "gauge", "KV blocks holding tokens.",
+           (double)e->blocks_used);
+    metric(t, "kvchat_kv_blocks_free", "gauge", "KV blocks free.", (double)e->blocks_free);
+    metric(t, "kvchat_kv_blocks_evicted_total", "counter", "KV blocks evicted (LRU).",
+           (double)e->blocks_evicted);
+    metric(t, "kvchat_kv_block_tokens", "gauge", "Tokens per KV block.",
+           (double)e->block_tokens);
+    metric(t, "kvchat_sessions", "gauge", "Keyed sessions held.", (double)e->sessions);
+    metric(t, "kvchat_queue_depth", "gauge", "Requests waiting for the engine.",
+           (double)e->queue_depth);
+    metric(t, "kvchat_requests_running", "gauge", "Requests being computed.",
+           (double)e->running);
+}
+
+char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
+{
+    text t = { 0 };
+    pthread_mutex_lock(&m->mu);
+    counters c = m->c;
+    pthread_mutex_unlock(&m->mu);
+    metric(&t, "kvchat_requests_total", "counter", "Completion requests received.",
+           (double)c.requests);
+    metric(&t, "kvchat_requests_failed_total", "counter",
+           "Completion requests answered with an error.", (double)c.failed);
+    if (e)
+        put_engine(&t, e);
+    put_histogram(&t, &c);
+    put(&t, "# HELP kvchat_decode_tokens_per_second Decode speed: of the last request, "
+            "and over all requests.\n# TYPE kvchat_decode_tokens_per_second gauge\n");
+    put(&t, "kvchat_decode_tokens_per_second{stat=\"last\"} %.17g\n", c.decode_last);
+    put(&t, "kvchat_decode_tokens_per_second{stat=\"avg\"} %.17g\n",
+        c.decode_seconds > 0 ? c.decode_tokens / c.decode_seconds : 0.0);
+    if (t.oom || !t.s) {
+        free(t.s);
+        return NULL;
+    }
+    return t.s;
+}
