@@ -5,6 +5,7 @@
  * see kernels_avx2.c and kernels_avx512.c). */
 #include "kernels_internal.h"
 
+#include <cpuid.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -26,13 +27,20 @@ static int isa_from_name(const char *s)
     return -1;
 }
 
+/* F16C from CPUID directly: not every compiler's __builtin_cpu_supports knows it. */
+static bool cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 static void isa_init(void)
 {
     __builtin_cpu_init();
     kvc_isa best = KVC_ISA_SCALAR;
-    /* libgcc's checks include the OS saving the ymm/zmm state (XGETBV). */
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+    /* The compiler runtime's checks include the OS saving the ymm/zmm state
+     * (XGETBV); F16C needs no more than AVX's. */
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
         best = KVC_ISA_AVX2;
     if (best == KVC_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&

@@ -233,33 +233,53 @@ static void dq_q5_K(const block_q5_K *b, float *y, int64_t nb)
         dq_k4(b->scales, b->qs, b->qh, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), y);
 }
 
+/* Q6_K: the 6-bit codes of a 128-element half, minus 32, in element order in
+ * q, assembled with byte operations 32 at a time (ql[0..31] hold elements
+ * 0..31 in their low nibbles and 64..95 in their high ones; ql[32..63] the
+ * same for 32..63 and 96..127; qh's bit pairs 0-1, 2-3, 4-5, 6-7 belong to
+ * the four quarters). 16-bit shifts are safe: the 0x30 mask drops the bits
+ * they carry over from the neighbouring byte. */
+AI void q6_codes(const uint8_t *ql, const uint8_t *qh, int8_t q[128])
+{
+    const __m256i c0f = _mm256_set1_epi8(0x0f), c30 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, c0f), _mm256_and_si256(_mm256_slli_epi16(h, 4), c30));
+    __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, c0f), _mm256_and_si256(_mm256_slli_epi16(h, 2), c30));
+    __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), c0f), _mm256_and_si256(h, c30));
+    __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), c0f),
+                                 _mm256_and_si256(_mm256_srli_epi16(h, 2), c30));
+    _mm256_storeu_si256((__m256i *)q, _mm256_sub_epi8(q0, c32));
+    _mm256_storeu_si256((__m256i *)(q + 32), _mm256_sub_epi8(q1, c32));
+    _mm256_storeu_si256((__m256i *)(q + 64), _mm256_sub_epi8(q2, c32));
+    _mm256_storeu_si256((__m256i *)(q + 96), _mm256_sub_epi8(q3, c32));
+}
+
+/* d * (float)sc for the 16 scales of a Q6_K block: the reference's first product. */
+AI void q6_scales(const block_q6_K *b, float ds[16])
+{
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+    for (int g = 0; g < 2; g++)
+        _mm256_storeu_ps(ds + 8 * g, _mm256_mul_ps(d, i32f(_mm256_cvtepi8_epi32(
+                                                          _mm_loadl_epi64((const __m128i *)(b->scales + 8 * g))))));
+}
+
+/* 8 weights of Q6_K: (d * sc) * (q - 32), as the reference. */
+AI __m256 q6_w8(const int8_t *q, float ds)
+{
+    return _mm256_mul_ps(_mm256_set1_ps(ds), i32f(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))));
+}
+
 static void dq_q6_K(const block_q6_K *b, float *y, int64_t nb)
 {
-    const __m256i c15 = _mm256_set1_epi32(15), c3 = _mm256_set1_epi32(3), c32 = _mm256_set1_epi32(32);
     for (int64_t i = 0; i < nb; i++, b++) {
-        /* d * (float)sc for the 16 scales, as the reference's first product */
         float ds[16];
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
-        for (int g = 0; g < 2; g++)
-            _mm256_storeu_ps(ds + 8 * g, _mm256_mul_ps(d, i32f(_mm256_cvtepi8_epi32(
-                                                              _mm_loadl_epi64((const __m128i *)(b->scales + 8 * g))))));
+        q6_scales(b, ds);
         for (int h = 0; h < 2; h++, y += 128) {
-            const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
-            const float *dsh = ds + 8 * h;
-            for (int s = 0; s < 4; s++) {       /* elements 8s .. 8s + 7 of each quarter */
-                __m256i a = u8x8(ql + 8 * s), c = u8x8(ql + 32 + 8 * s), hh = u8x8(qh + 8 * s);
-                __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, c15), _mm256_slli_epi32(_mm256_and_si256(hh, c3), 4));
-                __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, c15),
-                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hh, 2), c3), 4));
-                __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(a, 4),
-                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hh, 4), c3), 4));
-                __m256i q4 = _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_slli_epi32(_mm256_srli_epi32(hh, 6), 4));
-                const int is = s / 2;
-                _mm256_storeu_ps(y + 8 * s,      _mm256_mul_ps(_mm256_set1_ps(dsh[is + 0]), i32f(_mm256_sub_epi32(q1, c32))));
-                _mm256_storeu_ps(y + 8 * s + 32, _mm256_mul_ps(_mm256_set1_ps(dsh[is + 2]), i32f(_mm256_sub_epi32(q2, c32))));
-                _mm256_storeu_ps(y + 8 * s + 64, _mm256_mul_ps(_mm256_set1_ps(dsh[is + 4]), i32f(_mm256_sub_epi32(q3, c32))));
-                _mm256_storeu_ps(y + 8 * s + 96, _mm256_mul_ps(_mm256_set1_ps(dsh[is + 6]), i32f(_mm256_sub_epi32(q4, c32))));
-            }
+            int8_t q[128];
+            q6_codes(b->ql + 64 * h, b->qh + 32 * h, q);
+            for (int g = 0; g < 16; g++)
+                _mm256_storeu_ps(y + 8 * g, q6_w8(q + 8 * g, ds[8 * h + g / 2]));
         }
     }
 }
@@ -524,6 +544,94 @@ static void fused_q8_0(const uint8_t *const rows[FR], prefetch_plan pf, const fl
     }
 }
 
+/* K-quants and Q4_0: per block and row, the scales as the dequantizers make
+ * them, then each 8 weights built in registers and used at once. A weight
+ * d1 * q - m1 comes from one fmsub: d1 * q is exact (see quant.c), so it
+ * rounds once, exactly as the reference's multiply-then-subtract. */
+AI void prefetch_block(prefetch_plan *pf, const uint8_t *const rows[FR], int64_t ib, int bytes)
+{
+    if (pf->next)
+        prefetch_next(pf, FR * bytes);
+    if (pf->ahead)
+        for (int i = 0; i < bytes; i += 64)
+            prefetch_ahead(rows, (size_t)(ib * bytes + i + pf->ahead));
+}
+
+static void fused_q4_0(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
+{
+    const __m256i c15 = _mm256_set1_epi32(15), c8 = _mm256_set1_epi32(8);
+    for (int64_t ib = 0; ib < n / QK4_0; ib++) {
+        const float *xb = x + ib * QK4_0;
+        prefetch_block(&pf, rows, ib, (int)sizeof(block_q4_0));
+#pragma GCC unroll 8
+        for (int r = 0; r < FR; r++) {
+            const block_q4_0 *b = (const block_q4_0 *)(const void *)rows[r] + ib;
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+            const __m256i v0 = u8x8(b->qs), v1 = u8x8(b->qs + 8);
+            const __m256i q[4] = { _mm256_and_si256(v0, c15), _mm256_and_si256(v1, c15),
+                                   _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4) };
+            for (int g = 0; g < 4; g++)
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(i32f(_mm256_sub_epi32(q[g], c8)), d),
+                                         _mm256_loadu_ps(xb + 8 * g), acc[r]);
+        }
+    }
+}
+
+static void fused_q4_K(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
+{
+    const __m256i c15 = _mm256_set1_epi32(15);
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        const float *xb = x + ib * QK_K;
+        prefetch_block(&pf, rows, ib, (int)sizeof(block_q4_K));
+        const block_q4_K *b[FR];
+        float ds[FR][8], dm[FR][8];
+        for (int r = 0; r < FR; r++) {
+            b[r] = (const block_q4_K *)(const void *)rows[r] + ib;
+            k4_scales(b[r]->scales, _cvtsh_ss(b[r]->d), _cvtsh_ss(b[r]->dmin), ds[r], dm[r]);
+        }
+        /* sub-block j = 2c + hi: elements 32j .. 32j + 31, in k order; rows
+         * innermost, so FR independent chains are in flight */
+        for (int j = 0; j < 8; j++) {
+            const int c = j / 2, hi = j % 2;
+            for (int g = 0; g < 4; g++) {
+                const __m256 xv = _mm256_loadu_ps(xb + 32 * j + 8 * g);
+#pragma GCC unroll 8
+                for (int r = 0; r < FR; r++) {
+                    const __m256i v = u8x8(b[r]->qs + 32 * c + 8 * g);
+                    const __m256i q = hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, c15);
+                    const __m256 w = _mm256_fmsub_ps(_mm256_set1_ps(ds[r][j]), i32f(q), _mm256_set1_ps(dm[r][j]));
+                    acc[r] = _mm256_fmadd_ps(w, xv, acc[r]);
+                }
+            }
+        }
+    }
+}
+
+static void fused_q6_K(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
+{
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        const float *xb = x + ib * QK_K;
+        prefetch_block(&pf, rows, ib, (int)sizeof(block_q6_K));
+        const block_q6_K *b[FR];
+        float ds[FR][16];
+        for (int r = 0; r < FR; r++) {
+            b[r] = (const block_q6_K *)(const void *)rows[r] + ib;
+            q6_scales(b[r], ds[r]);
+        }
+        for (int h = 0; h < 2; h++) {
+            int8_t q[FR][128];
+            for (int r = 0; r < FR; r++)
+                q6_codes(b[r]->ql + 64 * h, b[r]->qh + 32 * h, q[r]);
+            for (int g = 0; g < 16; g++) {           /* rows innermost: FR chains in flight */
+                const __m256 xv = _mm256_loadu_ps(xb + 128 * h + 8 * g);
+#pragma GCC unroll 8
+                for (int r = 0; r < FR; r++)
+                    acc[r] = _mm256_fmadd_ps(q6_w8(q[r] + 8 * g, ds[r][8 * h + g / 2]), xv, acc[r]);
+            }
+        }
+    }
+}
+
 typedef void (*fused_fn)(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n,
                          __m256 acc[FR]);
 
@@ -534,6 +642,9 @@ static fused_fn fused_for(uint32_t type)
     case KVC_TYPE_F16:  return fused_f16;
     case KVC_TYPE_BF16: return fused_bf16;
     case KVC_TYPE_Q8_0: return fused_q8_0;
+    case KVC_TYPE_Q4_0: return fused_q4_0;
+    case KVC_TYPE_Q4_K: return fused_q4_K;
+    case KVC_TYPE_Q6_K: return fused_q6_K;
     default:            return NULL;
     }
 }

@@ -237,65 +237,83 @@ static void dq_q4_K(const block_q4_K *b, float *y, int64_t nb)
     }
 }
 
-static void dq_q5_K(const block_q5_K *b, float *y, int64_t nb)
+/* Q5_K: the 5-bit codes of a block in element order, assembled with byte
+ * operations one 64-element chunk at a time: the chunk's 32 bytes of qs
+ * serve both halves (low nibbles, then high ones), qh bits 2c / 2c + 1 give
+ * their 5th bits. (16-bit shifts are safe: the masks drop what they carry
+ * across bytes.) */
+AI void q5k_codes(const block_q5_K *b, uint8_t q[QK_K])
 {
-    const __m512i c15 = _mm512_set1_epi32(15), c16 = _mm512_set1_epi32(16);
-    for (int64_t i = 0; i < nb; i++, b++) {
-        float ds[8], dm[8];
-        k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, dm);
-        const __m512i h0 = u8x16(b->qh), h1 = u8x16(b->qh + 16);
-        for (int c = 0; c < 4; c++, y += 64) {
-            const float d1 = ds[2 * c], m1 = dm[2 * c], d2 = ds[2 * c + 1], m2 = dm[2 * c + 1];
-            const __m512 t1l = k4_table(iota_lo(), d1, m1), t1h = k4_table(iota_hi(), d1, m1);
-            const __m512 t2l = k4_table(iota_lo(), d2, m2), t2h = k4_table(iota_hi(), d2, m2);
-            const __m512i bl = _mm512_set1_epi32(1 << (2 * c)), bh = _mm512_set1_epi32(2 << (2 * c));
-            __m512i v0 = u8x16(b->qs + 32 * c), v1 = u8x16(b->qs + 32 * c + 16);
-            __m512i l0 = _mm512_and_si512(v0, c15), l1 = _mm512_and_si512(v1, c15);
-            __m512i u0 = _mm512_srli_epi32(v0, 4), u1 = _mm512_srli_epi32(v1, 4);
-            l0 = _mm512_mask_or_epi32(l0, _mm512_test_epi32_mask(h0, bl), l0, c16);
-            l1 = _mm512_mask_or_epi32(l1, _mm512_test_epi32_mask(h1, bl), l1, c16);
-            u0 = _mm512_mask_or_epi32(u0, _mm512_test_epi32_mask(h0, bh), u0, c16);
-            u1 = _mm512_mask_or_epi32(u1, _mm512_test_epi32_mask(h1, bh), u1, c16);
-            _mm512_storeu_ps(y,      lut32(l0, t1l, t1h));
-            _mm512_storeu_ps(y + 16, lut32(l1, t1l, t1h));
-            _mm512_storeu_ps(y + 32, lut32(u0, t2l, t2h));
-            _mm512_storeu_ps(y + 48, lut32(u1, t2l, t2h));
-        }
+    const __m512i c0f = _mm512_set1_epi8(0x0f), c10 = _mm512_set1_epi8(0x10);
+    const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->qh));
+    const __m512i nib = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    for (int c = 0; c < 4; c++) {
+        const __m512i v = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * c))), nib);
+        const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1);
+        const __m512i hb = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, cnt), 4), c10);
+        /* (v & 0x0f) | hb: 0xec = (A & C) | B */
+        _mm512_storeu_si512(q + 64 * c, _mm512_ternarylogic_epi32(v, hb, c0f, 0xec));
     }
 }
 
-/* Q6_K: the 6-bit codes of a 128-element half are assembled with byte
- * operations, 64 at a time and already in element order (ql's 64 bytes hold
- * elements 0..63 in their low nibbles and 64..127 in their high ones), then
- * widened 16 at a time. Value: (d * sc) * (q - 32), as the reference. */
-static void dq_q6_K(const block_q6_K *b, float *y, int64_t nb)
+static void dq_q5_K(const block_q5_K *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_K) {
+        float ds[8], dm[8];
+        uint8_t q[QK_K];
+        k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, dm);
+        q5k_codes(b, q);
+        for (int g = 0; g < QK_K / 16; g++)
+            _mm512_storeu_ps(y + 16 * g, _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(ds[g / 2]), i32f(u8x16(q + 16 * g))),
+                                                       _mm512_set1_ps(dm[g / 2])));
+    }
+}
+
+/* Q6_K: the 6-bit codes of a 128-element half, minus 32, in element order
+ * in q. They are assembled with byte operations, 64 at a time (ql's 64 bytes
+ * hold elements 0..63 in their low nibbles, 64..127 in their high ones). */
+AI void q6_codes(const uint8_t *ql, const uint8_t *qh, int8_t q[128])
 {
     const __m512i c0f = _mm512_set1_epi8(0x0f), c30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
     /* qh bits 0-1 / 2-3 go to bits 4-5 for elements 0..31 / 32..63: shift left 4 / 2;
      * bits 4-5 / 6-7 for elements 64..95 / 96..127: shift right 0 / 2 */
     const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i sh_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i l = _mm512_loadu_si512(ql);
+    const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+    const __m512i h_lo = _mm512_and_si512(_mm512_sllv_epi16(h, sh_lo), c30);
+    const __m512i h_hi = _mm512_and_si512(_mm512_srlv_epi16(h, sh_hi), c30);
+    /* (a & c0f) | h as one ternary-logic op: 0xec = (A & C) | B */
+    const __m512i q_lo = _mm512_ternarylogic_epi32(l, h_lo, c0f, 0xec);
+    const __m512i q_hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), h_hi, c0f, 0xec);
+    _mm512_storeu_si512(q, _mm512_sub_epi8(q_lo, c32));
+    _mm512_storeu_si512(q + 64, _mm512_sub_epi8(q_hi, c32));
+}
+
+/* d * (float)sc for the 16 scales of a Q6_K block: the reference's first product. */
+AI void q6_scales(const block_q6_K *b, float ds[16])
+{
+    const __m512 sc = i32f(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales)));
+    _mm512_storeu_ps(ds, _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), sc));
+}
+
+/* 16 weights of Q6_K: (d * sc) * (q - 32), as the reference. */
+AI __m512 q6_w16(const int8_t *q, float ds)
+{
+    return _mm512_mul_ps(_mm512_set1_ps(ds), i32f(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))));
+}
+
+static void dq_q6_K(const block_q6_K *b, float *y, int64_t nb)
+{
     for (int64_t i = 0; i < nb; i++, b++) {
-        float ds[16];      /* d * (float)sc, the reference's first product */
-        const __m512 sc = i32f(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales)));
-        _mm512_storeu_ps(ds, _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), sc));
+        float ds[16];
+        q6_scales(b, ds);
         for (int h = 0; h < 2; h++, y += 128) {
-            const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
-            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
-            const __m512i h_lo = _mm512_and_si512(_mm512_sllv_epi16(qh, sh_lo), c30);
-            const __m512i h_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, sh_hi), c30);
-            /* (a & c0f) | h, as one ternary-logic op: 0xec = (A & C) | B */
-            const __m512i q_lo = _mm512_ternarylogic_epi32(ql, h_lo, c0f, 0xec);
-            const __m512i q_hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), h_hi, c0f, 0xec);
             int8_t q[128];
-            _mm512_storeu_si512(q, _mm512_sub_epi8(q_lo, c32));
-            _mm512_storeu_si512(q + 64, _mm512_sub_epi8(q_hi, c32));
-            const float *dsh = ds + 8 * h;
+            q6_codes(b->ql + 64 * h, b->qh + 32 * h, q);
 #pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) {
-                __m512 v = i32f(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * g))));
-                _mm512_storeu_ps(y + 16 * g, _mm512_mul_ps(_mm512_set1_ps(dsh[g]), v));
-            }
+            for (int g = 0; g < 8; g++)
+                _mm512_storeu_ps(y + 16 * g, q6_w16(q + 16 * g, ds[8 * h + g]));
         }
     }
 }
@@ -579,6 +597,115 @@ static void fused_q8_0(const uint8_t *const rows[MR], prefetch_plan pf, const fl
     }
 }
 
+/* K-quants: per super-block and row, the scales as dq_q4_K / dq_q6_K make
+ * them, then each 16 weights built in registers and used at once. */
+AI void prefetch_block(prefetch_plan *pf, const uint8_t *const rows[MR], int64_t ib, int bytes)
+{
+    if (pf->next)
+        prefetch_next(pf, MR * bytes);
+    if (pf->ahead)
+        for (int i = 0; i < bytes; i += 64)
+            prefetch_ahead(rows, (size_t)(ib * bytes + i + pf->ahead));
+}
+
+static void fused_q4_K(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
+{
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        const float *xb = x + ib * QK_K;
+        prefetch_block(&pf, rows, ib, (int)sizeof(block_q4_K));
+        const block_q4_K *b[MR];
+        float ds[MR][8], dm[MR][8];
+        for (int r = 0; r < MR; r++) {
+            b[r] = (const block_q4_K *)(const void *)rows[r] + ib;
+            k4_scales(b[r]->scales, _cvtsh_ss(b[r]->d), _cvtsh_ss(b[r]->dmin), ds[r], dm[r]);
+        }
+        /* rows innermost: MR independent FMA chains in flight */
+        for (int c = 0; c < 4; c++) {
+            const float *xc = xb + 64 * c;
+            const __m512 x0 = _mm512_loadu_ps(xc), x1 = _mm512_loadu_ps(xc + 16);
+            const __m512 x2 = _mm512_loadu_ps(xc + 32), x3 = _mm512_loadu_ps(xc + 48);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) {
+                const __m512 t1 = k4_table(iota_lo(), ds[r][2 * c], dm[r][2 * c]);
+                const __m512 t2 = k4_table(iota_lo(), ds[r][2 * c + 1], dm[r][2 * c + 1]);
+                const __m512i v0 = u8x16(b[r]->qs + 32 * c), v1 = u8x16(b[r]->qs + 32 * c + 16);
+                acc[r] = _mm512_fmadd_ps(lut16(v0, t1), x0, acc[r]);
+                acc[r] = _mm512_fmadd_ps(lut16(v1, t1), x1, acc[r]);
+                acc[r] = _mm512_fmadd_ps(lut16(_mm512_srli_epi32(v0, 4), t2), x2, acc[r]);
+                acc[r] = _mm512_fmadd_ps(lut16(_mm512_srli_epi32(v1, 4), t2), x3, acc[r]);
+            }
+        }
+    }
+}
+
+/* Each Q5_K weight is one fmsub: d1 * q is exact (see quant.c), so
+ * fmsub(d1, q, m1) rounds once, exactly as the reference's multiply-then-subtract. */
+static void fused_q5_K(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
+{
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        const float *xb = x + ib * QK_K;
+        prefetch_block(&pf, rows, ib, (int)sizeof(block_q5_K));
+        float ds[MR][8], dm[MR][8];
+        uint8_t q[MR][QK_K];
+        for (int r = 0; r < MR; r++) {
+            const block_q5_K *b = (const block_q5_K *)(const void *)rows[r] + ib;
+            k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds[r], dm[r]);
+            q5k_codes(b, q[r]);
+        }
+        for (int g = 0; g < QK_K / 16; g++) {       /* rows innermost: MR chains in flight */
+            const __m512 xv = _mm512_loadu_ps(xb + 16 * g);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) {
+                const __m512 w = _mm512_fmsub_ps(_mm512_set1_ps(ds[r][g / 2]), i32f(u8x16(q[r] + 16 * g)),
+                                                 _mm512_set1_ps(dm[r][g / 2]));
+                acc[r] = _mm512_fmadd_ps(w, xv, acc[r]);
+            }
+        }
+    }
+}
+
+static void fused_q6_K(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
+{
+    for (int64_t ib = 0; ib < n / QK_K; ib++) {
+        const float *xb = x + ib * QK_K;
+        prefetch_block(&pf, rows, ib, (int)sizeof(block_q6_K));
+        const block_q6_K *b[MR];
+        float ds[MR][16];
+        for (int r = 0; r < MR; r++) {
+            b[r] = (const block_q6_K *)(const void *)rows[r] + ib;
+            q6_scales(b[r], ds[r]);
+        }
+        for (int h = 0; h < 2; h++) {
+            int8_t q[MR][128];
+            for (int r = 0; r < MR; r++)
+                q6_codes(b[r]->ql + 64 * h, b[r]->qh + 32 * h, q[r]);
+            for (int g = 0; g < 8; g++) {            /* rows innermost: MR chains in flight */
+                const __m512 xv = _mm512_loadu_ps(xb + 128 * h + 16 * g);
+#pragma GCC unroll 8
+                for (int r = 0; r < MR; r++)
+                    acc[r] = _mm512_fmadd_ps(q6_w16(q[r] + 16 * g, ds[r][8 * h + g]), xv, acc[r]);
+            }
+        }
+    }
+}
+
+static void fused_q4_0(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
+{
+    const __m512 codes = _mm512_sub_ps(iota_lo(), _mm512_set1_ps(8.0f));     /* as dq_q4_0 */
+    for (int64_t ib = 0; ib < n / QK4_0; ib++) {
+        const __m512 x0 = _mm512_loadu_ps(x + ib * QK4_0), x1 = _mm512_loadu_ps(x + ib * QK4_0 + 16);
+        prefetch_block(&pf, rows, ib, (int)sizeof(block_q4_0));
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const block_q4_0 *b = (const block_q4_0 *)(const void *)rows[r] + ib;
+            const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(_cvtsh_ss(b->d)));
+            const __m512i v = u8x16(b->qs);
+            acc[r] = _mm512_fmadd_ps(lut16(v, t), x0, acc[r]);
+            acc[r] = _mm512_fmadd_ps(lut16(_mm512_srli_epi32(v, 4), t), x1, acc[r]);
+        }
+    }
+}
+
 typedef void (*fused_fn)(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n,
                          __m512 acc[MR]);
 
@@ -589,6 +716,10 @@ static fused_fn fused_for(uint32_t type)
     case KVC_TYPE_F16:  return fused_f16;
     case KVC_TYPE_BF16: return fused_bf16;
     case KVC_TYPE_Q8_0: return fused_q8_0;
+    case KVC_TYPE_Q4_0: return fused_q4_0;
+    case KVC_TYPE_Q4_K: return fused_q4_K;
+    case KVC_TYPE_Q5_K: return fused_q5_K;
+    case KVC_TYPE_Q6_K: return fused_q6_K;
     default:            return NULL;
     }
 }
