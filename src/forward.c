@@ -15,10 +15,12 @@
  * batch-mates' K/V from the pool exactly as a later decode step would, and
  * reduces over positions in order. So a token's logits do not depend on the
  * batch, its split into chunks, or the thread count. */
+#include "attention.h"
 #include "model.h"
 #include "quant.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,8 +43,9 @@ struct kvc_compute {
     double  *inv_freq;    /* [hd / 2] theta^(-2i/hd) */
     /* per-thread scratch */
     float  **mm_scratch;  /* [thread][kvc_matmul_scratch_floats(max n_in)] */
-    float  **scores;      /* [thread][max_ctx] */
-    float  **krow;        /* [thread][hd] a dequantized K or V row */
+    float  **scores;      /* [thread][n_head * max_ctx] attention scores */
+    float  **krow;        /* [thread][2 * max_ctx * hd] K, V of a Q8_0 pool as f32, made lazily */
+    const void **blk;     /* [thread][2 * max_blocks] block pointers for attention */
 };
 
 /* ------------------------------------------------------------ lifetime */
@@ -80,15 +83,15 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->mm_scratch = calloc((size_t)n_threads, sizeof(float *));
     c->scores = calloc((size_t)n_threads, sizeof(float *));
     c->krow = calloc((size_t)n_threads, sizeof(float *));
+    c->blk = calloc((size_t)n_threads * 2 * ((size_t)max_ctx / 16 + 2), sizeof(void *));
     bool ok = c->x && c->h && c->q && c->k && c->v && c->att && c->gate && c->up &&
               c->rope_cos && c->rope_sin && c->inv_freq && c->tp && c->mm_scratch &&
-              c->scores && c->krow;
+              c->scores && c->krow && c->blk;
     int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
     for (int t = 0; ok && t < n_threads; t++) {
         c->mm_scratch[t] = alloc_f(kvc_matmul_scratch_floats(max_in));
-        c->scores[t] = alloc_f((size_t)max_ctx);
-        c->krow[t] = alloc_f(hd);
-        ok = c->mm_scratch[t] && c->scores[t] && c->krow[t];
+        c->scores[t] = alloc_f(kvc_attn_scratch_floats(hp->n_head / hp->n_head_kv, max_ctx, 16));
+        ok = c->mm_scratch[t] && c->scores[t];
     }
     if (!ok) {
         kvc_compute_free(c);
@@ -117,6 +120,7 @@ void kvc_compute_free(kvc_compute *c)
     free(c->mm_scratch);
     free(c->scores);
     free(c->krow);
+    free(c->blk);
     float *bufs[] = { c->x, c->h, c->q, c->k, c->v, c->att, c->gate, c->up, c->rope_cos, c->rope_sin };
     for (size_t i = 0; i < KVC_ARRAY_LEN(bufs); i++)
         kvc_free_aligned(bufs[i]);
@@ -206,6 +210,35 @@ static void store_row(uint32_t type, const float *src, void *dst, int32_t hd)
     }
 }
 
+/* Store one head's key at row r of a block. F16 and F32 keys are stored
+ * transposed, [hd][B] (attention.h); Q8_0 keys as rows, quantized along hd. */
+static void store_k(uint32_t type, const float *src, void *head, int32_t r, int32_t B,
+                    size_t row_bytes, int32_t hd)
+{
+    if (type == KVC_TYPE_F16)
+        for (int32_t d = 0; d < hd; d++)
+            ((kvc_fp16 *)head)[d * B + r] = kvc_fp32_to_fp16(src[d]);
+    else if (type == KVC_TYPE_F32)
+        for (int32_t d = 0; d < hd; d++)
+            ((float *)head)[d * B + r] = src[d];
+    else
+        store_row(type, src, (uint8_t *)head + (size_t)r * row_bytes, hd);
+}
+
+/* Read back one head's key at row r of a block as floats. */
+static void load_k(uint32_t type, const void *head, int32_t r, int32_t B, size_t row_bytes,
+                   int32_t hd, float *out)
+{
+    if (type == KVC_TYPE_F16)
+        for (int32_t d = 0; d < hd; d++)
+            out[d] = kvc_fp16_to_fp32(((const kvc_fp16 *)head)[d * B + r]);
+    else if (type == KVC_TYPE_F32)
+        for (int32_t d = 0; d < hd; d++)
+            out[d] = ((const float *)head)[d * B + r];
+    else
+        kvc_dequantize_row(type, (const uint8_t *)head + (size_t)r * row_bytes, out, hd);
+}
+
 /* ------------------------------------------------------------ the batch */
 
 typedef struct fwd {
@@ -217,6 +250,7 @@ typedef struct fwd {
     uint32_t              kv_type;
     int32_t               B;           /* tokens per block */
     size_t                row_bytes;   /* one head row in the pool */
+    atomic_bool           failed;      /* out of memory inside a task */
 } fwd;
 
 static void embed_task(void *ctx, int64_t i, int thread)
@@ -280,78 +314,76 @@ static void qkv_task(void *ctx, int64_t i, int thread)
         if (L->k_norm)
             rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
         rope_head(k + h * hd, cs, sn, hd, hp->rope_neox);
-        store_row(f->kv_type, k + h * hd, (uint8_t *)kvc_kv_k(f->pool, blk, f->layer, h) + off, hd);
+        store_k(f->kv_type, k + h * hd, kvc_kv_k(f->pool, blk, f->layer, h), it->pos % f->B, f->B,
+                f->row_bytes, hd);
         store_row(f->kv_type, v + h * hd, (uint8_t *)kvc_kv_v(f->pool, blk, f->layer, h) + off, hd);
     }
 }
 
-/* dot(row of the pool's type, q) */
-static float dot_row(uint32_t type, const void *row, const float *q, int32_t hd, float *tmp)
+/* A Q8_0 pool's K and V of positions [0, n_pos) as F32 in the attention
+ * layout, into per-thread memory made on first use. NULL when out of memory. */
+static float *dequant_kv(fwd *f, const kvc_batch_item *it, int32_t kvh, int64_t n_pos, int thread,
+                         const void **kb, const void **vb)
 {
-    switch (type) {
-    case KVC_TYPE_F16: return kvc_dot_f16_f32(row, q, hd);
-    case KVC_TYPE_F32: return kvc_dot_f32(row, q, hd);
-    default:
-        kvc_dequantize_row(type, row, tmp, hd);
-        return kvc_dot_f32(tmp, q, hd);
+    kvc_compute *c = f->c;
+    const int32_t hd = c->m->hp.head_dim, B = f->B;
+    if (!c->krow[thread] &&
+        !(c->krow[thread] = alloc_f(2 * (size_t)((c->max_ctx + B) / B * B) * (size_t)hd)))
+        return NULL;
+    float *kt = c->krow[thread], *vt = kt + (size_t)((c->max_ctx + B) / B * B) * hd;
+    const int64_t nb = (n_pos + B - 1) / B;
+    float row[1024];
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t blk = it->seq->blocks[b];
+        const uint8_t *kh = kvc_kv_k(f->pool, blk, f->layer, kvh);
+        const uint8_t *vh = kvc_kv_v(f->pool, blk, f->layer, kvh);
+        float *kb_f = kt + b * B * hd, *vb_f = vt + b * B * hd;
+        for (int32_t r = 0; r < B && b * B + r < n_pos; r++) {
+            kvc_dequantize_row(f->kv_type, kh + (size_t)r * f->row_bytes, row, hd);
+            for (int32_t d = 0; d < hd; d++)
+                kb_f[d * B + r] = row[d];
+            kvc_dequantize_row(f->kv_type, vh + (size_t)r * f->row_bytes, vb_f + r * hd, hd);
+        }
+        kb[b] = kb_f;
+        vb[b] = vb_f;
     }
+    return kt;
 }
 
-/* acc += a * row */
-static void axpy_row(uint32_t type, float a, const void *row, float *acc, int32_t hd, float *tmp)
-{
-    switch (type) {
-    case KVC_TYPE_F16: kvc_axpy_f16(a, row, acc, hd); break;
-    case KVC_TYPE_F32: kvc_axpy_f32(a, row, acc, hd); break;
-    default:
-        kvc_dequantize_row(type, row, tmp, hd);
-        kvc_axpy_f32(a, tmp, acc, hd);
-        break;
-    }
-}
-
-/* Attention of token i = task / n_head, query head task % n_head, over
- * positions [0, pos] of its sequence, in position order. */
+/* Attention of token i = task / n_head_kv for the query heads of KV head
+ * task % n_head_kv, over positions [0, pos] of its sequence (attention.h). */
 static void attn_task(void *ctx, int64_t task, int thread)
 {
     fwd *f = ctx;
     kvc_compute *c = f->c;
     const kvc_hparams *hp = &c->m->hp;
-    const int32_t hd = hp->head_dim;
-    int64_t i = task / hp->n_head;
-    int32_t h = (int32_t)(task % hp->n_head);
-    int32_t kvh = h / (hp->n_head / hp->n_head_kv);
+    const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const int64_t i = task / hp->n_head_kv;
+    const int32_t kvh = (int32_t)(task % hp->n_head_kv);
     const kvc_batch_item *it = &f->items[i];
-    const float *q = c->q + i * hp->n_head * hd + h * hd;
-    float *out = c->att + i * hp->n_head * hd + h * hd;
-    float *s = c->scores[thread], *tmp = c->krow[thread];
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t n_pos = (int64_t)it->pos + 1;
-
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n_pos; j++) {
-        int32_t blk = it->seq->blocks[j / f->B];
-        const uint8_t *row = (const uint8_t *)kvc_kv_k(f->pool, blk, f->layer, kvh) +
-                             (size_t)(j % f->B) * f->row_bytes;
-        s[j] = dot_row(f->kv_type, row, q, hd, tmp) * scale;
-        if (s[j] > mx)
-            mx = s[j];
+    const int64_t n_pos = (int64_t)it->pos + 1, nb = (n_pos + f->B - 1) / f->B;
+    const void **kb = c->blk + (size_t)thread * 2 * ((size_t)c->max_ctx / 16 + 2), **vb = kb + nb;
+    if (f->kv_type == KVC_TYPE_Q8_0) {
+        if (!dequant_kv(f, it, kvh, n_pos, thread, kb, vb)) {
+            atomic_store(&f->failed, true);
+            return;
+        }
+    } else {
+        for (int64_t b = 0; b < nb; b++) {
+            kb[b] = kvc_kv_k(f->pool, it->seq->blocks[b], f->layer, kvh);
+            vb[b] = kvc_kv_v(f->pool, it->seq->blocks[b], f->layer, kvh);
+        }
     }
-    double sum = 0.0;
-    for (int64_t j = 0; j < n_pos; j++) {
-        s[j] = expf(s[j] - mx);
-        sum += s[j];
+    const size_t off = (size_t)i * hp->n_head * hd + (size_t)kvh * group * hd;
+    for (int32_t h0 = 0; h0 < group; h0 += 16) {
+        kvc_attn_args a = {
+            .n_q = KVC_MIN(16, group - h0), .hd = hd, .B = f->B, .n_pos = n_pos,
+            .f16 = f->kv_type == KVC_TYPE_F16, .k = kb, .v = vb,
+            .q = c->q + off + (size_t)h0 * hd, .scale = 1.0f / sqrtf((float)hd),
+            .out = c->att + off + (size_t)h0 * hd, .scores = c->scores[thread],
+        };
+        kvc_attention(&a);
     }
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int64_t j = 0; j < n_pos; j++) {
-        int32_t blk = it->seq->blocks[j / f->B];
-        const uint8_t *row = (const uint8_t *)kvc_kv_v(f->pool, blk, f->layer, kvh) +
-                             (size_t)(j % f->B) * f->row_bytes;
-        axpy_row(f->kv_type, s[j], row, out, hd, tmp);
-    }
-    float inv = (float)(1.0 / sum);
-    for (int32_t d = 0; d < hd; d++)
-        out[d] *= inv;
 }
 
 static void add_rows(float *x, const float *y, int64_t n)
@@ -379,7 +411,7 @@ static void layer_forward(fwd *f)
     matmul(c, &L->wk, c->h, n, c->k, nkv);
     matmul(c, &L->wv, c->h, n, c->v, nkv);
     kvc_threadpool_run(c->tp, n, qkv_task, f);
-    kvc_threadpool_run(c->tp, n * hp->n_head, attn_task, f);
+    kvc_threadpool_run(c->tp, n * hp->n_head_kv, attn_task, f);
     matmul(c, &L->wo, c->att, n, c->h, d);
     add_rows(c->x, c->h, n * d);
 
@@ -448,11 +480,13 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
         return rc;
     const kvc_hparams *hp = &c->m->hp;
     fwd f = { c, pool, items, n, 0, kvc_kv_pool_params_of(pool)->type,
-              kvc_kv_block_tokens(pool), kvc_kv_row_bytes(pool) };
+              kvc_kv_block_tokens(pool), kvc_kv_row_bytes(pool), false };
 
     kvc_threadpool_run(c->tp, n, embed_task, &f);
-    for (f.layer = 0; f.layer < hp->n_layer; f.layer++)
+    for (f.layer = 0; f.layer < hp->n_layer && !atomic_load(&f.failed); f.layer++)
         layer_forward(&f);
+    if (atomic_load(&f.failed))
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory for the attention of a Q8_0 KV cache");
     for (int32_t i = 0; i < n; i++)
         if (items[i].pos + 1 > items[i].seq->n_tokens)
             items[i].seq->n_tokens = items[i].pos + 1;
@@ -490,10 +524,10 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "shift of a shared block");
         for (int32_t l = 0; l < hp->n_layer; l++)
             for (int32_t h = 0; h < hp->n_head_kv; h++) {
-                uint8_t *dst = (uint8_t *)kvc_kv_k(pool, blk, l, h) + (size_t)(p % B) * rb;
-                kvc_dequantize_row(type, dst, row, hd);
+                void *head = kvc_kv_k(pool, blk, l, h);
+                load_k(type, head, (int32_t)(p % B), B, rb, hd, row);
                 rope_head(row, cs, sn, hd, hp->rope_neox);
-                store_row(type, row, dst, hd);
+                store_k(type, row, head, (int32_t)(p % B), B, rb, hd);
             }
     }
     return KVC_OK;
