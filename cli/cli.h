@@ -58,6 +58,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_chat(int argc, char **argv);
+int cmd_bench_sessions(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
 
 #endif

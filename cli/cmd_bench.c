@@ -11,7 +11,8 @@
 
 static const char help[] =
     "usage: kvchat bench [-m MODEL.gguf] [-p N] [-n N] [-r N] [-t N] [options]\n"
-    "       kvchat bench chat [...]   a growing conversation, cached and cold (--help)\n\n"
+    "       kvchat bench chat [...]   a growing conversation, cached and cold (--help)\n"
+    "       kvchat bench sessions [...]   many conversations at once, batched and not (--help)\n\n"
     "  -p, --n-prompt N    prompt tokens processed in one go (default 512; 0 = skip)\n"
     "  -n, --n-gen N       tokens generated one at a time (default 128; 0 = skip)\n"
     "  -r, --repetitions N runs of each test (default 3)\n";
@@ -75,6 +76,8 @@ int cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "chat"))
         return cmd_bench_chat(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "sessions"))
+        return cmd_bench_sessions(argc - 1, argv + 1);
     cli_common c;
     cli_common_init(&c);
     int64_t n_prompt = 512, n_gen = 128, reps = 3;

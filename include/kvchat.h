@@ -131,7 +131,8 @@ typedef struct kvc_context_params {
     int32_t n_threads;  /* 0 = all cores */
     int32_t n_seq;      /* sequences; 0 = 1 */
     int32_t kv_type;    /* enum kvc_kv_type */
-    int64_t kv_blocks;  /* pool size in blocks of 16 tokens; 0 = n_seq * n_ctx / 16 */
+    int64_t kv_blocks;  /* pool size in blocks of 16 tokens; 0 = n_seq * n_ctx / 16 + 1
+                           (the pool also keeps the prefix tree's blocks, evicted as needed) */
 } kvc_context_params;
 
 kvc_context_params kvc_context_default_params(void);
@@ -326,20 +327,42 @@ int kvc_gen_write(const kvc_gen_params *p, const char *path, char *err, size_t e
 
 /* The engine serves many conversations at once (DESIGN.md §4): one engine
  * thread owns the model, the KV pool and the prefix cache and runs steps;
- * other threads submit requests and read their events. Sessions are found by
- * key (prompt_cache_key, else user); without a key the prefix cache alone
- * finds what is already computed. Thread-safe. */
+ * other threads submit requests and read their events. Thread-safe.
+ *
+ * Each step is one forward pass of up to n_batch tokens: a token of every
+ * conversation that is generating, then prefill chunks of those computing
+ * their prompts (continuous batching; up to n_parallel conversations at
+ * once). Whatever ran beside a request, its greedy output is bitwise that of
+ * a cold run of its tokens.
+ *
+ * Sharing: every full block of 16 tokens any request computed enters a prefix
+ * tree, so a request reuses the longest cached prefix whoever computed it (a
+ * system prompt shared by many conversations is stored once). A request
+ * whose prefix another is still computing waits for it rather than computing
+ * it twice. Sessions are found by key (prompt_cache_key, else user); an
+ * unkeyed request continues the unkeyed session whose text its prompt
+ * extends, and the tree finds the rest.
+ *
+ * Memory: the KV pool is the budget (kv_budget_mib), allocated up front and
+ * never exceeded. A request is started only when every block it may need
+ * (prompt + max_tokens) is free or can be freed: blocks no running request
+ * holds are evicted least recently used first (leaves of the tree first; idle
+ * sessions let go of theirs when that is not enough). Until then it waits in
+ * the queue; one that cannot fit even in an empty pool fails with
+ * KVC_ERR_KV_FULL. A request without max_tokens is limited to what the
+ * context and the pool can hold. */
 typedef struct kvc_engine kvc_engine;
 
 typedef struct kvc_engine_params {
     int32_t     n_ctx;          /* longest conversation; 0 = the model's training context */
     int32_t     n_batch;        /* most tokens per step; 0 = 512 */
     int32_t     n_threads;      /* 0 = all cores */
-    int32_t     n_parallel;     /* conversations computed at once; 0 = 8 */
-    int64_t     kv_budget_mib;  /* KV pool size; 0 = n_parallel full contexts */
+    int32_t     n_parallel;     /* conversations computed at once (batched); 0 = 8 */
+    int64_t     kv_budget_mib;  /* KV pool size in MiB, of kv_type blocks; 0 = n_parallel
+                                   full contexts */
     int32_t     kv_type;        /* enum kvc_kv_type */
     int32_t     max_queue;      /* requests waiting beyond the running ones; 0 = 64 */
-    int32_t     max_sessions;   /* keyed sessions kept (LRU); 0 = 256 */
+    int32_t     max_sessions;   /* sessions kept (LRU), beyond the n_parallel running; 0 = 256 */
     const char *chat_template;  /* format name, NULL = the model's */
     int32_t     overflow;       /* enum kvc_overflow */
 } kvc_engine_params;
@@ -379,7 +402,9 @@ typedef struct kvc_event {
 
 /* Queue a request (everything in params is copied). NULL with err set when
  * it is invalid (KVC_ERR_INVALID_ARG) or the queue is full (KVC_ERR_BUSY;
- * *status gets the code when non-NULL). */
+ * *status gets the code when non-NULL). What is found when the engine takes
+ * it comes as an ERROR event: KVC_ERR_CONTEXT_LENGTH, KVC_ERR_KV_FULL (larger
+ * than the whole KV budget), KVC_ERR_INVALID_ARG (a bad role, sampling). */
 kvc_request *kvc_engine_submit(kvc_engine *engine, const kvc_request_params *params,
                                int *status, char *err, size_t err_size);
 /* Wait up to timeout_ms (-1 = forever) for the next event. Returns true with
@@ -405,9 +430,14 @@ typedef struct kvc_engine_metrics {
     int64_t  blocks_free;
     uint64_t blocks_evicted;
     int32_t  sessions;
-    int32_t  queue_depth;       /* waiting */
+    int32_t  queue_depth;       /* waiting (for a slot, a prefix in the works, or memory) */
     int32_t  running;
     int32_t  block_tokens;
+    /* added with the batching scheduler (issue 4) */
+    int64_t  block_bytes;       /* one block: every layer's K and V of block_tokens tokens */
+    int64_t  blocks_cached;     /* blocks in the prefix tree (shared by every session) */
+    uint64_t steps;             /* forward passes run */
+    uint64_t step_tokens;       /* tokens run through them (prefill chunks + decode) */
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);

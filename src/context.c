@@ -106,8 +106,8 @@ int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_cont
     if (p.n_batch > p.n_ctx)
         p.n_batch = p.n_ctx;
     const int32_t B = 16;
-    if (p.kv_blocks <= 0)
-        p.kv_blocks = (int64_t)p.n_seq * ((p.n_ctx + B - 1) / B);
+    if (p.kv_blocks <= 0)   /* and one for a copy-on-write (a shared block being extended) */
+        p.kv_blocks = (int64_t)p.n_seq * ((p.n_ctx + B - 1) / B) + 1;
     int kt = kv_type_of(p.kv_type);
     if (kt < 0) {
         kvc_fail(&e, KVC_ERR_INVALID_ARG, "KV type %d not supported", p.kv_type);
@@ -123,6 +123,8 @@ int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_cont
                                   B, (uint32_t)kt, p.kv_blocks };
         rc = kvc_kv_pool_new(&pp, &c->pool, &e);
     }
+    if (!rc)
+        rc = kvc_pc_new(c->pool, &c->pc, &e);
     if (!rc)
         rc = kvc_compute_new(model, p.n_batch, p.n_ctx, p.n_threads, &c->compute, &e);
     if (!rc) {
@@ -149,12 +151,45 @@ void kvc_context_free(kvc_context *c)
     if (c->seqs && c->pool)
         for (int32_t s = 0; s < c->p.n_seq; s++)
             kvc_kv_seq_release(c->pool, &c->seqs[s]);
+    kvc_pc_free(c->pc);
     free(c->seqs);
     free(c->items);
     free(c->logits);
     kvc_compute_free(c->compute);
     kvc_kv_pool_free(c->pool);
     free(c);
+}
+
+size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
+{
+    int kt = kv_type_of(kv_type);
+    if (kt < 0)
+        return 0;
+    kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
+                              16, (uint32_t)kt, 1 };
+    return kvc_kv_block_bytes_for(&pp);
+}
+
+bool kvc_context_make_room(kvc_context *c, int64_t n_free)
+{
+    int64_t have = kvc_kv_n_free(c->pool);
+    if (have < n_free)
+        have += kvc_pc_evict(c->pc, n_free - have);
+    return have >= n_free;
+}
+
+int kvc_context_logits_reserve(kvc_context *c, int32_t rows, kvc_err *err)
+{
+    if (rows <= c->logits_cap)
+        return KVC_OK;
+    /* grown on demand: a full batch of logits of a large vocabulary is big */
+    float *l = realloc(c->logits, (size_t)rows * (size_t)c->model->hp.n_vocab * sizeof(float));
+    if (!l)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory for %d x %d logits", rows,
+                        c->model->hp.n_vocab);
+    c->logits = l;
+    c->logits_cap = rows;
+    return KVC_OK;
 }
 
 int32_t kvc_context_n_ctx(const kvc_context *c) { return c->p.n_ctx; }
@@ -171,24 +206,19 @@ int kvc_context_decode(kvc_context *c, int32_t seq, const int32_t *tokens, int32
     else if (n < 1 || (all_logits && n > c->p.n_batch))
         rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "decode of %d tokens (all logits: at most %d)", n,
                       c->p.n_batch);
-    if (!rc && all_logits && n > c->logits_cap) {
-        /* grown on demand: a full batch of logits of a large vocabulary is big */
-        float *l = realloc(c->logits, (size_t)n * (size_t)c->model->hp.n_vocab * sizeof(float));
-        if (!l)
-            rc = kvc_fail(&e, KVC_ERR_NOMEM, "out of memory for %d x %d logits", n,
-                          c->model->hp.n_vocab);
-        else {
-            c->logits = l;
-            c->logits_cap = n;
-        }
-    }
+    if (!rc && all_logits)
+        rc = kvc_context_logits_reserve(c, n, &e);
     kvc_kv_seq *s = rc ? NULL : &c->seqs[seq];
     int64_t len0 = s ? s->n_tokens : 0;
     if (!rc && len0 + n > c->p.n_ctx)
         rc = kvc_fail(&e, KVC_ERR_CONTEXT_LENGTH, "%lld tokens exceed the context of %d",
                       (long long)(len0 + n), c->p.n_ctx);
-    if (!rc)
+    if (!rc) {
+        /* blocks only the prefix tree holds give way (one more for a copy-on-write) */
+        int64_t B = kvc_kv_block_tokens(c->pool);
+        kvc_context_make_room(c, c->promised + (len0 + n + B - 1) / B - s->n_blocks + 1);
         rc = kvc_kv_seq_reserve(c->pool, s, len0 + n, &e);
+    }
     for (int32_t done = 0; !rc && done < n;) {
         int32_t m = KVC_MIN(n - done, c->p.n_batch);
         for (int32_t i = 0; i < m; i++) {

@@ -1,11 +1,14 @@
-/* context.h - the inside of a kvc_context, for the parts built on it (session).
+/* context.h - the inside of a kvc_context, for the parts built on it (session,
+ * engine).
  *
- * A context is a model's forward-pass state (kvc_compute), a paged KV pool and
- * n_seq block tables into it. */
+ * A context is a model's forward-pass state (kvc_compute), a paged KV pool,
+ * n_seq block tables into it, and the prefix tree over the pool's full blocks
+ * that every sequence's turns share (prefix_cache.h). */
 #ifndef KVC_CONTEXT_H
 #define KVC_CONTEXT_H
 
 #include "model.h"
+#include "prefix_cache.h"
 
 struct kvc_context {
     kvc_model   *model;
@@ -17,6 +20,20 @@ struct kvc_context {
     float       *logits;        /* logits_cap rows of n_vocab */
     int32_t      logits_cap;
     int32_t      n_logits;      /* rows held by the last decode */
+    kvc_prefix_cache *pc;       /* full blocks entered by the sessions' turns */
+    int64_t      promised;      /* blocks running turns may still allocate: kept
+                                   free (session_turn.c) */
 };
+
+/* Evict least recently used unreferenced blocks from the prefix tree until
+ * n_free blocks are free. Returns whether they are. */
+bool kvc_context_make_room(kvc_context *c, int64_t n_free);
+
+/* Make room for `rows` rows of logits in c->logits. KVC_ERR_NOMEM. */
+int kvc_context_logits_reserve(kvc_context *c, int32_t rows, kvc_err *err);
+
+/* Bytes of one KV block (16 tokens, every layer, K and V) of a context for
+ * `model` with KV type `kv_type` (enum kvc_kv_type); 0 for a bad type. */
+size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type);
 
 #endif

@@ -1,19 +1,8 @@
-/* engine.c - the engine thread, its request queue and the sessions table.
- *
- * Threads submit requests; one engine thread owns the model, the context (its
- * KV pool and sequences) and the sessions, and runs the requests; each request
- * has its own event queue that the submitting thread reads.
- *
- * Sessions: a request with a key (prompt_cache_key, else user) uses that key's
- * session; one without uses the session whose cached text is the longest
- * prefix of its prompt, so a client that sends no key still continues its
- * conversation. Sessions beyond max_sessions are dropped least recently used
- * first. */
-#include "context.h"
-#include "session.h"
+/* engine.c - the engine's public API: requests and their event queues,
+ * submission, metrics, and the engine's lifetime. The engine thread, the
+ * sessions table and the scheduler are in engine_sched.c. */
+#include "engine.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,31 +10,7 @@
 
 /* ------------------------------------------------------------- requests */
 
-typedef struct event_node {
-    kvc_event          ev;
-    struct event_node *next;
-} event_node;
-
-struct kvc_request {
-    /* owned copies of the parameters */
-    kvc_chat_message *messages;
-    size_t            n_messages;
-    char             *prompt;
-    char             *session_key;
-    kvc_chat_params   chat;
-    char            **stops;
-    int64_t           t_submit;       /* kvc_time_us */
-
-    pthread_mutex_t   mu;
-    pthread_cond_t    cv;
-    event_node       *head, *tail;    /* events not yet read */
-    bool              finished;       /* DONE or ERROR queued */
-    atomic_bool       cancelled;
-    int               refs;           /* the engine's and the client's */
-    struct kvc_request *next_queued;
-};
-
-static void request_unref(kvc_request *r)
+void kvc_request_unref(kvc_request *r)
 {
     pthread_mutex_lock(&r->mu);
     int left = --r->refs;
@@ -67,14 +32,14 @@ static void request_unref(kvc_request *r)
     free(r->messages);
     free(r->prompt);
     free(r->session_key);
+    free(r->text);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
 
-/* Queue an event for the client; `text` (may be NULL) is copied. */
-static void push_event(kvc_request *r, int type, const char *text, size_t len, int status,
-                       const char *message, const kvc_chat_stats *stats)
+void kvc_request_push(kvc_request *r, int type, const char *text, size_t len, int status,
+                      const char *message, const kvc_chat_stats *stats)
 {
     event_node *n = calloc(1, sizeof(*n));
     if (n && text) {
@@ -153,7 +118,7 @@ void kvc_request_free(kvc_request *r)
     if (!r)
         return;
     kvc_request_cancel(r);
-    request_unref(r);
+    kvc_request_unref(r);
 }
 
 static char *dup_or_null(const char *s, bool *ok)
@@ -173,6 +138,7 @@ static kvc_request *request_copy(const kvc_request_params *p)
         return NULL;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->cancelled, false);
     r->refs = 2;
     r->t_submit = kvc_time_us();
     bool ok = true;
@@ -200,36 +166,13 @@ static kvc_request *request_copy(const kvc_request_params *p)
     r->chat.stop = (const char *const *)r->stops;
     if (!ok) {
         r->refs = 1;
-        request_unref(r);
+        kvc_request_unref(r);
         return NULL;
     }
     return r;
 }
 
 /* --------------------------------------------------------------- engine */
-
-typedef struct session_slot {
-    kvc_session *s;
-    char        *key;        /* NULL: an unkeyed conversation */
-    int64_t      last_used;  /* a tick, for LRU */
-} session_slot;
-
-struct kvc_engine {
-    kvc_model        *model;
-    kvc_engine_params p;
-    kvc_context      *ctx;
-    session_slot     *slots;        /* max_sessions */
-    int64_t           tick;
-
-    pthread_t         thread;
-    pthread_mutex_t   mu;
-    pthread_cond_t    cv;
-    kvc_request      *queue_head, *queue_tail;
-    int32_t           queued;
-    int32_t           running;
-    bool              stop;
-    kvc_engine_metrics m;           /* counters, under mu */
-};
 
 kvc_engine_params kvc_engine_default_params(void)
 {
@@ -238,168 +181,11 @@ kvc_engine_params kvc_engine_default_params(void)
     return p;
 }
 
-/* The slot for a request: its key's, else the unkeyed one whose text is the
- * longest prefix of the prompt, else the least recently used (reset). */
-static session_slot *pick_slot(kvc_engine *e, const char *key, const char *prompt)
-{
-    session_slot *best = NULL, *lru = NULL;
-    size_t best_len = 0;
-    for (int32_t i = 0; i < e->p.max_sessions; i++) {
-        session_slot *sl = &e->slots[i];
-        if (!lru || sl->last_used < lru->last_used)
-            lru = sl;
-        if (key) {
-            if (sl->key && strcmp(sl->key, key) == 0)
-                return sl;
-            continue;
-        }
-        size_t len;
-        const char *text = kvc_session_text(sl->s, &len);
-        if (!sl->key && text && prompt && len > best_len && strncmp(prompt, text, len) == 0) {
-            best = sl;
-            best_len = len;
-        }
-    }
-    if (best)
-        return best;
-    kvc_session_reset(lru->s);
-    free(lru->key);
-    lru->key = key ? strdup(key) : NULL;
-    return lru;
-}
-
-/* Free blocks for a turn of at most `tokens` more tokens by dropping the least
- * recently used other sessions' caches. */
-static void make_room(kvc_engine *e, const session_slot *keep, int64_t tokens)
-{
-    int64_t B = kvc_kv_block_tokens(e->ctx->pool);
-    int64_t need = KVC_MIN(tokens, (int64_t)e->p.n_ctx) / B + 2;
-    while (kvc_kv_n_free(e->ctx->pool) < need) {
-        session_slot *lru = NULL;
-        for (int32_t i = 0; i < e->p.max_sessions; i++) {
-            session_slot *sl = &e->slots[i];
-            if (sl != keep && e->ctx->seqs[i].n_blocks > 0 && (!lru || sl->last_used < lru->last_used))
-                lru = sl;
-        }
-        if (!lru)
-            return;
-        int64_t before = kvc_kv_n_free(e->ctx->pool);
-        kvc_session_reset(lru->s);
-        e->m.blocks_evicted += (uint64_t)(kvc_kv_n_free(e->ctx->pool) - before);
-    }
-}
-
-/* Gauges for the metrics, read by other threads under mu. */
-static void update_gauges(kvc_engine *e)
-{
-    int32_t sessions = 0;
-    for (int32_t i = 0; i < e->p.max_sessions; i++) {
-        size_t len;
-        sessions += kvc_session_text(e->slots[i].s, &len) != NULL;
-    }
-    pthread_mutex_lock(&e->mu);
-    e->m.sessions = sessions;
-    e->m.blocks_total = kvc_kv_n_blocks(e->ctx->pool);
-    e->m.blocks_free = kvc_kv_n_free(e->ctx->pool);
-    e->m.blocks_used = e->m.blocks_total - e->m.blocks_free;
-    e->m.block_tokens = kvc_kv_block_tokens(e->ctx->pool);
-    pthread_mutex_unlock(&e->mu);
-}
-
-static bool on_text(const char *text, size_t len, void *user)
-{
-    kvc_request *r = user;
-    if (atomic_load(&r->cancelled))
-        return false;
-    push_event(r, KVC_EVENT_TEXT, text, len, 0, NULL, NULL);
-    return true;
-}
-
-static void run_request(kvc_engine *e, kvc_request *r)
-{
-    kvc_err err = { 0 };
-    char *prompt = NULL;
-    int rc = KVC_OK;
-    if (r->messages) {
-        /* render with any session: the template is the engine's */
-        rc = kvc_session_render(e->slots[0].s, r->messages, r->n_messages, &prompt, &err);
-    } else {
-        prompt = strdup(r->prompt ? r->prompt : "");
-        if (!prompt)
-            rc = kvc_fail(&err, KVC_ERR_NOMEM, "out of memory");
-    }
-    kvc_chat_stats st = { 0 };
-    char *reply = NULL;
-    if (!rc) {
-        session_slot *sl = pick_slot(e, r->session_key, prompt);
-        sl->last_used = ++e->tick;
-        pthread_mutex_lock(&e->mu);
-        make_room(e, sl, (int64_t)strlen(prompt) + 2 +
-                         (r->chat.max_tokens > 0 ? r->chat.max_tokens : e->p.n_ctx));
-        pthread_mutex_unlock(&e->mu);
-        rc = kvc_session_run(sl->s, prompt, r->messages != NULL, &r->chat, on_text, r, &reply, &st,
-                             r->t_submit, &err);
-    }
-    if (!rc && atomic_load(&r->cancelled))
-        st.finish_reason = "cancelled";
-    pthread_mutex_lock(&e->mu);
-    if (rc) {
-        e->m.requests_failed++;
-    } else {
-        e->m.requests++;
-        e->m.prompt_tokens += (uint64_t)st.prompt_tokens;
-        e->m.cached_tokens += (uint64_t)st.cached_tokens;
-        e->m.computed_tokens += (uint64_t)st.computed_tokens;
-        e->m.output_tokens += (uint64_t)st.output_tokens;
-    }
-    pthread_mutex_unlock(&e->mu);
-    if (rc)
-        push_event(r, KVC_EVENT_ERROR, NULL, 0, rc, err.msg[0] ? err.msg : kvc_strerror(rc), NULL);
-    else
-        push_event(r, KVC_EVENT_DONE, reply ? reply : "", reply ? strlen(reply) : 0, 0, NULL, &st);
-    free(reply);
-    free(prompt);
-}
-
-static void *engine_main(void *arg)
-{
-    kvc_engine *e = arg;
-    for (;;) {
-        pthread_mutex_lock(&e->mu);
-        while (!e->queue_head && !e->stop)
-            pthread_cond_wait(&e->cv, &e->mu);
-        kvc_request *r = e->queue_head;
-        if (r) {
-            e->queue_head = r->next_queued;
-            if (!e->queue_head)
-                e->queue_tail = NULL;
-            e->queued--;
-            e->running++;
-        }
-        bool stop = e->stop;
-        pthread_mutex_unlock(&e->mu);
-        if (!r)
-            break;
-        if (stop || atomic_load(&r->cancelled)) {
-            kvc_chat_stats st = { 0 };
-            st.finish_reason = "cancelled";
-            push_event(r, KVC_EVENT_DONE, "", 0, 0, NULL, &st);
-        } else {
-            run_request(e, r);
-            update_gauges(e);
-        }
-        pthread_mutex_lock(&e->mu);
-        e->running--;
-        pthread_mutex_unlock(&e->mu);
-        request_unref(r);
-    }
-    return NULL;
-}
-
 int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine **out,
                    char *err, size_t err_size)
 {
     *out = NULL;
+    kvc_err e = { 0 };
     kvc_engine_params p = params ? *params : kvc_engine_default_params();
     if (p.n_parallel <= 0)
         p.n_parallel = 8;
@@ -409,49 +195,60 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         p.max_sessions = 256;
     if (p.n_ctx <= 0)
         p.n_ctx = model->hp.n_ctx_train;
-    kvc_engine *e = calloc(1, sizeof(*e));
-    if (!e) {
+    kvc_engine *eng = calloc(1, sizeof(*eng));
+    if (!eng) {
         snprintf(err, err_size, "out of memory");
         return KVC_ERR_NOMEM;
     }
-    e->model = model;
-    e->p = p;
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
-    kvc_context_params cp = kvc_context_default_params();
-    cp.n_ctx = p.n_ctx;
-    cp.n_batch = p.n_batch;
-    cp.n_threads = p.n_threads;
-    cp.n_seq = p.max_sessions;
-    cp.kv_type = p.kv_type;
-    int64_t B = 16;
-    size_t per_block = 2 * (size_t)model->hp.n_layer * (size_t)model->hp.n_head_kv *
-                       (size_t)model->hp.head_dim * (size_t)B * (p.kv_type == KVC_KV_F32 ? 4 : 2);
-    cp.kv_blocks = p.kv_budget_mib > 0 ? (int64_t)(((uint64_t)p.kv_budget_mib << 20) / per_block)
-                                       : (int64_t)p.n_parallel * ((p.n_ctx + B - 1) / B);
-    int rc = kvc_context_new(model, &cp, &e->ctx, err, err_size);
-    if (!rc) {
-        e->slots = calloc((size_t)p.max_sessions, sizeof(session_slot));
-        if (!e->slots)
-            rc = KVC_ERR_NOMEM;
+    eng->model = model;
+    eng->p = p;
+    pthread_mutex_init(&eng->mu, NULL);
+    pthread_cond_init(&eng->cv, NULL);
+    /* The pool is the budget: --kv-budget MiB of blocks of the KV type, or
+     * n_parallel whole contexts (and a block for a copy-on-write). */
+    const int64_t B = 16;
+    int rc = KVC_OK;
+    eng->block_bytes = kvc_context_block_bytes(model, p.kv_type);
+    int64_t blocks = (int64_t)p.n_parallel * ((p.n_ctx + B - 1) / B) + 1;
+    if (eng->block_bytes == 0)
+        rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "KV type %d not supported for this model (f16, "
+                      "f32; q8_0 needs a head dim that is a multiple of 32, it is %d)",
+                      p.kv_type, model->hp.head_dim);
+    else if (p.kv_budget_mib > 0) {
+        blocks = (int64_t)(((uint64_t)p.kv_budget_mib << 20) / eng->block_bytes);
+        if (blocks < 2)
+            rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "a KV budget of %lld MiB holds %lld blocks "
+                          "of %lld tokens (%zu bytes each); at least 2 are needed",
+                          (long long)p.kv_budget_mib, (long long)blocks, (long long)B,
+                          eng->block_bytes);
     }
-    for (int32_t i = 0; !rc && i < p.max_sessions; i++) {
-        e->slots[i].s = kvc_session_new(e->ctx, i, p.chat_template, err, err_size);
-        if (!e->slots[i].s)
-            rc = KVC_ERR_INVALID_ARG;
+    if (!rc) {
+        kvc_context_params cp = kvc_context_default_params();
+        cp.n_ctx = p.n_ctx;
+        cp.n_batch = p.n_batch;
+        cp.n_threads = p.n_threads;
+        cp.n_seq = p.max_sessions + p.n_parallel;
+        cp.kv_type = p.kv_type;
+        cp.kv_blocks = blocks;
+        char msg[sizeof(e.msg)];
+        if ((rc = kvc_context_new(model, &cp, &eng->ctx, msg, sizeof(msg))))
+            kvc_fail(&e, rc, "%s", msg);
     }
     if (!rc)
-        update_gauges(e);
-    if (!rc && pthread_create(&e->thread, NULL, engine_main, e) != 0) {
-        snprintf(err, err_size, "cannot start the engine thread");
-        rc = KVC_ERR_NOMEM;
+        rc = kvc_engine_sessions_new(eng, &e);
+    if (!rc) {
+        kvc_engine_update_gauges(eng);
+        if (pthread_create(&eng->thread, NULL, kvc_engine_main, eng) != 0)
+            rc = kvc_fail(&e, KVC_ERR_NOMEM, "cannot start the engine thread");
+        else
+            eng->thread_started = true;
     }
     if (rc) {
-        e->thread = 0;
-        kvc_engine_free(e);
+        snprintf(err, err_size, "%s", e.msg[0] ? e.msg : kvc_strerror(rc));
+        kvc_engine_free(eng);
         return rc;
     }
-    *out = e;
+    *out = eng;
     return KVC_OK;
 }
 
@@ -459,28 +256,22 @@ void kvc_engine_free(kvc_engine *e)
 {
     if (!e)
         return;
-    if (e->thread) {
+    if (e->thread_started) {
         pthread_mutex_lock(&e->mu);
         e->stop = true;
         pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
-    /* requests never started end as cancelled */
+    /* requests never taken by the engine thread end as cancelled */
     for (kvc_request *r = e->queue_head, *nx; r; r = nx) {
-        nx = r->next_queued;
+        nx = r->next;
         kvc_chat_stats st = { 0 };
         st.finish_reason = "cancelled";
-        push_event(r, KVC_EVENT_DONE, "", 0, 0, NULL, &st);
-        request_unref(r);
+        kvc_request_push(r, KVC_EVENT_DONE, "", 0, 0, NULL, &st);
+        kvc_request_unref(r);
     }
-    if (e->slots) {
-        for (int32_t i = 0; i < e->p.max_sessions; i++) {
-            kvc_session_free(e->slots[i].s);
-            free(e->slots[i].key);
-        }
-        free(e->slots);
-    }
+    kvc_engine_sessions_free(e);
     kvc_context_free(e->ctx);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
@@ -510,7 +301,7 @@ kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *
             snprintf(err, err_size, "the server is busy: %d requests are waiting", e->queued);
         } else {
             if (e->queue_tail)
-                e->queue_tail->next_queued = r;
+                e->queue_tail->next = r;
             else
                 e->queue_head = r;
             e->queue_tail = r;
@@ -520,7 +311,7 @@ kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *
         pthread_mutex_unlock(&e->mu);
         if (rc) {
             r->refs = 1;
-            request_unref(r);
+            kvc_request_unref(r);
             r = NULL;
         }
     }
@@ -534,6 +325,5 @@ void kvc_engine_get_metrics(kvc_engine *e, kvc_engine_metrics *out)
     pthread_mutex_lock(&e->mu);
     *out = e->m;
     out->queue_depth = e->queued;
-    out->running = e->running;
     pthread_mutex_unlock(&e->mu);
 }

@@ -74,6 +74,16 @@ int64_t kvc_kv_n_free(const kvc_kv_pool *pool) { return pool->n_free; }
 size_t  kvc_kv_block_bytes(const kvc_kv_pool *pool) { return pool->block_bytes; }
 size_t  kvc_kv_row_bytes(const kvc_kv_pool *pool) { return pool->row_bytes; }
 
+size_t kvc_kv_block_bytes_for(const kvc_kv_pool_params *p)
+{
+    int32_t B = p->block_tokens ? p->block_tokens : 16;
+    if ((p->type != KVC_TYPE_F16 && p->type != KVC_TYPE_F32 && p->type != KVC_TYPE_Q8_0) ||
+        p->n_layer <= 0 || p->n_kv_head <= 0 || p->head_dim <= 0 || B <= 0)
+        return 0;
+    return kvc_row_size(p->type, p->head_dim) * (size_t)B * (size_t)p->n_kv_head * 2 *
+           (size_t)p->n_layer;
+}
+
 int32_t kvc_kv_block_alloc(kvc_kv_pool *pool)
 {
     if (pool->n_free == 0)
@@ -175,8 +185,8 @@ void kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n)
     const int64_t B = pool->p.block_tokens;
     if (n < 0)
         n = 0;
-    if (n >= seq->n_tokens)
-        return;
+    if (n > seq->n_tokens)
+        n = seq->n_tokens;
     int32_t keep = (int32_t)((n + B - 1) / B);
     while (seq->n_blocks > keep)
         kvc_kv_block_unref(pool, seq->blocks[--seq->n_blocks]);

@@ -44,6 +44,9 @@ int64_t kvc_kv_n_blocks(const kvc_kv_pool *pool);
 int64_t kvc_kv_n_free(const kvc_kv_pool *pool);
 size_t  kvc_kv_block_bytes(const kvc_kv_pool *pool);      /* all layers, K and V */
 size_t  kvc_kv_row_bytes(const kvc_kv_pool *pool);        /* one head, one position */
+/* kvc_kv_block_bytes of a pool with these params (block_tokens 0 = 16), before
+ * making it, to size a pool for a memory budget; 0 for a bad shape or type. */
+size_t  kvc_kv_block_bytes_for(const kvc_kv_pool_params *p);
 
 /* A free block with reference count 1, or -1 when none is free. Its contents
  * are undefined. */
@@ -76,7 +79,8 @@ void kvc_kv_seq_init(kvc_kv_seq *seq);
 int  kvc_kv_seq_reserve(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *err);
 
 /* Keep positions [0, n), drop the rest: blocks wholly past n are released.
- * n >= n_tokens leaves the sequence untouched. */
+ * n >= n_tokens keeps every position; only blocks reserved past n_tokens
+ * (kvc_kv_seq_reserve) and not written are released. */
 void kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n);
 
 /* Release every block and the table; the sequence is empty afterwards. */

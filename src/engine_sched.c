@@ -1,0 +1,387 @@
+/* engine_sched.c - the engine thread: the sessions table and the scheduler
+ * (DESIGN.md §4).
+ *
+ * Each pass of the loop:
+ *   1. takes the newly submitted requests into the waiting list;
+ *   2. applies cancellations (kvc_request_cancel, a client gone);
+ *   3. admits waiting requests in arrival order while fewer than n_parallel
+ *      run: finds the request's session, starts its turn (render, tokenize)
+ *      and prepares it (match the session and the prefix tree, attach, reserve
+ *      every block it may need). A turn whose prompt has a block another turn
+ *      is computing waits for it (and lets the requests behind it pass); one
+ *      that does not fit in memory even after eviction waits too, and holds
+ *      back the requests behind it (first come, first served) - unless nothing
+ *      runs, when it never will fit: it fails;
+ *   4. runs one step, one forward pass of up to n_batch tokens: a token of
+ *      every decoding turn, then prefill chunks (kvc_turns_step);
+ *   5. ends the turns that are done: DONE events, counters, sessions free.
+ *
+ * Sessions: a request with a key (prompt_cache_key, else user) uses that key's
+ * session, and waits while another request of the same key runs. One without
+ * a key uses the idle unkeyed session whose text is the longest prefix of its
+ * prompt, else a fresh one; either way the prefix tree finds what any session
+ * computed. Beyond max_sessions + n_parallel sessions, the least recently used
+ * idle one is dropped.
+ *
+ * Memory: the pool is the budget. Blocks only the prefix tree holds are
+ * evicted first (least recently used leaves); when that is not enough, the
+ * least recently used idle sessions let go of their blocks (which then only
+ * the tree holds) and eviction goes on. */
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------- sessions */
+
+int kvc_engine_sessions_new(kvc_engine *e, kvc_err *err)
+{
+    e->n_slots = e->p.max_sessions + e->p.n_parallel;
+    e->slots = calloc((size_t)e->n_slots, sizeof(session_slot));
+    e->running = calloc((size_t)e->p.n_parallel, sizeof(kvc_request *));
+    e->turns = calloc((size_t)e->p.n_parallel, sizeof(kvc_turn *));
+    if (!e->slots || !e->running || !e->turns)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        char msg[sizeof(err->msg)];
+        e->slots[i].s = kvc_session_new(e->ctx, i, e->p.chat_template, msg, sizeof(msg));
+        if (!e->slots[i].s)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "%s", msg);
+    }
+    return KVC_OK;
+}
+
+void kvc_engine_sessions_free(kvc_engine *e)
+{
+    if (e->slots)
+        for (int32_t i = 0; i < e->n_slots; i++) {
+            kvc_session_free(e->slots[i].s);
+            free(e->slots[i].key);
+        }
+    free(e->slots);
+    free(e->running);
+    free(e->turns);
+}
+
+void kvc_engine_update_gauges(kvc_engine *e)
+{
+    int32_t sessions = 0;
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        size_t len;
+        sessions += kvc_session_text(e->slots[i].s, &len) != NULL;
+    }
+    kvc_kv_pool *pool = e->ctx->pool;
+    pthread_mutex_lock(&e->mu);
+    e->m.sessions = sessions;
+    e->m.running = e->n_running;
+    e->m.blocks_total = kvc_kv_n_blocks(pool);
+    e->m.blocks_free = kvc_kv_n_free(pool);
+    e->m.blocks_used = e->m.blocks_total - e->m.blocks_free;
+    e->m.blocks_evicted = kvc_pc_n_evicted(e->ctx->pc) + e->dropped;
+    e->m.blocks_cached = kvc_pc_n_nodes(e->ctx->pc);
+    e->m.block_tokens = kvc_kv_block_tokens(pool);
+    e->m.block_bytes = (int64_t)e->block_bytes;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The session for a request: its key's (NULL while another request of that
+ * key holds it), else the idle unkeyed one whose text is the longest prefix of
+ * the prompt, else the least recently used idle one, reset (NULL when none). */
+static session_slot *pick_slot(kvc_engine *e, const char *key, const char *text)
+{
+    session_slot *best = NULL, *lru = NULL;
+    size_t best_len = 0;
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        session_slot *sl = &e->slots[i];
+        if (key && sl->key && strcmp(sl->key, key) == 0)
+            return sl->busy ? NULL : sl;
+        if (sl->busy)
+            continue;
+        if (!lru || sl->last_used < lru->last_used)
+            lru = sl;
+        size_t len;
+        const char *st = kvc_session_text(sl->s, &len);
+        if (!key && !sl->key && st && len > best_len && strncmp(text, st, len) == 0) {
+            best = sl;
+            best_len = len;
+        }
+    }
+    if (best || !lru)
+        return best;
+    kvc_session_reset(lru->s);
+    free(lru->key);
+    lru->key = key ? strdup(key) : NULL;     /* out of memory: an unkeyed session */
+    return lru;
+}
+
+/* kvc_room_fn: evict; then let idle sessions go, least recently used first. */
+static bool make_room(kvc_context *c, int64_t n_free, void *user)
+{
+    kvc_engine *e = user;
+    while (!kvc_context_make_room(c, n_free)) {
+        session_slot *lru = NULL;
+        for (int32_t i = 0; i < e->n_slots; i++) {
+            session_slot *sl = &e->slots[i];
+            if (!sl->busy && c->seqs[i].n_blocks > 0 && (!lru || sl->last_used < lru->last_used))
+                lru = sl;
+        }
+        if (!lru)
+            return false;
+        e->dropped += (uint64_t)kvc_session_drop_kv(lru->s);
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------- requests */
+
+static bool on_text(const char *text, size_t len, void *user)
+{
+    kvc_request *r = user;
+    if (atomic_load(&r->cancelled))
+        return false;
+    kvc_request_push(r, KVC_EVENT_TEXT, text, len, 0, NULL, NULL);
+    return true;
+}
+
+static void release_slot(kvc_engine *e, kvc_request *r)
+{
+    if (r->slot) {
+        r->slot->busy = NULL;
+        r->slot->last_used = ++e->tick;
+        r->slot = NULL;
+    }
+}
+
+/* A request that failed before its turn ran: an ERROR event. */
+static void fail_request(kvc_engine *e, kvc_request *r, int rc, const kvc_err *err)
+{
+    if (r->turn)
+        kvc_turn_end(r->turn, NULL, NULL, NULL);
+    r->turn = NULL;
+    release_slot(e, r);
+    pthread_mutex_lock(&e->mu);
+    e->m.requests_failed++;
+    pthread_mutex_unlock(&e->mu);
+    kvc_request_push(r, KVC_EVENT_ERROR, NULL, 0, rc, err->msg[0] ? err->msg : kvc_strerror(rc),
+                     NULL);
+    kvc_request_unref(r);
+}
+
+/* End a request's turn (any phase): DONE with the reply and stats, or ERROR. */
+static void end_request(kvc_engine *e, kvc_request *r)
+{
+    char *reply = NULL;
+    kvc_chat_stats st;
+    kvc_err err = { 0 };
+    int rc = kvc_turn_end(r->turn, &reply, &st, &err);
+    r->turn = NULL;
+    release_slot(e, r);
+    kvc_engine_update_gauges(e);             /* a client that got DONE sees them current */
+    pthread_mutex_lock(&e->mu);
+    if (rc) {
+        e->m.requests_failed++;
+    } else {
+        e->m.requests++;
+        e->m.prompt_tokens += (uint64_t)st.prompt_tokens;
+        e->m.cached_tokens += (uint64_t)st.cached_tokens;
+        e->m.computed_tokens += (uint64_t)st.computed_tokens;
+        e->m.output_tokens += (uint64_t)st.output_tokens;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (rc)
+        kvc_request_push(r, KVC_EVENT_ERROR, NULL, 0, rc, err.msg[0] ? err.msg : kvc_strerror(rc),
+                         NULL);
+    else
+        kvc_request_push(r, KVC_EVENT_DONE, reply ? reply : "", reply ? strlen(reply) : 0, 0,
+                         NULL, &st);
+    free(reply);
+    kvc_request_unref(r);
+}
+
+/* Take request r (after prev, or the head) off the waiting list. */
+static void unlink_waiting(kvc_engine *e, kvc_request *prev, kvc_request *r)
+{
+    if (prev)
+        prev->next = r->next;
+    else
+        e->waiting = r->next;
+    r->next = NULL;
+    pthread_mutex_lock(&e->mu);
+    e->queued--;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Give a waiting request its session and turn. KVC_OK, 1 when its session is
+ * busy (wait), or a failure (reported in err). */
+static int start_turn(kvc_engine *e, kvc_request *r, kvc_err *err)
+{
+    int rc = KVC_OK;
+    if (!r->text) {
+        if (r->messages)   /* any session renders: the template is the engine's */
+            rc = kvc_session_render(e->slots[0].s, r->messages, r->n_messages, &r->text, err);
+        else if (!(r->text = strdup(r->prompt)))
+            rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+        if (rc)
+            return rc;
+    }
+    session_slot *sl = pick_slot(e, r->session_key, r->text);
+    if (!sl)
+        return 1;
+    sl->busy = r;
+    sl->last_used = ++e->tick;
+    r->slot = sl;
+    return kvc_turn_new(sl->s, r->text, r->messages != NULL, &r->chat, on_text, r, r->t_submit,
+                        &r->turn, err);
+}
+
+static void admit(kvc_engine *e)
+{
+    kvc_request *prev = NULL, *r = e->waiting;
+    while (r && e->n_running < e->p.n_parallel) {
+        kvc_request *next = r->next;
+        kvc_err err = { 0 };
+        int rc = r->turn ? KVC_OK : start_turn(e, r, &err);
+        if (rc == 1) {                       /* its session is busy */
+            prev = r;
+            r = next;
+            continue;
+        }
+        if (!rc)
+            rc = kvc_turn_prepare(r->turn, make_room, e, &err);
+        if (rc == KVC_TURN_WAIT_PREFIX) {
+            prev = r;
+            r = next;
+            continue;
+        }
+        if (rc == KVC_TURN_WAIT_MEMORY && e->n_running > 0)
+            break;                           /* first come, first served */
+        unlink_waiting(e, prev, r);
+        if (rc == KVC_TURN_WAIT_MEMORY)      /* nothing runs, and still no room */
+            fail_request(e, r, KVC_ERR_KV_FULL, &err);
+        else if (rc < 0)
+            fail_request(e, r, rc, &err);
+        else {
+            e->running[e->n_running++] = r;
+            pthread_mutex_lock(&e->mu);
+            e->m.running = e->n_running;
+            pthread_mutex_unlock(&e->mu);
+        }
+        r = next;
+    }
+}
+
+/* Cancelled requests: waiting ones end now, running ones at this step. */
+static void apply_cancels(kvc_engine *e)
+{
+    for (int32_t i = 0; i < e->n_running; i++)
+        if (atomic_load(&e->running[i]->cancelled))
+            kvc_turn_cancel(e->running[i]->turn);
+    kvc_request *prev = NULL, *r = e->waiting;
+    while (r) {
+        kvc_request *next = r->next;
+        if (!atomic_load(&r->cancelled)) {
+            prev = r;
+            r = next;
+            continue;
+        }
+        unlink_waiting(e, prev, r);
+        if (r->turn)
+            end_request(e, r);
+        else {
+            kvc_chat_stats st = { 0 };
+            st.finish_reason = "cancelled";
+            release_slot(e, r);
+            kvc_request_push(r, KVC_EVENT_DONE, "", 0, 0, NULL, &st);
+            kvc_request_unref(r);
+        }
+        r = next;
+    }
+}
+
+/* Run one step over the running turns and end those that are done. */
+static void step(kvc_engine *e)
+{
+    if (e->n_running == 0)
+        return;
+    for (int32_t i = 0; i < e->n_running; i++)
+        e->turns[i] = e->running[i]->turn;
+    kvc_err err = { 0 };
+    int n = kvc_turns_step(e->ctx, e->turns, e->n_running, &err);
+    if (n > 0) {
+        pthread_mutex_lock(&e->mu);
+        e->m.steps++;
+        e->m.step_tokens += (uint64_t)n;
+        pthread_mutex_unlock(&e->mu);
+    }
+    int32_t kept = 0, n_done = 0;
+    kvc_request *done[e->n_running];
+    for (int32_t i = 0; i < e->n_running; i++) {
+        kvc_request *r = e->running[i];
+        if (kvc_turn_phase(r->turn) == KVC_TURN_DONE)
+            done[n_done++] = r;
+        else
+            e->running[kept++] = r;
+    }
+    e->n_running = kept;
+    for (int32_t i = 0; i < n_done; i++)
+        end_request(e, done[i]);
+}
+
+/* Move submitted requests to the waiting list; with `idle`, first wait for
+ * one (or a short while when requests wait on nothing running). Returns
+ * whether the engine is stopping. */
+static bool take_submitted(kvc_engine *e, bool idle)
+{
+    pthread_mutex_lock(&e->mu);
+    if (idle && !e->queue_head && !e->stop) {
+        if (!e->waiting)
+            pthread_cond_wait(&e->cv, &e->mu);
+        else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 5000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        }
+    }
+    kvc_request *q = e->queue_head;
+    e->queue_head = e->queue_tail = NULL;
+    bool stop = e->stop;
+    pthread_mutex_unlock(&e->mu);
+    if (q) {
+        kvc_request **tail = &e->waiting;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = q;
+    }
+    return stop;
+}
+
+void *kvc_engine_main(void *arg)
+{
+    kvc_engine *e = arg;
+    while (!take_submitted(e, e->n_running == 0)) {
+        apply_cancels(e);
+        admit(e);
+        step(e);
+        kvc_engine_update_gauges(e);
+    }
+    /* stopping: what runs or waits ends as cancelled */
+    int32_t n = e->n_running;
+    e->n_running = 0;
+    for (int32_t i = 0; i < n; i++) {
+        kvc_turn_cancel(e->running[i]->turn);
+        end_request(e, e->running[i]);
+    }
+    for (kvc_request *r = e->waiting; r; r = e->waiting) {
+        atomic_store(&r->cancelled, true);
+        apply_cancels(e);
+    }
+    kvc_engine_update_gauges(e);
+    return NULL;
+}

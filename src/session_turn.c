@@ -1,0 +1,685 @@
+/* session_turn.c - one turn of a session as steps (session.h): matching the
+ * prompt against the session and the prefix tree, prefill in chunks, decoding
+ * with stop strings and streaming, entering computed blocks in the tree, and
+ * the batched step that runs many turns through one forward pass. */
+#include "chat_template.h"
+#include "sampler.h"
+#include "session.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct stops {
+    const char *const *tmpl;     /* NULL-terminated */
+    const char *const *extra;
+    int32_t            n_extra;
+} stops;
+
+struct kvc_turn {
+    kvc_session    *s;
+    kvc_chat_params p;              /* p.stop borrowed */
+    kvc_chat_stream_fn stream;
+    void           *user;
+    bool            chat;           /* the template's stops and separator apply */
+    int             phase;          /* enum kvc_turn_phase */
+    int             rc;             /* the failure that ended it, KVC_OK */
+    kvc_err         err;
+    char           *prompt;
+    size_t          plen;
+    kvc_tokbuf      toks;           /* prompt, then the reply's tokens */
+    int64_t         n_prompt;
+    int32_t         keep;           /* the session's checkpoints still valid */
+    int32_t         max_out;        /* reply tokens at most */
+    int64_t         matched;        /* prompt tokens found cached */
+    /* generation */
+    kvc_sampler    *smp;
+    stops           st;
+    const char     *sep;            /* the template's reply separator */
+    size_t          sep_len;        /* of it, found at the reply's start */
+    char           *gen;            /* generated text (raw pieces) */
+    size_t          gen_len, gen_cap;
+    size_t          sent;           /* bytes of gen passed to stream */
+    int64_t         reply_end;      /* where the reply ends in gen (a stop string), -1 */
+    int32_t         n_out;
+    int32_t         eog;            /* the end-of-generation token sampled, -1 */
+    bool            cancelled;
+    const char     *finish;         /* finish_reason */
+    /* KV */
+    int64_t         max_blocks;     /* blocks of the longest sequence the turn can reach */
+    int64_t         promise;        /* of them, not yet allocated: part of ctx->promised */
+    kvc_pc_node    *anchor;         /* pinned tree node of block n_pub - 1; NULL = root */
+    int32_t         n_pub;          /* the sequence's blocks [0, n_pub) are anchor's path */
+    bool            pub_off;        /* enter no more blocks (cancelled, out of memory) */
+    kvc_pc_node   **pend;           /* pending nodes entered: blocks [pend_first, +n_pend) */
+    int32_t         pend_first, n_pend, n_pend_ready;
+    /* times (kvc_time_us) */
+    int64_t         t_start, t_prefill, t_prompt_done, t_first, t_end;
+};
+
+#define SEQ(t) (&(t)->s->ctx->seqs[(t)->s->seq])
+
+/* ---------------------------------------------------------- stop strings */
+
+/* The first position in text[0, len) where a stop string starts, or -1. */
+static int64_t find_stop(const stops *st, const char *text, size_t len)
+{
+    int64_t best = -1;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0;; i++) {
+            const char *w = pass == 0 ? st->tmpl[i] : (i < st->n_extra ? st->extra[i] : NULL);
+            if (!w)
+                break;
+            if (!*w)
+                continue;
+            const char *hit = memmem(text, len, w, strlen(w));
+            if (hit && (best < 0 || hit - text < best))
+                best = hit - text;
+        }
+    }
+    return best;
+}
+
+/* How many bytes at the end of text[0, len) could begin a stop string. */
+static size_t stop_holdback(const stops *st, const char *text, size_t len)
+{
+    size_t hold = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0;; i++) {
+            const char *w = pass == 0 ? st->tmpl[i] : (i < st->n_extra ? st->extra[i] : NULL);
+            if (!w)
+                break;
+            size_t wl = strlen(w);
+            for (size_t k = KVC_MIN(wl - (wl > 0), len); k > hold; k--)
+                if (memcmp(text + len - k, w, k) == 0) {
+                    hold = k;
+                    break;
+                }
+        }
+    return hold;
+}
+
+/* Bytes of text[0, len) that end on a whole UTF-8 character. */
+static size_t utf8_whole(const char *text, size_t len)
+{
+    size_t i = len, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)text[i - 1] & 0xC0) == 0x80) {
+        i--;
+        back++;
+    }
+    if (i == 0)
+        return len;
+    unsigned char c = (unsigned char)text[i - 1];
+    size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return back + 1 >= need ? len : i - 1;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+static int fail(kvc_turn *t, int rc)
+{
+    if (!t->rc)
+        t->rc = rc;
+    t->phase = KVC_TURN_DONE;
+    return rc;
+}
+
+static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb)
+{
+    int64_t i = 0;
+    while (i < na && i < nb && a[i] == b[i])
+        i++;
+    return i;
+}
+
+static int gen_append(kvc_turn *t, const char *piece, int n)
+{
+    if (t->gen_len + (size_t)n + 1 > t->gen_cap) {
+        size_t cap = t->gen_cap ? t->gen_cap * 2 : 1024;
+        while (cap < t->gen_len + (size_t)n + 1)
+            cap *= 2;
+        char *g = realloc(t->gen, cap);
+        if (!g)
+            return kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
+        t->gen = g;
+        t->gen_cap = cap;
+    }
+    memcpy(t->gen + t->gen_len, piece, (size_t)n);
+    t->gen_len += (size_t)n;
+    t->gen[t->gen_len] = 0;
+    return KVC_OK;
+}
+
+/* Pass newly safe reply text to the stream callback. `final`: all of it. */
+static void flush_stream(kvc_turn *t, bool final)
+{
+    size_t end = t->reply_end >= 0 ? (size_t)t->reply_end : t->gen_len;
+    if (!final && t->reply_end < 0)
+        end = utf8_whole(t->gen, t->gen_len - stop_holdback(&t->st, t->gen, t->gen_len));
+    size_t from = KVC_MAX(t->sent, t->sep_len);
+    if (end > from && t->stream && !t->cancelled)
+        if (!t->stream(t->gen + from, end - from, t->user))
+            t->cancelled = true;
+    if (end > t->sent)
+        t->sent = end;
+}
+
+/* Keep ctx->promised equal to what the running turns may still allocate. */
+static void set_promise(kvc_turn *t, int64_t promise)
+{
+    t->s->ctx->promised += promise - t->promise;
+    t->promise = promise;
+}
+
+static void update_promise(kvc_turn *t)
+{
+    set_promise(t, KVC_MAX(0, t->max_blocks - SEQ(t)->n_blocks));
+}
+
+/* ------------------------------------------------- the prefix tree side */
+
+/* Enter block i of the sequence (tokens toks[i*B, i*B+B)) under the anchor;
+ * pending: its K/V are still to be computed. A node of the same content that
+ * is there already is followed instead. Returns false when it could not: a
+ * node another turn is computing is in the way (try again later), or memory
+ * ran out (then no more blocks are entered). */
+static bool enter_block(kvc_turn *t, int32_t i, bool pending)
+{
+    kvc_context *c = t->s->ctx;
+    const int32_t B = kvc_kv_block_tokens(c->pool);
+    kvc_pc_node *parent = t->anchor ? t->anchor : kvc_pc_root(c->pc), *n = NULL;
+    kvc_err e = { 0 };
+    int rc = kvc_pc_insert(c->pc, parent, t->toks.v + (int64_t)i * B, SEQ(t)->blocks[i],
+                           pending, &n, &e);
+    if (rc < 0)
+        t->pub_off = true;
+    if (rc < 0 || (rc == 0 && n->pending))
+        return false;
+    if (rc == 1 && pending) {
+        if (t->n_pend == 0)
+            t->pend_first = i;
+        t->pend[t->n_pend++] = n;
+    }
+    kvc_pc_pin(n);
+    kvc_pc_unpin(t->anchor);
+    t->anchor = n;
+    t->n_pub = i + 1;
+    return true;
+}
+
+/* After a forward pass: our pending blocks now computed become ready, and
+ * newly full blocks (the reply's) enter the tree. */
+static void publish(kvc_turn *t)
+{
+    kvc_context *c = t->s->ctx;
+    const int64_t B = kvc_kv_block_tokens(c->pool), done = SEQ(t)->n_tokens;
+    while (t->n_pend_ready < t->n_pend && (t->pend_first + t->n_pend_ready + 1) * B <= done)
+        kvc_pc_set_ready(c->pc, t->pend[t->n_pend_ready++]);
+    while (!t->pub_off && (int64_t)(t->n_pub + 1) * B <= done && enter_block(t, t->n_pub, false))
+        ;
+}
+
+/* Take the pending blocks not computed out of the tree (cancel, failure):
+ * turns waiting for them then compute them themselves. */
+static void drop_pending(kvc_turn *t)
+{
+    kvc_context *c = t->s->ctx;
+    if (t->n_pend_ready == t->n_pend)
+        return;
+    kvc_pc_unpin(t->anchor);
+    t->anchor = NULL;
+    for (int32_t k = t->n_pend - 1; k >= t->n_pend_ready; k--)
+        kvc_pc_remove(c->pc, t->pend[k]);
+    t->n_pend = t->n_pend_ready;
+    t->pub_off = true;
+}
+
+/* Give the sequence (which holds `own` tokens of its own, all matching) the
+ * tree's blocks of the match m, up to `len` tokens. */
+static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int64_t own, int64_t len, kvc_err *err)
+{
+    kvc_context *c = t->s->ctx;
+    kvc_kv_seq *seq = SEQ(t);
+    const int64_t B = kvc_kv_block_tokens(c->pool);
+    int32_t keep = (int32_t)(KVC_MIN(own, (int64_t)m->n_full * B) / B);
+    int32_t nb = m->n_full - keep + (m->partial ? 1 : 0);
+    int32_t *blocks = malloc((size_t)KVC_MAX(nb, 1) * sizeof(int32_t));
+    if (!blocks)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    for (const kvc_pc_node *n = m->last; n->depth >= keep; n = n->parent)
+        blocks[n->depth - keep] = n->block;
+    if (m->partial)
+        blocks[nb - 1] = m->partial->block;
+    kvc_kv_seq_truncate(c->pool, seq, (int64_t)keep * B);
+    int rc = kvc_kv_seq_append_blocks(c->pool, seq, blocks, nb, err);
+    free(blocks);
+    kvc_kv_seq_truncate(c->pool, seq, len);
+    return rc;
+}
+
+/* ----------------------------------------------------------------- new */
+
+int kvc_turn_new(kvc_session *s, const char *prompt, bool chat, const kvc_chat_params *params,
+                 kvc_chat_stream_fn stream, void *user, int64_t t_start, kvc_turn **out,
+                 kvc_err *err)
+{
+    *out = NULL;
+    kvc_context *c = s->ctx;
+    kvc_turn *t = calloc(1, sizeof(*t));
+    if (!t)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    t->s = s;
+    t->p = params ? *params : kvc_chat_default_params();
+    t->stream = stream;
+    t->user = user;
+    t->chat = chat;
+    t->reply_end = -1;
+    t->eog = -1;
+    t->t_start = t_start;
+    t->plen = strlen(prompt);
+    t->prompt = malloc(t->plen + 1);
+    int rc = kvc_sampler_params_check(&t->p.sampling, err);
+    if (!rc && t->p.max_tokens < 0)
+        rc = kvc_fail(err, KVC_ERR_INVALID_ARG, "max_tokens %d is negative", t->p.max_tokens);
+    if (!rc && !t->prompt)
+        rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    if (!rc) {
+        memcpy(t->prompt, prompt, t->plen + 1);
+        if ((rc = kvc_session_prompt_tokens(s, prompt, t->plen, &t->toks, &t->keep)))
+            kvc_fail(err, rc, "out of memory tokenizing the prompt");
+    }
+    const int64_t n = t->n_prompt = t->toks.n, n_ctx = c->p.n_ctx;
+    const int64_t B = kvc_kv_block_tokens(c->pool), pool_blocks = kvc_kv_n_blocks(c->pool);
+    if (!rc && n == 0)
+        rc = kvc_fail(err, KVC_ERR_INVALID_ARG, "the prompt is empty");
+    int64_t room = n_ctx - n;
+    if (!rc && (room < 1 || (t->p.max_tokens > 0 && t->p.max_tokens > room)))
+        rc = kvc_fail(err, KVC_ERR_CONTEXT_LENGTH,
+                      "this model's maximum context length is %lld tokens; the messages have %lld "
+                      "tokens and %d more were requested for the reply",
+                      (long long)n_ctx, (long long)n, t->p.max_tokens > 0 ? t->p.max_tokens : 1);
+    /* the pool must hold the whole sequence, and a block copied on write */
+    int64_t max_out = t->p.max_tokens > 0 ? t->p.max_tokens
+                                          : KVC_MIN(room, (pool_blocks - 1) * B - n);
+    if (!rc && (max_out < 1 || (n + max_out + B - 1) / B + 1 > pool_blocks))
+        rc = kvc_fail(err, KVC_ERR_KV_FULL,
+                      "the KV cache holds %lld tokens (%lld blocks of %lld); the messages have "
+                      "%lld tokens and %lld more were requested for the reply",
+                      (long long)((pool_blocks - 1) * B), (long long)pool_blocks, (long long)B,
+                      (long long)n, (long long)KVC_MAX(max_out, 1));
+    if (!rc) {
+        t->max_out = (int32_t)max_out;
+        t->max_blocks = (n + max_out + B - 1) / B;
+        t->pend = malloc((size_t)(n / B + 1) * sizeof(kvc_pc_node *));
+        t->smp = kvc_sampler_new(&t->p.sampling, c->model->hp.n_vocab);
+        if (!t->pend || !t->smp)
+            rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    }
+    if (rc) {
+        t->phase = KVC_TURN_DONE;
+        kvc_turn_end(t, NULL, NULL, NULL);
+        return rc;
+    }
+    for (int64_t i = 0; i < n; i++)
+        kvc_sampler_accept(t->smp, t->toks.v[i]);
+    static const char *const no_stops[] = { NULL };
+    t->st = (stops){ chat ? kvc_chat_template_stops(s->tmpl) : no_stops, t->p.stop, t->p.n_stop };
+    t->sep = chat ? kvc_chat_template_reply_sep(s->tmpl) : "";
+    t->phase = KVC_TURN_NEW;
+    *out = t;
+    return KVC_OK;
+}
+
+/* ------------------------------------------------------------- prepare */
+
+int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
+{
+    if (t->phase != KVC_TURN_NEW)
+        return KVC_OK;
+    kvc_session *s = t->s;
+    kvc_context *c = s->ctx;
+    kvc_kv_seq *seq = SEQ(t);
+    const int64_t B = kvc_kv_block_tokens(c->pool), n = t->n_prompt;
+    const bool cache = !t->p.no_cache;
+
+    /* what is cached: the session's own tokens (as far as its sequence holds
+     * them), and the tree's blocks, whoever computed them */
+    int64_t kv_len = KVC_MIN(seq->n_tokens, s->n_tokens);
+    int64_t own = cache ? common_prefix(t->toks.v, n, s->tokens, kv_len) : 0;
+    kvc_pc_match m;
+    kvc_pc_lookup(c->pc, t->toks.v, n, &m);
+    /* a block of the prompt in the works: wait for it, even when the session
+     * holds it or recomputes everything (no_cache), so that the tree never
+     * has another turn's pending block on a running turn's path */
+    if (m.pending)
+        return KVC_TURN_WAIT_PREFIX;
+    if (!cache)
+        m = (kvc_pc_match){ .last = kvc_pc_root(c->pc) };
+    int64_t tree = (int64_t)m.n_full * B + m.partial_len;
+    int64_t matched = KVC_MAX(own, tree);
+    if (matched >= n)
+        matched = n - 1;                     /* logits are needed: run the last token again */
+
+    /* what the session holds past its match is of no use to this conversation */
+    kvc_kv_seq_truncate(c->pool, seq, own);
+    int64_t need = t->max_blocks - (matched + B - 1) / B + (matched % B != 0);
+    kvc_pc_pin(m.last);
+    kvc_pc_pin(m.partial);
+    if (kvc_kv_n_free(c->pool) - c->promised < need && room)
+        room(c, c->promised + need, user);
+    if (kvc_kv_n_free(c->pool) - c->promised < need) {
+        kvc_pc_unpin(m.last);
+        kvc_pc_unpin(m.partial);
+        kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: this request needs %lld more blocks of "
+                 "%lld tokens; %lld are free, %lld promised to running requests",
+                 (long long)need, (long long)B, (long long)kvc_kv_n_free(c->pool),
+                 (long long)c->promised);
+        return KVC_TURN_WAIT_MEMORY;
+    }
+    int rc = KVC_OK;
+    if (tree > own)
+        rc = attach_tree(t, &m, own, matched, &t->err);
+    else
+        kvc_kv_seq_truncate(c->pool, seq, matched);
+    kvc_pc_unpin(m.partial);
+    t->anchor = m.last == kvc_pc_root(c->pc) ? NULL : m.last;   /* keeps its pin */
+    t->n_pub = m.n_full;
+    t->matched = matched;
+    t->phase = KVC_TURN_PREFILL;
+    t->t_prefill = kvc_time_us();
+    if (rc) {
+        *err = t->err;
+        return fail(t, rc);
+    }
+    publish(t);                              /* the session's own full blocks */
+    if ((rc = kvc_kv_seq_reserve(c->pool, seq, n, &t->err))) {
+        *err = t->err;
+        return fail(t, rc);
+    }
+    for (int32_t i = t->n_pub; !t->pub_off && i < n / B && enter_block(t, i, true); i++)
+        ;
+    update_promise(t);
+    return KVC_OK;
+}
+
+int kvc_turn_phase(const kvc_turn *t) { return t->phase; }
+kvc_session *kvc_turn_session(const kvc_turn *t) { return t->s; }
+
+/* ----------------------------------------------------- decode and finish */
+
+/* The last steps: flush the stream, keep the end-of-generation token in the
+ * history (with its text), and compute what is not computed yet (FINISH). */
+static void to_finish(kvc_turn *t, const char *reason)
+{
+    t->finish = reason;
+    flush_stream(t, true);
+    t->t_end = kvc_time_us();
+    if (t->reply_end < 0)
+        t->reply_end = (int64_t)t->gen_len;
+    /* The end-of-generation token stays in the history, and the last token is
+     * computed too: the next turn, which sends this reply back followed by the
+     * template's end-of-turn text, then finds all of it cached. */
+    if (t->eog >= 0) {
+        char piece[1024];
+        if (kvc_tokbuf_reserve(&t->toks, t->toks.n + 1)) {
+            fail(t, kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory"));
+            return;
+        }
+        t->toks.v[t->toks.n++] = t->eog;
+        int k = kvc_token_to_piece(t->s->ctx->model->tok, t->eog, true, piece, sizeof(piece));
+        if (k > 0 && k <= (int)sizeof(piece) && gen_append(t, piece, k)) {
+            fail(t, KVC_ERR_NOMEM);
+            return;
+        }
+    }
+    t->phase = SEQ(t)->n_tokens < t->toks.n ? KVC_TURN_FINISH : KVC_TURN_DONE;
+}
+
+/* Logits for the next token are here: sample it, stream its text, decide. */
+static void on_logits(kvc_turn *t, const float *logits)
+{
+    const kvc_tokenizer *tok = t->s->ctx->model->tok;
+    int32_t id = kvc_sampler_sample(t->smp, logits);
+    if (t->n_out == 0)
+        t->t_first = kvc_time_us();
+    if (kvc_tokenizer_is_eog(tok, id)) {
+        t->eog = id;
+        to_finish(t, "stop");
+        return;
+    }
+    kvc_sampler_accept(t->smp, id);
+    if (kvc_tokbuf_reserve(&t->toks, t->toks.n + 1)) {
+        fail(t, kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory"));
+        return;
+    }
+    t->toks.v[t->toks.n++] = id;
+    t->n_out++;
+    char piece[1024];
+    int k = kvc_token_to_piece(tok, id, false, piece, sizeof(piece));
+    if (k > 0 && k <= (int)sizeof(piece) && gen_append(t, piece, k)) {
+        fail(t, KVC_ERR_NOMEM);
+        return;
+    }
+    size_t sl = strlen(t->sep);
+    if (t->n_out == 1 || t->gen_len <= sl)
+        t->sep_len = strncmp(t->gen, t->sep, sl) == 0 ? sl : 0;
+    int64_t at = find_stop(&t->st, t->gen + t->sep_len, t->gen_len - t->sep_len);
+    if (at >= 0)
+        t->reply_end = (int64_t)t->sep_len + at;
+    flush_stream(t, false);
+    if (t->reply_end >= 0)
+        to_finish(t, "stop");
+    else if (t->cancelled)
+        to_finish(t, "cancelled");
+    else if (t->n_out >= t->max_out)
+        to_finish(t, "length");
+    else
+        t->phase = KVC_TURN_DECODE;
+}
+
+void kvc_turn_cancel(kvc_turn *t)
+{
+    switch (t->phase) {
+    case KVC_TURN_NEW:
+        t->finish = "cancelled";
+        t->phase = KVC_TURN_DONE;
+        break;
+    case KVC_TURN_PREFILL:
+        t->finish = "cancelled";
+        t->t_end = kvc_time_us();
+        drop_pending(t);
+        t->phase = KVC_TURN_DONE;
+        break;
+    case KVC_TURN_DECODE:
+        t->cancelled = true;
+        to_finish(t, "cancelled");
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------- step */
+
+/* Add the turn's tokens for this step to items (at most cap). */
+static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
+{
+    kvc_context *c = t->s->ctx;
+    kvc_kv_seq *seq = SEQ(t);
+    int64_t from = seq->n_tokens;
+    int64_t to = t->phase == KVC_TURN_PREFILL ? t->n_prompt : t->toks.n;
+    if (t->phase != KVC_TURN_PREFILL) {
+        /* a decode token may start a new block: one of those promised */
+        int rc = kvc_kv_seq_reserve(c->pool, seq, to, &t->err);
+        if (rc) {
+            fail(t, rc);
+            return 0;
+        }
+        update_promise(t);
+    }
+    int32_t k = (int32_t)KVC_MIN((int64_t)cap, to - from);
+    for (int32_t i = 0; i < k; i++) {
+        int64_t pos = from + i;
+        items[i] = (kvc_batch_item){ t->toks.v[pos], (int32_t)pos, seq,
+                                     pos == to - 1 && t->phase != KVC_TURN_FINISH };
+    }
+    return k;
+}
+
+/* The forward pass wrote the turn's tokens; `logits` (or NULL) are those of
+ * its last one. */
+static void turn_forwarded(kvc_turn *t, const float *logits)
+{
+    publish(t);
+    int64_t done = SEQ(t)->n_tokens;
+    switch (t->phase) {
+    case KVC_TURN_PREFILL:
+        if (done < t->n_prompt)
+            break;
+        t->t_prompt_done = kvc_time_us();
+        on_logits(t, logits);
+        break;
+    case KVC_TURN_DECODE:
+        on_logits(t, logits);
+        break;
+    case KVC_TURN_FINISH:
+        if (done >= t->toks.n)
+            t->phase = KVC_TURN_DONE;
+        break;
+    default:
+        break;
+    }
+    if (t->phase == KVC_TURN_DONE)
+        set_promise(t, 0);
+}
+
+int kvc_turns_step(kvc_context *c, kvc_turn **turns, int32_t n, kvc_err *err)
+{
+    const int32_t cap = c->p.n_batch, V = c->model->hp.n_vocab;
+    int32_t cnt = 0, rows = 0;
+    int32_t count[n > 0 ? n : 1], row[n > 0 ? n : 1];
+    int rc = kvc_context_logits_reserve(c, n, err);
+    for (int32_t i = 0; i < n; i++) {
+        count[i] = 0;
+        if (rc) {
+            turns[i]->err = *err;
+            fail(turns[i], rc);
+        }
+    }
+    if (rc)
+        return rc;
+    /* decoding turns first, so a long prompt never starves them */
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0; i < n && cnt < cap; i++) {
+            int ph = turns[i]->phase;
+            bool now = pass == 0 ? (ph == KVC_TURN_DECODE || ph == KVC_TURN_FINISH)
+                                 : ph == KVC_TURN_PREFILL;
+            if (!now)
+                continue;
+            int32_t k = turn_batch(turns[i], c->items + cnt, cap - cnt);
+            if (k == 0)
+                continue;
+            count[i] = k;
+            row[i] = c->items[cnt + k - 1].want_logits ? rows++ : -1;
+            cnt += k;
+        }
+    if (cnt == 0)
+        return KVC_OK;
+    rc = kvc_compute_forward(c->compute, c->pool, c->items, cnt, c->logits, err);
+    for (int32_t i = 0; i < n; i++) {
+        if (!count[i])
+            continue;
+        if (rc) {
+            turns[i]->err = *err;
+            fail(turns[i], rc);
+            continue;
+        }
+        turn_forwarded(turns[i], row[i] >= 0 ? c->logits + (size_t)row[i] * (size_t)V : NULL);
+    }
+    return rc ? rc : cnt;
+}
+
+/* ----------------------------------------------------------------- end */
+
+int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
+{
+    if (reply)
+        *reply = NULL;
+    if (stats)
+        memset(stats, 0, sizeof(*stats));
+    if (!t)
+        return KVC_OK;
+    kvc_session *s = t->s;
+    kvc_context *c = s->ctx;
+    kvc_kv_seq *seq = SEQ(t);
+    if (!t->rc && t->phase != KVC_TURN_DONE && t->phase != KVC_TURN_FINISH)
+        kvc_turn_cancel(t);                  /* ended early: as if cancelled */
+    int rc = t->rc;
+    bool ran = t->t_prefill != 0;
+    drop_pending(t);
+    if (ran && !rc) {
+        if (t->reply_end < 0)
+            t->reply_end = (int64_t)t->gen_len;
+        /* the reply given back to the client starts after the separator */
+        if ((size_t)t->reply_end < t->sep_len)
+            t->reply_end = (int64_t)t->sep_len;
+        size_t from = KVC_MIN(t->sep_len, (size_t)t->reply_end);
+        if (reply) {
+            size_t rl = (size_t)t->reply_end - from;
+            *reply = malloc(rl + 1);
+            if (*reply) {
+                if (rl)
+                    memcpy(*reply, t->gen + from, rl);
+                (*reply)[rl] = 0;
+            } else
+                rc = kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
+        }
+    } else if (!rc && reply) {
+        *reply = calloc(1, 1);
+        if (!*reply)
+            rc = kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
+    }
+    if (stats) {
+        int64_t now = kvc_time_us(), t_end = t->t_end ? t->t_end : now;
+        int64_t prompt_end = t->t_prompt_done ? t->t_prompt_done : t_end;
+        stats->prompt_tokens = (int32_t)t->n_prompt;
+        stats->cached_tokens = (int32_t)t->matched;
+        stats->computed_tokens = ran ? (int32_t)(KVC_MIN(seq->n_tokens, t->n_prompt) - t->matched) : 0;
+        stats->output_tokens = t->n_out;
+        stats->prompt_ms = ran ? (prompt_end - t->t_prefill) / 1e3 : 0;
+        stats->prompt_tps = stats->prompt_ms > 0 ? stats->computed_tokens / (stats->prompt_ms / 1e3) : 0;
+        stats->ttft_ms = ((t->t_first ? t->t_first : t_end) - t->t_start) / 1e3;
+        stats->decode_ms = t->t_first ? (t_end - t->t_first) / 1e3 : 0;
+        stats->decode_tps = t->n_out > 1 && t_end > t->t_first
+                          ? (t->n_out - 1) / ((t_end - t->t_first) / 1e6) : 0;
+        stats->total_ms = (now - t->t_start) / 1e3;
+        stats->finish_reason = t->finish ? t->finish : "length";
+    }
+    if (ran && !rc) {
+        publish(t);                          /* blocks that had to wait for another turn's */
+        kvc_tokbuf toks = t->toks;
+        if (t->n_out == 0 && t->eog < 0)
+            toks.n = t->n_prompt;            /* cancelled before a token: the prompt */
+        if ((rc = kvc_session_keep(s, t->prompt, t->plen, t->gen, t->gen_len, &toks, t->n_prompt,
+                                   t->keep)))
+            kvc_fail(&t->err, rc, "out of memory");
+        t->toks.v = toks.v;
+    } else if (ran) {
+        /* a failed turn leaves no half-known state behind: what the cache
+         * holds stays consistent with the session's tokens */
+        kvc_kv_seq_truncate(c->pool, seq, KVC_MIN(seq->n_tokens, common_prefix(
+            s->tokens, s->n_tokens, t->toks.v, t->toks.n)));
+    }
+    kvc_kv_seq_truncate(c->pool, seq, seq->n_tokens);   /* blocks reserved, not written */
+    set_promise(t, 0);
+    kvc_pc_unpin(t->anchor);
+    if (rc && err)
+        *err = t->err;
+    kvc_sampler_free(t->smp);
+    free(t->pend);
+    free(t->toks.v);
+    free(t->gen);
+    free(t->prompt);
+    free(t);
+    return rc;
+}
