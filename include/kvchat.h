@@ -265,7 +265,12 @@ const char *kvc_session_template(const kvc_session *s);
  * as the assistant message. Stats are filled when non-NULL.
  * KVC_ERR_CONTEXT_LENGTH (message with the sizes) when the prompt plus
  * max_tokens does not fit and overflow is KVC_OVERFLOW_ERROR: nothing is then
- * changed or computed. */
+ * changed or computed. With KVC_OVERFLOW_SHIFT the oldest whole turns are
+ * dropped instead (a leading system message is kept) until it fits
+ * (stats->dropped_tokens), and the kept turns' cached K/V are moved to their
+ * new positions with K re-rotated, not recomputed: the reply is then close to,
+ * not bitwise, a cold run's of the kept turns. KVC_ERR_CONTEXT_LENGTH when even
+ * the system prompt and the last user message do not fit. */
 int kvc_session_chat(kvc_session *s, const kvc_chat_message *msgs, size_t n,
                      const kvc_chat_params *params, kvc_chat_stream_fn stream, void *user,
                      char **reply, kvc_chat_stats *stats, char *err, size_t err_size);

@@ -232,8 +232,24 @@ static int start_turn(kvc_engine *e, kvc_request *r, kvc_err *err)
     sl->busy = r;
     sl->last_used = ++e->tick;
     r->slot = sl;
-    return kvc_turn_new(sl->s, r->text, r->messages != NULL, &r->chat, on_text, r, r->t_submit,
-                        &r->turn, err);
+    int32_t dropped = 0;
+    if (r->messages && (e->p.overflow == KVC_OVERFLOW_SHIFT || r->chat.overflow == KVC_OVERFLOW_SHIFT)) {
+        /* a context shift: drop the oldest turns, counted with this session's tokens */
+        kvc_chat_params cp = r->chat;
+        cp.overflow = KVC_OVERFLOW_SHIFT;
+        char *fit = NULL;
+        if ((rc = kvc_session_render_fit(sl->s, r->messages, r->n_messages, &cp, &fit, &dropped,
+                                         err)))
+            return rc;
+        free(r->text);
+        r->text = fit;
+        r->chat.overflow = KVC_OVERFLOW_SHIFT;
+    }
+    rc = kvc_turn_new(sl->s, r->text, r->messages != NULL, &r->chat, on_text, r, r->t_submit,
+                      &r->turn, err);
+    if (!rc)
+        kvc_turn_set_dropped(r->turn, dropped);
+    return rc;
 }
 
 static void admit(kvc_engine *e)

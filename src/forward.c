@@ -532,3 +532,33 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
     }
     return KVC_OK;
 }
+
+int kvc_compute_move_kv(kvc_compute *c, kvc_kv_pool *pool, const int32_t *src_blocks, int64_t a,
+                        const int32_t *dst_blocks, int64_t d, int64_t k, kvc_err *err)
+{
+    const kvc_hparams *hp = &c->m->hp;
+    const int32_t hd = hp->head_dim, half = hd / 2, B = kvc_kv_block_tokens(pool);
+    const uint32_t type = kvc_kv_pool_params_of(pool)->type;
+    const size_t rb = kvc_kv_row_bytes(pool);
+    if (a < 0 || d < 0 || k < 0 || hd > 1024 || (src_blocks == dst_blocks && d > a))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "move of positions [%lld, %lld) to %lld",
+                        (long long)a, (long long)(a + k), (long long)d);
+    float cs[512], sn[512], row[1024];
+    rope_table(c->inv_freq, half, (double)(d - a), cs, sn);
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t p = a + j, q = d + j;
+        const int32_t sb = src_blocks[p / B], db = dst_blocks[q / B];
+        const int32_t sr = (int32_t)(p % B), dr = (int32_t)(q % B);
+        if (kvc_kv_block_refcount(pool, db) > 1)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "move into a shared block");
+        for (int32_t l = 0; l < hp->n_layer; l++)
+            for (int32_t h = 0; h < hp->n_head_kv; h++) {
+                load_k(type, kvc_kv_k(pool, sb, l, h), sr, B, rb, hd, row);
+                rope_head(row, cs, sn, hd, hp->rope_neox);
+                store_k(type, row, kvc_kv_k(pool, db, l, h), dr, B, rb, hd);
+                memcpy((uint8_t *)kvc_kv_v(pool, db, l, h) + (size_t)dr * rb,
+                       (const uint8_t *)kvc_kv_v(pool, sb, l, h) + (size_t)sr * rb, rb);
+            }
+    }
+    return KVC_OK;
+}

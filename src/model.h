@@ -114,4 +114,13 @@ int  kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item
 int  kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
                          int64_t p0, int64_t p1, int64_t delta, kvc_err *err);
 
+/* Copy the K/V of positions [a, a+k) of the block table src_blocks to positions
+ * [d, d+k) of the block table dst_blocks (position p in table[p / B], row
+ * p % B), rotating the keys by d - a positions (a context shift). The
+ * destination blocks must be owned by the caller alone (reference count 1)
+ * (they may be the source blocks: with src_blocks == dst_blocks and d < a the
+ * move is done in place, each row read before it is overwritten). */
+int  kvc_compute_move_kv(kvc_compute *c, kvc_kv_pool *pool, const int32_t *src_blocks, int64_t a,
+                         const int32_t *dst_blocks, int64_t d, int64_t k, kvc_err *err);
+
 #endif

@@ -57,6 +57,7 @@ kvc_session *kvc_session_new(kvc_context *ctx, int32_t seq, const char *template
     s->ctx = ctx;
     s->seq = seq;
     s->tmpl = tmpl;
+    s->shifted = -1;
     return s;
 }
 
@@ -65,6 +66,7 @@ int64_t kvc_session_drop_kv(kvc_session *s)
     kvc_kv_pool *pool = s->ctx->pool;
     int64_t before = kvc_kv_n_free(pool);
     kvc_kv_seq_truncate(pool, &s->ctx->seqs[s->seq], 0);
+    s->shifted = -1;
     return kvc_kv_n_free(pool) - before;
 }
 
@@ -201,6 +203,83 @@ int kvc_session_render(const kvc_session *s, const kvc_chat_message *msgs, size_
     return kvc_chat_render(s->tmpl, (const kvc_chat_msg *)msgs, n, true, out, err);
 }
 
+static int count_tokens(const kvc_session *s, const char *text, int64_t *n)
+{
+    kvc_tokbuf b = { 0 };
+    int32_t keep;
+    int rc = kvc_session_prompt_tokens(s, text, strlen(text), &b, &keep);
+    *n = b.n;
+    free(b.v);
+    return rc;
+}
+
+static bool is_role(const kvc_chat_message *m, const char *role)
+{
+    return m->role && strcmp(m->role, role) == 0;
+}
+
+int kvc_session_render_fit(const kvc_session *s, const kvc_chat_message *msgs, size_t n,
+                           const kvc_chat_params *p, char **out, int32_t *dropped, kvc_err *err)
+{
+    *out = NULL;
+    *dropped = 0;
+    char *text = NULL;
+    int rc = kvc_session_render(s, msgs, n, &text, err);
+    if (rc || !p || p->overflow != KVC_OVERFLOW_SHIFT) {
+        *out = text;
+        return rc;
+    }
+    const int64_t n_ctx = s->ctx->p.n_ctx, want = p->max_tokens > 0 ? p->max_tokens : 1;
+    int64_t n0 = 0, nt = 0;
+    if (count_tokens(s, text, &n0)) {
+        free(text);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory tokenizing the prompt");
+    }
+    nt = n0;
+    const size_t sys = n > 0 && is_role(&msgs[0], "system") ? 1 : 0;
+    size_t from = sys;
+    kvc_chat_message *kept = NULL;
+    while (nt + want > n_ctx) {
+        size_t j = from + 1;                 /* the next turn: its user message */
+        while (j < n && !is_role(&msgs[j], "user"))
+            j++;
+        if (j >= n) {
+            rc = kvc_fail(err, KVC_ERR_CONTEXT_LENGTH,
+                          "this model's maximum context length is %lld tokens; the system prompt "
+                          "and the last user message alone have %lld tokens and %lld more were "
+                          "requested for the reply", (long long)n_ctx, (long long)nt,
+                          (long long)want);
+            break;
+        }
+        from = j;
+        if (!kept && !(kept = malloc((n + 1) * sizeof(*kept)))) {
+            rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+            break;
+        }
+        size_t m = 0;
+        if (sys)
+            kept[m++] = msgs[0];
+        for (size_t i = from; i < n; i++)
+            kept[m++] = msgs[i];
+        free(text);
+        text = NULL;
+        if ((rc = kvc_session_render(s, kept, m, &text, err)))
+            break;
+        if (count_tokens(s, text, &nt)) {
+            rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory tokenizing the prompt");
+            break;
+        }
+    }
+    free(kept);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    *out = text;
+    *dropped = (int32_t)(n0 - nt);
+    return KVC_OK;
+}
+
 /* ------------------------------------------------------------ one turn */
 
 static bool evict_only(kvc_context *c, int64_t n_free, void *user)
@@ -209,13 +288,14 @@ static bool evict_only(kvc_context *c, int64_t n_free, void *user)
 }
 
 /* A turn alone: the engine's steps with one turn in every batch. */
-static int run_alone(kvc_session *s, const char *prompt, const kvc_chat_params *p,
-                     kvc_chat_stream_fn stream, void *user, char **reply, kvc_chat_stats *stats,
-                     int64_t t_start, kvc_err *e)
+static int run_alone(kvc_session *s, const char *prompt, int32_t dropped,
+                     const kvc_chat_params *p, kvc_chat_stream_fn stream, void *user,
+                     char **reply, kvc_chat_stats *stats, int64_t t_start, kvc_err *e)
 {
     kvc_turn *t = NULL;
     int rc = kvc_turn_new(s, prompt, true, p, stream, user, t_start, &t, e);
     if (!rc) {
+        kvc_turn_set_dropped(t, dropped);
         rc = kvc_turn_prepare(t, evict_only, NULL, e);
         if (rc == KVC_TURN_WAIT_MEMORY)      /* nothing else runs: it never will fit */
             rc = KVC_ERR_KV_FULL;
@@ -252,9 +332,10 @@ int kvc_session_chat(kvc_session *s, const kvc_chat_message *msgs, size_t n,
         *reply = NULL;
     if (stats)
         memset(stats, 0, sizeof(*stats));
-    int rc = kvc_session_render(s, msgs, n, &prompt, &e);
+    int32_t dropped = 0;
+    int rc = kvc_session_render_fit(s, msgs, n, params, &prompt, &dropped, &e);
     if (!rc)
-        rc = run_alone(s, prompt, params, stream, user, reply, stats, t_start, &e);
+        rc = run_alone(s, prompt, dropped, params, stream, user, reply, stats, t_start, &e);
     if (rc) {
         if (reply) {
             free(*reply);

@@ -54,6 +54,10 @@ struct kvc_session {
     size_t          text_len;
     kvc_checkpoint *cps;           /* where text and tokens are known to line up */
     int32_t         n_cps, cap_cps;
+    int64_t         shifted;       /* first position whose K/V a context shift moved (or
+                                      that was computed after one): blocks from
+                                      shifted / B on differ from a cold run and never
+                                      enter the prefix tree; -1 = none */
 };
 
 /* A growable token array. */
@@ -92,6 +96,16 @@ const char *kvc_session_text(const kvc_session *s, size_t *len);
 /* Render msgs with the session's chat template into a malloc'd string. */
 int kvc_session_render(const kvc_session *s, const kvc_chat_message *msgs, size_t n,
                        char **out, kvc_err *err);
+
+/* Render msgs like kvc_session_render; with p->overflow KVC_OVERFLOW_SHIFT,
+ * when the prompt's tokens plus max_tokens (at least 1) exceed the context,
+ * drop the oldest whole turns (a user message and what follows it up to the
+ * next user message), keeping a leading system message, until it fits.
+ * *dropped gets the prompt tokens removed (0 when nothing was).
+ * KVC_ERR_CONTEXT_LENGTH (with the sizes) when even the system prompt and the
+ * last user message do not fit; KVC_ERR_NOMEM. */
+int kvc_session_render_fit(const kvc_session *s, const kvc_chat_message *msgs, size_t n,
+                           const kvc_chat_params *p, char **out, int32_t *dropped, kvc_err *err);
 
 /* ------------------------------------------------------- session_turn.c */
 
@@ -156,6 +170,12 @@ int  kvc_turns_step(kvc_context *c, kvc_turn **turns, int32_t n, kvc_err *err);
  * A failed turn leaves the session's conversation as it was (its cache
  * consistent with it): returns the status and the message in *err. NULL ok. */
 int  kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err);
+
+/* The prompt tokens kvc_session_render_fit dropped for this turn (before
+ * kvc_turn_prepare). With overflow KVC_OVERFLOW_SHIFT and dropped > 0, prepare
+ * moves the session's cached K/V of the kept turns to their new positions
+ * (re-rotating K) instead of recomputing them. */
+void kvc_turn_set_dropped(kvc_turn *t, int32_t dropped);
 
 /* The session a turn runs on. */
 kvc_session *kvc_turn_session(const kvc_turn *t);

@@ -32,6 +32,8 @@ struct kvc_turn {
     int32_t         keep;           /* the session's checkpoints still valid */
     int32_t         max_out;        /* reply tokens at most */
     int64_t         matched;        /* prompt tokens found cached */
+    int32_t         dropped;        /* prompt tokens a context shift removed */
+    int64_t         moved;          /* of matched, K/V moved by the shift */
     /* generation */
     kvc_sampler    *smp;
     stops           st;
@@ -50,6 +52,7 @@ struct kvc_turn {
     int64_t         promise;        /* of them, not yet allocated: part of ctx->promised */
     kvc_pc_node    *anchor;         /* pinned tree node of block n_pub - 1; NULL = root */
     int32_t         n_pub;          /* the sequence's blocks [0, n_pub) are anchor's path */
+    int32_t         pub_lim;        /* blocks [pub_lim, ...) never enter the tree (shifted) */
     bool            pub_off;        /* enter no more blocks (cancelled, out of memory) */
     kvc_pc_node   **pend;           /* pending nodes entered: blocks [pend_first, +n_pend) */
     int32_t         pend_first, n_pend, n_pend_ready;
@@ -189,6 +192,10 @@ static bool enter_block(kvc_turn *t, int32_t i, bool pending)
     const int32_t B = kvc_kv_block_tokens(c->pool);
     kvc_pc_node *parent = t->anchor ? t->anchor : kvc_pc_root(c->pc), *n = NULL;
     kvc_err e = { 0 };
+    if (i >= t->pub_lim) {              /* K/V moved by a context shift: not a cold run's */
+        t->pub_off = true;
+        return false;
+    }
     int rc = kvc_pc_insert(c->pc, parent, t->toks.v + (int64_t)i * B, SEQ(t)->blocks[i],
                            pending, &n, &e);
     if (rc < 0)
@@ -257,6 +264,77 @@ static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int64_t own, int64_t 
     return rc;
 }
 
+/* ------------------------------------------------------- context shift */
+
+/* Where the kept turns of a shifted prompt are in the session's cache: the
+ * offset a > s in old[0, n_old) where the longest run of new[s, n_new) starts;
+ * its length in *k (0: none). */
+static int64_t find_moved(const int32_t *nw, int64_t n_new, const int32_t *old, int64_t n_old,
+                          int64_t s, int64_t *k)
+{
+    int64_t best_a = -1, best_k = 0;
+    for (int64_t a = s + 1; a < n_old && n_old - a > best_k; a++) {
+        int64_t j = 0;
+        while (s + j < n_new && a + j < n_old && nw[s + j] == old[a + j])
+            j++;
+        if (j > best_k) {
+            best_k = j;
+            best_a = a;
+        }
+    }
+    *k = best_k;
+    return best_a;
+}
+
+/* Move the K/V of positions [a, a + k) of the session's sequence to [own,
+ * own + k), K re-rotated by own - a, in place (a > own: every row is read
+ * before it is overwritten), and cut the sequence at own + k. Blocks written
+ * must be the sequence's alone: the tree's nodes of the old path past own that
+ * nothing else uses are taken out of the tree first (their K/V will no longer
+ * be what their tokens compute cold), and a block still shared is copied
+ * (room may be asked for those). KVC_ERR_KV_FULL when no copy fits: nothing
+ * is changed then. */
+static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn room,
+                    void *user, kvc_err *err)
+{
+    kvc_session *s = t->s;
+    kvc_context *c = s->ctx;
+    kvc_kv_pool *pool = c->pool;
+    kvc_kv_seq *seq = SEQ(t);
+    const int64_t B = kvc_kv_block_tokens(pool), kv_len = KVC_MIN(seq->n_tokens, s->n_tokens);
+    const int32_t first = (int32_t)(own / B), last = (int32_t)((own + k - 1) / B);
+    kvc_pc_match mo;
+    kvc_pc_lookup(c->pc, s->tokens, kv_len, &mo);
+    for (kvc_pc_node *nd = mo.last; nd && nd != kvc_pc_root(c->pc) && nd->depth >= first;) {
+        kvc_pc_node *parent = nd->parent;
+        if (nd->n_children || nd->pins || nd->pending || nd->depth >= seq->n_blocks ||
+            seq->blocks[nd->depth] != nd->block || kvc_kv_block_refcount(pool, nd->block) != 2)
+            break;
+        kvc_pc_remove(c->pc, nd);
+        nd = parent;
+    }
+    int64_t n_cow = 0;
+    for (int32_t i = first; i <= last; i++)
+        n_cow += kvc_kv_block_refcount(pool, seq->blocks[i]) > 1;
+    if (n_cow && kvc_kv_n_free(pool) - c->promised < n_cow && room)
+        room(c, c->promised + n_cow, user);
+    if (kvc_kv_n_free(pool) - c->promised < n_cow)
+        return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full during a context shift");
+    for (int32_t i = first; i <= last; i++)
+        if (kvc_kv_block_refcount(pool, seq->blocks[i]) > 1) {
+            int32_t nb = kvc_kv_block_alloc(pool);
+            if (nb < 0)                      /* cannot happen: counted free above */
+                return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full during a context shift");
+            memcpy(kvc_kv_k(pool, nb, 0, 0), kvc_kv_k(pool, seq->blocks[i], 0, 0),
+                   kvc_kv_block_bytes(pool));
+            kvc_kv_block_unref(pool, seq->blocks[i]);
+            seq->blocks[i] = nb;
+        }
+    int rc = kvc_compute_move_kv(c->compute, pool, seq->blocks, a, seq->blocks, own, k, err);
+    kvc_kv_seq_truncate(pool, seq, rc ? own : own + k);
+    return rc;
+}
+
 /* ----------------------------------------------------------------- new */
 
 int kvc_turn_new(kvc_session *s, const char *prompt, bool chat, const kvc_chat_params *params,
@@ -275,6 +353,7 @@ int kvc_turn_new(kvc_session *s, const char *prompt, bool chat, const kvc_chat_p
     t->chat = chat;
     t->reply_end = -1;
     t->eog = -1;
+    t->pub_lim = INT32_MAX;
     t->t_start = t_start;
     t->plen = strlen(prompt);
     t->prompt = malloc(t->plen + 1);
@@ -360,9 +439,40 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     if (matched >= n)
         matched = n - 1;                     /* logits are needed: run the last token again */
 
+    /* a context shift: the kept turns are further on in the session's cache;
+     * move them (re-rotating K) rather than compute them again */
+    int64_t sh_a = -1, sh_k = 0;
+    if (cache && t->dropped > 0 && t->p.overflow == KVC_OVERFLOW_SHIFT && own < n - 1) {
+        sh_a = find_moved(t->toks.v, n, s->tokens, kv_len, own, &sh_k);
+        sh_k = KVC_MIN(sh_k, n - 1 - own);
+        if (sh_a < 0 || sh_k < 1 || own + sh_k <= matched)
+            sh_k = 0;
+        else {
+            kvc_pc_pin(m.last);              /* kept through the room shift_kv may make */
+            kvc_pc_pin(m.partial);
+            kvc_err e2 = { 0 };
+            if (shift_kv(t, own, sh_a, sh_k, room, user, &e2))
+                sh_k = 0;                    /* no room to copy a shared block: compute */
+            kvc_pc_unpin(m.last);
+            kvc_pc_unpin(m.partial);
+        }
+        if (sh_k) {
+            matched = own + sh_k;
+            m.partial = NULL;                /* the tree's partial block is of no use now */
+            m.partial_len = 0;
+            /* what was shifted differs from a cold run: kept from the tree */
+            s->shifted = s->shifted >= 0 && s->shifted < own ? s->shifted : own;
+        }
+    }
     /* what the session holds past its match is of no use to this conversation */
-    kvc_kv_seq_truncate(c->pool, seq, own);
-    int64_t need = t->max_blocks - (matched + B - 1) / B + (matched % B != 0);
+    if (!sh_k)
+        kvc_kv_seq_truncate(c->pool, seq, own);
+    if (s->shifted >= seq->n_tokens)         /* shifted positions are kept only where held */
+        s->shifted = -1;
+    /* blocks still to allocate (a partial block matched may need a copy; the
+     * shifted sequence owns all of its blocks) */
+    int64_t need = sh_k ? t->max_blocks - seq->n_blocks
+                        : t->max_blocks - (matched + B - 1) / B + (matched % B != 0);
     kvc_pc_pin(m.last);
     kvc_pc_pin(m.partial);
     if (kvc_kv_n_free(c->pool) - c->promised < need && room)
@@ -370,6 +480,11 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     if (kvc_kv_n_free(c->pool) - c->promised < need) {
         kvc_pc_unpin(m.last);
         kvc_pc_unpin(m.partial);
+        if (sh_k) {                          /* the session's tokens do not say shifted */
+            kvc_kv_seq_truncate(c->pool, seq, own);
+            if (s->shifted >= own)
+                s->shifted = -1;
+        }
         kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: this request needs %lld more blocks of "
                  "%lld tokens; %lld are free, %lld promised to running requests",
                  (long long)need, (long long)B, (long long)kvc_kv_n_free(c->pool),
@@ -377,10 +492,21 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         return KVC_TURN_WAIT_MEMORY;
     }
     int rc = KVC_OK;
-    if (tree > own)
+    int64_t kept_own;                        /* positions still the session's own K/V */
+    if (sh_k) {
+        t->moved = sh_k;
+        kept_own = seq->n_tokens;
+    } else if (tree > own) {
         rc = attach_tree(t, &m, own, matched, &t->err);
-    else
+        kept_own = KVC_MIN(own, (int64_t)m.n_full * B) / B * B;
+    } else {
         kvc_kv_seq_truncate(c->pool, seq, matched);
+        kept_own = matched;
+    }
+    if (s->shifted >= kept_own)
+        s->shifted = -1;
+    if (s->shifted >= 0)
+        t->pub_lim = (int32_t)(s->shifted / B);
     kvc_pc_unpin(m.partial);
     t->anchor = m.last == kvc_pc_root(c->pc) ? NULL : m.last;   /* keeps its pin */
     t->n_pub = m.n_full;
@@ -403,6 +529,7 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 }
 
 int kvc_turn_phase(const kvc_turn *t) { return t->phase; }
+void kvc_turn_set_dropped(kvc_turn *t, int32_t dropped) { t->dropped = dropped; }
 kvc_session *kvc_turn_session(const kvc_turn *t) { return t->s; }
 
 /* ----------------------------------------------------- decode and finish */
@@ -646,6 +773,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
         stats->cached_tokens = (int32_t)t->matched;
         stats->computed_tokens = ran ? (int32_t)(KVC_MIN(seq->n_tokens, t->n_prompt) - t->matched) : 0;
         stats->output_tokens = t->n_out;
+        stats->dropped_tokens = t->dropped;
         stats->prompt_ms = ran ? (prompt_end - t->t_prefill) / 1e3 : 0;
         stats->prompt_tps = stats->prompt_ms > 0 ? stats->computed_tokens / (stats->prompt_ms / 1e3) : 0;
         stats->ttft_ms = ((t->t_first ? t->t_first : t_end) - t->t_start) / 1e3;

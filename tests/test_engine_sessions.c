@@ -445,6 +445,56 @@ static void test_budget(void)
     kvc_engine_free(e);
 }
 
+/* ================================================= context shift (engine) */
+
+/* kvc_engine_params.overflow = KVC_OVERFLOW_SHIFT: a keyed conversation that
+ * outgrows a 256-token context keeps going; the oldest turns are dropped, the
+ * system prompt kept, and the kept turns' K/V moved rather than recomputed. */
+static void test_overflow_shift(void)
+{
+    kvc_engine_params ep = kvc_engine_default_params();
+    ep.n_ctx = 256;
+    ep.n_parallel = 2;
+    ep.n_threads = 2;
+    ep.n_batch = 64;
+    ep.overflow = KVC_OVERFLOW_SHIFT;
+    kvc_engine *e = NULL;
+    char err[512];
+    CHECKF(kvc_engine_new(model, &ep, &e, err, sizeof(err)) == KVC_OK, "engine: %s", err);
+    if (!e)
+        return;
+    kvc_chat_message msgs[64];
+    char *owned[64] = { 0 };
+    int n = 0, shifted = 0, moved = 0;
+    msgs[n++] = (kvc_chat_message){ "system", "You are a helpful assistant." };
+    for (int t = 0; t < 14; t++) {
+        owned[n] = text_of(20, 100 + (uint32_t)t);
+        msgs[n] = (kvc_chat_message){ "user", owned[n] };
+        n++;
+        result r = finish(submit(e, msgs, (size_t)n, NULL, "shift-conv", 16));
+        CHECKF(r.status == KVC_OK, "turn %d: %s", t, r.message);
+        if (r.status) {
+            free(r.reply);
+            break;
+        }
+        CHECK(r.stats.prompt_tokens + 16 <= 256);
+        if (r.stats.dropped_tokens > 0) {
+            shifted++;
+            moved += r.stats.computed_tokens < r.stats.prompt_tokens / 3;
+        }
+        owned[n] = r.reply;
+        msgs[n] = (kvc_chat_message){ "assistant", owned[n] };
+        n++;
+    }
+    printf("  context shift: %d turns shifted, %d of them computing a third of the prompt or less\n",
+           shifted, moved);
+    CHECKF(shifted >= 4, "only %d turns overflowed", shifted);
+    CHECKF(moved >= shifted - 1, "%d of %d shifted turns reused the moved KV", moved, shifted);
+    for (int i = 0; i < n; i++)
+        free(owned[i]);
+    kvc_engine_free(e);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_engine_sessions_XXXXXX");
@@ -463,6 +513,7 @@ int main(void)
         test_in_flight();
         test_cancel();
         test_budget();
+        test_overflow_shift();
         free(system_prompt);
     }
     kvc_model_free(model);
