@@ -105,7 +105,7 @@ int main(void)
     expect_error("bad token list", "bad token list", "%s eval --tokens 1,x,3 -m %s", model);
     expect_error("eval token out of range", "out of range", "%s eval --json --tokens 1,999999 -m %s", model);
     char long_prompt[9000] = "";
-    for (int i = 0; i < 800; i++)
+    for (int i = 0; i < 200; i++)   /* well past -c 64, and the command fits its buffer */
         strcat(long_prompt, "word ");
     char cmd[12000];
     snprintf(cmd, sizeof(cmd), "%%s generate -c 64 -n 4 -p '%s' -m %%s", long_prompt);
