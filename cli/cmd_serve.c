@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "../src/server.h"
+#include "server.h"
 
 int cmd_serve(int argc, char **argv);
 
