@@ -4,7 +4,8 @@
 set -euo pipefail
 
 pkgs=(gcc clang cmake ninja-build pkg-config libpcre2-dev libxxhash-dev libcjson-dev
-      libmicrohttpd-dev libedit-dev)
+      libmicrohttpd-dev libedit-dev
+      python3-jinja2)   # python3-jinja2: the reference renderer of test_jinja (run with /usr/bin/python3)
 
 missing=()
 for p in "${pkgs[@]}"; do
