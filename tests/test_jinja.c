@@ -138,6 +138,13 @@ static const char *const convs[][2] = {
                " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get the weather\","
                " \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"unit\": {\"type\": \"string\"}},"
                " \"required\": [\"city\"]}}}]}" },
+    /* as OpenAI clients send it: arguments as a JSON string, a 9-character id (Mistral's rule) */
+    { "tool-call-str", "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"},"
+                   " {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"abc123XYZ\", \"type\": \"function\","
+                   " \"function\": {\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
+                   " {\"role\": \"tool\", \"tool_call_id\": \"abc123XYZ\", \"name\": \"get_weather\", \"content\": \"21 C\"}],"
+               " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get the weather\","
+               " \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]}" },
     { "reasoning", "{\"messages\": [{\"role\": \"user\", \"content\": \"2+2?\"},"
                    " {\"role\": \"assistant\", \"content\": \"4\", \"reasoning_content\": \"Simple sum.\"},"
                    " {\"role\": \"user\", \"content\": \"3+3?\"}]}" },
@@ -290,6 +297,8 @@ int main(int argc, char **argv)
         if (same) {
             pass++;
             both_fail += !ref_ok;
+            if (!ref_ok && (only || getenv("KVC_JINJA_VERBOSE")))
+                printf("both refuse %s: ours: %s | ref: %s\n", cases[i].name, err.msg, ref_text);
             corpus_pass += i >= n_features;
         } else {
             fprintf(stderr, "MISMATCH %s\n", cases[i].name);
