@@ -207,9 +207,18 @@ void    kvc_sampler_reset(kvc_sampler *s);
  * reply is bitwise the one a cold run of the same tokens gives. */
 typedef struct kvc_session kvc_session;
 
+/* One message of a conversation. Every field is borrowed UTF-8; the optional
+ * ones are NULL when absent and are passed to the model's chat template as
+ * transformers passes them. */
 typedef struct kvc_chat_message {
-    const char *role;       /* "system", "user", "assistant" (borrowed) */
-    const char *content;    /* UTF-8; NULL = "" */
+    const char *role;              /* "system", "user", "assistant", "tool", ... */
+    const char *content;           /* NULL = "" */
+    const char *name;              /* the author's or the tool's name */
+    const char *tool_call_id;      /* a "tool" message: the call it answers */
+    const char *tool_calls_json;   /* an assistant's tool_calls: the JSON text of the array
+                                      ([{"id", "type": "function", "function": {"name",
+                                      "arguments"}}]) */
+    const char *reasoning_content; /* an assistant's reasoning (thinking) text */
 } kvc_chat_message;
 
 enum kvc_overflow {
@@ -225,6 +234,10 @@ typedef struct kvc_chat_params {
     int32_t            n_stop;
     int32_t            overflow;    /* enum kvc_overflow */
     bool               no_cache;    /* recompute every token of the prompt (a cold run) */
+    const char        *tools_json;  /* the request's tools: JSON text of the array; NULL = none
+                                       (borrowed) */
+    const char        *template_kwargs_json; /* a JSON object of extra chat template variables
+                                       (chat_template_kwargs, e.g. enable_thinking); NULL = none */
 } kvc_chat_params;
 
 kvc_chat_params kvc_chat_default_params(void);

@@ -494,7 +494,7 @@ static void start_turn(int i, counts *k)
         msgs[m] = (kvc_chat_message){ x->c.role[m], x->c.content[m] };
     char *prompt = NULL;
     kvc_err e = { 0 };
-    CHECK(kvc_session_render(x->s, msgs, (size_t)x->c.n, &prompt, &e) == KVC_OK);
+    CHECK(kvc_session_render(x->s, msgs, (size_t)x->c.n, NULL, &prompt, &e) == KVC_OK);
     int rc = kvc_turn_new(x->s, prompt, true, &x->p, NULL, NULL, kvc_time_us(), &x->t, &e);
     free(prompt);
     if (rc == KVC_ERR_CONTEXT_LENGTH) {                        /* grown past 512: start over */

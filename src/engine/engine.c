@@ -25,6 +25,10 @@ void kvc_request_unref(kvc_request *r)
     for (size_t i = 0; i < r->n_messages; i++) {
         free((char *)r->messages[i].role);
         free((char *)r->messages[i].content);
+        free((char *)r->messages[i].name);
+        free((char *)r->messages[i].tool_call_id);
+        free((char *)r->messages[i].tool_calls_json);
+        free((char *)r->messages[i].reasoning_content);
     }
     for (int32_t i = 0; i < r->chat.n_stop; i++)
         free(r->stops[i]);
@@ -32,6 +36,8 @@ void kvc_request_unref(kvc_request *r)
     free(r->messages);
     free(r->prompt);
     free(r->session_key);
+    free(r->tools_json);
+    free(r->kwargs_json);
     free(r->text);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
@@ -145,6 +151,8 @@ static kvc_request *request_copy(const kvc_request_params *p)
     r->chat = p->chat;
     r->prompt = dup_or_null(p->prompt, &ok);
     r->session_key = dup_or_null(p->session_key, &ok);
+    r->chat.tools_json = r->tools_json = dup_or_null(p->chat.tools_json, &ok);
+    r->chat.template_kwargs_json = r->kwargs_json = dup_or_null(p->chat.template_kwargs_json, &ok);
     if (p->n_messages) {
         r->messages = calloc(p->n_messages, sizeof(kvc_chat_message));
         ok = ok && r->messages;
@@ -152,6 +160,10 @@ static kvc_request *request_copy(const kvc_request_params *p)
             r->n_messages = i + 1;
             r->messages[i].role = dup_or_null(p->messages[i].role ? p->messages[i].role : "", &ok);
             r->messages[i].content = dup_or_null(p->messages[i].content ? p->messages[i].content : "", &ok);
+            r->messages[i].name = dup_or_null(p->messages[i].name, &ok);
+            r->messages[i].tool_call_id = dup_or_null(p->messages[i].tool_call_id, &ok);
+            r->messages[i].tool_calls_json = dup_or_null(p->messages[i].tool_calls_json, &ok);
+            r->messages[i].reasoning_content = dup_or_null(p->messages[i].reasoning_content, &ok);
         }
     }
     r->chat.n_stop = 0;

@@ -30,6 +30,8 @@ struct kvc_request {
     char             *session_key;
     kvc_chat_params   chat;
     char            **stops;
+    char             *tools_json;     /* chat.tools_json points here */
+    char             *kwargs_json;    /* chat.template_kwargs_json points here */
     int64_t           t_submit;       /* kvc_time_us */
 
     pthread_mutex_t   mu;

@@ -220,7 +220,7 @@ static int start_turn(kvc_engine *e, kvc_request *r, kvc_err *err)
     int rc = KVC_OK;
     if (!r->text) {
         if (r->messages)   /* any session renders: the template is the engine's */
-            rc = kvc_session_render(e->slots[0].s, r->messages, r->n_messages, &r->text, err);
+            rc = kvc_session_render(e->slots[0].s, r->messages, r->n_messages, &r->chat, &r->text, err);
         else if (!(r->text = strdup(r->prompt)))
             rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
         if (rc)

@@ -282,6 +282,9 @@ int kvc_model_load_file(const char *path, kvc_progress_fn progress, void *user,
         int r2 = gguf_get_str(m->gguf, "tokenizer.chat_template", &m->chat_template, NULL);
         if (r2 && r2 != KVC_ERR_NOT_FOUND)
             m->chat_template = NULL;
+        if (gguf_get_str(m->gguf, "tokenizer.chat_template.tool_use", &m->chat_template_tool_use,
+                         NULL) != KVC_OK)
+            m->chat_template_tool_use = NULL;
         if (gguf_get_str(m->gguf, "general.name", &m->name, NULL) != KVC_OK) {
             const char *base = strrchr(path, '/');
             m->name = strdup(base ? base + 1 : path);
@@ -306,6 +309,7 @@ void kvc_model_release(kvc_model *m)
     kvc_tokenizer_free(m->tok);
     gguf_close(m->gguf);
     free(m->chat_template);
+    free(m->chat_template_tool_use);
     free(m->name);
     free(m->layers);
     free(m->owned);

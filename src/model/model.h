@@ -57,6 +57,7 @@ typedef struct kvc_model {
     kvc_hparams    hp;
     kvc_tokenizer *tok;
     char          *chat_template;    /* tokenizer.chat_template, or NULL */
+    char          *chat_template_tool_use; /* tokenizer.chat_template.tool_use, or NULL */
     char          *name;             /* general.name, or the file name */
     uint64_t       n_params;
     uint64_t       weight_bytes;

@@ -30,26 +30,31 @@ kvc_session *kvc_session_new(kvc_context *ctx, int32_t seq, const char *template
                              char *err, size_t err_size)
 {
     kvc_err e = { 0 };
-    int tmpl;
+    kvc_chat_template *tmpl = NULL;
     if (seq < 0 || seq >= ctx->p.n_seq) {
         kvc_fail(&e, KVC_ERR_INVALID_ARG, "sequence %d outside [0, %d)", seq, ctx->p.n_seq);
         copy_err(&e, err, err_size);
         return NULL;
     }
-    if (template_name) {
-        tmpl = kvc_chat_template_from_name(template_name);
-        if (tmpl == KVC_TMPL_UNKNOWN) {
-            kvc_fail(&e, KVC_ERR_INVALID_ARG, "unknown chat template '%s'", template_name);
-            copy_err(&e, err, err_size);
-            return NULL;
-        }
-    } else {
-        tmpl = kvc_chat_template_detect(ctx->model->chat_template);
-        if (tmpl == KVC_TMPL_UNKNOWN)
-            tmpl = KVC_TMPL_CHATML;
+    /* template_name: a built-in format name, or Jinja source (--chat-template-file) */
+    bool source = template_name && (strstr(template_name, "{%") || strstr(template_name, "{{"));
+    const kvc_tokenizer *tok = ctx->model->tok;
+    int32_t bos = kvc_tokenizer_bos(tok), eos = kvc_tokenizer_eos(tok);
+    kvc_chat_template_params tp = {
+        .jinja = source ? template_name : ctx->model->chat_template,
+        .jinja_tool_use = source ? NULL : ctx->model->chat_template_tool_use,
+        .name = source ? NULL : template_name,
+        .bos_text = bos >= 0 ? kvc_tokenizer_token_text(tok, bos) : "",
+        .eos_text = eos >= 0 ? kvc_tokenizer_token_text(tok, eos) : "",
+        .strip_bos = kvc_tokenizer_add_bos(tok),
+    };
+    if (kvc_chat_template_new(&tp, &tmpl, &e)) {
+        copy_err(&e, err, err_size);
+        return NULL;
     }
     kvc_session *s = calloc(1, sizeof(*s));
     if (!s) {
+        kvc_chat_template_free(tmpl);
         kvc_fail(&e, KVC_ERR_NOMEM, "out of memory");
         copy_err(&e, err, err_size);
         return NULL;
@@ -85,12 +90,13 @@ void kvc_session_free(kvc_session *s)
     if (!s)
         return;
     kvc_session_reset(s);
+    kvc_chat_template_free(s->tmpl);
     free(s->tokens);
     free(s->cps);
     free(s);
 }
 
-const char *kvc_session_template(const kvc_session *s) { return kvc_chat_template_name(s->tmpl); }
+const char *kvc_session_template(const kvc_session *s) { return kvc_chat_template_describe(s->tmpl); }
 
 /* ------------------------------------------------------------- tokens */
 
@@ -197,10 +203,16 @@ const char *kvc_session_text(const kvc_session *s, size_t *len)
 }
 
 int kvc_session_render(const kvc_session *s, const kvc_chat_message *msgs, size_t n,
-                       char **out, kvc_err *err)
+                       const kvc_chat_params *p, char **out, kvc_err *err)
 {
-    _Static_assert(sizeof(kvc_chat_msg) == sizeof(kvc_chat_message), "message layouts");
-    return kvc_chat_render(s->tmpl, (const kvc_chat_msg *)msgs, n, true, out, err);
+    /* TODO(issue 11): tokenize r.content without special tokens; the spans are dropped here */
+    kvc_rendered r;
+    int rc = kvc_chat_template_apply(s->tmpl, msgs, n, p ? p->tools_json : NULL,
+                                     p ? p->template_kwargs_json : NULL, true, &r, err);
+    *out = rc ? NULL : r.text;
+    r.text = NULL;
+    kvc_rendered_free(&r);
+    return rc;
 }
 
 static int count_tokens(const kvc_session *s, const char *text, int64_t *n)
@@ -224,7 +236,7 @@ int kvc_session_render_fit(const kvc_session *s, const kvc_chat_message *msgs, s
     *out = NULL;
     *dropped = 0;
     char *text = NULL;
-    int rc = kvc_session_render(s, msgs, n, &text, err);
+    int rc = kvc_session_render(s, msgs, n, p, &text, err);
     if (rc || !p || p->overflow != KVC_OVERFLOW_SHIFT) {
         *out = text;
         return rc;
@@ -263,7 +275,7 @@ int kvc_session_render_fit(const kvc_session *s, const kvc_chat_message *msgs, s
             kept[m++] = msgs[i];
         free(text);
         text = NULL;
-        if ((rc = kvc_session_render(s, kept, m, &text, err)))
+        if ((rc = kvc_session_render(s, kept, m, p, &text, err)))
             break;
         if (count_tokens(s, text, &nt)) {
             rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory tokenizing the prompt");

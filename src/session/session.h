@@ -32,6 +32,7 @@
 #ifndef KVC_SESSION_H
 #define KVC_SESSION_H
 
+#include "chat_template.h"
 #include "context.h"
 
 /* A place where the session's text and tokens line up exactly: text[0,
@@ -46,7 +47,7 @@ typedef struct kvc_checkpoint {
 struct kvc_session {
     kvc_context    *ctx;
     int32_t         seq;           /* its sequence in ctx */
-    int             tmpl;          /* enum kvc_chat_tmpl */
+    kvc_chat_template *tmpl;       /* the chat template (owned) */
     int32_t        *tokens;        /* the conversation's tokens so far (prompt + reply) */
     int64_t         n_tokens;
     int64_t         cap;
@@ -93,9 +94,10 @@ int64_t kvc_session_drop_kv(kvc_session *s);
  * and its length. */
 const char *kvc_session_text(const kvc_session *s, size_t *len);
 
-/* Render msgs with the session's chat template into a malloc'd string. */
+/* Render msgs with the session's chat template into a malloc'd string, with
+ * p's tools and template kwargs (p may be NULL). */
 int kvc_session_render(const kvc_session *s, const kvc_chat_message *msgs, size_t n,
-                       char **out, kvc_err *err);
+                       const kvc_chat_params *p, char **out, kvc_err *err);
 
 /* Render msgs like kvc_session_render; with p->overflow KVC_OVERFLOW_SHIFT,
  * when the prompt's tokens plus max_tokens (at least 1) exceed the context,

@@ -402,8 +402,8 @@ int kvc_turn_new(kvc_session *s, const char *prompt, bool chat, const kvc_chat_p
     for (int64_t i = 0; i < n; i++)
         kvc_sampler_accept(t->smp, t->toks.v[i]);
     static const char *const no_stops[] = { NULL };
-    t->st = (stops){ chat ? kvc_chat_template_stops(s->tmpl) : no_stops, t->p.stop, t->p.n_stop };
-    t->sep = chat ? kvc_chat_template_reply_sep(s->tmpl) : "";
+    t->st = (stops){ chat ? kvc_chat_template_stop_list(s->tmpl) : no_stops, t->p.stop, t->p.n_stop };
+    t->sep = chat ? kvc_chat_template_sep(s->tmpl) : "";
     t->phase = KVC_TURN_NEW;
     *out = t;
     return KVC_OK;

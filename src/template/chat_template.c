@@ -160,6 +160,8 @@ typedef struct sbuf {
     size_t len;
     size_t cap;
     bool   oom;     /* an append failed; the text is incomplete */
+    kvc_text_span *sp;   /* ranges of p that are message content (sorted, merged) */
+    size_t nsp, capsp;
 } sbuf;
 
 static void sb_addn(sbuf *b, const char *s, size_t n)
@@ -205,12 +207,44 @@ static void sb_add_trim(sbuf *b, const char *s)
     sb_addn(b, s, n);
 }
 
-static void sb_add_maybe_trim(sbuf *b, const char *s, bool trim)
+/* Record [off, off + n) as message content, merging with an adjacent range. */
+static void sb_mark(sbuf *b, size_t off, size_t n)
 {
+    if (b->oom || !n)
+        return;
+    if (b->nsp && b->sp[b->nsp - 1].off + b->sp[b->nsp - 1].len == off) {
+        b->sp[b->nsp - 1].len += n;
+        return;
+    }
+    if (b->nsp == b->capsp) {
+        size_t cap = b->capsp ? 2 * b->capsp : 16;
+        kvc_text_span *sp = realloc(b->sp, cap * sizeof(*sp));
+        if (!sp) {
+            b->oom = true;
+            return;
+        }
+        b->sp = sp;
+        b->capsp = cap;
+    }
+    b->sp[b->nsp++] = (kvc_text_span){ off, n };
+}
+
+/* Append message content (trimmed when trim), recording its range. */
+static void sb_content(sbuf *b, const char *s, bool trim)
+{
+    size_t at = b->len;
     if (trim)
         sb_add_trim(b, s);
     else
         sb_add(b, s);
+    sb_mark(b, at, b->len - at);
+}
+
+static void sb_content_n(sbuf *b, const char *s, size_t n)
+{
+    size_t at = b->len;
+    sb_addn(b, s, n);
+    sb_mark(b, at, b->len - at);
 }
 
 /* ---------------------------------------------------------------- roles */
@@ -277,7 +311,7 @@ static void fmt_chatml(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
         sb_add(b, "<|im_start|>");
         sb_add(b, m[i].name);
         sb_add(b, sep);
-        sb_add(b, m[i].content);
+        sb_content(b, m[i].content, false);
         sb_add(b, end);
     }
     if (gen) {
@@ -294,7 +328,7 @@ static void fmt_llama3(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
         sb_add(b, "<|start_header_id|>");
         sb_add(b, m[i].name);
         sb_add(b, "<|end_header_id|>\n\n");
-        sb_add_trim(b, m[i].content);
+        sb_content(b, m[i].content, true);
         sb_add(b, "<|eot_id|>");
     }
     if (gen)
@@ -317,13 +351,13 @@ static void fmt_llama2(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
         }
         if (m[i].role == ROLE_SYSTEM) {
             sb_add(b, sys_tags ? "<<SYS>>\n" : "");
-            sb_add_maybe_trim(b, m[i].content, strip);
+            sb_content(b, m[i].content, strip);
             sb_add(b, sys_tags ? "\n<</SYS>>\n\n" : "\n");
         } else if (m[i].role == ROLE_USER) {
-            sb_add_maybe_trim(b, m[i].content, strip);
+            sb_content(b, m[i].content, strip);
             sb_add(b, " [/INST]");
         } else {
-            sb_add_maybe_trim(b, m[i].content, strip);
+            sb_content(b, m[i].content, strip);
             sb_add(b, "</s>");
             in_turn = false;
         }
@@ -350,15 +384,15 @@ static void fmt_mistral(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
             in_turn = true;
         }
         if (m[i].role == ROLE_SYSTEM) {
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "\n\n");
         } else if (m[i].role == ROLE_USER) {
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, lead);
             sb_add(b, "[/INST]");
         } else {
             sb_add(b, trail);
-            sb_add_maybe_trim(b, m[i].content, trim_reply);
+            sb_content(b, m[i].content, trim_reply);
             sb_add(b, "</s>");
             in_turn = false;
         }
@@ -375,16 +409,16 @@ static void fmt_mistral_v7(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
         if (m[i].role == ROLE_SYSTEM) {
             sb_add(b, "[SYSTEM_PROMPT]");
             sb_add(b, sp);
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "[/SYSTEM_PROMPT]");
         } else if (m[i].role == ROLE_USER) {
             sb_add(b, "[INST]");
             sb_add(b, sp);
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "[/INST]");
         } else {
             sb_add(b, sp);
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "</s>");
         }
     }
@@ -402,7 +436,7 @@ static void fmt_role_pipes(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
         sb_add(b, "<|");
         sb_add(b, m[i].name);
         sb_add(b, "|>\n");
-        sb_add(b, m[i].content);
+        sb_content(b, m[i].content, false);
         sb_add(b, end);
     }
     if (gen)
@@ -423,11 +457,11 @@ static void fmt_gemma(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
         bool model = m[i].role == ROLE_ASSISTANT;
         sb_add(b, model ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
         if (!model && sys.len) {
-            sb_addn(b, sys.p, sys.len);
+            sb_content_n(b, sys.p, sys.len);
             sb_add(b, "\n\n");
             sys.len = 0;
         }
-        sb_add_trim(b, m[i].content);
+        sb_content(b, m[i].content, true);
         sb_add(b, "<end_of_turn>\n");
     }
     if (sys.oom)
@@ -455,14 +489,14 @@ static void fmt_deepseek(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
         sb_add(b, DEEPSEEK_CODER_SYSTEM);
     for (size_t i = 0; i < n; i++) {
         if (m[i].role == ROLE_SYSTEM) {
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
         } else if (m[i].role == ROLE_USER) {
             sb_add(b, "### Instruction:\n");
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "\n");
         } else {
             sb_add(b, "### Response:\n");
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "\n<|EOT|>\n");
         }
     }
@@ -476,15 +510,15 @@ static void fmt_deepseek2(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
 {
     for (size_t i = 0; i < n; i++) {
         if (m[i].role == ROLE_SYSTEM) {
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "\n\n");
         } else if (m[i].role == ROLE_USER) {
             sb_add(b, "User: ");
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "\n\n");
         } else {
             sb_add(b, "Assistant: ");
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "<｜end▁of▁sentence｜>");
         }
     }
@@ -499,13 +533,13 @@ static void fmt_deepseek3(int tmpl, const msg *m, size_t n, bool gen, sbuf *b)
 {
     for (size_t i = 0; i < n; i++) {
         if (m[i].role == ROLE_SYSTEM) {
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
         } else if (m[i].role == ROLE_USER) {
             sb_add(b, "<｜User｜>");
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
         } else {
             sb_add(b, "<｜Assistant｜>");
-            sb_add(b, m[i].content);
+            sb_content(b, m[i].content, false);
             sb_add(b, "<｜end▁of▁sentence｜>");
         }
     }
@@ -543,6 +577,19 @@ int kvc_chat_render(int tmpl, const kvc_chat_msg *msgs, size_t n,
     if (!out)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "chat render: out is NULL");
     *out = NULL;
+    kvc_rendered r;
+    int rc = kvc_chat_render_spans(tmpl, msgs, n, add_generation_prompt, &r, err);
+    if (rc == KVC_OK) {
+        *out = r.text;
+        free(r.content);
+    }
+    return rc;
+}
+
+int kvc_chat_render_spans(int tmpl, const kvc_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, kvc_rendered *out, kvc_err *err)
+{
+    memset(out, 0, sizeof(*out));
     if (!tmpl_valid(tmpl))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "chat render: unknown template %d", tmpl);
     if (!msgs && n > 0)
@@ -567,8 +614,12 @@ int kvc_chat_render(int tmpl, const kvc_chat_msg *msgs, size_t n,
     free(m);
     if (b.oom) {
         free(b.p);
+        free(b.sp);
         return kvc_fail(err, KVC_ERR_NOMEM, "chat render: out of memory (%zu bytes)", b.len);
     }
-    *out = b.p;
+    out->text = b.p;
+    out->len = b.len;
+    out->content = b.sp;
+    out->n_content = b.nsp;
     return KVC_OK;
 }

@@ -1,12 +1,37 @@
-/* chat_template.h - turn a list of chat messages into prompt text.
+/* chat_template.h - turn a list of chat messages (with tools) into prompt text.
  *
- * We do not run Jinja. A model's `tokenizer.chat_template` is recognised by
- * distinctive substrings (as llama.cpp's llm_chat_detect_template does) and
- * rendered by a built-in C formatter for its family. Unrecognised templates
- * give KVC_TMPL_UNKNOWN; the caller decides what to do (kvchat falls back to
- * ChatML and says so).
+ * A model's chat template is its own Jinja2 source (`tokenizer.chat_template`,
+ * and `tokenizer.chat_template.tool_use` for requests with tools); kvchat runs
+ * it with its Jinja engine (jinja.h) exactly as transformers renders it with
+ * Python's jinja2. Built-in C formatters remain for models without a template
+ * and for a format forced by name (--chat-template NAME).
  *
- * Rules every format follows:
+ * THE TEMPLATE OBJECT (kvc_chat_template_new / _apply) is what callers use:
+ *
+ *   Variables, as transformers passes them: `messages` (each with role,
+ *   content and, when given, name, tool_call_id, tool_calls, reasoning_content;
+ *   a tool call's function.arguments given as a JSON string is passed as the
+ *   object it encodes, as llama.cpp does, since templates iterate over it),
+ *   `tools` (when given), `add_generation_prompt`, `bos_token`, `eos_token`,
+ *   and every member of the kwargs object (`enable_thinking`...) as a
+ *   variable of its own. A message's NULL content is passed as "".
+ *
+ *   Provenance: kvc_rendered.content lists the ranges of the text that came
+ *   from the caller (message fields, tools, kwargs). Tokenize those without
+ *   special-token parsing and the rest with it, so text a user typed never
+ *   becomes a control token.
+ *
+ *   BOS: with params.strip_bos (the tokenizer adds BOS itself), a rendering
+ *   that begins with bos_text has it removed, so BOS is not doubled
+ *   (llama.cpp's rule). End-of-turn markers in the history are written as
+ *   text: tokenize the template ranges with parse_special.
+ *
+ *   Errors: a template that fails (its raise_exception, an undefined value,
+ *   a type error, a limit) gives KVC_ERR_INVALID_ARG with "template line N:
+ *   ..."; raise_exception's message follows JINJA_RAISE_PREFIX. A server
+ *   answers 400 with it.
+ *
+ * THE BUILT-IN FORMATS. Rules every built-in format follows:
  *
  *   BOS. The rendered text never contains the BOS token's text ("<s>",
  *   "<|begin_of_text|>", "<bos>"), even where the Jinja template writes
@@ -54,6 +79,62 @@
 #define KVC_CHAT_TEMPLATE_H
 
 #include "common.h"
+
+/* ---------------------------------------------------------------- the template object */
+
+typedef struct kvc_text_span { size_t off, len; } kvc_text_span;
+
+typedef struct kvc_rendered {
+    char          *text;       /* malloc'd, NUL-terminated */
+    size_t         len;
+    kvc_text_span *content;    /* malloc'd; sorted, non-overlapping ranges of text that came
+                                  from the caller's data (NULL when none) */
+    size_t         n_content;
+} kvc_rendered;
+
+void kvc_rendered_free(kvc_rendered *r);   /* NULL ok; zeroes it */
+
+typedef struct kvc_chat_template kvc_chat_template;
+
+typedef struct kvc_chat_template_params {
+    const char *jinja;           /* tokenizer.chat_template (borrowed, copied); NULL = none */
+    const char *jinja_tool_use;  /* tokenizer.chat_template.tool_use, for requests with tools;
+                                    NULL = none */
+    const char *name;            /* a built-in format name to use instead; NULL = the model's */
+    const char *bos_text;        /* bos_token's text; NULL = "" */
+    const char *eos_text;        /* eos_token's text; NULL = "" */
+    bool        strip_bos;       /* the tokenizer adds BOS: drop a leading bos_text */
+} kvc_chat_template_params;
+
+/* Compile the template to use. With p->name, that built-in format; else the
+ * model's Jinja source; else (no template) ChatML. Fails with
+ * KVC_ERR_INVALID_ARG for an unknown name or a template that does not
+ * compile (err: "chat template line N: ..."). *out is freed with
+ * kvc_chat_template_free; it is only read afterwards, so several threads may
+ * apply it at once. */
+int kvc_chat_template_new(const kvc_chat_template_params *p, kvc_chat_template **out,
+                          kvc_err *err);
+void kvc_chat_template_free(kvc_chat_template *t);   /* NULL ok */
+
+/* Render msgs[0, n). tools_json: the request's `tools` array as JSON text, or
+ * NULL; kwargs_json: a JSON object whose members become template variables
+ * (chat_template_kwargs), or NULL. Fills *out (free with kvc_rendered_free);
+ * on failure *out is zeroed and err says why (see the header comment).
+ * Built-in formats ignore tools and kwargs. */
+int kvc_chat_template_apply(const kvc_chat_template *t, const kvc_chat_message *msgs, size_t n,
+                            const char *tools_json, const char *kwargs_json,
+                            bool add_generation_prompt, kvc_rendered *out, kvc_err *err);
+
+/* What is in use, for logs: "jinja (the model's tokenizer.chat_template)",
+ * "built-in chatml (the model has no chat template)", ... Static or owned by t. */
+const char *kvc_chat_template_describe(const kvc_chat_template *t);
+/* Stop strings and reply separator (see below) of the template's family:
+ * for Jinja templates those of the built-in format the source is recognised
+ * as, else none and "". */
+const char *const *kvc_chat_template_stop_list(const kvc_chat_template *t);
+const char *kvc_chat_template_sep(const kvc_chat_template *t);
+
+/* ---------------------------------------------------------------- built-in formats */
 
 typedef struct kvc_chat_msg {
     const char *role;      /* "system", "user", "assistant", ... (borrowed) */
@@ -121,6 +202,9 @@ const char *kvc_chat_template_name(int tmpl);
  * KVC_ERR_NOMEM. msgs is only read. */
 int kvc_chat_render(int tmpl, const kvc_chat_msg *msgs, size_t n,
                     bool add_generation_prompt, char **out, kvc_err *err);
+/* As kvc_chat_render, with the ranges of message content in out->content. */
+int kvc_chat_render_spans(int tmpl, const kvc_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, kvc_rendered *out, kvc_err *err);
 
 /* NULL-terminated list of static strings that end an assistant turn in this
  * format, or open the next one ("<|im_end|>", "<|im_start|>"), to match

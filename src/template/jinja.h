@@ -55,7 +55,7 @@ int jinja_compile(const char *src, size_t len, jinja_template **out, kvc_err *er
 void jinja_template_free(jinja_template *t);   /* NULL ok */
 
 /* Render with the variables of two JSON objects (either may be NULL; a name
- * in both takes data's value). On success fills *out (free with
+ * in both takes trusted's value). On success fills *out (free with
  * jinja_output_free). Errors: KVC_ERR_INVALID_ARG for a template that fails
  * (raise_exception's message as given: "template line N: raise_exception:
  * <message>"; an undefined value used; a type error; a limit) or JSON that is

@@ -843,8 +843,8 @@ int jinja_render(const jinja_template *t, const char *data_json, const char *tru
         return err ? err->code : KVC_ERR_INVALID_ARG;
     }
     r.root = new_frame(&r, NULL);
-    add_vars(&r, trusted_json, false);
     add_vars(&r, data_json, true);
+    add_vars(&r, trusted_json, false);   /* a name in both: trusted's value */
     jsb b;
     jsb_init(&b, &r.c, r.lim.max_output);
     r.out = &b;
