@@ -51,6 +51,15 @@ const char *cli_demo_model_path(void);
 /* Print a message for an unknown option of `cmd`. Returns 2. */
 int cli_bad_option(const char *cmd, const char *opt);
 
+/* The chat template options shared by chat and serve: --chat-template NAME,
+ * --chat-template-file F (Jinja source), --chat-template-kwargs JSON. Returns
+ * 1 when argv[*i] was one (consumed with its value), 0 when not, -1 on an
+ * error (printed). *tmpl gets the name or the file's text (malloc'd into
+ * *owned, which the caller frees). */
+int cli_parse_template(int argc, char **argv, int *i, const char **tmpl, const char **kwargs,
+                       char **owned);
+extern const char cli_template_help[];
+
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

@@ -27,7 +27,7 @@ static const char help[] =
     "  --script FILE            run a scripted conversation (see the source for the format)\n"
     "  --no-cache               recompute the whole prompt every turn (a cold run)\n"
     "  -n, --n-predict N        reply length limit (default 256)\n"
-    "  --chat-template NAME     chatml, llama3, llama2, mistral-v7, phi3, gemma, zephyr, deepseek, ...\n"
+    "  --show-prompt            print each rendered prompt (stderr) before its reply\n"
     "  --context-overflow M     error (default) or shift\n"
     "Interactive commands: /clear /stats /regen /system TEXT /quit\n";
 
@@ -90,7 +90,10 @@ typedef struct chat_opts {
     cli_common  c;
     const char *system;
     const char *script;
-    const char *tmpl;
+    const char *tmpl;          /* --chat-template NAME or --chat-template-file's text */
+    const char *kwargs;        /* --chat-template-kwargs */
+    char       *tmpl_src;      /* owned: the file's text */
+    bool        show_prompt;
     bool        no_cache;
     int64_t     n_predict;
     int32_t     overflow;
@@ -120,7 +123,14 @@ static int turn(kvc_session *s, convo *c, const chat_opts *o, bool stream, kvc_c
     p.sampling = o->c.sampling;
     p.no_cache = o->no_cache;
     p.overflow = o->overflow;
+    p.template_kwargs_json = o->kwargs;
     char *reply = NULL, err[512];
+    if (o->show_prompt) {
+        char *prompt = NULL;
+        if (kvc_session_prompt(s, c->msgs, c->n, &p, &prompt, err, sizeof(err)) == KVC_OK)
+            fprintf(stderr, "--- prompt ---\n%s\n--- end of prompt ---\n", prompt);
+        free(prompt);
+    }
     int rc = kvc_session_chat(s, c->msgs, c->n, &p, stream ? print_piece : NULL, NULL, &reply, st,
                               err, sizeof(err));
     if (rc) {
@@ -306,10 +316,12 @@ int cmd_chat(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nOptions:\n%s%s", help, cli_common_help, cli_sampling_help);
+            printf("%s%s\nOptions:\n%s%s", help, cli_template_help, cli_common_help, cli_sampling_help);
             return 0;
         }
-        int r = cli_parse_common(&o.c, argc, argv, &i);
+        int r = cli_parse_template(argc, argv, &i, &o.tmpl, &o.kwargs, &o.tmpl_src);
+        if (r == 0)
+            r = cli_parse_common(&o.c, argc, argv, &i);
         if (r < 0)
             return 2;
         if (r > 0)
@@ -320,8 +332,8 @@ int cmd_chat(int argc, char **argv)
             o.system = argv[++i];
         else if (!strcmp(a, "--script") && v)
             o.script = argv[++i];
-        else if (!strcmp(a, "--chat-template") && v)
-            o.tmpl = argv[++i];
+        else if (!strcmp(a, "--show-prompt"))
+            o.show_prompt = true;
         else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v) {
             if (!cli_int(a, argv[++i], 1, 1 << 24, &o.n_predict))
                 return 2;
@@ -345,10 +357,13 @@ int cmd_chat(int argc, char **argv)
     int rc = 1;
     if (ctx && !s)
         fprintf(stderr, "kvchat chat: %s\n", err);
+    if (s && !o.script)
+        fprintf(stderr, "kvchat chat: chat template: %s\n", kvc_session_template(s));
     if (s)
         rc = o.script ? run_script(s, &o) : run_interactive(s, &o);
     kvc_session_free(s);
     kvc_context_free(ctx);
     kvc_model_free(m);
+    free(o.tmpl_src);
     return rc;
 }

@@ -24,7 +24,8 @@ static const char serve_help[] =
     "      --max-queue N       requests waiting beyond the running ones (default 64);\n"
     "                          more are answered 503\n"
     "      --max-sessions N    keyed conversations kept (default 256)\n"
-    "      --chat-template NAME  chat format (chatml, llama3, ...; default: the model's)\n"
+    "      --chat-template NAME, --chat-template-file F, --chat-template-kwargs JSON:\n"
+    "                          see below (default: the model's own template)\n"
     "      --context-overflow error|shift  prompt + max_tokens over the context: a 400\n"
     "                          error (default) or drop the oldest turns\n"
     "      --timeout S         close connections idle for S seconds (default 60)\n"
@@ -35,7 +36,7 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
                        int *i)
 {
     static const char *const names[] = {
-        "--host", "--api-key", "--chat-template", "--context-overflow", "--port", "--parallel",
+        "--host", "--api-key", "--context-overflow", "--port", "--parallel",
         "--max-queue", "--max-sessions", "--timeout", "--kv-budget", "--max-body",
     };
     const char *a = argv[*i];
@@ -54,8 +55,6 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
         sp->host = v;
     else if (!strcmp(a, "--api-key"))
         sp->api_key = v;
-    else if (!strcmp(a, "--chat-template"))
-        ep->chat_template = v;
     else if (!strcmp(a, "--context-overflow")) {
         if (strcmp(v, "error") && strcmp(v, "shift")) {
             fprintf(stderr, "kvchat: --context-overflow must be error or shift, got '%s'\n", v);
@@ -93,18 +92,21 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
 /* Parse argv into the three parameter sets. Returns -1 to go on, else the
  * exit code (0 after --help). */
 static int parse_args(cli_common *c, kvc_server_params *sp, kvc_engine_params *ep, int argc,
-                      char **argv)
+                      char **argv, char **tmpl_src)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s%s", serve_help, cli_common_help, cli_sampling_help);
+            printf("%s%s%s%s", serve_help, cli_template_help, cli_common_help, cli_sampling_help);
             printf("\nThe sampling options set the defaults for requests that leave them out.\n");
             return 0;
         }
         if (!strcmp(a, "--seed") || !strcmp(a, "-s"))
             sp->fixed_seed = true;
-        int r = parse_serve(sp, ep, argc, argv, &i);
+        int r = cli_parse_template(argc, argv, &i, &ep->chat_template, &ep->chat_template_kwargs,
+                                   tmpl_src);
+        if (r == 0)
+            r = parse_serve(sp, ep, argc, argv, &i);
         if (r == 0)
             r = cli_parse_common(c, argc, argv, &i);
         if (r < 0)
@@ -132,6 +134,7 @@ static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *s
         return 1;
     }
     bool v6 = strchr(sp->host, ':') != NULL;
+    fprintf(stderr, "kvchat: chat template: %s\n", kvc_engine_template(e));
     fprintf(stderr, "kvchat: model %s; %s\nlistening on http://%s%s%s:%d\n", sp->model_name,
             sp->api_key ? "API key required" : "no API key", v6 ? "[" : "", sp->host,
             v6 ? "]" : "", kvc_server_port(s));
@@ -156,9 +159,12 @@ int cmd_serve(int argc, char **argv)
     kvc_engine_params ep = kvc_engine_default_params();
     const char *env_key = getenv("KVCHAT_API_KEY");
     sp.api_key = env_key && *env_key ? env_key : NULL;
-    int rc = parse_args(&c, &sp, &ep, argc, argv);
-    if (rc >= 0)
+    char *tmpl_src = NULL;   /* --chat-template-file's text */
+    int rc = parse_args(&c, &sp, &ep, argc, argv, &tmpl_src);
+    if (rc >= 0) {
+        free(tmpl_src);
         return rc;
+    }
     ep.n_ctx = c.n_ctx;
     ep.n_batch = c.n_batch;
     ep.n_threads = c.n_threads;
@@ -177,12 +183,15 @@ int cmd_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     kvc_model *m = cli_load_model(&c);
-    if (!m)
+    if (!m) {
+        free(tmpl_src);
         return 1;
+    }
     kvc_model_info info;
     kvc_model_get_info(m, &info);
     sp.model_name = info.name;
     rc = serve(m, &ep, &sp);
     kvc_model_free(m);
+    free(tmpl_src);
     return rc;
 }

@@ -1,5 +1,7 @@
 /* common.c - option parsing, model loading and the demo model, for every command. */
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdio.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,4 +265,61 @@ kvc_context *cli_new_context(const cli_common *c, kvc_model *m, int32_t n_seq)
         return NULL;
     }
     return ctx;
+}
+
+/* ------------------------------------------------------------ chat templates */
+
+const char cli_template_help[] =
+    "  --chat-template NAME     a built-in format instead of the model's own template:\n"
+    "                           chatml, llama3, llama2, mistral-v7, phi3, gemma, zephyr, deepseek, ...\n"
+    "  --chat-template-file F   a Jinja chat template to use instead of the model's\n"
+    "  --chat-template-kwargs J a JSON object of template variables, e.g. '{\"enable_thinking\": false}'\n";
+
+int cli_parse_template(int argc, char **argv, int *i, const char **tmpl, const char **kwargs,
+                       char **owned)
+{
+    const char *a = argv[*i];
+    if (strcmp(a, "--chat-template") && strcmp(a, "--chat-template-file") &&
+        strcmp(a, "--chat-template-kwargs"))
+        return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvchat: %s needs a value\n", a);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    if (!strcmp(a, "--chat-template")) {
+        *tmpl = v;
+    } else if (!strcmp(a, "--chat-template-kwargs")) {
+        cJSON *o = cJSON_Parse(v);
+        bool ok = cJSON_IsObject(o);
+        cJSON_Delete(o);
+        if (!ok) {
+            fprintf(stderr, "kvchat: --chat-template-kwargs must be a JSON object, got '%s'\n", v);
+            return -1;
+        }
+        *kwargs = v;
+    } else {
+        FILE *fp = fopen(v, "rb");
+        char *buf = NULL;
+        long n = -1;
+        if (fp && fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) >= 0 && fseek(fp, 0, SEEK_SET) == 0 &&
+            (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, fp) == (size_t)n) {
+            buf[n] = 0;
+        } else {
+            free(buf);
+            buf = NULL;
+        }
+        if (fp)
+            fclose(fp);
+        if (!buf || (!strstr(buf, "{%") && !strstr(buf, "{{"))) {
+            fprintf(stderr, "kvchat: --chat-template-file %s: %s\n", v,
+                    buf ? "not a Jinja template (no {% or {{)" : "cannot read it");
+            free(buf);
+            return -1;
+        }
+        free(*owned);
+        *owned = buf;
+        *tmpl = buf;
+    }
+    return 1;
 }

@@ -270,8 +270,12 @@ kvc_session *kvc_session_new(kvc_context *ctx, int32_t seq, const char *template
 void kvc_session_free(kvc_session *s);
 /* Forget the conversation and release its cache (a new conversation). */
 void kvc_session_reset(kvc_session *s);
-/* The chat format in use ("chatml"). */
+/* The chat template in use, for logs ("the model's Jinja chat template"). */
 const char *kvc_session_template(const kvc_session *s);
+/* The prompt text msgs render to with p's tools and template kwargs (p may be
+ * NULL), exactly as it will be tokenized; *prompt is malloc'd. */
+int kvc_session_prompt(kvc_session *s, const kvc_chat_message *msgs, size_t n,
+                       const kvc_chat_params *p, char **prompt, char *err, size_t err_size);
 
 /* Generate the assistant's reply to msgs[0, n). *reply (may be NULL) gets a
  * malloc'd copy of the reply text, which is what the client should send back
@@ -381,7 +385,10 @@ typedef struct kvc_engine_params {
     int32_t     kv_type;        /* enum kvc_kv_type */
     int32_t     max_queue;      /* requests waiting beyond the running ones; 0 = 64 */
     int32_t     max_sessions;   /* sessions kept (LRU), beyond the n_parallel running; 0 = 256 */
-    const char *chat_template;  /* format name, NULL = the model's */
+    const char *chat_template;  /* a built-in format name, or Jinja source (any text with
+                                   "{%" or "{{"); NULL = the model's own template */
+    const char *chat_template_kwargs; /* JSON object: template variables every request gets
+                                   (a request's chat_template_kwargs win per key); NULL = none */
     int32_t     overflow;       /* enum kvc_overflow */
 } kvc_engine_params;
 
@@ -459,6 +466,17 @@ typedef struct kvc_engine_metrics {
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);
+
+/* The chat template in use, for logs ("the model's Jinja chat template, family
+ * chatml"). Owned by the engine. */
+const char *kvc_engine_template(const kvc_engine *engine);
+
+/* The prompt text a chat request renders to, exactly as it will be
+ * tokenized (POST /apply-template). Safe from any thread. *prompt is
+ * malloc'd. KVC_ERR_INVALID_ARG (a template that fails, e.g. its
+ * raise_exception: err has its message), KVC_ERR_NOMEM. */
+int kvc_engine_render(kvc_engine *engine, const kvc_request_params *params, char **prompt,
+                      char *err, size_t err_size);
 
 #ifdef __cplusplus
 }

@@ -137,7 +137,7 @@ static char *dup_or_null(const char *s, bool *ok)
     return d;
 }
 
-static kvc_request *request_copy(const kvc_request_params *p)
+static kvc_request *request_copy(const kvc_request_params *p, const char *default_kwargs)
 {
     kvc_request *r = calloc(1, sizeof(*r));
     if (!r)
@@ -152,7 +152,10 @@ static kvc_request *request_copy(const kvc_request_params *p)
     r->prompt = dup_or_null(p->prompt, &ok);
     r->session_key = dup_or_null(p->session_key, &ok);
     r->chat.tools_json = r->tools_json = dup_or_null(p->chat.tools_json, &ok);
-    r->chat.template_kwargs_json = r->kwargs_json = dup_or_null(p->chat.template_kwargs_json, &ok);
+    kvc_err ke = { 0 };   /* both were validated (kvc_engine_new, the request parser) */
+    if (kvc_chat_kwargs_merge(default_kwargs, p->chat.template_kwargs_json, &r->kwargs_json, &ke))
+        ok = ok && ke.code != KVC_ERR_NOMEM;
+    r->chat.template_kwargs_json = r->kwargs_json;
     if (p->n_messages) {
         r->messages = calloc(p->n_messages, sizeof(kvc_chat_message));
         ok = ok && r->messages;
@@ -246,6 +249,11 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         if ((rc = kvc_context_new(model, &cp, &eng->ctx, msg, sizeof(msg))))
             kvc_fail(&e, rc, "%s", msg);
     }
+    if (!rc && p.chat_template_kwargs) {
+        char *merged = NULL;
+        rc = kvc_chat_kwargs_merge(p.chat_template_kwargs, NULL, &merged, &e);
+        free(merged);
+    }
     if (!rc)
         rc = kvc_engine_sessions_new(eng, &e);
     if (!rc) {
@@ -301,7 +309,7 @@ kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *
         snprintf(err, err_size, "messages is empty");
         rc = KVC_ERR_INVALID_ARG;
     }
-    kvc_request *r = rc ? NULL : request_copy(p);
+    kvc_request *r = rc ? NULL : request_copy(p, e->p.chat_template_kwargs);
     if (!rc && !r) {
         snprintf(err, err_size, "out of memory");
         rc = KVC_ERR_NOMEM;
@@ -330,6 +338,27 @@ kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *
     if (status)
         *status = rc;
     return r;
+}
+
+const char *kvc_engine_template(const kvc_engine *e) { return kvc_session_template(e->slots[0].s); }
+
+int kvc_engine_render(kvc_engine *e, const kvc_request_params *p, char **prompt, char *err,
+                      size_t err_size)
+{
+    *prompt = NULL;
+    kvc_err ke = { 0 };
+    char *kwargs = NULL;
+    kvc_chat_params cp = p->chat;
+    int rc = kvc_chat_kwargs_merge(e->p.chat_template_kwargs, p->chat.template_kwargs_json,
+                                   &kwargs, &ke);
+    cp.template_kwargs_json = kwargs;
+    /* the template object is only read: any thread may render with it */
+    if (!rc)
+        rc = kvc_session_render(e->slots[0].s, p->messages, p->n_messages, &cp, prompt, &ke);
+    free(kwargs);
+    if (rc)
+        snprintf(err, err_size, "%s", ke.msg[0] ? ke.msg : kvc_strerror(rc));
+    return rc;
 }
 
 void kvc_engine_get_metrics(kvc_engine *e, kvc_engine_metrics *out)

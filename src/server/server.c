@@ -79,7 +79,7 @@ struct kvc_server {
 
 enum route {
     ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
-    ROUTE_METRICS,
+    ROUTE_METRICS, ROUTE_APPLY_TEMPLATE,
 };
 
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */
@@ -125,7 +125,8 @@ static enum MHD_Result respond(struct MHD_Connection *mc, int status, char *body
 
 static bool is_completion(const conn *c)
 {
-    return c->route == ROUTE_CHAT || c->route == ROUTE_COMPLETIONS;
+    return c->route == ROUTE_CHAT || c->route == ROUTE_COMPLETIONS ||
+           c->route == ROUTE_APPLY_TEMPLATE;
 }
 
 static enum MHD_Result respond_error(kvc_server *s, struct MHD_Connection *mc, const conn *c,
@@ -372,6 +373,23 @@ static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, con
     return ret;
 }
 
+/* POST /apply-template (as llama-server has it): the prompt a chat request
+ * renders to, exactly as it will be tokenized; a failing template is a 400. */
+static enum MHD_Result handle_apply_template(kvc_server *s, struct MHD_Connection *mc,
+                                             const conn *c, const srv_request *rq)
+{
+    srv_error e;
+    char err[512] = "", *prompt = NULL;
+    int rc = kvc_engine_render(s->engine, &rq->params, &prompt, err, sizeof(err));
+    if (rc) {
+        srv_error_from_status(&e, rc, err);
+        return respond_error(s, mc, c, &e);
+    }
+    char *json = srv_prompt_json(prompt);
+    free(prompt);
+    return respond_json(mc, json);
+}
+
 /* The last call for a completion POST (the whole body is in c): 413 when it
  * went past the limit, 400 when it does not validate, else run it. */
 static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *mc, conn *c)
@@ -383,12 +401,13 @@ static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *m
         return respond_error(s, mc, c, &e);
     }
     srv_request rq;
-    int kind = c->route == ROUTE_CHAT ? SRV_CHAT : SRV_COMPLETION;
+    int kind = c->route == ROUTE_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT;
     if (srv_request_parse(kind, c->body ? c->body : "", c->len, &s->lim, &rq, &e) != 0)
         return respond_error(s, mc, c, &e);
     free(c->body);   /* the parsed tree holds what is needed */
     c->body = NULL;
-    enum MHD_Result ret = run_request(s, mc, c, &rq);
+    enum MHD_Result ret = c->route == ROUTE_APPLY_TEMPLATE ? handle_apply_template(s, mc, c, &rq)
+                                                           : run_request(s, mc, c, &rq);
     srv_request_free(&rq);
     return ret;
 }
@@ -431,6 +450,7 @@ static int find_route(const char *url)
         { "/v1/chat/completions", ROUTE_CHAT }, { "/chat/completions", ROUTE_CHAT },
         { "/v1/completions", ROUTE_COMPLETIONS }, { "/completions", ROUTE_COMPLETIONS },
         { "/v1/models", ROUTE_MODELS }, { "/models", ROUTE_MODELS },
+        { "/apply-template", ROUTE_APPLY_TEMPLATE },
         { "/health", ROUTE_HEALTH }, { "/metrics", ROUTE_METRICS },
     };
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)

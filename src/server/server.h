@@ -131,6 +131,8 @@ typedef struct srv_reply_id {
 
 /* {"error": {"message", "type", "param", "code"}} */
 char *srv_error_json(const srv_error *e);
+/* {"prompt": prompt}, the answer of POST /apply-template. */
+char *srv_prompt_json(const char *prompt);
 /* The whole non-streamed response (chat.completion or text_completion) for a
  * DONE event: its reply text, finish reason, usage and timings. */
 char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done);

@@ -214,8 +214,66 @@ static int parse_parts(srv_request *r, const cJSON *parts, int i, const char **o
     return 0;
 }
 
+/* An optional string field of messages[i] into *out (NULL when absent). */
+static int opt_string(const cJSON *m, const char *name, int i, const char **out, srv_error *e)
+{
+    const cJSON *v = field(m, name);
+    *out = NULL;
+    if (!v)
+        return 0;
+    if (!cJSON_IsString(v)) {
+        char param[64];
+        snprintf(param, sizeof(param), "messages[%d].%s", i, name);
+        return bad(e, param, "messages[%d].%s must be a string", i, name);
+    }
+    *out = v->valuestring;
+    return 0;
+}
+
+/* JSON text of v, kept with the request. */
+static int own_json(srv_request *r, const cJSON *v, const char **out, srv_error *e)
+{
+    char *s = cJSON_PrintUnformatted(v);
+    if (!s || !own(r, s))
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    *out = s;
+    return 0;
+}
+
+/* name, tool_call_id, tool_calls, reasoning_content: passed to the chat template */
+static int parse_message_extras(srv_request *r, const cJSON *m, int i, srv_error *e)
+{
+    kvc_chat_message *msg = &r->msgs[i];
+    int rc;
+    if ((rc = opt_string(m, "name", i, &msg->name, e)) ||
+        (rc = opt_string(m, "tool_call_id", i, &msg->tool_call_id, e)) ||
+        (rc = opt_string(m, "reasoning_content", i, &msg->reasoning_content, e)))
+        return rc;
+    const cJSON *tc = field(m, "tool_calls");
+    if (!tc)
+        return 0;
+    char param[64];
+    snprintf(param, sizeof(param), "messages[%d].tool_calls", i);
+    if (!cJSON_IsArray(tc))
+        return bad(e, param, "messages[%d].tool_calls must be an array", i);
+    const cJSON *c;
+    int j = 0;
+    cJSON_ArrayForEach(c, tc) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(f) ||
+            !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(f, "name")))
+            return bad(e, param, "messages[%d].tool_calls[%d] must be an object with a "
+                       "\"function\" object that has a \"name\"", i, j);
+        j++;
+    }
+    return own_json(r, tc, &msg->tool_calls_json, e);
+}
+
 static int parse_message(srv_request *r, const cJSON *m, int i, srv_error *e)
 {
+    int rc = cJSON_IsObject(m) ? parse_message_extras(r, m, i, e) : 0;
+    if (rc)
+        return rc;
     char param[64];
     snprintf(param, sizeof(param), "messages[%d]", i);
     if (!cJSON_IsObject(m))
@@ -268,6 +326,16 @@ static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error 
             return rc;
     r->params.messages = r->msgs;
     r->params.n_messages = (size_t)n;
+    /* tools and chat_template_kwargs go to the chat template */
+    const cJSON *tools = field(root, "tools"), *kw = field(root, "chat_template_kwargs");
+    if (tools && !cJSON_IsArray(tools))
+        return bad(e, "tools", "tools must be an array");
+    if (kw && !cJSON_IsObject(kw))
+        return bad(e, "chat_template_kwargs", "chat_template_kwargs must be an object");
+    if (tools && cJSON_GetArraySize(tools) > 0 && (rc = own_json(r, tools, &r->params.chat.tools_json, e)))
+        return rc;
+    if (kw && (rc = own_json(r, kw, &r->params.chat.template_kwargs_json, e)))
+        return rc;
     return 0;
 }
 
@@ -487,6 +555,16 @@ static cJSON *error_object(const srv_error *e)
 }
 
 char *srv_error_json(const srv_error *e) { return print(error_object(e)); }
+
+char *srv_prompt_json(const char *prompt)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o && !cJSON_AddStringToObject(o, "prompt", prompt)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return print(o);
+}
 char *srv_sse_error(const srv_error *e) { return sse(error_object(e)); }
 
 static void add_usage(cJSON *o, const kvc_chat_stats *st)

@@ -47,6 +47,7 @@ kvc_session *kvc_session_new(kvc_context *ctx, int32_t seq, const char *template
         .bos_text = bos >= 0 ? kvc_tokenizer_token_text(tok, bos) : "",
         .eos_text = eos >= 0 ? kvc_tokenizer_token_text(tok, eos) : "",
         .strip_bos = kvc_tokenizer_add_bos(tok),
+        .origin = source ? "the given (--chat-template-file)" : NULL,
     };
     if (kvc_chat_template_new(&tp, &tmpl, &e)) {
         copy_err(&e, err, err_size);
@@ -212,6 +213,16 @@ int kvc_session_render(const kvc_session *s, const kvc_chat_message *msgs, size_
     *out = rc ? NULL : r.text;
     r.text = NULL;
     kvc_rendered_free(&r);
+    return rc;
+}
+
+int kvc_session_prompt(kvc_session *s, const kvc_chat_message *msgs, size_t n,
+                       const kvc_chat_params *p, char **prompt, char *err, size_t err_size)
+{
+    kvc_err e = { 0 };
+    int rc = kvc_session_render(s, msgs, n, p, prompt, &e);
+    if (rc)
+        copy_err(&e, err, err_size);
     return rc;
 }
 

@@ -104,6 +104,7 @@ typedef struct kvc_chat_template_params {
     const char *bos_text;        /* bos_token's text; NULL = "" */
     const char *eos_text;        /* eos_token's text; NULL = "" */
     bool        strip_bos;       /* the tokenizer adds BOS: drop a leading bos_text */
+    const char *origin;          /* where jinja came from, for describe(); NULL = "the model's" */
 } kvc_chat_template_params;
 
 /* Compile the template to use. With p->name, that built-in format; else the
@@ -124,6 +125,12 @@ void kvc_chat_template_free(kvc_chat_template *t);   /* NULL ok */
 int kvc_chat_template_apply(const kvc_chat_template *t, const kvc_chat_message *msgs, size_t n,
                             const char *tools_json, const char *kwargs_json,
                             bool add_generation_prompt, kvc_rendered *out, kvc_err *err);
+
+/* Template kwargs: the members of `defaults` then those of `request` (which
+ * win per key when both have one), as one JSON object's text; malloc'd.
+ * Either may be NULL (then a copy of the other; NULL when both are).
+ * Returns KVC_ERR_INVALID_ARG when one is not a JSON object. */
+int kvc_chat_kwargs_merge(const char *defaults, const char *request, char **out, kvc_err *err);
 
 /* What is in use, for logs: "jinja (the model's tokenizer.chat_template)",
  * "built-in chatml (the model has no chat template)", ... Static or owned by t. */

@@ -73,8 +73,8 @@ int kvc_chat_template_new(const kvc_chat_template_params *p, kvc_chat_template *
         if (!rc && p->jinja_tool_use && *p->jinja_tool_use)
             rc = compile(p->jinja_tool_use, "chat template tool_use: ", &t->jinja_tools, err);
         t->family = kvc_chat_template_detect(p->jinja);
-        snprintf(t->describe, sizeof(t->describe), "the model's Jinja chat template%s%s%s",
-                 t->jinja_tools ? " (and its tool_use variant)" : "",
+        snprintf(t->describe, sizeof(t->describe), "%s Jinja chat template%s%s%s",
+                 p->origin ? p->origin : "the model's", t->jinja_tools ? " (and its tool_use variant)" : "",
                  t->family != KVC_TMPL_UNKNOWN ? ", family " : "",
                  t->family != KVC_TMPL_UNKNOWN ? kvc_chat_template_name(t->family) : "");
     } else {
@@ -236,6 +236,36 @@ static int object_members(const char *json, const char **p, size_t *n, const cha
     const char *a = strchr(json, '{'), *z = strrchr(json, '}');
     *p = a + 1;
     *n = (size_t)(z - a - 1);
+    return KVC_OK;
+}
+
+int kvc_chat_kwargs_merge(const char *defaults, const char *request, char **out, kvc_err *err)
+{
+    *out = NULL;
+    const char *pa = NULL, *pb = NULL;
+    size_t na = 0, nb = 0;
+    int rc;
+    if (defaults && (rc = object_members(defaults, &pa, &na, "chat template kwargs", err)))
+        return rc;
+    if (request && (rc = object_members(request, &pb, &nb, "chat_template_kwargs", err)))
+        return rc;
+    if (!defaults && !request)
+        return KVC_OK;
+    jbuf b = { 0 };
+    jb_puts(&b, "{");
+    jb_put(&b, pa ? pa : "", na);
+    bool a_any = false, b_any = false;
+    for (size_t i = 0; i < na; i++) a_any |= !strchr(" \t\r\n", pa[i]);
+    for (size_t i = 0; i < nb; i++) b_any |= !strchr(" \t\r\n", pb[i]);
+    if (a_any && b_any)
+        jb_puts(&b, ", ");   /* a key in both: the later (the request's) is the value read */
+    jb_put(&b, pb ? pb : "", nb);
+    jb_puts(&b, "}");
+    if (b.oom) {
+        free(b.p);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    }
+    *out = b.p;
     return KVC_OK;
 }
 
