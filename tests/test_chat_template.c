@@ -514,6 +514,168 @@ static void test_roles(void)
     }
 }
 
+/* ------------------------------------------------------------ the template object */
+
+/* The text of r with caller ranges kept and the rest as '.' */
+static char *content_mask(const kvc_rendered *r)
+{
+    char *m = malloc(r->len + 1);
+    memset(m, '.', r->len);
+    m[r->len] = 0;
+    for (size_t i = 0; i < r->n_content; i++) {
+        CHECK(r->content[i].off + r->content[i].len <= r->len);
+        if (i) CHECK(r->content[i].off > r->content[i - 1].off + r->content[i - 1].len);
+        memcpy(m + r->content[i].off, r->text + r->content[i].off, r->content[i].len);
+    }
+    return m;
+}
+
+static kvc_chat_template *make(const char *jinja, const char *tool_use, const char *name, bool strip)
+{
+    kvc_chat_template_params p = { .jinja = jinja, .jinja_tool_use = tool_use, .name = name,
+                                   .bos_text = "<s>", .eos_text = "</s>", .strip_bos = strip };
+    kvc_chat_template *t = NULL;
+    kvc_err err = { 0 };
+    int rc = kvc_chat_template_new(&p, &t, &err);
+    CHECKF(rc == KVC_OK, "%s", err.msg);
+    return t;
+}
+
+static const char QWEN_LIKE[] =
+    "{{ bos_token }}{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<call>{{ c.function.name }} {{ c.function.arguments | tojson }}</call>{% endfor %}{% endif %}"
+    "{% if m.name %} name={{ m.name }}{% endif %}{% if m.tool_call_id %} id={{ m.tool_call_id }}{% endif %}"
+    "{% if m.reasoning_content %} think={{ m.reasoning_content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}";
+
+static void test_object_jinja(void)
+{
+    kvc_chat_template *t = make(QWEN_LIKE, "TOOLS {{ tools | length }}", NULL, true);
+    const char *calls = "[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1.0, \\\"s\\\": \\\"<|im_end|>\\\"}\"}}]";
+    kvc_chat_message msgs[] = {
+        { "user", "hi <|im_end|>", "bob" },
+        { "assistant", NULL, NULL, NULL, calls, "hmm" },
+        { "tool", "42", NULL, "c1" },
+    };
+    kvc_rendered r;
+    kvc_err err = { 0 };
+    CHECK(kvc_chat_template_apply(t, msgs, 3, NULL, "{\"enable_thinking\": false}", true, &r, &err) == KVC_OK);
+    const char *want =
+        "<|im_start|>user\nhi <|im_end|> name=bob<|im_end|>\n"
+        "<|im_start|>assistant\n<call>f {\"x\": 1.0, \"s\": \"<|im_end|>\"}</call> think=hmm<|im_end|>\n"
+        "<|im_start|>tool\n42 id=c1<|im_end|>\n<|im_start|>assistant\n<think></think>";
+    CHECKF(r.text && !strcmp(r.text, want), "got «%s»", r.text);   /* leading <s> stripped */
+    CHECK_EQ_INT(r.len, strlen(want));
+    char *m = content_mask(&r);
+    const char *want_mask =   /* roles, content, names, ids, tool call names, keys and values */
+        "............user.hi <|im_end|>......bob.............."
+        ".........assistant.......f...x.........s....<|im_end|>................hmm.............."
+        ".........tool.42....c1................................................";
+    CHECKF(!strcmp(m, want_mask), "mask «%s»", m);
+    free(m);
+    kvc_rendered_free(&r);
+    /* with tools: the tool_use variant */
+    CHECK(kvc_chat_template_apply(t, msgs, 1, "[{\"type\": \"function\"}]", NULL, true, &r, &err) == KVC_OK);
+    CHECK(r.text && !strcmp(r.text, "TOOLS 1"));
+    kvc_rendered_free(&r);
+    /* an empty tools array is no tools */
+    CHECK(kvc_chat_template_apply(t, msgs, 1, "[]", NULL, false, &r, &err) == KVC_OK);
+    CHECK(r.text && !strncmp(r.text, "<|im_start|>user", 16));
+    kvc_rendered_free(&r);
+    /* errors */
+    CHECK(kvc_chat_template_apply(t, msgs, 1, "{}", NULL, true, &r, &err) == KVC_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "tools: not a JSON array") != NULL);
+    CHECK(r.text == NULL);
+    CHECK(kvc_chat_template_apply(t, msgs, 1, NULL, "[1]", true, &r, &err) == KVC_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "not a JSON object") != NULL);
+    kvc_chat_message bad_calls[] = { { "assistant", "", NULL, NULL, "{\"a\": 1}" } };
+    CHECK(kvc_chat_template_apply(t, bad_calls, 1, NULL, NULL, true, &r, &err) == KVC_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "tool_calls: not a JSON array") != NULL);
+    kvc_chat_template_free(t);
+
+    /* without strip_bos the BOS text stays; raise_exception is a 400-class error */
+    t = make("{{ bos_token }}{% if messages[0].role != 'user' %}{{ raise_exception('Only user roles: ' ~ messages[0].role) }}{% endif %}x",
+             NULL, NULL, false);
+    kvc_chat_message u[] = { { "user", "a" } }, sys[] = { { "system", "a" } };
+    CHECK(kvc_chat_template_apply(t, u, 1, NULL, NULL, true, &r, &err) == KVC_OK);
+    CHECK(r.text && !strcmp(r.text, "<s>x"));
+    kvc_rendered_free(&r);
+    CHECK(kvc_chat_template_apply(t, sys, 1, NULL, NULL, true, &r, &err) == KVC_ERR_INVALID_ARG);
+    CHECKF(strstr(err.msg, "template line 1: raise_exception: Only user roles: system") != NULL, "%s", err.msg);
+    kvc_chat_template_free(t);
+
+    /* a template that does not compile names its line */
+    kvc_chat_template_params p = { .jinja = "ok\n{% if %}" };
+    t = NULL;
+    CHECK(kvc_chat_template_new(&p, &t, &err) == KVC_ERR_INVALID_ARG && !t);
+    CHECKF(strstr(err.msg, "chat template: template line 2") != NULL, "%s", err.msg);
+    p = (kvc_chat_template_params){ .name = "no-such-format" };
+    CHECK(kvc_chat_template_new(&p, &t, &err) == KVC_ERR_INVALID_ARG && !t);
+    CHECK(strstr(err.msg, "unknown chat template 'no-such-format'") != NULL);
+}
+
+static void test_object_builtin(void)
+{
+    /* no template: ChatML, content ranges marked */
+    kvc_chat_template *t = make(NULL, NULL, NULL, true);
+    CHECK(strstr(kvc_chat_template_describe(t), "built-in chatml") != NULL);
+    CHECK(!strcmp(kvc_chat_template_stop_list(t)[0], "<|im_end|>"));
+    kvc_chat_message msgs[] = { { "system", "S" }, { "user", "<|im_start|>x" } };
+    kvc_rendered r;
+    kvc_err err = { 0 };
+    CHECK(kvc_chat_template_apply(t, msgs, 2, NULL, NULL, true, &r, &err) == KVC_OK);
+    char *m = content_mask(&r);
+    CHECKF(!strcmp(m, "...................S............................<|im_start|>x................................."), "%s", m);
+    free(m);
+    kvc_rendered_free(&r);
+    kvc_chat_template_free(t);
+    /* by name, over a model template; gemma folds the system text (still marked) */
+    t = make(QWEN_LIKE, NULL, "gemma", true);
+    CHECK(strstr(kvc_chat_template_describe(t), "built-in gemma") != NULL);
+    CHECK(kvc_chat_template_apply(t, msgs, 2, NULL, NULL, false, &r, &err) == KVC_OK);
+    m = content_mask(&r);
+    CHECKF(!strcmp(r.text, "<start_of_turn>user\nS\n\n<|im_start|>x<end_of_turn>\n"), "%s", r.text);
+    CHECKF(!strcmp(m, "....................S..<|im_start|>x.............."), "%s", m);
+    free(m);
+    kvc_rendered_free(&r);
+    kvc_chat_template_free(t);
+    kvc_chat_template_free(NULL);
+    kvc_rendered_free(NULL);
+    /* a Jinja template recognised as a family takes its stops */
+    t = make("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}", NULL, NULL, true);
+    CHECK(!strcmp(kvc_chat_template_stop_list(t)[0], "<|im_end|>"));
+    CHECK(!strcmp(kvc_chat_template_sep(t), ""));
+    kvc_chat_template_free(t);
+}
+
+static void test_kwargs_merge(void)
+{
+    char *out = NULL;
+    kvc_err err = { 0 };
+    CHECK(kvc_chat_kwargs_merge(NULL, NULL, &out, &err) == KVC_OK && !out);
+    CHECK(kvc_chat_kwargs_merge("{\"a\": 1, \"b\": 2}", "{\"b\": 3}", &out, &err) == KVC_OK);
+    CHECKF(out && !strcmp(out, "{\"a\": 1, \"b\": 2, \"b\": 3}"), "%s", out);
+    free(out);
+    CHECK(kvc_chat_kwargs_merge("{}", " { } ", &out, &err) == KVC_OK);
+    CHECKF(out && !strcmp(out, "{ }"), "%s", out);
+    free(out);
+    CHECK(kvc_chat_kwargs_merge(NULL, "{\"x\": true}", &out, &err) == KVC_OK);
+    CHECK(out && !strcmp(out, "{\"x\": true}"));
+    free(out);
+    CHECK(kvc_chat_kwargs_merge("[]", NULL, &out, &err) == KVC_ERR_INVALID_ARG && !out);
+    /* the request's value wins when rendered */
+    kvc_chat_template *t = make("{{ b }}", NULL, NULL, true);
+    kvc_chat_message u[] = { { "user", "a" } };
+    kvc_rendered r;
+    CHECK(kvc_chat_kwargs_merge("{\"b\": 2}", "{\"b\": 3}", &out, &err) == KVC_OK);
+    CHECK(kvc_chat_template_apply(t, u, 1, NULL, out, true, &r, &err) == KVC_OK);
+    CHECK(r.text && !strcmp(r.text, "3"));
+    kvc_rendered_free(&r);
+    free(out);
+    kvc_chat_template_free(t);
+}
+
 int main(void)
 {
     test_detect();
@@ -523,5 +685,8 @@ int main(void)
     test_prefix_stability();
     test_growing_chat();
     test_roles();
+    test_object_jinja();
+    test_object_builtin();
+    test_kwargs_merge();
     return test_done("test_chat_template");
 }

@@ -69,9 +69,9 @@ int kvc_chat_template_new(const kvc_chat_template_params *p, kvc_chat_template *
                           "format name; use a file for Jinja source)", p->name);
         snprintf(t->describe, sizeof(t->describe), "built-in %s (chosen by name)", p->name);
     } else if (p->jinja && *p->jinja) {
-        rc = compile(p->jinja, "chat template: ", &t->jinja, err);
+        rc = compile(p->jinja, "chat template", &t->jinja, err);
         if (!rc && p->jinja_tool_use && *p->jinja_tool_use)
-            rc = compile(p->jinja_tool_use, "chat template tool_use: ", &t->jinja_tools, err);
+            rc = compile(p->jinja_tool_use, "chat template tool_use", &t->jinja_tools, err);
         t->family = kvc_chat_template_detect(p->jinja);
         snprintf(t->describe, sizeof(t->describe), "%s Jinja chat template%s%s%s",
                  p->origin ? p->origin : "the model's", t->jinja_tools ? " (and its tool_use variant)" : "",
