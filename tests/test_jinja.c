@@ -246,6 +246,50 @@ static void first_diff(const char *a, size_t na, const char *b, size_t nb)
             (int)KVC_MIN(na - from, 160), a + from, (int)KVC_MIN(nb - from, 160), b + from);
 }
 
+/* Rendering cost per request (printed, not asserted): a template of the
+ * corpus, a 20-turn conversation (40 messages of about 300 bytes), through
+ * compile-once, render-many as the server does. */
+static void bench_render(const char *dir, const char *file)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", dir, file);
+    char *src = test_read_file(path, NULL);
+    if (!src)
+        return;
+    size_t cap = 64 * 1024, n = 0;
+    char *data = malloc(cap);
+    n += (size_t)snprintf(data + n, cap - n, "{\"messages\": [{\"role\": \"system\", \"content\": \"You are a helpful assistant.\"}");
+    for (int t = 0; t < 20; t++)
+        n += (size_t)snprintf(data + n, cap - n,
+                              ", {\"role\": \"user\", \"content\": \"Question %d: tell me about the history of the number %d, "
+                              "its properties, and where it shows up in nature or culture.\\nPlease be brief.\"}"
+                              ", {\"role\": \"assistant\", \"content\": \"The number %d is interesting because it is %s. "
+                              "It appears in many places: in mathematics, in calendars and in games. Historically it was "
+                              "used by several cultures.\\n\\nIn short: a fine number.\"}", t, t * 7, t * 7, t % 2 ? "odd" : "even");
+    snprintf(data + n, cap - n, ", {\"role\": \"user\", \"content\": \"Thanks!\"}]}");
+    const char *trusted = "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"add_generation_prompt\": true}";
+    jinja_template *t = NULL;
+    kvc_err err = { 0 };
+    int64_t t0 = kvc_time_us();
+    int rc = jinja_compile(src, strlen(src), &t, &err);
+    int64_t t1 = kvc_time_us();
+    const int reps = 200;
+    size_t out_len = 0;
+    for (int i = 0; rc == KVC_OK && i < reps; i++) {
+        jinja_output o;
+        rc = jinja_render(t, data, trusted, NULL, &o, &err);
+        out_len = o.len;
+        jinja_output_free(&o);
+    }
+    int64_t t2 = kvc_time_us();
+    if (rc == KVC_OK)
+        printf("test_jinja: bench %s: compile %.1f us; 20-turn render %.1f us per request (%zu bytes out)\n",
+               file, (double)(t1 - t0), (double)(t2 - t1) / reps, out_len);
+    jinja_template_free(t);
+    free(data);
+    free(src);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -313,6 +357,11 @@ int main(int argc, char **argv)
         if (!same) test_failures++;
         jinja_output_free(&o);
         jinja_template_free(t);
+    }
+    if (dir && !only) {
+        bench_render(dir, "Qwen-Qwen3-0.6B.jinja");
+        bench_render(dir, "meta-llama-Llama-3.1-8B-Instruct.jinja");
+        bench_render(dir, "openai-gpt-oss-120b.jinja");
     }
     printf("test_jinja: %zu/%zu cases identical to Python jinja2 (%zu where both refuse); "
            "features %zu, corpus %zu/%zu\n", pass, n_cases, both_fail, n_features,
