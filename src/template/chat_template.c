@@ -164,25 +164,30 @@ typedef struct sbuf {
     size_t nsp, capsp;
 } sbuf;
 
-static void sb_addn(sbuf *b, const char *s, size_t n)
+void kvc_text_append(char **p, size_t *len, size_t *cap, bool *oom, const char *s, size_t n)
 {
-    if (b->oom)
+    if (*oom)
         return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *np = realloc(*p, c);
+        if (!np) {
+            *oom = true;
             return;
         }
-        b->p = p;
-        b->cap = cap;
+        *p = np;
+        *cap = c;
     }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
+    memcpy(*p + *len, s, n);
+    *len += n;
+    (*p)[*len] = 0;
+}
+
+static void sb_addn(sbuf *b, const char *s, size_t n)
+{
+    kvc_text_append(&b->p, &b->len, &b->cap, &b->oom, s, n);
 }
 
 static void sb_add(sbuf *b, const char *s)

@@ -111,23 +111,7 @@ typedef struct jbuf {
 
 static void jb_put(jbuf *b, const char *s, size_t n)
 {
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
+    kvc_text_append(&b->p, &b->n, &b->cap, &b->oom, s, n);
 }
 
 static void jb_puts(jbuf *b, const char *s) { jb_put(b, s, strlen(s)); }

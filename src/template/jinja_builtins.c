@@ -124,14 +124,7 @@ static bool u_cased(unsigned u)
 static void put_cp(jsb *b, unsigned u, bool mark)
 {
     char o[4];
-    size_t n;
-    if (u < 0x80) { o[0] = (char)u; n = 1; }
-    else if (u < 0x800) { o[0] = (char)(0xC0 | u >> 6); o[1] = (char)(0x80 | (u & 63)); n = 2; }
-    else if (u < 0x10000) { o[0] = (char)(0xE0 | u >> 12); o[1] = (char)(0x80 | (u >> 6 & 63));
-                            o[2] = (char)(0x80 | (u & 63)); n = 3; }
-    else { o[0] = (char)(0xF0 | u >> 18); o[1] = (char)(0x80 | (u >> 12 & 63));
-           o[2] = (char)(0x80 | (u >> 6 & 63)); o[3] = (char)(0x80 | (u & 63)); n = 4; }
-    jsb_put_mark(b, o, n, mark);
+    jsb_put_mark(b, o, ju8_put(o, u), mark);
 }
 
 /* mode: 0 lower, 1 upper, 2 capitalize (str.capitalize), 3 str.title */

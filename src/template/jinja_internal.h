@@ -144,7 +144,9 @@ void jv_write_float(jsb *b, double f);   /* Python's repr(float) */
  * Every string is marked as caller data when `mark`. Fails with the offset. */
 jv *jv_parse_json(jctx *c, const char *p, size_t n, bool mark);
 
-/* UTF-8: the number of code points; the byte offset of code point i (clamped). */
+/* UTF-8: the encoding of code point u into o[0, 4), returning its length;
+ * the number of code points; the byte offset of code point i (clamped). */
+size_t ju8_put(char *o, unsigned u);
 size_t ju8_len(const char *p, size_t n);
 size_t ju8_off(const char *p, size_t n, size_t i);
 

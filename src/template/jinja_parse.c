@@ -59,15 +59,7 @@ static bool is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch 
 static bool is_name0(char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_'; }
 static bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
 
-static void put_u8(char *o, size_t *k, unsigned u)
-{
-    if (u < 0x80) o[(*k)++] = (char)u;
-    else if (u < 0x800) { o[(*k)++] = (char)(0xC0 | u >> 6); o[(*k)++] = (char)(0x80 | (u & 63)); }
-    else if (u < 0x10000) { o[(*k)++] = (char)(0xE0 | u >> 12); o[(*k)++] = (char)(0x80 | (u >> 6 & 63));
-                            o[(*k)++] = (char)(0x80 | (u & 63)); }
-    else { o[(*k)++] = (char)(0xF0 | u >> 18); o[(*k)++] = (char)(0x80 | (u >> 12 & 63));
-           o[(*k)++] = (char)(0x80 | (u >> 6 & 63)); o[(*k)++] = (char)(0x80 | (u & 63)); }
-}
+static void put_u8(char *o, size_t *k, unsigned u) { *k += ju8_put(o + *k, u); }
 
 static int hexval(char ch)
 {
@@ -786,31 +778,21 @@ static jnode *p_not(parser *P)
     return p_compare(P);
 }
 
-static jnode *p_and(parser *P)
+/* or: and ('or' and)*, and: not ('and' not)* */
+static jnode *p_logic(parser *P, bool is_or)
 {
-    jnode *n = p_not(P);
-    while (is_name(P, "and")) {
+    jnode *n = is_or ? p_logic(P, false) : p_not(P);
+    while (is_name(P, is_or ? "or" : "and")) {
         int line = next(P)->line;
-        jnode *x = mk(P, JN_AND, line);
+        jnode *x = mk(P, is_or ? JN_OR : JN_AND, line);
         x->a = n;
-        x->b = p_not(P);
+        x->b = is_or ? p_logic(P, false) : p_not(P);
         n = x;
     }
     return n;
 }
 
-static jnode *p_or(parser *P)
-{
-    jnode *n = p_and(P);
-    while (is_name(P, "or")) {
-        int line = next(P)->line;
-        jnode *x = mk(P, JN_OR, line);
-        x->a = n;
-        x->b = p_and(P);
-        n = x;
-    }
-    return n;
-}
+static jnode *p_or(parser *P) { return p_logic(P, true); }
 
 /* Jinja's parse_condexpr: a if c else b, b optional. */
 static jnode *p_expr(parser *P)

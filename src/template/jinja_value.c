@@ -331,6 +331,17 @@ size_t jv_len(jctx *c, int line, const jv *v)
 
 /* ---------------------------------------------------------------- UTF-8 */
 
+size_t ju8_put(char *o, unsigned u)
+{
+    if (u < 0x80) { o[0] = (char)u; return 1; }
+    if (u < 0x800) { o[0] = (char)(0xC0 | u >> 6); o[1] = (char)(0x80 | (u & 63)); return 2; }
+    if (u < 0x10000) { o[0] = (char)(0xE0 | u >> 12); o[1] = (char)(0x80 | (u >> 6 & 63));
+                       o[2] = (char)(0x80 | (u & 63)); return 3; }
+    o[0] = (char)(0xF0 | u >> 18); o[1] = (char)(0x80 | (u >> 12 & 63));
+    o[2] = (char)(0x80 | (u >> 6 & 63)); o[3] = (char)(0x80 | (u & 63));
+    return 4;
+}
+
 size_t ju8_len(const char *p, size_t n)
 {
     size_t k = 0;
@@ -756,14 +767,7 @@ static unsigned jp_hex4(jp *j)
 static void put_utf8(jsb *b, unsigned u)
 {
     char o[4];
-    int n;
-    if (u < 0x80) { o[0] = (char)u; n = 1; }
-    else if (u < 0x800) { o[0] = (char)(0xC0 | u >> 6); o[1] = (char)(0x80 | (u & 63)); n = 2; }
-    else if (u < 0x10000) { o[0] = (char)(0xE0 | u >> 12); o[1] = (char)(0x80 | (u >> 6 & 63));
-                            o[2] = (char)(0x80 | (u & 63)); n = 3; }
-    else { o[0] = (char)(0xF0 | u >> 18); o[1] = (char)(0x80 | (u >> 12 & 63));
-           o[2] = (char)(0x80 | (u >> 6 & 63)); o[3] = (char)(0x80 | (u & 63)); n = 4; }
-    jsb_put(b, o, n, NULL);
+    jsb_put(b, o, ju8_put(o, u), NULL);
 }
 
 static jv *jp_string(jp *j)
