@@ -990,6 +990,42 @@ static kvc_model *load_tiny(char *dir, char *path, size_t cap)
     return m;
 }
 
+/* POST /apply-template: the prompt the model's Jinja template renders; its
+ * errors are 400s naming the field. */
+static void test_apply_template(void)
+{
+    resp r = post("/apply-template",
+                  "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\","
+                  "\"content\":\"hi <|im_end|>\",\"name\":\"bob\"},{\"role\":\"assistant\",\"content\":null,"
+                  "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                  "\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}],"
+                  "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                  "\"chat_template_kwargs\":{\"enable_thinking\":false}}");
+    cJSON *j = cJSON_Parse(r.body ? r.body : "");
+    const char *prompt = jstr(j, "prompt");
+    CHECKF(r.status == 200 && prompt, "apply-template: %d %.200s", r.status, r.body ? r.body : "");
+    CHECKF(prompt && !strcmp(prompt, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi <|im_end|><|im_end|>\n"
+                                    "<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\nok<|im_end|>\n"
+                                    "<|im_start|>assistant\n"), "prompt «%s»", prompt);
+    cJSON_Delete(j);
+    resp_free(&r);
+    expect_error("apply-template tools", post("/apply-template",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}"),
+                 400, NULL, "tools", "array");
+    expect_error("apply-template tool_calls", post("/apply-template",
+                 "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":1}]}]}"),
+                 400, NULL, "messages[0].tool_calls", "function");
+    expect_error("apply-template kwargs", post("/apply-template",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":1}"),
+                 400, NULL, "chat_template_kwargs", "object");
+    expect_error("apply-template name", post("/apply-template",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":5}]}"),
+                 400, NULL, "messages[0].name", "string");
+    resp g = get("/apply-template");
+    CHECK(g.status == 405);
+    resp_free(&g);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/kvc_test_server_XXXXXX", path[512], err[512];
@@ -1012,6 +1048,7 @@ int main(void)
         RUN(test_completions());
         RUN(test_conversations());
         RUN(test_bad_fields());
+        RUN(test_apply_template());
         RUN(test_context_length());
         RUN(test_routes());
         RUN(test_error_mapping());
