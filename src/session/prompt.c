@@ -147,13 +147,21 @@ int kvc_prompt_next_turn(const kvc_model *m, int tmpl, const kvc_chat_message *m
     if (rc)
         return rc;
     /* the last control token ends a run of text: what follows cannot change
-     * the tokens up to it */
+     * the tokens up to it. Past it, a token that begins with white space
+     * begins a word: tokenizers do not merge across that in practice (a
+     * guess, not a proof; it only decides what is computed ahead of time,
+     * never what a request's tokens are) */
     int64_t keep = 0;
-    for (int64_t i = out->n; i > 0; i--)
-        if (kvc_tokenizer_token_type(m->tok, out->v[i - 1]) == KVC_TOKEN_CONTROL) {
+    for (int64_t i = out->n; i > 0 && keep == 0; i--) {
+        int32_t id = out->v[i - 1];
+        char piece[64];
+        int k;
+        if (kvc_tokenizer_token_type(m->tok, id) == KVC_TOKEN_CONTROL)
             keep = i;
-            break;
-        }
+        else if ((k = kvc_token_to_piece(m->tok, id, false, piece, sizeof(piece))) > 0 &&
+                 k <= (int)sizeof(piece) && piece[0] && strchr(" \t\r\n", piece[0]))
+            keep = i - 1;
+    }
     out->n = keep;
     return KVC_OK;
 }

@@ -55,10 +55,12 @@ int kvc_prompt_chat(const kvc_model *m, int tmpl, const kvc_chat_message *msgs, 
  * template may rewrite the reply in history: trim it, drop a reasoning block)
  * and cut where that user message's content begins, so the end-of-turn markup
  * and the next turn's header are included. *out (empty) gets the tokens of
- * that text that are certain to begin the next request's tokens whatever its
- * user message says: up to and including the last control token (text is
- * tokenized in runs between control tokens, so nothing after one changes the
- * tokens before it). KVC_ERR_NOMEM, KVC_ERR_INVALID_ARG (a bad role). */
+ * that text that begin the next request's tokens whatever its user message
+ * says: up to and including the last control token (text is tokenized in
+ * runs between control tokens, so nothing after one changes the tokens before
+ * it), or, when later, up to the last token that begins a word. Used only to
+ * compute ahead of time, never as a request's tokens. KVC_ERR_NOMEM,
+ * KVC_ERR_INVALID_ARG (a bad role). */
 int kvc_prompt_next_turn(const kvc_model *m, int tmpl, const kvc_chat_message *msgs, size_t n,
                          const char *reply, kvc_tokbuf *out, kvc_err *err);
 

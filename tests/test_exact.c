@@ -1,0 +1,236 @@
+/* test_exact.c - a warm session answers exactly as a fresh context does
+ * (DESIGN.md §3, the fidelity rule), at the C API.
+ *
+ * For each model (random-weight BPE and SPM models made here; the two real
+ * TinyStories models of ../shared when present), greedy and seeded sampling at
+ * temperature 1: three conversations of six turns run interleaved on one warm
+ * context (its sessions share the prefix tree). Every reply must equal the
+ * reply of a fresh context given the same messages and parameters, and be
+ * valid UTF-8. Turns 2+ must compute at most SLACK tokens beyond the new
+ * message and its template markup: the previous reply and its end of turn were
+ * computed by the canonicalization that kvc_session_chat runs after a reply. */
+#include "test.h"
+
+#include "chat_template.h"
+#include "model.h"
+#include "session.h"
+#include "tokenizer.h"
+#include "unicode.h"
+
+#include <unistd.h>
+
+#define N_CONV  3
+#define N_TURNS 6
+#define SLACK   8
+#define MAX_MSG (2 * N_TURNS + 1)
+
+static const char *const USER[] = {
+    "Hello! Tell me a story about a small dog.",
+    "Why is the sky blue?\nAnswer in two lines.",
+    "Café, naïve, 日本語, emoji 🙂 — and a tab\there.",
+    "What did you say before? Repeat it.",
+    "Write a list:\n- one\n- two\n- three",
+    "  leading and trailing spaces  ",
+    "Once upon a time there was a girl named Lily.",
+    "Numbers: 3.14159, 2718, -42, 1e10.",
+    "OK.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Say something in French: « bonjour »",
+    "def f(x):\n    return x * 2\n",
+};
+
+typedef struct conv {
+    kvc_chat_message m[MAX_MSG];
+    char            *owned[MAX_MSG];
+    size_t           n;
+} conv;
+
+static void conv_push(conv *c, const char *role, char *content)
+{
+    c->owned[c->n] = content;
+    c->m[c->n++] = (kvc_chat_message){ role, content };
+}
+
+static void conv_free(conv *c)
+{
+    for (size_t i = 0; i < c->n; i++)
+        free(c->owned[i]);
+    c->n = 0;
+}
+
+/* Tokens of msgs rendered (gen: with the generation prompt), as a cold run. */
+static kvc_tokbuf tokens_of(const kvc_model *m, int tmpl, const kvc_chat_message *msgs, size_t n,
+                            bool gen)
+{
+    kvc_tokbuf b = { 0 };
+    char *text = NULL;
+    kvc_err e = { 0 };
+    CHECK(kvc_chat_render(tmpl, (const kvc_chat_msg *)msgs, n, gen, &text, &e) == KVC_OK);
+    if (text)
+        CHECK(kvc_prompt_tokenize(m, text, strlen(text), &b, &e) == KVC_OK);
+    free(text);
+    return b;
+}
+
+/* The new message and its markup: the prompt's tokens past the longest
+ * common prefix with the previous conversation closed by its reply. */
+static int64_t new_tokens(const kvc_model *m, int tmpl, const conv *c)
+{
+    kvc_tokbuf now = tokens_of(m, tmpl, c->m, c->n, true);
+    kvc_tokbuf before = tokens_of(m, tmpl, c->m, c->n - 1, false);
+    int64_t k = 0;
+    while (k < now.n && k < before.n && now.v[k] == before.v[k])
+        k++;
+    int64_t r = now.n - k;
+    kvc_tokbuf_free(&now);
+    kvc_tokbuf_free(&before);
+    return r;
+}
+
+/* The reply of a fresh context to c (the reference: shares nothing). */
+static char *cold_reply(kvc_model *m, const conv *c, const kvc_chat_params *p)
+{
+    kvc_context *ctx = NULL;
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = 2048;
+    cp.n_threads = 2;
+    char err[512];
+    char *reply = NULL;
+    CHECKF(kvc_context_new(m, &cp, &ctx, err, sizeof(err)) == KVC_OK, "%s", err);
+    kvc_session *s = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
+    if (s)
+        CHECKF(kvc_session_chat(s, c->m, c->n, p, NULL, NULL, &reply, NULL, err, sizeof(err)) ==
+               KVC_OK, "cold: %s", err);
+    kvc_session_free(s);
+    kvc_context_free(ctx);
+    return reply;
+}
+
+typedef struct totals {
+    int replies, equal, slack_ok, turns2;
+    int64_t computed, ideal;
+} totals;
+
+static void run_model(kvc_model *m, const char *name, bool sampled, totals *tot)
+{
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = 2048;
+    cp.n_seq = N_CONV;
+    cp.n_threads = 2;
+    kvc_context *ctx = NULL;
+    char err[512];
+    CHECKF(kvc_context_new(m, &cp, &ctx, err, sizeof(err)) == KVC_OK, "%s: %s", name, err);
+    if (!ctx)
+        return;
+    kvc_session *s[N_CONV];
+    conv c[N_CONV];
+    memset(c, 0, sizeof(c));
+    for (int i = 0; i < N_CONV; i++) {
+        s[i] = kvc_session_new(ctx, i, NULL, err, sizeof(err));
+        if (i == 1)
+            conv_push(&c[i], "system", strdup("You are a helpful assistant. Be brief."));
+    }
+    int tmpl = s[0]->tmpl;
+    for (int t = 0; t < N_TURNS; t++)
+        for (int i = 0; i < N_CONV; i++) {
+            conv_push(&c[i], "user", strdup(USER[(size_t)(i * 5 + t) % KVC_ARRAY_LEN(USER)]));
+            kvc_chat_params p = kvc_chat_default_params();
+            p.max_tokens = 12 + 4 * ((i + t) % 4);
+            if (sampled) {
+                p.sampling.temperature = 1.0f;
+                p.sampling.seed = 1000u * (uint64_t)i + (uint64_t)t + 7;
+            }
+            char *warm = NULL;
+            kvc_chat_stats st;
+            int rc = kvc_session_chat(s[i], c[i].m, c[i].n, &p, NULL, NULL, &warm, &st, err,
+                                      sizeof(err));
+            CHECKF(rc == KVC_OK, "%s: warm: %s", name, err);
+            char *cold = cold_reply(m, &c[i], &p);
+            tot->replies++;
+            bool eq = warm && cold && strcmp(warm, cold) == 0;
+            tot->equal += eq;
+            CHECKF(eq, "%s %s conv %d turn %d: warm \"%s\" != cold \"%s\"", name,
+                   sampled ? "seeded" : "greedy", i, t, warm ? warm : "(null)",
+                   cold ? cold : "(null)");
+            CHECKF(warm && kvc_utf8_valid(warm, strlen(warm)), "%s: reply not valid UTF-8", name);
+            if (t > 0) {
+                int64_t ideal = new_tokens(m, tmpl, &c[i]);
+                tot->turns2++;
+                tot->computed += st.computed_tokens;
+                tot->ideal += ideal;
+                bool ok = st.computed_tokens <= ideal + SLACK;
+                tot->slack_ok += ok;
+                CHECKF(ok, "%s conv %d turn %d: computed %d tokens, the new message and its markup "
+                       "are %lld", name, i, t, st.computed_tokens, (long long)ideal);
+            }
+            conv_push(&c[i], "assistant", warm ? warm : strdup(""));
+            free(cold);
+        }
+    for (int i = 0; i < N_CONV; i++) {
+        kvc_session_free(s[i]);
+        conv_free(&c[i]);
+    }
+    kvc_context_free(ctx);
+}
+
+static kvc_model *load(const char *path)
+{
+    kvc_model *m = NULL;
+    char err[512];
+    CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
+    return m;
+}
+
+static kvc_model *make(const char *preset, const char *path)
+{
+    kvc_gen_params g;
+    char err[512];
+    CHECK(kvc_gen_preset(preset, &g) == KVC_OK);
+    g.n_threads = 2;
+    CHECKF(kvc_gen_write(&g, path, err, sizeof(err)) == KVC_OK, "%s", err);
+    return load(path);
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/kvc_exact_XXXXXX", path[4200];
+    if (!mkdtemp(dir))
+        return 1;
+    struct { const char *name, *preset, *file; } models[] = {
+        { "random qwen2 (BPE)", "tiny", NULL },
+        { "random llama (SPM)", "tiny-llama", NULL },
+        { "random qwen3 (SPM)", "tiny-qwen3", NULL },
+        { "TinyStories-656K", NULL, "TinyStories-656K-Q8_0.gguf" },
+        { "stories260K", NULL, "stories260K.gguf" },
+    };
+    const char *shared = test_shared_dir();
+    totals tot = { 0 };
+    for (size_t k = 0; k < KVC_ARRAY_LEN(models); k++) {
+        kvc_model *m = NULL;
+        if (models[k].preset) {
+            snprintf(path, sizeof(path), "%s/%s.gguf", dir, models[k].preset);
+            m = make(models[k].preset, path);
+            unlink(path);
+        } else if (shared) {
+            snprintf(path, sizeof(path), "%s/models/%s", shared, models[k].file);
+            m = load(path);
+        } else {
+            printf("  %s: skipped (no ../shared)\n", models[k].name);
+            continue;
+        }
+        if (!m)
+            continue;
+        totals before = tot;
+        run_model(m, models[k].name, false, &tot);
+        run_model(m, models[k].name, true, &tot);
+        printf("  %s: %d/%d replies equal a fresh context's; turns 2+: computed %lld tokens, "
+               "new messages and markup %lld\n", models[k].name, tot.equal - before.equal,
+               tot.replies - before.replies, (long long)(tot.computed - before.computed),
+               (long long)(tot.ideal - before.ideal));
+        kvc_model_free(m);
+    }
+    rmdir(dir);
+    printf("  all: %d/%d equal; %d/%d later turns within %d tokens of the ideal\n", tot.equal,
+           tot.replies, tot.slack_ok, tot.turns2, SLACK);
+    return test_done("test_exact");
+}
