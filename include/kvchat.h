@@ -422,9 +422,11 @@ typedef struct kvc_event {
     kvc_chat_stats stats;       /* DONE */
 } kvc_event;
 
-/* Queue a request (everything in params is copied). NULL with err set when
- * it is invalid (KVC_ERR_INVALID_ARG) or the queue is full (KVC_ERR_BUSY;
- * *status gets the code when non-NULL). What is found when the engine takes
+/* Queue a request (everything in params is copied). The prompt is rendered
+ * and tokenized here, in the caller's thread. NULL with err set when it is
+ * invalid (KVC_ERR_INVALID_ARG: a bad role), does not fit even after a
+ * context shift (KVC_ERR_CONTEXT_LENGTH), or the queue is full
+ * (KVC_ERR_BUSY); *status gets the code when non-NULL. What is found when the engine takes
  * it comes as an ERROR event: KVC_ERR_CONTEXT_LENGTH, KVC_ERR_KV_FULL (larger
  * than the whole KV budget), KVC_ERR_INVALID_ARG (a bad role, sampling). */
 kvc_request *kvc_engine_submit(kvc_engine *engine, const kvc_request_params *params,
