@@ -126,6 +126,7 @@ static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *s
         fprintf(stderr, "kvchat: %s\n", err);
         return 1;
     }
+    cli_note_n_ctx(m, ep->n_ctx, kvc_engine_n_ctx(e));
     if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         kvc_engine_free(e);

@@ -467,6 +467,9 @@ typedef struct kvc_engine_metrics {
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);
+/* The context length in use: params.n_ctx, or the model's training context
+ * capped by what the KV budget holds (lower than n_ctx_train when capped). */
+int32_t kvc_engine_n_ctx(const kvc_engine *engine);
 
 #ifdef __cplusplus
 }
