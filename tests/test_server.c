@@ -606,7 +606,7 @@ static void test_error_mapping(void)
 {
     static const struct { int status, http; const char *code; } map[] = {
         { KVC_ERR_INVALID_ARG, 400, NULL }, { KVC_ERR_CONTEXT_LENGTH, 400, "context_length_exceeded" },
-        { KVC_ERR_BUSY, 503, "server_busy" }, { KVC_ERR_KV_FULL, 503, "kv_cache_full" },
+        { KVC_ERR_BUSY, 503, "server_busy" }, { KVC_ERR_KV_FULL, 400, "context_length_exceeded" },
         { KVC_ERR_NOMEM, 500, NULL }, { KVC_ERR_IO, 500, NULL },
     };
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {

@@ -47,9 +47,11 @@ int srv_error_from_status(srv_error *e, int status, const char *message)
     case KVC_ERR_BUSY:
         return srv_error_set(e, 503, "server_error", NULL, "server_busy",
                              "the server is busy (request queue full); try again later: %s", m);
-    case KVC_ERR_KV_FULL:   /* running requests hold the whole pool: transient */
-        return srv_error_set(e, 503, "server_error", NULL, "kv_cache_full",
-                             "the KV cache is full; try again later: %s", m);
+    case KVC_ERR_KV_FULL:   /* the engine says so only of a request larger than its
+                             * whole pool (others wait for room): a retry cannot help */
+        return srv_error_set(e, 400, "invalid_request_error", "messages",
+                             "context_length_exceeded",
+                             "the request can never fit in the KV cache: %s", m);
     default:
         return srv_error_set(e, 500, "server_error", NULL, NULL, "%s", m);
     }
