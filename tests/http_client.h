@@ -1,7 +1,7 @@
-/* http_client.h - a plain-socket HTTP/1.1 client for the server tests, and
- * JSON helpers: one request per connection, the answer parsed (status,
- * headers, de-chunked body). Header-only (static functions) so that each
- * test binary takes what it uses. */
+/* http_client.h - a plain-socket HTTP/1.1 client for the server tests, JSON
+ * helpers, and waiting for an engine to go idle: one request per connection,
+ * the answer parsed (status, headers, de-chunked body). Header-only (static
+ * functions) so that each test binary takes what it uses. */
 #ifndef KVC_HTTP_CLIENT_H
 #define KVC_HTTP_CLIENT_H
 
@@ -14,6 +14,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "kvchat.h"
 #include "test.h"
 
 #if defined(__GNUC__)
@@ -214,6 +215,19 @@ static void expect_error(const char *what, resp r, int status, const char *code,
                msg, mention);
     cJSON_Delete(j);
     resp_free(&r);
+}
+
+/* Wait until the engine is idle (nothing running or queued); false after 20 s. */
+static bool wait_idle(kvc_engine *e)
+{
+    for (int i = 0; i < 2000; i++) {
+        kvc_engine_metrics m;
+        kvc_engine_get_metrics(e, &m);
+        if (m.running == 0 && m.queue_depth == 0)
+            return true;
+        usleep(10000);
+    }
+    return false;
 }
 
 #if defined(__GNUC__)

@@ -569,19 +569,6 @@ static void test_slow_clients(void)
     close(b);
 }
 
-/* Wait until the engine is idle (nothing running or queued); false after 20 s. */
-static bool wait_idle(kvc_engine *e)
-{
-    for (int i = 0; i < 2000; i++) {
-        kvc_engine_metrics m;
-        kvc_engine_get_metrics(e, &m);
-        if (m.running == 0 && m.queue_depth == 0)
-            return true;
-        usleep(10000);
-    }
-    return false;
-}
-
 static const char long_gen[] = "{\"prompt\":\"the the the the the\",\"max_tokens\":1500,"
                                "\"temperature\":0%s}";
 

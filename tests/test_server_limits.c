@@ -53,19 +53,6 @@ static bool closed_by_server(int fd)
     return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
-/* Wait until the engine is idle; false after 20 s. */
-static bool wait_idle(kvc_engine *e)
-{
-    for (int i = 0; i < 2000; i++) {
-        kvc_engine_metrics m;
-        kvc_engine_get_metrics(e, &m);
-        if (m.running == 0 && m.queue_depth == 0)
-            return true;
-        usleep(10000);
-    }
-    return false;
-}
-
 /* ================================================================ flood */
 
 enum { N_IDLE = 200, N_TRICKLE = 150 };
