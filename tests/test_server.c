@@ -15,7 +15,7 @@
  *     followed by a request that must still succeed. */
 #include <pthread.h>
 
-#include "http_client.h"
+#include "socket_client.h"
 #include "kvchat.h"
 #include "model_gen.h"
 #include "server.h"

@@ -21,7 +21,7 @@
 #include <errno.h>
 #include <sys/resource.h>
 
-#include "http_client.h"
+#include "socket_client.h"
 #include "kvchat.h"
 #include "model_gen.h"
 #include "server.h"

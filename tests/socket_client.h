@@ -1,9 +1,9 @@
-/* http_client.h - a plain-socket HTTP/1.1 client for the server tests, JSON
+/* socket_client.h - a plain-socket HTTP/1.1 client for the in-process server tests, JSON
  * helpers, and waiting for an engine to go idle: one request per connection,
  * the answer parsed (status, headers, de-chunked body). Header-only (static
  * functions) so that each test binary takes what it uses. */
-#ifndef KVC_HTTP_CLIENT_H
-#define KVC_HTTP_CLIENT_H
+#ifndef KVC_SOCKET_CLIENT_H
+#define KVC_SOCKET_CLIENT_H
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
