@@ -28,6 +28,8 @@ static const char serve_help[] =
     "      --chat-template NAME  chat format (chatml, llama3, ...; default: the model's)\n"
     "      --context-overflow error|shift  prompt + max_tokens over the context: a 400\n"
     "                          error (default) or drop the oldest turns\n"
+    "      --no-cache          every request cold: reuse nothing, keep nothing (a reference\n"
+    "                          server to compare against)\n"
     "      --timeout S         close connections idle for S seconds (default 60)\n"
     "      --request-timeout S a request's headers and body must arrive within S seconds\n"
     "                          of the connection opening (or of the previous answer);\n"
@@ -122,6 +124,10 @@ static int parse_args(cli_common *c, kvc_server_params *sp, kvc_engine_params *e
         }
         if (!strcmp(a, "--seed") || !strcmp(a, "-s"))
             sp->fixed_seed = true;
+        if (!strcmp(a, "--no-cache")) {
+            ep->no_cache = true;
+            continue;
+        }
         int r = parse_serve(sp, ep, argc, argv, &i);
         if (r == 0)
             r = cli_parse_common(c, argc, argv, &i);

@@ -172,6 +172,19 @@ static void put_engine(text *t, const kvc_engine_metrics *e)
            (double)e->queue_depth);
     metric(t, "kvchat_requests_running", "gauge", "Requests being computed.",
            (double)e->running);
+    metric(t, "kvchat_background_pending", "gauge",
+           "Finished replies whose canonical continuation is still to be computed.",
+           (double)e->bg_pending);
+    metric(t, "kvchat_background_jobs_total", "counter",
+           "Finished replies canonicalized (computed, or nothing to compute).",
+           (double)e->bg_jobs);
+    metric(t, "kvchat_background_tokens_total", "counter",
+           "Tokens computed in the background (canonical continuations).", (double)e->bg_tokens);
+    metric(t, "kvchat_background_seconds_total", "counter",
+           "Engine time spent on background work.", (double)e->bg_us / 1e6);
+    metric(t, "kvchat_engine_busy_seconds_total", "counter",
+           "Engine time spent in forward passes (requests and background).",
+           (double)e->busy_us / 1e6);
 }
 
 char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
