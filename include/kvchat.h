@@ -312,6 +312,10 @@ typedef struct kvc_gen_params {
     uint64_t    seed;        /* weights are a function of (seed, tensor name) */
     const char *name;        /* general.name; NULL = "random-{arch}-{L}L-{d}d" */
     int32_t     n_threads;   /* 0 = all online CPUs; the output does not depend on it */
+    bool        all_tokens;  /* false: byte tokens outside printable ASCII and control
+                              * tokens other than EOS get small output weights, so that
+                              * random text reads as text; true: every token is as likely
+                              * (tests of byte sequences and control tokens) */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,

@@ -15,6 +15,7 @@
 #include "model.h"
 #include "session.h"
 #include "tokenizer.h"
+#include "sampler.h"
 #include "unicode.h"
 
 #include <unistd.h>
@@ -173,6 +174,171 @@ static void run_model(kvc_model *m, const char *name, bool sampled, totals *tot)
     kvc_context_free(ctx);
 }
 
+/* ------------------------------------------------ cut characters, stops */
+
+typedef struct pieces {
+    char   buf[8192];
+    size_t len;
+    bool   valid;           /* every piece valid UTF-8 */
+} pieces;
+
+static bool collect(const char *text, size_t len, void *user)
+{
+    pieces *p = user;
+    p->valid = p->valid && kvc_utf8_valid(text, len);
+    if (p->len + len < sizeof(p->buf)) {
+        memcpy(p->buf + p->len, text, len);
+        p->len += len;
+    }
+    p->buf[p->len] = 0;
+    return true;
+}
+
+static bool evict(kvc_context *c, int64_t n_free, void *user)
+{
+    return kvc_context_make_room(c, n_free);
+}
+
+/* One turn on s through the turn's steps (no canonicalization afterwards, so
+ * the session's tokens are the prompt and the reply's tokens). */
+static char *turn_alone(kvc_session *s, const conv *c, const kvc_chat_params *p, pieces *pc,
+                        kvc_chat_stats *st)
+{
+    kvc_tokbuf toks = { 0 };
+    kvc_err e = { 0 };
+    int32_t dropped;
+    kvc_turn *t = NULL;
+    char *reply = NULL;
+    *pc = (pieces){ .valid = true };
+    CHECK(kvc_prompt_chat(s->ctx->model, s->tmpl, c->m, c->n, p, s->ctx->p.n_ctx, &toks, &dropped,
+                          &e) == KVC_OK);
+    CHECK(kvc_turn_new(s, toks.v, toks.n, KVC_TURN_CHAT, p, collect, pc, kvc_time_us(), &t, &e) ==
+          KVC_OK);
+    CHECK(t && kvc_turn_prepare(t, evict, NULL, &e) == KVC_OK);
+    while (t && kvc_turn_phase(t) != KVC_TURN_DONE)
+        if (kvc_turns_step(s->ctx, &t, 1, 0, &e) <= 0)
+            break;
+    CHECKF(kvc_turn_end(t, &reply, st, &e) == KVC_OK, "%s", e.msg);
+    kvc_tokbuf_free(&toks);
+    return reply;
+}
+
+/* Whether the reply's raw bytes, after its first k tokens, end inside a
+ * character (an incomplete UTF-8 sequence). */
+static bool cut_inside(const kvc_model *m, const int32_t *reply, int k)
+{
+    char text[4096];
+    size_t len = 0;
+    for (int i = 0; i < k; i++) {
+        int n = kvc_token_to_piece(m->tok, reply[i], false, text + len,
+                                   (int)(sizeof(text) - len));
+        if (n < 0 || len + (size_t)n >= sizeof(text))
+            return false;
+        len += (size_t)n;
+    }
+    return kvc_utf8_incomplete_tail(text, len) > 0;
+}
+
+/* A reply cut by max_tokens inside a multi-byte character: the text ends in
+ * U+FFFD, every piece and the reply are valid UTF-8, the pieces join to the
+ * reply, a fresh context says the same, and the cached tokens are the ones
+ * generated. And a reply that samples a control token that does not end
+ * generation (<|im_start|>) stops there without keeping it. */
+static void test_cut_and_stop(kvc_model *m, const char *name, int *cuts, int *ctls)
+{
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = 1024;
+    cp.n_threads = 2;
+    kvc_context *ctx = NULL;
+    char err[512];
+    CHECKF(kvc_context_new(m, &cp, &ctx, err, sizeof(err)) == KVC_OK, "%s", err);
+    kvc_session *s = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
+    if (!s) {
+        kvc_context_free(ctx);
+        return;
+    }
+    conv c = { 0 };
+    conv_push(&c, "user", strdup("Write anything at all, in any script."));
+    int found_cut = 0, found_ctl = 0;
+    for (uint64_t seed = 1; seed <= 600 && (!found_cut || !found_ctl); seed++) {
+        kvc_chat_params p = kvc_chat_default_params();
+        p.max_tokens = 40;
+        p.sampling.temperature = 3.0f;
+        p.sampling.seed = seed;
+        pieces pc;
+        kvc_chat_stats st;
+        kvc_session_reset(s);
+        char *r = turn_alone(s, &c, &p, &pc, &st);
+        int64_t n_prompt = st.prompt_tokens;
+        int n_out = st.output_tokens;
+        CHECK_EQ_INT(s->toks.n, n_prompt + n_out);   /* no stop token kept */
+        int k = 0;
+        while (k < n_out && !cut_inside(m, s->toks.v + n_prompt, k + 1))
+            k++;
+        if (!found_cut && k < n_out) {               /* cut there by max_tokens */
+            int32_t *gen = malloc((size_t)(k + 1) * sizeof(int32_t));
+            memcpy(gen, s->toks.v + n_prompt, (size_t)(k + 1) * sizeof(int32_t));
+            p.max_tokens = k + 1;
+            kvc_session_reset(s);
+            char *cut = turn_alone(s, &c, &p, &pc, &st);
+            size_t len = cut ? strlen(cut) : 0;
+            CHECKF(cut && len >= 3 && memcmp(cut + len - 3, KVC_UTF8_REPLACEMENT, 3) == 0,
+                   "%s: a reply cut inside a character does not end in U+FFFD", name);
+            CHECK(cut && kvc_utf8_valid(cut, len) && pc.valid && strcmp(pc.buf, cut) == 0);
+            CHECK(s->toks.n == n_prompt + k + 1 &&
+                  memcmp(s->toks.v + n_prompt, gen, (size_t)(k + 1) * sizeof(int32_t)) == 0);
+            char *cold = cold_reply(m, &c, &p);
+            CHECK(cut && cold && strcmp(cut, cold) == 0);
+            free(cold);
+            free(cut);
+            free(gen);
+            found_cut++;
+        }
+        if (!found_ctl && strcmp(st.finish_reason, "stop") == 0 && n_out < 40) {
+            /* which token stopped it: replay cold with the same sampler */
+            kvc_context *cc = NULL;
+            kvc_context_new(m, &cp, &cc, err, sizeof(err));
+            kvc_tokbuf toks = { 0 };
+            int32_t dropped;
+            kvc_err e = { 0 };
+            p.max_tokens = 40;
+            kvc_prompt_chat(m, s->tmpl, c.m, c.n, &p, cp.n_ctx, &toks, &dropped, &e);
+            kvc_sampler *smp = kvc_sampler_new(&p.sampling, m->hp.n_vocab);
+            for (int64_t i = 0; i < toks.n; i++)
+                kvc_sampler_accept(smp, toks.v[i]);
+            int32_t id = -1;
+            int rc = kvc_context_decode(cc, 0, toks.v, (int32_t)toks.n, false, err, sizeof(err));
+            for (int i = 0; rc == KVC_OK && i <= n_out; i++) {
+                id = kvc_sampler_sample(smp, kvc_context_logits(cc, -1));
+                kvc_sampler_accept(smp, id);
+                if (i < n_out)
+                    rc = kvc_context_decode(cc, 0, &id, 1, false, err, sizeof(err));
+            }
+            if (id >= 0 && !kvc_tokenizer_is_eog(m->tok, id) &&
+                kvc_tokenizer_token_type(m->tok, id) == KVC_TOKEN_CONTROL) {
+                found_ctl++;
+                printf("  %s: seed %llu sampled control token %d (%s) after %d tokens: the reply "
+                       "stopped there, %lld tokens kept\n", name, (unsigned long long)seed, id,
+                       kvc_tokenizer_token_text(m->tok, id), n_out, (long long)s->toks.n);
+                char *cold = cold_reply(m, &c, &p);
+                CHECK(r && cold && strcmp(r, cold) == 0);
+                free(cold);
+            }
+            kvc_sampler_free(smp);
+            kvc_tokbuf_free(&toks);
+            kvc_context_free(cc);
+        }
+        free(r);
+    }
+    printf("  %s: %d replies cut inside a character, %d stopped by a non-final control token\n",
+           name, found_cut, found_ctl);
+    *cuts += found_cut;
+    *ctls += found_ctl;
+    conv_free(&c);
+    kvc_session_free(s);
+    kvc_context_free(ctx);
+}
+
 static kvc_model *load(const char *path)
 {
     kvc_model *m = NULL;
@@ -181,11 +347,12 @@ static kvc_model *load(const char *path)
     return m;
 }
 
-static kvc_model *make(const char *preset, const char *path)
+static kvc_model *make(const char *preset, const char *path, bool all_tokens)
 {
     kvc_gen_params g;
     char err[512];
     CHECK(kvc_gen_preset(preset, &g) == KVC_OK);
+    g.all_tokens = all_tokens;
     g.n_threads = 2;
     CHECKF(kvc_gen_write(&g, path, err, sizeof(err)) == KVC_OK, "%s", err);
     return load(path);
@@ -209,7 +376,7 @@ int main(void)
         kvc_model *m = NULL;
         if (models[k].preset) {
             snprintf(path, sizeof(path), "%s/%s.gguf", dir, models[k].preset);
-            m = make(models[k].preset, path);
+            m = make(models[k].preset, path, false);
             unlink(path);
         } else if (shared) {
             snprintf(path, sizeof(path), "%s/models/%s", shared, models[k].file);
@@ -229,6 +396,23 @@ int main(void)
                (long long)(tot.ideal - before.ideal));
         kvc_model_free(m);
     }
+    /* models whose byte and control tokens are as likely as any other */
+    int cuts = 0, ctls = 0;
+    const char *loud_presets[] = { "tiny", "tiny-llama" };
+    for (size_t k = 0; k < KVC_ARRAY_LEN(loud_presets); k++) {
+        char name[64];
+        snprintf(name, sizeof(name), "%s, all tokens", loud_presets[k]);
+        snprintf(path, sizeof(path), "%s/all-tokens.gguf", dir);
+        kvc_model *loud = make(loud_presets[k], path, true);
+        unlink(path);
+        if (loud) {
+            test_cut_and_stop(loud, name, &cuts, &ctls);
+            run_model(loud, name, true, &tot);
+        }
+        kvc_model_free(loud);
+    }
+    CHECKF(cuts > 0, "no reply cut inside a character found");
+    CHECKF(ctls > 0, "no reply stopped by a control token that does not end generation found");
     rmdir(dir);
     printf("  all: %d/%d equal; %d/%d later turns within %d tokens of the ideal\n", tot.equal,
            tot.replies, tot.slack_ok, tot.turns2, SLACK);
