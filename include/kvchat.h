@@ -103,8 +103,10 @@ bool    kvc_model_token_is_eog(const kvc_model *model, int32_t token);
 typedef struct kvc_detokenizer kvc_detokenizer;
 kvc_detokenizer *kvc_detokenizer_new(const kvc_model *model, bool render_special); /* NULL: OOM */
 void kvc_detokenizer_free(kvc_detokenizer *d);
-/* Append the text token completes to out (cap >= 512 always suffices).
- * Returns bytes written, negative for a bad token id. */
+/* Append the text token completes to out. Returns the bytes written; a
+ * return above cap means out was too small: nothing was written or consumed,
+ * call again with that much room (a piece has no upper bound). Negative for a
+ * bad token id. */
 int  kvc_detokenizer_feed(kvc_detokenizer *d, int32_t token, char *out, int cap);
 /* Release what is held back (an incomplete character becomes U+FFFD). */
 int  kvc_detokenizer_flush(kvc_detokenizer *d, char *out, int cap);
@@ -471,6 +473,9 @@ typedef struct kvc_engine_metrics {
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);
+/* The context length in use: params.n_ctx, or the model's training context
+ * capped by what the KV budget holds (lower than n_ctx_train when capped). */
+int32_t kvc_engine_n_ctx(const kvc_engine *engine);
 
 #ifdef __cplusplus
 }

@@ -32,8 +32,6 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         p.max_queue = 64;
     if (p.max_sessions <= 0)
         p.max_sessions = 256;
-    if (p.n_ctx <= 0)
-        p.n_ctx = model->hp.n_ctx_train;
     kvc_engine *eng = calloc(1, sizeof(*eng));
     if (!eng) {
         snprintf(err, err_size, "out of memory");
@@ -49,13 +47,17 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
     const int64_t B = 16;
     int rc = KVC_OK;
     eng->block_bytes = kvc_context_block_bytes(model, p.kv_type);
+    int64_t budget = p.kv_budget_mib > 0 && eng->block_bytes
+                   ? (int64_t)(((uint64_t)p.kv_budget_mib << 20) / eng->block_bytes) : 0;
+    if (p.n_ctx <= 0)   /* the file's, within the budget (or n_parallel contexts in RAM) */
+        eng->p.n_ctx = p.n_ctx = kvc_context_fit_n_ctx(model, p.kv_type, budget, p.n_parallel);
     int64_t blocks = (int64_t)p.n_parallel * ((p.n_ctx + B - 1) / B) + 1;
     if (eng->block_bytes == 0)
         rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "KV type %d not supported for this model (f16, "
                       "f32; q8_0 needs a head dim that is a multiple of 32, it is %d)",
                       p.kv_type, model->hp.head_dim);
     else if (p.kv_budget_mib > 0) {
-        blocks = (int64_t)(((uint64_t)p.kv_budget_mib << 20) / eng->block_bytes);
+        blocks = budget;
         if (blocks < 2)
             rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "a KV budget of %lld MiB holds %lld blocks "
                           "of %lld tokens (%zu bytes each); at least 2 are needed",
@@ -98,6 +100,11 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
     }
     *out = eng;
     return KVC_OK;
+}
+
+int32_t kvc_engine_n_ctx(const kvc_engine *e)
+{
+    return e->p.n_ctx;
 }
 
 void kvc_engine_free(kvc_engine *e)
