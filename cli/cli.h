@@ -43,6 +43,9 @@ bool cli_float(const char *opt, const char *s, float *out);
  * stderr for large files. Prints the error and returns NULL on failure. */
 kvc_model *cli_load_model(const cli_common *c);
 kvc_context *cli_new_context(const cli_common *c, kvc_model *m, int32_t n_seq);
+/* Tell the user (stderr) when the context length was capped below what the
+ * model file says (asked <= 0: the file's was wanted). */
+void cli_note_n_ctx(const kvc_model *m, int32_t asked, int32_t used);
 
 /* Path of the demo model, generated on first use (in $KVCHAT_CACHE, else
  * $XDG_CACHE_HOME/kvchat, else ~/.cache/kvchat). NULL on failure (printed). */

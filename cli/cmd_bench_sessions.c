@@ -130,6 +130,7 @@ typedef struct run_result {
     double   wall_s, p50, p99;
     int64_t  prompt, cached, computed, output;
     uint64_t steps, step_tokens;
+    uint64_t bg_tokens, bg_us, busy_us;   /* background canonicalization, engine time */
     char   **replies;          /* [n_conv * turns], owned */
     bool     ok;
 } run_result;
@@ -185,6 +186,9 @@ static run_result run(const workload *w, const cli_common *c, int32_t n_parallel
     kvc_engine_get_metrics(e, &m);
     res.steps = m.steps;
     res.step_tokens = m.step_tokens;
+    res.bg_tokens = m.bg_tokens;
+    res.bg_us = m.bg_us;
+    res.busy_us = m.busy_us;
     qsort(ttft, (size_t)total, sizeof(double), cmp_double);
     res.p50 = ttft[(total - 1) / 2];
     res.p99 = ttft[(int32_t)((total - 1) * 0.99 + 0.5)];
@@ -288,6 +292,13 @@ int cmd_bench_sessions(int argc, char **argv)
                serial.wall_s > 0 ? (double)batched.output / batched.wall_s /
                                    ((double)serial.output / serial.wall_s) : 0,
                batched.p99 > 0 ? serial.p99 / batched.p99 : 0, (long long)same, (long long)total);
+        for (int k = 0; k < 2; k++) {
+            const run_result *r = k ? &serial : &batched;
+            printf("%s: background canonicalization computed %llu tokens, %.1f%% of the engine's "
+                   "compute time\n", k ? "one at a time" : "batching",
+                   (unsigned long long)r->bg_tokens,
+                   100.0 * (double)r->bg_us / (double)(r->busy_us ? r->busy_us : 1));
+        }
         if (same != total)
             rc = 1;
     }

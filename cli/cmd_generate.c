@@ -1,5 +1,6 @@
 /* cmd_generate.c - kvchat generate: continue a prompt. */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
@@ -44,6 +45,43 @@ static char *read_all(const char *path)
     if (buf)
         buf[n] = 0;
     return buf;
+}
+
+/* The generated text so far: [len] bytes of [cap], NUL kept room for. */
+typedef struct gen_text {
+    char  *buf;
+    size_t len, cap;
+} gen_text;
+
+/* Append the text token `tok` completes (tok < 0: what the detokenizer still
+ * holds back) to t, growing it as the piece needs: a token's piece has no
+ * upper bound (a vocabulary may hold a 4 KB token). Echoed to stdout when
+ * echo. false when memory ran out. */
+static bool emit(kvc_detokenizer *dt, int32_t tok, gen_text *t, bool echo)
+{
+    for (;;) {
+        size_t free_bytes = t->cap - t->len - 1;
+        int room = free_bytes > INT_MAX ? INT_MAX : (int)free_bytes;
+        char *at = t->buf + t->len;
+        int k = tok >= 0 ? kvc_detokenizer_feed(dt, tok, at, room)
+                         : kvc_detokenizer_flush(dt, at, room);
+        if (k <= room) {              /* written (or a bad id: nothing) */
+            if (k > 0) {
+                t->len += (size_t)k;
+                if (echo) {
+                    fwrite(at, 1, (size_t)k, stdout);
+                    fflush(stdout);
+                }
+            }
+            return true;
+        }
+        size_t cap = t->cap * 2 > t->len + (size_t)k + 1 ? t->cap * 2 : t->len + (size_t)k + 1;
+        char *b = realloc(t->buf, cap);   /* too small: nothing was consumed; again */
+        if (!b)
+            return false;
+        t->buf = b;
+        t->cap = cap;
+    }
 }
 
 typedef struct gen_opts {
@@ -104,8 +142,7 @@ int cmd_generate(int argc, char **argv)
     kvc_sampler *smp = NULL;
     kvc_detokenizer *dt = ctx ? kvc_detokenizer_new(m, false) : NULL;
     int32_t *toks = NULL, *out = NULL;
-    char *text = NULL;
-    size_t text_len = 0;
+    gen_text text = { 0 };
     rc = 1;
     if (!m || !ctx)
         goto done;
@@ -119,8 +156,9 @@ int cmd_generate(int argc, char **argv)
     int64_t n = kvc_model_tokenize(m, prompt, plen, true, true, NULL, 0);
     toks = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     out = malloc((size_t)(o.n_predict > 0 ? o.n_predict : 1) * sizeof(int32_t));
-    text = malloc((size_t)o.n_predict * 520 + 520);
-    if (n < 0 || !toks || !out || !text) {
+    text.cap = 4096;
+    text.buf = malloc(text.cap);
+    if (n < 0 || !toks || !out || !text.buf) {
         fprintf(stderr, "kvchat generate: tokenizing failed\n");
         goto done;
     }
@@ -149,8 +187,8 @@ int cmd_generate(int argc, char **argv)
         fflush(stdout);
     }
     int64_t n_out = 0;
-    char piece[600];
-    for (; n_out < o.n_predict; n_out++) {
+    bool ok = true;
+    for (; ok && n_out < o.n_predict; n_out++) {
         int32_t tok = kvc_sampler_sample(smp, kvc_context_logits(ctx, -1));
         if (n_out == 0)
             t_first = now_ms();
@@ -158,35 +196,24 @@ int cmd_generate(int argc, char **argv)
             break;
         out[n_out] = tok;
         kvc_sampler_accept(smp, tok);
-        int k = kvc_detokenizer_feed(dt, tok, piece, sizeof(piece));
-        if (k > 0) {
-            memcpy(text + text_len, piece, (size_t)k);
-            text_len += (size_t)k;
-            if (!o.c.json) {
-                fwrite(piece, 1, (size_t)k, stdout);
-                fflush(stdout);
-            }
-        }
-        if (n_out + 1 < o.n_predict &&
+        ok = emit(dt, tok, &text, !o.c.json);
+        if (ok && n_out + 1 < o.n_predict &&
             kvc_context_decode(ctx, 0, &tok, 1, false, err, sizeof(err)) != KVC_OK) {
             fprintf(stderr, "\nkvchat generate: %s\n", err);
             goto done;
         }
     }
-    int k = kvc_detokenizer_flush(dt, piece, sizeof(piece));
-    if (k > 0) {
-        memcpy(text + text_len, piece, (size_t)k);
-        text_len += (size_t)k;
-        if (!o.c.json)
-            fwrite(piece, 1, (size_t)k, stdout);
+    if (!ok || !emit(dt, -1, &text, !o.c.json)) {
+        fprintf(stderr, "\nkvchat generate: out of memory\n");
+        goto done;
     }
-    text[text_len] = 0;
+    text.buf[text.len] = 0;
     double t2 = now_ms();
     double pp_tps = n / ((t1 - t0) / 1e3);
     double tg_tps = n_out > 1 ? (n_out - 1) / ((t2 - t_first) / 1e3) : 0.0;
     if (o.c.json) {
         cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "text", text);
+        cJSON_AddStringToObject(j, "text", text.buf);
         cJSON_AddItemToObject(j, "prompt_tokens", cJSON_CreateIntArray(toks, (int)n));
         cJSON_AddItemToObject(j, "tokens", cJSON_CreateIntArray(out, (int)n_out));
         cJSON_AddNumberToObject(j, "prompt_ms", t1 - t0);
@@ -205,7 +232,7 @@ int cmd_generate(int argc, char **argv)
 done:
     free(toks);
     free(out);
-    free(text);
+    free(text.buf);
     free(file_text);
     kvc_detokenizer_free(dt);
     kvc_sampler_free(smp);

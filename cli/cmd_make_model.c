@@ -14,7 +14,9 @@ static const char help[] =
     "      --type T          f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
     "      --n-embd N  --n-layer N  --n-head N  --n-head-kv N  --head-dim N  --n-ff N\n"
     "      --n-ctx N   --n-vocab N  --vocab bpe|spm  --tied | --untied\n"
-    "      --rope-theta X  --rms-eps X  --seed N  --name NAME\n";
+    "      --rope-theta X  --rms-eps X  --seed N  --name NAME\n"
+    "      --all-tokens      every token as likely as any other (by default bytes outside\n"
+    "                        printable ASCII and control tokens but EOS are made unlikely)\n";
 
 int cmd_make_model(int argc, char **argv)
 {
@@ -39,6 +41,10 @@ int cmd_make_model(int argc, char **argv)
         }
         if (!strcmp(a, "--tied") || !strcmp(a, "--untied")) {
             p.tied = !strcmp(a, "--tied");
+            continue;
+        }
+        if (!strcmp(a, "--all-tokens")) {
+            p.all_tokens = true;
             continue;
         }
         if (!v) {

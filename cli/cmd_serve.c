@@ -3,6 +3,7 @@
  * streams end, their requests are cancelled, the engine thread is joined. */
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +29,16 @@ static const char serve_help[] =
     "                          see below (default: the model's own template)\n"
     "      --context-overflow error|shift  prompt + max_tokens over the context: a 400\n"
     "                          error (default) or drop the oldest turns\n"
+    "      --no-cache          every request cold: reuse nothing, keep nothing (a reference\n"
+    "                          server to compare against)\n"
     "      --timeout S         close connections idle for S seconds (default 60)\n"
+    "      --request-timeout S a request's headers and body must arrive within S seconds\n"
+    "                          of the connection opening (or of the previous answer);\n"
+    "                          bytes do not extend it (default 30)\n"
+    "      --max-connections N open connections (default: the file-descriptor limit - 64,\n"
+    "                          at most 8192; the soft limit is raised to the hard one)\n"
+    "      --max-connections-per-ip N  from one address (default: no limit on a loopback\n"
+    "                          --host, as behind a reverse proxy; else 64; 0 = no limit)\n"
     "      --max-body MIB      request body limit (default 8)\n";
 
 /* Options of serve beyond the shared ones. Same return as cli_parse_common. */
@@ -38,6 +48,7 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
     static const char *const names[] = {
         "--host", "--api-key", "--context-overflow", "--port", "--parallel",
         "--max-queue", "--max-sessions", "--timeout", "--kv-budget", "--max-body",
+        "--request-timeout", "--max-connections", "--max-connections-per-ip",
     };
     const char *a = argv[*i];
     int64_t n = 0;
@@ -76,6 +87,15 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
             *dst = (int32_t)n;
         else
             sp->timeout_s = (int)n;
+    } else if (!strcmp(a, "--request-timeout") || !strcmp(a, "--max-connections")) {
+        if (!cli_int(a, v, 1, 1 << 20, &n))
+            return -1;
+        *(!strcmp(a, "--request-timeout") ? &sp->request_timeout_s : &sp->max_connections) =
+            (int)n;
+    } else if (!strcmp(a, "--max-connections-per-ip")) {
+        if (!cli_int(a, v, 0, 1 << 20, &n))
+            return -1;
+        sp->max_connections_per_ip = n ? (int)n : -1;
     } else if (!strcmp(a, "--kv-budget")) {
         if (!cli_int(a, v, 1, INT64_MAX / (1 << 20), &n))
             return -1;
@@ -103,6 +123,10 @@ static int parse_args(cli_common *c, kvc_server_params *sp, kvc_engine_params *e
         }
         if (!strcmp(a, "--seed") || !strcmp(a, "-s"))
             sp->fixed_seed = true;
+        if (!strcmp(a, "--no-cache")) {
+            ep->no_cache = true;
+            continue;
+        }
         int r = cli_parse_template(argc, argv, &i, &ep->chat_template, &ep->chat_template_kwargs,
                                    tmpl_src);
         if (r == 0)
@@ -128,6 +152,7 @@ static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *s
         fprintf(stderr, "kvchat: %s\n", err);
         return 1;
     }
+    cli_note_n_ctx(m, ep->n_ctx, kvc_engine_n_ctx(e));
     if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         kvc_engine_free(e);
@@ -135,9 +160,11 @@ static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *s
     }
     bool v6 = strchr(sp->host, ':') != NULL;
     fprintf(stderr, "kvchat: chat template: %s\n", kvc_engine_template(e));
-    fprintf(stderr, "kvchat: model %s; %s\nlistening on http://%s%s%s:%d\n", sp->model_name,
-            sp->api_key ? "API key required" : "no API key", v6 ? "[" : "", sp->host,
-            v6 ? "]" : "", kvc_server_port(s));
+    fprintf(stderr, "kvchat: model %s; %s; up to %d connections\nlistening on http://%s%s%s:%d\n",
+            sp->model_name, sp->api_key ? "API key required" : "no API key",
+            sp->max_connections > 0 ? sp->max_connections
+                                    : kvc_server_default_max_connections(),
+            v6 ? "[" : "", sp->host, v6 ? "]" : "", kvc_server_port(s));
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -181,6 +208,13 @@ int cmd_serve(int argc, char **argv)
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A connection is a descriptor: take what the hard limit allows, and
+     * size the default connection limit to it. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
 
     kvc_model *m = cli_load_model(&c);
     if (!m) {

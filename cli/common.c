@@ -264,7 +264,18 @@ kvc_context *cli_new_context(const cli_common *c, kvc_model *m, int32_t n_seq)
         fprintf(stderr, "kvchat: %s\n", err);
         return NULL;
     }
+    cli_note_n_ctx(m, c->n_ctx, kvc_context_n_ctx(ctx));
     return ctx;
+}
+
+void cli_note_n_ctx(const kvc_model *m, int32_t asked, int32_t used)
+{
+    kvc_model_info info;
+    kvc_model_get_info(m, &info);
+    if (asked <= 0 && used < info.n_ctx_train)
+        fprintf(stderr, "kvchat: notice: the model says its context is %d tokens; using %d, "
+                "what the KV cache can hold (set --kv-budget or -c to choose)\n",
+                info.n_ctx_train, used);
 }
 
 /* ------------------------------------------------------------ chat templates */

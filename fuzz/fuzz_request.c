@@ -11,7 +11,9 @@
  *   - an accepted body gives params within OpenAI's ranges (temperature in
  *     [0, 2], top_p in [0, 1], n_stop <= 16, max_tokens >= 0, messages within
  *     the limit, every string readable), and the response and stream chunks
- *     built from its text parse back as JSON holding that text. */
+ *     built from its text parse back as JSON holding that text;
+ *   - everything written is valid UTF-8, whatever bytes the strings held (a
+ *     text that is valid UTF-8 comes back unchanged). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #include "server.h"
+#include "unicode.h"
 
 #define MAX_MESSAGES 64
 
@@ -30,17 +33,30 @@ static void fail(const char *what)
     abort();
 }
 
-/* out must be valid JSON; when `path` names a string member chain, its value
- * must equal `want`. */
+static bool valid_utf8(const char *s)
+{
+    for (size_t n = strlen(s), i = 0; i < n;) {
+        int r = kvc_utf8_decode(s + i, n - i, NULL);
+        if (r <= 0)
+            return false;
+        i += (size_t)r;
+    }
+    return true;
+}
+
+/* out must be valid UTF-8 and valid JSON; when `path` names a string member
+ * chain and `want` is valid UTF-8, its value must equal `want`. */
 static void check_json(char *out, const char *a, const char *b, const char *want)
 {
     if (!out)
         fail("out of memory building JSON");
+    if (!valid_utf8(out))
+        fail("produced JSON is not valid UTF-8");
     const char *j = !strncmp(out, "data: ", 6) ? out + 6 : out;
     cJSON *o = cJSON_Parse(j);
     if (!o)
         fail("produced JSON does not parse");
-    if (a) {
+    if (a && valid_utf8(want)) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, a);
         if (cJSON_IsArray(v))
             v = cJSON_GetArrayItem(v, 0);

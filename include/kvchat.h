@@ -103,8 +103,10 @@ bool    kvc_model_token_is_eog(const kvc_model *model, int32_t token);
 typedef struct kvc_detokenizer kvc_detokenizer;
 kvc_detokenizer *kvc_detokenizer_new(const kvc_model *model, bool render_special); /* NULL: OOM */
 void kvc_detokenizer_free(kvc_detokenizer *d);
-/* Append the text token completes to out (cap >= 512 always suffices).
- * Returns bytes written, negative for a bad token id. */
+/* Append the text token completes to out. Returns the bytes written; a
+ * return above cap means out was too small: nothing was written or consumed,
+ * call again with that much room (a piece has no upper bound). Negative for a
+ * bad token id. */
 int  kvc_detokenizer_feed(kvc_detokenizer *d, int32_t token, char *out, int cap);
 /* Release what is held back (an incomplete character becomes U+FFFD). */
 int  kvc_detokenizer_flush(kvc_detokenizer *d, char *out, int cap);
@@ -193,18 +195,23 @@ void    kvc_sampler_reset(kvc_sampler *s);
 /* A session is one conversation over one sequence of a context. Each call of
  * kvc_session_chat gets the WHOLE conversation, as OpenAI clients send it, and
  * computes only what the cache does not hold (DESIGN.md §3):
- *   1. the messages are rendered with the chat template;
- *   2. text prefix first: when the new prompt text starts with the exact text
- *      the cached tokens stand for (the last prompt plus the reply generated),
- *      every cached token is kept and only the rest of the text is tokenized;
- *   3. otherwise the longest common token prefix of the new tokens and the
- *      cached ones;
- *   4. the sequence is truncated there (an edit, a regeneration, a branch);
- *   5. the unmatched tokens are computed (the last one again when everything
+ *   1. the messages are rendered with the chat template and tokenized whole:
+ *      the tokens a cold run uses, whatever the session saw before;
+ *   2. the longest common token prefix of those tokens with the session's
+ *      cached ones and the context's prefix tree is found;
+ *   3. the sequence is truncated there (an edit, a regeneration, a branch);
+ *   4. the unmatched tokens are computed (the last one again when everything
  *      matched, for its logits);
- *   6. the reply is generated; its tokens stay in the cache.
- * The result does not depend on what was cached: with greedy sampling the
- * reply is bitwise the one a cold run of the same tokens gives. */
+ *   5. the reply is generated (a stop token, an end of generation or any
+ *      other control token, ends it and is not kept);
+ *   6. the conversation is canonicalized: rendered with the reply as the next
+ *      call will carry it, and what of it is not cached (the reply
+ *      re-tokenized, the end of turn, the next turn's header) is computed
+ *      before the call returns, so the next call computes only its new
+ *      message.
+ * The result does not depend on what was cached: with greedy or seeded
+ * sampling the reply is bitwise the one a fresh context gives. Reply text is
+ * valid UTF-8 (bytes that cannot form a character become U+FFFD). */
 typedef struct kvc_session kvc_session;
 
 /* One message of a conversation. Every field is borrowed UTF-8; the optional
@@ -233,7 +240,8 @@ typedef struct kvc_chat_params {
     const char *const *stop;        /* extra stop strings, n_stop of them (borrowed) */
     int32_t            n_stop;
     int32_t            overflow;    /* enum kvc_overflow */
-    bool               no_cache;    /* recompute every token of the prompt (a cold run) */
+    bool               no_cache;    /* a cold run: recompute every token of the prompt,
+                                       publish nothing to the cache, no canonicalization */
     const char        *tools_json;  /* the request's tools: JSON text of the array; NULL = none
                                        (borrowed) */
     const char        *template_kwargs_json; /* a JSON object of extra chat template variables
@@ -321,6 +329,10 @@ typedef struct kvc_gen_params {
     uint64_t    seed;        /* weights are a function of (seed, tensor name) */
     const char *name;        /* general.name; NULL = "random-{arch}-{L}L-{d}d" */
     int32_t     n_threads;   /* 0 = all online CPUs; the output does not depend on it */
+    bool        all_tokens;  /* false: byte tokens outside printable ASCII and control
+                              * tokens other than EOS get small output weights, so that
+                              * random text reads as text; true: every token is as likely
+                              * (tests of byte sequences and control tokens) */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -362,8 +374,8 @@ int kvc_gen_write(const kvc_gen_params *p, const char *path, char *err, size_t e
  * system prompt shared by many conversations is stored once). A request
  * whose prefix another is still computing waits for it rather than computing
  * it twice. Sessions are found by key (prompt_cache_key, else user); an
- * unkeyed request continues the unkeyed session whose text its prompt
- * extends, and the tree finds the rest.
+ * unkeyed request continues the unkeyed session sharing the longest token
+ * prefix with it, and the tree finds the rest.
  *
  * Memory: the KV pool is the budget (kv_budget_mib), allocated up front and
  * never exceeded. A request is started only when every block it may need
@@ -390,6 +402,7 @@ typedef struct kvc_engine_params {
     const char *chat_template_kwargs; /* JSON object: template variables every request gets
                                    (a request's chat_template_kwargs win per key); NULL = none */
     int32_t     overflow;       /* enum kvc_overflow */
+    bool        no_cache;       /* every request cold (as kvc_chat_params.no_cache) */
 } kvc_engine_params;
 
 kvc_engine_params kvc_engine_default_params(void);
@@ -399,6 +412,12 @@ int  kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engin
 /* Cancels what is queued or running, joins the engine thread. NULL ok. */
 void kvc_engine_free(kvc_engine *engine);
 
+/* A request's tokens are those a cold run would use, tokenize(render(messages)),
+ * made in the submitting thread; the engine reuses the longest prefix of them
+ * it holds. After a chat reply the engine canonicalizes it in idle time: it
+ * computes the conversation as the next request will carry it (the reply
+ * re-tokenized as the template renders it, the end of turn and the next
+ * turn's header), so the next turn computes only its new message. */
 typedef struct kvc_request_params {
     const kvc_chat_message *messages;  /* chat: the whole conversation ... */
     size_t      n_messages;
@@ -425,9 +444,11 @@ typedef struct kvc_event {
     kvc_chat_stats stats;       /* DONE */
 } kvc_event;
 
-/* Queue a request (everything in params is copied). NULL with err set when
- * it is invalid (KVC_ERR_INVALID_ARG) or the queue is full (KVC_ERR_BUSY;
- * *status gets the code when non-NULL). What is found when the engine takes
+/* Queue a request (everything in params is copied). The prompt is rendered
+ * and tokenized here, in the caller's thread. NULL with err set when it is
+ * invalid (KVC_ERR_INVALID_ARG: a bad role), does not fit even after a
+ * context shift (KVC_ERR_CONTEXT_LENGTH), or the queue is full
+ * (KVC_ERR_BUSY); *status gets the code when non-NULL. What is found when the engine takes
  * it comes as an ERROR event: KVC_ERR_CONTEXT_LENGTH, KVC_ERR_KV_FULL (larger
  * than the whole KV budget), KVC_ERR_INVALID_ARG (a bad role, sampling). */
 kvc_request *kvc_engine_submit(kvc_engine *engine, const kvc_request_params *params,
@@ -463,9 +484,18 @@ typedef struct kvc_engine_metrics {
     int64_t  blocks_cached;     /* blocks in the prefix tree (shared by every session) */
     uint64_t steps;             /* forward passes run */
     uint64_t step_tokens;       /* tokens run through them (prefill chunks + decode) */
+    /* background canonicalization of finished replies (DESIGN.md §3) */
+    int32_t  bg_pending;        /* replies queued or being canonicalized */
+    uint64_t bg_jobs;           /* finished (computed, or found nothing to compute) */
+    uint64_t bg_tokens;         /* tokens computed in the background */
+    uint64_t bg_us;             /* engine time spent on them, microseconds */
+    uint64_t busy_us;           /* engine time spent in forward passes, all of them */
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);
+/* The context length in use: params.n_ctx, or the model's training context
+ * capped by what the KV budget holds (lower than n_ctx_train when capped). */
+int32_t kvc_engine_n_ctx(const kvc_engine *engine);
 
 /* The chat template in use, for logs ("the model's Jinja chat template, family
  * chatml"). Owned by the engine. */

@@ -1,5 +1,6 @@
 /* context.c - the public model and context API over model.h, kv.h and forward.c. */
 #include "context.h"
+#include "chat_template.h"
 #include "quant.h"
 
 #include <stdio.h>
@@ -89,20 +90,37 @@ static int kv_type_of(int32_t t)
     return -1;
 }
 
+int32_t kvc_context_fit_n_ctx(const kvc_model *model, int32_t kv_type, int64_t kv_blocks,
+                              int32_t n_seq)
+{
+    const int64_t B = 16, n_train = model->hp.n_ctx_train;
+    int64_t blocks = kv_blocks;
+    if (blocks <= 0) {              /* no budget given: n_seq contexts in half the RAM */
+        size_t bb = kvc_context_block_bytes(model, kv_type);
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 8ull << 30;
+        if (bb == 0)                /* a bad type: kvc_context_new says so */
+            return (int32_t)n_train;
+        blocks = (int64_t)(ram / 2 / bb) / KVC_MAX(n_seq, 1);
+    }
+    int64_t fit = (blocks - 1) * B;  /* a block stays free for a copy on write */
+    return (int32_t)KVC_MAX(KVC_MIN(n_train, fit), B);
+}
+
 int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_context **out,
                     char *err, size_t err_size)
 {
     kvc_err e = { 0 };
     *out = NULL;
     kvc_context_params p = params ? *params : kvc_context_default_params();
+    if (p.n_seq <= 0)
+        p.n_seq = 1;
     if (p.n_ctx <= 0)
-        p.n_ctx = model->hp.n_ctx_train;
+        p.n_ctx = kvc_context_fit_n_ctx(model, p.kv_type, p.kv_blocks, p.n_seq);
     if (p.n_batch <= 0)
         p.n_batch = 512;
     if (p.n_threads <= 0)
         p.n_threads = (int32_t)KVC_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
-    if (p.n_seq <= 0)
-        p.n_seq = 1;
     if (p.n_batch > p.n_ctx)
         p.n_batch = p.n_ctx;
     const int32_t B = 16;
@@ -152,6 +170,8 @@ void kvc_context_free(kvc_context *c)
         for (int32_t s = 0; s < c->p.n_seq; s++)
             kvc_kv_seq_release(c->pool, &c->seqs[s]);
     kvc_pc_free(c->pc);
+    kvc_chat_template_free(c->chat_tmpl);
+    free(c->chat_tmpl_key);
     free(c->seqs);
     free(c->items);
     free(c->logits);

@@ -23,6 +23,8 @@ struct kvc_context {
     kvc_prefix_cache *pc;       /* full blocks entered by the sessions' turns */
     int64_t      promised;      /* blocks running turns may still allocate: kept
                                    free (session_turn.c) */
+    struct kvc_chat_template *chat_tmpl; /* compiled once for the sessions (session.c) */
+    char        *chat_tmpl_key; /* the template_name it was made for; NULL = the model's */
 };
 
 /* Evict least recently used unreferenced blocks from the prefix tree until
@@ -35,5 +37,13 @@ int kvc_context_logits_reserve(kvc_context *c, int32_t rows, kvc_err *err);
 /* Bytes of one KV block (16 tokens, every layer, K and V) of a context for
  * `model` with KV type `kv_type` (enum kvc_kv_type); 0 for a bad type. */
 size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type);
+
+/* The context length to use when the caller leaves it to the model: the
+ * training context from the file, capped by what the KV pool can hold for one
+ * sequence (kv_blocks > 0: a pool of that many blocks; else n_seq full
+ * contexts within half the physical memory), so that a file claiming 2^31
+ * tokens does not ask for a terabyte. At least one block (16 tokens). */
+int32_t kvc_context_fit_n_ctx(const kvc_model *model, int32_t kv_type, int64_t kv_blocks,
+                              int32_t n_seq);
 
 #endif

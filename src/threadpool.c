@@ -12,6 +12,12 @@
 
 #define SPIN_ITERS 20000
 
+/* A stress test (tests/test_threadpool_race.c) defines this to widen the
+ * windows between a worker's reads of a run and the next run's writes. */
+#ifndef KVC_TP_RACE_HOOK
+#define KVC_TP_RACE_HOOK() ((void)0)
+#endif
+
 struct kvc_threadpool {
     int              n_threads;
     pthread_t       *workers;        /* n_threads - 1 */
@@ -20,9 +26,10 @@ struct kvc_threadpool {
     atomic_uint      run;            /* number of the current run */
     atomic_int       stop;
 
-    /* the run in progress, published before `run` is bumped; atomic because a
-     * worker that wakes late may read them while the next run writes them (it
-     * then finds the run number changed and claims nothing) */
+    /* the run in progress, published after `next` is reset and before `run`
+     * is bumped; atomic because a worker that wakes late may read them while
+     * the next run writes them (it then finds the run number changed in
+     * `next` and claims nothing) */
     _Atomic(kvc_task_fn) fn;
     _Atomic(void *)      ctx;
     atomic_int_fast64_t  n_tasks;
@@ -72,6 +79,7 @@ static void *worker_main(void *p)
         if (atomic_load(&tp->stop))
             return NULL;
         seen = run;
+        KVC_TP_RACE_HOOK();
         /* read after `run` (acquire): these belong to run `run` or a later one,
          * and run_tasks checks the run number before claiming anything */
         run_tasks(tp, run, atomic_load_explicit(&tp->fn, memory_order_relaxed),
@@ -136,11 +144,18 @@ void kvc_threadpool_run(kvc_threadpool *tp, int64_t n_tasks, kvc_task_fn fn, voi
         return;
     }
     unsigned run = atomic_load(&tp->run) + 1;
+    /* The counter first: once it carries the new run's number, a worker still
+     * in the previous run (or one that reads the parameters below on its way
+     * into it) can claim nothing. Published the other way round, such a
+     * worker could pair this run's function and task count with the old
+     * counter and run a task that is then claimed again. No worker claims a
+     * task of the new run before `run` is bumped (release, below). */
+    atomic_store_explicit(&tp->next, (uint64_t)run << 32, memory_order_seq_cst);
+    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
+    KVC_TP_RACE_HOOK();
     atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&tp->ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&tp->n_tasks, n_tasks, memory_order_relaxed);
-    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
-    atomic_store_explicit(&tp->next, (uint64_t)run << 32, memory_order_release);
     pthread_mutex_lock(&tp->mu);
     atomic_store_explicit(&tp->run, run, memory_order_release);
     pthread_cond_broadcast(&tp->wake);

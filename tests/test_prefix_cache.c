@@ -423,20 +423,20 @@ static void check_fidelity(kvc_context *cold, const sess *x, int32_t n_prompt)
     const kvc_session *s = x->s;
     char err[512];
     kvc_context_seq_truncate(cold, 0, 0);
-    int rc = kvc_context_decode(cold, 0, s->tokens, n_prompt, false, err, sizeof(err));
+    int rc = kvc_context_decode(cold, 0, s->toks.v, n_prompt, false, err, sizeof(err));
     CHECKF(rc == KVC_OK, "cold: %s", err);
     kvc_sampler *smp = kvc_sampler_new(&x->p.sampling, cold->model->hp.n_vocab);
     for (int32_t i = 0; i < n_prompt; i++)
-        kvc_sampler_accept(smp, s->tokens[i]);
-    for (int64_t i = n_prompt; rc == KVC_OK && i < s->n_tokens; i++) {
+        kvc_sampler_accept(smp, s->toks.v[i]);
+    for (int64_t i = n_prompt; rc == KVC_OK && i < s->toks.n; i++) {
         int32_t id = kvc_sampler_sample(smp, kvc_context_logits(cold, -1));
-        if (id != s->tokens[i]) {
+        if (id != s->toks.v[i]) {
             CHECKF(0, "reply token %lld: %d with the cache, %d cold", (long long)(i - n_prompt),
-                   s->tokens[i], id);
+                   s->toks.v[i], id);
             break;
         }
         kvc_sampler_accept(smp, id);
-        if (i + 1 < s->n_tokens)
+        if (i + 1 < s->toks.n)
             rc = kvc_context_decode(cold, 0, &id, 1, false, err, sizeof(err));
     }
     kvc_sampler_free(smp);
@@ -492,11 +492,14 @@ static void start_turn(int i, counts *k)
     kvc_chat_message msgs[MAX_MSGS];
     for (int m = 0; m < x->c.n; m++)
         msgs[m] = (kvc_chat_message){ x->c.role[m], x->c.content[m] };
-    char *prompt = NULL;
+    kvc_tokbuf toks = { 0 };
     kvc_err e = { 0 };
-    CHECK(kvc_session_render(x->s, msgs, (size_t)x->c.n, NULL, &prompt, &e) == KVC_OK);
-    int rc = kvc_turn_new(x->s, prompt, true, &x->p, NULL, NULL, kvc_time_us(), &x->t, &e);
-    free(prompt);
+    int32_t dropped;
+    CHECK(kvc_prompt_chat(x->s->ctx->model, x->s->tmpl, msgs, (size_t)x->c.n, &x->p,
+                          x->s->ctx->p.n_ctx, &toks, &dropped, &e) == KVC_OK);
+    int rc = kvc_turn_new(x->s, toks.v, toks.n, KVC_TURN_CHAT, &x->p, NULL, NULL, kvc_time_us(),
+                          &x->t, &e);
+    kvc_tokbuf_free(&toks);
     if (rc == KVC_ERR_CONTEXT_LENGTH) {                        /* grown past 512: start over */
         conv_clear(&x->c);
         return;
@@ -521,8 +524,8 @@ static void end_turn(model_state *ms, kvc_context *cold, sess *x, counts *k)
     x->last_used = ++tick;
     CHECKF(rc == KVC_OK, "turn end: %s", e.msg);
     kvc_kv_seq *seq = &ms->ctx->seqs[x->s->seq];
-    if (prepared)
-        add_paths(ms, x->s->tokens, KVC_MIN(seq->n_tokens, x->s->n_tokens));
+    if (prepared && !x->p.no_cache)          /* a cold turn publishes nothing */
+        add_paths(ms, x->s->toks.v, KVC_MIN(seq->n_tokens, x->s->toks.n));
     bool cancelled = st.finish_reason && strcmp(st.finish_reason, "cancelled") == 0;
     k->cancelled += cancelled;
     if (rc == KVC_OK && prepared && !cancelled) {
@@ -606,7 +609,7 @@ static void test_random(kvc_model *m, int rounds)
             }
             if (n_run > 0) {
                 kvc_err e = { 0 };
-                int n = kvc_turns_step(ctx, run, n_run, &e);
+                int n = kvc_turns_step(ctx, run, n_run, 0, &e);
                 CHECKF(n > 0, "step: %d %s", n, e.msg);
                 k.steps++;
                 check_state(&ms, false, "step");

@@ -1,52 +1,18 @@
-/* engine.h - the inside of a kvc_engine, shared by engine.c (the public
- * API: requests, their event queues, submission, metrics) and engine_sched.c
- * (the engine thread: the sessions table and the scheduler).
+/* engine.h - the inside of a kvc_engine, shared by engine.c (lifetime,
+ * submission, metrics), engine_sched.c (the engine thread: the sessions table
+ * and the scheduler) and background.c (canonicalizing finished replies).
  *
- * Threads: any thread submits requests and reads their events; one engine
- * thread owns the model, the context (KV pool, prefix tree, sequences), the
- * sessions and the turns. What both sides touch is under a mutex: the submit
- * queue and the counters (kvc_engine.mu), a request's events (kvc_request.mu);
- * a request's cancel flag is atomic. */
+ * Threads: any thread submits requests (rendering and tokenizing them there)
+ * and reads their events; one engine thread owns the model's compute, the
+ * context (KV pool, prefix tree, sequences), the sessions and the turns, and
+ * only computes; one background thread renders and tokenizes finished
+ * conversations as their next request will carry them. What they share is
+ * under the engine's mutex: the submit queue, the background queues and the
+ * counters (kvc_engine.mu). */
 #ifndef KVC_ENGINE_H
 #define KVC_ENGINE_H
 
-#include "session.h"
-
-#include <pthread.h>
-#include <stdatomic.h>
-
-typedef struct event_node {
-    kvc_event          ev;
-    struct event_node *next;
-} event_node;
-
-typedef struct session_slot session_slot;
-
-struct kvc_request {
-    /* owned copies of the parameters */
-    kvc_chat_message *messages;
-    size_t            n_messages;
-    char             *prompt;
-    char             *session_key;
-    kvc_chat_params   chat;
-    char            **stops;
-    char             *tools_json;     /* chat.tools_json points here */
-    char             *kwargs_json;    /* chat.template_kwargs_json points here */
-    int64_t           t_submit;       /* kvc_time_us */
-
-    pthread_mutex_t   mu;
-    pthread_cond_t    cv;
-    event_node       *head, *tail;    /* events not yet read */
-    bool              finished;       /* DONE or ERROR queued */
-    atomic_bool       cancelled;
-    int               refs;           /* the engine's and the client's */
-    struct kvc_request *next;         /* submit queue (under the engine's mu), then the
-                                         engine thread's waiting list */
-    /* engine thread only */
-    char             *text;           /* the prompt text (rendered messages) */
-    session_slot     *slot;           /* the session it holds, NULL before */
-    kvc_turn         *turn;           /* NULL before a session is found */
-};
+#include "request.h"
 
 /* A session of the table: keyed (prompt_cache_key, else user) or not. */
 struct session_slot {
@@ -56,11 +22,28 @@ struct session_slot {
     kvc_request *busy;       /* the request whose turn holds it, or NULL */
 };
 
+/* Background work for one finished chat reply (DESIGN.md §3): the background
+ * thread turns the conversation and its reply into the canonical tokens of
+ * the next request; the engine thread computes what of them its session lacks,
+ * in idle time, unless the session has moved on (serial). */
+typedef struct bg_job {
+    kvc_chat_message *messages;   /* the request's conversation (taken from it) */
+    size_t            n_messages;
+    char             *reply;      /* the reply as the client got it */
+    kvc_chat_params   chat;       /* its tools and template kwargs (owned: the two below) */
+    char             *tools_json, *kwargs_json;
+    kvc_tokbuf        toks;       /* the canonical tokens, made by the background thread */
+    int32_t           slot;       /* the session that holds the conversation */
+    uint64_t          serial;     /* its serial number after the reply */
+    struct bg_job    *next;
+} bg_job;
+
 struct kvc_engine {
     kvc_model        *model;
     kvc_engine_params p;
     kvc_context      *ctx;
     size_t            block_bytes;
+    const kvc_chat_template *tmpl;  /* the chat template (slot 0's session owns it) */
 
     /* engine thread only */
     session_slot     *slots;        /* n_slots = max_sessions + n_parallel */
@@ -71,23 +54,23 @@ struct kvc_engine {
     kvc_turn        **turns;        /* their turns, for kvc_turns_step */
     int32_t           n_running;
     uint64_t          dropped;      /* blocks freed by dropping idle sessions' holds */
+    bg_job           *bg_job_run;   /* the background job whose turn runs, or NULL */
+    kvc_turn         *bg_turn;
 
     pthread_t         thread;
     bool              thread_started;
+    pthread_t         bg_thread;
+    bool              bg_thread_started;
     pthread_mutex_t   mu;
-    pthread_cond_t    cv;
+    pthread_cond_t    cv;           /* the engine thread waits here */
+    pthread_cond_t    bg_cv;        /* the background thread waits here */
     kvc_request      *queue_head, *queue_tail;   /* submitted, not yet taken (mu) */
     int32_t           queued;       /* waiting: in the queue or the waiting list (mu) */
+    bg_job           *prep_head, *prep_tail;     /* replies to canonicalize (mu) */
+    bg_job           *bg_head, *bg_tail;         /* canonical tokens to compute (mu) */
     bool              stop;         /* (mu) */
     kvc_engine_metrics m;           /* counters (mu) */
 };
-
-/* Queue an event for the client; `text` (may be NULL) is copied. */
-void kvc_request_push(kvc_request *r, int type, const char *text, size_t len, int status,
-                      const char *message, const kvc_chat_stats *stats);
-
-/* Drop one reference; the last frees the request. */
-void kvc_request_unref(kvc_request *r);
 
 /* The engine thread (engine_sched.c). */
 void *kvc_engine_main(void *engine);
@@ -97,5 +80,22 @@ void *kvc_engine_main(void *engine);
 int  kvc_engine_sessions_new(kvc_engine *e, kvc_err *err);
 void kvc_engine_sessions_free(kvc_engine *e);
 void kvc_engine_update_gauges(kvc_engine *e);
+
+/* ------------------------------------------------------- background.c */
+
+/* The background thread: canonical tokens for the jobs of prep_head, then
+ * queued on bg_head for the engine thread. */
+void *kvc_engine_background_main(void *engine);
+
+/* Queue the canonicalization of request r's finished reply (engine thread;
+ * takes r's messages). Nothing when it does not apply: not a chat request, a
+ * cold one (no_cache), a context shift, a failure, or no memory. */
+void kvc_engine_background_queue(kvc_engine *e, kvc_request *r, const char *reply,
+                                 const kvc_chat_stats *st);
+
+/* The next job with canonical tokens (NULL: none), taken off bg_head. */
+bg_job *kvc_engine_background_take(kvc_engine *e);
+
+void kvc_bg_job_free(bg_job *j);   /* NULL ok */
 
 #endif

@@ -5,8 +5,8 @@
  *   1. takes the newly submitted requests into the waiting list;
  *   2. applies cancellations (kvc_request_cancel, a client gone);
  *   3. admits waiting requests in arrival order while fewer than n_parallel
- *      run: finds the request's session, starts its turn (render, tokenize)
- *      and prepares it (match the session and the prefix tree, attach, reserve
+ *      run: finds the request's session, starts its turn on the tokens made
+ *      at submission, and prepares it (match the session and the prefix tree, attach, reserve
  *      every block it may need). A turn whose prompt has a block another turn
  *      is computing waits for it (and lets the requests behind it pass); one
  *      that does not fit in memory even after eviction waits too, and holds
@@ -14,14 +14,20 @@
  *      runs, when it never will fit: it fails;
  *   4. runs one step, one forward pass of up to n_batch tokens: a token of
  *      every decoding turn, then prefill chunks (kvc_turns_step);
- *   5. ends the turns that are done: DONE events, counters, sessions free.
+ *   5. ends the turns that are done: DONE events, counters, sessions free;
+ *      a finished chat reply goes to the background thread (background.c);
+ *   6. with nothing waiting or running: a step of background work, the
+ *      canonical tokens of a finished conversation its session lacks, in
+ *      chunks of at most BG_CHUNK tokens (a request arriving meanwhile waits
+ *      at most one such chunk). A request that arrives stops it.
  *
  * Sessions: a request with a key (prompt_cache_key, else user) uses that key's
  * session, and waits while another request of the same key runs. One without
- * a key uses the idle unkeyed session whose text is the longest prefix of its
- * prompt, else a fresh one; either way the prefix tree finds what any session
- * computed. Beyond max_sessions + n_parallel sessions, the least recently used
- * idle one is dropped.
+ * a key uses the idle unkeyed session sharing the longest token prefix with
+ * it, else a fresh one; either way the prefix tree finds what any session
+ * computed. A cold request (no_cache) gets a fresh session, reset again when it
+ * ends, so it shares nothing with the warm path. Beyond max_sessions +
+ * n_parallel sessions, the least recently used idle one is dropped.
  *
  * Memory: the pool is the budget. Blocks only the prefix tree holds are
  * evicted first (least recently used leaves); when that is not enough, the
@@ -33,6 +39,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* Most tokens of background work per step: the longest a request arriving
+ * during it can be kept waiting. */
+#define BG_CHUNK 64
 
 /* ------------------------------------------------------------- sessions */
 
@@ -68,10 +78,8 @@ void kvc_engine_sessions_free(kvc_engine *e)
 void kvc_engine_update_gauges(kvc_engine *e)
 {
     int32_t sessions = 0;
-    for (int32_t i = 0; i < e->n_slots; i++) {
-        size_t len;
-        sessions += kvc_session_text(e->slots[i].s, &len) != NULL;
-    }
+    for (int32_t i = 0; i < e->n_slots; i++)
+        sessions += kvc_session_in_use(e->slots[i].s);
     kvc_kv_pool *pool = e->ctx->pool;
     pthread_mutex_lock(&e->mu);
     e->m.sessions = sessions;
@@ -87,12 +95,15 @@ void kvc_engine_update_gauges(kvc_engine *e)
 }
 
 /* The session for a request: its key's (NULL while another request of that
- * key holds it), else the idle unkeyed one whose text is the longest prefix of
- * the prompt, else the least recently used idle one, reset (NULL when none). */
-static session_slot *pick_slot(kvc_engine *e, const char *key, const char *text)
+ * key holds it), else the idle unkeyed one sharing the longest token prefix
+ * with it, else the least recently used idle one, reset (NULL when none). A
+ * cold request (no_cache) always gets the last kind, and no key. */
+static session_slot *pick_slot(kvc_engine *e, const kvc_request *r)
 {
+    const bool cold = r->chat.no_cache;
+    const char *key = cold ? NULL : r->session_key;
     session_slot *best = NULL, *lru = NULL;
-    size_t best_len = 0;
+    int64_t best_len = 0;
     for (int32_t i = 0; i < e->n_slots; i++) {
         session_slot *sl = &e->slots[i];
         if (key && sl->key && strcmp(sl->key, key) == 0)
@@ -101,9 +112,12 @@ static session_slot *pick_slot(kvc_engine *e, const char *key, const char *text)
             continue;
         if (!lru || sl->last_used < lru->last_used)
             lru = sl;
-        size_t len;
-        const char *st = kvc_session_text(sl->s, &len);
-        if (!key && !sl->key && st && len > best_len && strncmp(text, st, len) == 0) {
+        if (key || cold || sl->key)
+            continue;
+        /* it continues a conversation only when it has all of its last prompt:
+         * others sharing a prefix with it (a system prompt) find that in the tree */
+        int64_t len = kvc_session_common(sl->s, r->toks.v, r->toks.n);
+        if (sl->s->n_prompt > 0 && len >= sl->s->n_prompt && len > best_len) {
             best = sl;
             best_len = len;
         }
@@ -148,6 +162,8 @@ static bool on_text(const char *text, size_t len, void *user)
 static void release_slot(kvc_engine *e, kvc_request *r)
 {
     if (r->slot) {
+        if (r->chat.no_cache)                /* a cold run leaves nothing behind */
+            kvc_session_reset(r->slot->s);
         r->slot->busy = NULL;
         r->slot->last_used = ++e->tick;
         r->slot = NULL;
@@ -177,6 +193,8 @@ static void end_request(kvc_engine *e, kvc_request *r)
     kvc_err err = { 0 };
     int rc = kvc_turn_end(r->turn, &reply, &st, &err);
     r->turn = NULL;
+    if (!rc && reply)
+        kvc_engine_background_queue(e, r, reply, &st);
     release_slot(e, r);
     kvc_engine_update_gauges(e);             /* a client that got DONE sees them current */
     pthread_mutex_lock(&e->mu);
@@ -217,38 +235,16 @@ static void unlink_waiting(kvc_engine *e, kvc_request *prev, kvc_request *r)
  * busy (wait), or a failure (reported in err). */
 static int start_turn(kvc_engine *e, kvc_request *r, kvc_err *err)
 {
-    int rc = KVC_OK;
-    if (!r->text) {
-        if (r->messages)   /* any session renders: the template is the engine's */
-            rc = kvc_session_render(e->slots[0].s, r->messages, r->n_messages, &r->chat, &r->text, err);
-        else if (!(r->text = strdup(r->prompt)))
-            rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
-        if (rc)
-            return rc;
-    }
-    session_slot *sl = pick_slot(e, r->session_key, r->text);
+    session_slot *sl = pick_slot(e, r);
     if (!sl)
         return 1;
     sl->busy = r;
     sl->last_used = ++e->tick;
     r->slot = sl;
-    int32_t dropped = 0;
-    if (r->messages && (e->p.overflow == KVC_OVERFLOW_SHIFT || r->chat.overflow == KVC_OVERFLOW_SHIFT)) {
-        /* a context shift: drop the oldest turns, counted with this session's tokens */
-        kvc_chat_params cp = r->chat;
-        cp.overflow = KVC_OVERFLOW_SHIFT;
-        char *fit = NULL;
-        if ((rc = kvc_session_render_fit(sl->s, r->messages, r->n_messages, &cp, &fit, &dropped,
-                                         err)))
-            return rc;
-        free(r->text);
-        r->text = fit;
-        r->chat.overflow = KVC_OVERFLOW_SHIFT;
-    }
-    rc = kvc_turn_new(sl->s, r->text, r->messages != NULL, &r->chat, on_text, r, r->t_submit,
-                      &r->turn, err);
+    int rc = kvc_turn_new(sl->s, r->toks.v, r->toks.n, r->kind, &r->chat, on_text, r, r->t_submit,
+                          &r->turn, err);
     if (!rc)
-        kvc_turn_set_dropped(r->turn, dropped);
+        kvc_turn_set_dropped(r->turn, r->dropped);
     return rc;
 }
 
@@ -324,13 +320,15 @@ static void step(kvc_engine *e)
     for (int32_t i = 0; i < e->n_running; i++)
         e->turns[i] = e->running[i]->turn;
     kvc_err err = { 0 };
-    int n = kvc_turns_step(e->ctx, e->turns, e->n_running, &err);
+    int64_t t0 = kvc_time_us();
+    int n = kvc_turns_step(e->ctx, e->turns, e->n_running, 0, &err);
+    pthread_mutex_lock(&e->mu);
+    e->m.busy_us += (uint64_t)(kvc_time_us() - t0);
     if (n > 0) {
-        pthread_mutex_lock(&e->mu);
         e->m.steps++;
         e->m.step_tokens += (uint64_t)n;
-        pthread_mutex_unlock(&e->mu);
     }
+    pthread_mutex_unlock(&e->mu);
     int32_t kept = 0, n_done = 0;
     kvc_request *done[e->n_running];
     for (int32_t i = 0; i < e->n_running; i++) {
@@ -345,13 +343,90 @@ static void step(kvc_engine *e)
         end_request(e, done[i]);
 }
 
+/* ------------------------------------------------------------ background */
+
+static bool evict_only(kvc_context *c, int64_t n_free, void *user)
+{
+    return kvc_context_make_room(c, n_free);
+}
+
+/* A background job is over: finished, found nothing to do, or stopped by a
+ * request (its turn then keeps what it computed). */
+static void bg_done(kvc_engine *e, bg_job *j, kvc_turn *t)
+{
+    kvc_chat_stats st = { 0 };
+    if (t)
+        kvc_turn_end(t, NULL, &st, NULL);
+    pthread_mutex_lock(&e->mu);
+    e->m.bg_pending--;
+    e->m.bg_jobs++;
+    e->m.bg_tokens += (uint64_t)KVC_MAX(st.computed_tokens, 0);
+    pthread_mutex_unlock(&e->mu);
+    kvc_bg_job_free(j);
+}
+
+static void bg_stop(kvc_engine *e)
+{
+    if (!e->bg_job_run)
+        return;
+    bg_done(e, e->bg_job_run, e->bg_turn);
+    e->bg_job_run = NULL;
+    e->bg_turn = NULL;
+}
+
+/* Start the next background job whose session is as its reply left it (its
+ * serial unchanged) and lacks some of the canonical tokens. Returns whether
+ * one runs. */
+static bool bg_start(kvc_engine *e)
+{
+    bg_job *j;
+    while ((j = kvc_engine_background_take(e))) {
+        kvc_session *s = e->slots[j->slot].s;
+        kvc_chat_params p = kvc_chat_default_params();
+        kvc_turn *t = NULL;
+        kvc_err err = { 0 };
+        if (!e->slots[j->slot].busy && s->serial == j->serial &&
+            j->toks.n > kvc_session_common(s, j->toks.v, j->toks.n) &&
+            !kvc_turn_new(s, j->toks.v, j->toks.n, KVC_TURN_BACKGROUND, &p, NULL, NULL,
+                          kvc_time_us(), &t, &err) &&
+            kvc_turn_prepare(t, evict_only, e, &err) == KVC_OK &&
+            kvc_turn_phase(t) != KVC_TURN_DONE) {
+            e->bg_job_run = j;
+            e->bg_turn = t;
+            return true;
+        }
+        bg_done(e, j, t);                    /* no room, or nothing to do */
+    }
+    return false;
+}
+
+/* One step of background work (nothing waits or runs). */
+static void bg_step(kvc_engine *e)
+{
+    if (!e->bg_job_run && !bg_start(e))
+        return;
+    kvc_err err = { 0 };
+    int64_t t0 = kvc_time_us();
+    kvc_turns_step(e->ctx, &e->bg_turn, 1, BG_CHUNK, &err);
+    uint64_t us = (uint64_t)(kvc_time_us() - t0);
+    pthread_mutex_lock(&e->mu);
+    e->m.bg_us += us;
+    e->m.busy_us += us;
+    pthread_mutex_unlock(&e->mu);
+    if (kvc_turn_phase(e->bg_turn) == KVC_TURN_DONE)
+        bg_stop(e);
+}
+
+/* ---------------------------------------------------------------- loop */
+
 /* Move submitted requests to the waiting list; with `idle`, first wait for
  * one (or a short while when requests wait on nothing running). Returns
  * whether the engine is stopping. */
 static bool take_submitted(kvc_engine *e, bool idle)
 {
     pthread_mutex_lock(&e->mu);
-    if (idle && !e->queue_head && !e->stop) {
+    bool bg_ready = !e->waiting && e->bg_head;
+    if (idle && !e->queue_head && !e->stop && !bg_ready) {
         if (!e->waiting)
             pthread_cond_wait(&e->cv, &e->mu);
         else {
@@ -381,12 +456,18 @@ static bool take_submitted(kvc_engine *e, bool idle)
 void *kvc_engine_main(void *arg)
 {
     kvc_engine *e = arg;
-    while (!take_submitted(e, e->n_running == 0)) {
+    while (!take_submitted(e, e->n_running == 0 && !e->bg_job_run)) {
         apply_cancels(e);
+        if (e->waiting)                      /* a request came: background work yields */
+            bg_stop(e);
         admit(e);
-        step(e);
+        if (e->n_running)
+            step(e);
+        else if (!e->waiting)
+            bg_step(e);
         kvc_engine_update_gauges(e);
     }
+    bg_stop(e);
     /* stopping: what runs or waits ends as cancelled */
     int32_t n = e->n_running;
     e->n_running = 0;

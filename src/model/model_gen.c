@@ -466,7 +466,7 @@ static int gen_weights(gguf_writer *w, const kvc_gen_params *p, const kvc_gen_vo
     int n_threads = p->n_threads ? p->n_threads : default_threads();
     uint8_t *quiet = malloc((size_t)vi->n_vocab);                     /* [n_vocab] */
     for (int32_t i = 0; quiet && i < vi->n_vocab; i++)
-        quiet[i] = kvc_gen_token_quiet(p->vocab, vi->n_real, i);
+        quiet[i] = !p->all_tokens && kvc_gen_token_quiet(p->vocab, vi->n_real, i);
     gen_tensor *ts = quiet ? plan_tensors(p, vi->n_vocab, quiet, &n_tensors) : NULL;
     int64_t max_ne0 = 0, max_n = 0;
     for (int i = 0; ts && i < n_tensors; i++) {

@@ -9,9 +9,19 @@
  * validate (server_json.c) -> kvc_engine_submit -> wait for events.
  *
  * Waiting never blocks forever: kvc_request_next runs with a short tick, and
- * between ticks the wait checks whether the client hung up (POLLRDHUP on its
- * socket) and whether the server is stopping; either ends the request, and
- * releasing the kvc_request cancels its generation.
+ * after every event and every tick the wait checks whether the client hung
+ * up (POLLRDHUP on its socket) and whether the server is stopping; either
+ * ends the request, and releasing the kvc_request cancels its generation -
+ * as promptly for a request answered whole as for a stream.
+ *
+ * Connections (a thread each) are limited in number, in total and per client
+ * address, and each request must arrive whole within a deadline that bytes
+ * do not extend (server_guard.c): slow senders cannot hold every slot. The
+ * API key is checked before routing, so without it nothing about the routes
+ * is told. Answers decided from the headers (GETs, errors) are given once the
+ * request is complete, so that the connection is kept alive for the next one
+ * (answering from the headers makes libmicrohttpd close it); only an error
+ * with a body still to come that will not be read closes the connection.
  *
  * Streaming: the first event is awaited before any byte is sent, so an error
  * known by then (context length, queue full) is a plain JSON error with its
@@ -22,11 +32,13 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +56,17 @@ kvc_server_params kvc_server_default_params(void)
     p.port = 8080;
     p.sampling = kvc_sampler_default_params();
     return p;
+}
+
+int kvc_server_default_max_connections(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 256;
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 8192 + 64)
+        return 8192;
+    /* 64 descriptors for the rest: the model file, the cache, the engine */
+    return rl.rlim_cur < 128 ? 64 : (int)rl.rlim_cur - 64;
 }
 
 #if !__has_include(<microhttpd.h>)
@@ -66,6 +89,7 @@ struct kvc_server {
     struct MHD_Daemon *daemon;
     kvc_engine        *engine;       /* borrowed */
     srv_metrics       *metrics;
+    srv_guard         *guard;        /* the request deadline */
     srv_limits         lim;
     char              *api_key;      /* NULL = no authentication */
     char              *model_name;
@@ -85,6 +109,7 @@ enum route {
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */
 typedef struct conn {
     int    route;        /* enum route */
+    srv_error err;       /* decided from the headers; http_status 0 = none */
     char  *body;         /* [len] bytes of [cap] */
     size_t len, cap;
     size_t discarded;    /* bytes dropped past max_body (413 follows) */
@@ -169,6 +194,28 @@ static int conn_fd(struct MHD_Connection *mc)
     return ci ? ci->connect_fd : -1;
 }
 
+/* The connection's entry in the guard (NULL when it could not be made). */
+static srv_conn *conn_guard(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* MHD's connection notice: register a new connection with the guard, and
+ * unregister it before its socket is closed. */
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    kvc_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = srv_guard_open(s->guard, conn_fd(mc));
+    } else {
+        srv_guard_close(s->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
 /* The next event of r into *ev (TEXT events skipped when skip_text). false
  * when the client went away or the server is stopping (nothing in *ev). */
 static bool wait_event(kvc_server *s, int fd, kvc_request *r, kvc_event *ev, bool skip_text)
@@ -178,8 +225,9 @@ static bool wait_event(kvc_server *s, int fd, kvc_request *r, kvc_event *ev, boo
             if (!(skip_text && ev->type == KVC_EVENT_TEXT))
                 return true;
             kvc_event_clear(ev);
-            continue;
         }
+        /* after a skipped event too: a request answered whole gets an event
+         * per token and would otherwise never look (a poll is a microsecond) */
         if (atomic_load(&s->stopping) || peer_gone(fd))
             return false;
     }
@@ -435,7 +483,11 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
     }
     default: {
         kvc_engine_metrics em;
+        int64_t open;
+        uint64_t dropped;
         kvc_engine_get_metrics(s->engine, &em);
+        srv_guard_counts(s->guard, &open, &dropped);
+        srv_metrics_connections(s->metrics, open, dropped);
         return respond(mc, 200, srv_metrics_text(s->metrics, &em),
                        "text/plain; version=0.0.4; charset=utf-8", NULL);
     }
@@ -479,46 +531,46 @@ static bool authorized(const kvc_server *s, struct MHD_Connection *mc)
     return diff == 0;
 }
 
-/* The first call for a request: everything that can be decided from the
- * headers. Returns true when the body should be read (a completion POST),
- * false when *ret is the answer. */
+/* The first call for a request: what can be decided from the headers, in
+ * this order: the API key (before routing: without it nothing about the
+ * routes is told; /health stays open), the route, the method, a declared
+ * body over the limit. An error is kept in c->err and answered when the
+ * request is complete (the connection stays open for the next one), or at
+ * once when a body follows that will not be read (the connection then
+ * closes). Returns true to go on reading the request, false when *ret is the
+ * answer. */
 static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const char *url,
                        const char *method, enum MHD_Result *ret)
 {
-    srv_error e;
+    srv_error *e = &c->err;
     c->route = find_route(url);
     bool post = is_completion(c);
     if (post)
         srv_metrics_request(s->metrics);
-    c->unread_body = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_LENGTH) ||
-                     MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_TRANSFER_ENCODING);
-    if (c->route == ROUTE_NONE)
-        srv_error_set(&e, 404, "invalid_request_error", NULL, "not_found",
+    const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
+    c->unread_body = n > 0 || MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
+                                                          MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    bool open = c->route == ROUTE_HEALTH && !strcmp(method, "GET");
+    if (!open && !authorized(s, mc))
+        srv_error_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                      "a valid API key is required: send the header 'Authorization: Bearer KEY'");
+    else if (c->route == ROUTE_NONE)
+        srv_error_set(e, 404, "invalid_request_error", NULL, "not_found",
                       "Invalid URL (%.16s %.200s)", method, url);
     else if (strcmp(method, post ? "POST" : "GET") != 0)
-        srv_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+        srv_error_set(e, 405, "invalid_request_error", NULL, "method_not_allowed",
                       "%.16s is not allowed on %.200s (use %s)", method, url, post ? "POST" : "GET");
-    else if (c->route != ROUTE_HEALTH && !authorized(s, mc))
-        srv_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
-                      "a valid API key is required: send the header 'Authorization: Bearer KEY'");
-    else if (!post) {
-        *ret = handle_get(s, mc, c, url);
-        return false;
-    } else {
-        const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
-        unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
-        if (n <= s->max_body) {
-            c->unread_body = false;   /* it will be read */
-            return true;
-        }
-        srv_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+    else if (post && n > s->max_body)
+        srv_error_set(e, 413, "invalid_request_error", NULL, "request_too_large",
                       "the request body (%llu bytes) is larger than the limit of %zu bytes", n,
                       s->max_body);
+    if (!e->http_status || !c->unread_body) {
+        c->unread_body = false;   /* read (and for a GET or an error, ignored) */
+        return true;
     }
-    *ret = respond_error(s, mc, c, &e);
+    *ret = respond_error(s, mc, c, e);
     return false;
 }
 
@@ -562,12 +614,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         *data_size = 0;
         return ok ? MHD_YES : MHD_NO;
     }
+    srv_guard_disarm(conn_guard(mc));   /* the request is in: no deadline while answered */
+    if (c->err.http_status)
+        return respond_error(s, mc, c, &c->err);
+    if (!is_completion(c))
+        return handle_get(s, mc, c, url);
     return handle_completion(s, mc, c);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    kvc_server *s = cls;
+    srv_guard_arm(s->guard, conn_guard(mc));   /* the next request on it, if any */
     conn *c = *con_cls;
     if (c) {
         free(c->body);
@@ -599,7 +658,7 @@ static int listen_on(const char *host, int port, char *err, size_t err_size)
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
             e = errno;
             close(fd);
             fd = -1;
@@ -609,6 +668,18 @@ static int listen_on(const char *host, int port, char *err, size_t err_size)
     if (fd < 0)
         snprintf(err, err_size, "cannot listen on %s:%d: %s", host, port, strerror(e));
     return fd;
+}
+
+/* Whether listening socket fd is bound to a loopback address. */
+static bool bound_loopback(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t n = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &n) != 0)
+        return false;
+    if (ss.ss_family == AF_INET6)
+        return IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr);
+    return (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
 }
 
 static int bound_port(int fd)
@@ -624,6 +695,7 @@ static int bound_port(int fd)
 
 static void server_free(kvc_server *s)
 {
+    srv_guard_free(s->guard);
     srv_metrics_free(s->metrics);
     free(s->api_key);
     free(s->model_name);
@@ -639,7 +711,9 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->metrics = srv_metrics_new();
     s->model_name = strdup(p->model_name && *p->model_name ? p->model_name : "kvchat");
     s->api_key = p->api_key && *p->api_key ? strdup(p->api_key) : NULL;
-    if (!s->metrics || !s->model_name || (p->api_key && *p->api_key && !s->api_key)) {
+    int64_t deadline_ms = (int64_t)(p->request_timeout_s > 0 ? p->request_timeout_s : 30) * 1000;
+    if (!s->metrics || !s->model_name || (p->api_key && *p->api_key && !s->api_key) ||
+        srv_guard_new(deadline_ms, &s->guard) != KVC_OK) {
         server_free(s);
         return NULL;
     }
@@ -675,11 +749,17 @@ int kvc_server_start(kvc_engine *engine, const kvc_server_params *params, kvc_se
         return KVC_ERR_IO;
     }
     s->port = bound_port(fd);
+    int max_conn = p.max_connections > 0 ? p.max_connections
+                                         : kvc_server_default_max_connections();
+    int per_ip = p.max_connections_per_ip != 0 ? p.max_connections_per_ip
+               : bound_loopback(fd) ? -1 : 64;
     s->daemon = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD, 0, NULL, NULL,
         on_request, s, MHD_OPTION_LISTEN_SOCKET, fd,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p.max_connections > 0 ? p.max_connections : 256),
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(per_ip > 0 ? per_ip : 0),
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(p.timeout_s > 0 ? p.timeout_s : 60),
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
     if (!s->daemon) {
         snprintf(err, err_size, "cannot start the HTTP daemon on port %d", s->port);
@@ -702,7 +782,7 @@ void kvc_server_stop(kvc_server *s)
         return;
     atomic_store(&s->stopping, true);   /* waits end within TICK_MS */
     MHD_stop_daemon(s->daemon);         /* closes the sockets, joins the threads */
-    server_free(s);
+    server_free(s);                     /* the guard's watchdog last: no socket is left */
 }
 
 #endif

@@ -1,6 +1,6 @@
 /* server.h - the OpenAI-compatible HTTP server over a kvc_engine (DESIGN.md §4, §6).
  *
- * Three parts, one file each:
+ * Four parts, one file each:
  *   server.c          the HTTP layer (libmicrohttpd, one thread per connection):
  *                     routing, API key, body limits, waiting on the engine,
  *                     streaming (SSE) with client hang-up detection;
@@ -8,7 +8,9 @@
  *                     OpenAI-style errors naming the field), and the response,
  *                     chunk and error JSON;
  *   server_metrics.c  the server's own counters (TTFT histogram, decode speed)
- *                     and the Prometheus text of /metrics.
+ *                     and the Prometheus text of /metrics;
+ *   server_guard.c    the deadline for receiving a request (a watchdog that
+ *                     drops connections whose request has not arrived in time).
  *
  * Threads: every HTTP connection has its own thread; a request blocks that
  * thread only (kvc_request_next with a short tick, checking for a client that
@@ -36,8 +38,17 @@ typedef struct kvc_server_params {
                                   * no "model"; NULL = "kvchat" */
     size_t      max_body;        /* request body limit in bytes; 0 = 8 MiB */
     int         max_messages;    /* messages per chat request; 0 = 4096 */
-    int         max_connections; /* open connections (a thread each); 0 = 256 */
+    int         max_connections; /* open connections (a thread each); 0 = sized to the
+                                  * file-descriptor limit: RLIMIT_NOFILE - 64, within
+                                  * [64, 8192]; more are refused (closed at once) */
+    int         max_connections_per_ip; /* open connections from one address; 0 = none when
+                                  * host is a loopback address (local clients and a
+                                  * reverse proxy all share one), else 64; < 0 = none */
     int         timeout_s;       /* idle connection time-out; 0 = 60 */
+    int         request_timeout_s; /* a request's headers and body must have arrived
+                                  * within this many seconds of the connection opening
+                                  * (or of the previous answer on it); bytes do not
+                                  * extend it; the connection is closed; 0 = 30 */
     kvc_sampler_params sampling; /* defaults for fields a request leaves out */
     bool        fixed_seed;      /* a request without "seed" uses sampling.seed;
                                   * false: a random seed per request */
@@ -56,6 +67,33 @@ int  kvc_server_port(const kvc_server *s);
 /* Stop accepting, end every open connection (streams stop; their requests
  * are cancelled), join the threads and free. Does not free the engine. NULL ok. */
 void kvc_server_stop(kvc_server *s);
+
+/* The max_connections a 0 asks for, from the current RLIMIT_NOFILE. */
+int kvc_server_default_max_connections(void);
+
+/* =================================================== guard (server_guard.c) */
+
+typedef struct srv_guard srv_guard;
+typedef struct srv_conn srv_conn;     /* one open connection */
+
+/* Start the watchdog: a registered connection whose deadline passes has its
+ * socket shut down (libmicrohttpd then closes it). deadline_ms: for one
+ * request to arrive. KVC_OK or KVC_ERR_NOMEM. */
+int  srv_guard_new(int64_t deadline_ms, srv_guard **out);
+/* Stop and join the watchdog, free what is left. NULL ok. */
+void srv_guard_free(srv_guard *g);
+/* Register a connection on socket fd, its first request's deadline running
+ * from now. NULL when out of memory (the connection then has no deadline).
+ * fd must stay open until srv_guard_close. */
+srv_conn *srv_guard_open(srv_guard *g, int fd);
+/* Unregister and free c (NULL ok), before its socket is closed. */
+void srv_guard_close(srv_guard *g, srv_conn *c);
+/* A request may start: its deadline runs from now (after an answer). NULL ok. */
+void srv_guard_arm(srv_guard *g, srv_conn *c);
+/* The request has arrived whole: no deadline while it is answered. NULL ok. */
+void srv_guard_disarm(srv_conn *c);
+/* Connections open, and dropped for their deadline since the start. */
+void srv_guard_counts(srv_guard *g, int64_t *open, uint64_t *dropped);
 
 /* ============================================== requests (server_json.c) */
 
@@ -78,9 +116,10 @@ int srv_error_set(srv_error *e, int http_status, const char *type, const char *p
                   const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* The error for an engine status (submit failure or ERROR event): 400
  * invalid_request_error for KVC_ERR_INVALID_ARG, 400 context_length_exceeded
- * for KVC_ERR_CONTEXT_LENGTH, 503 server_busy for KVC_ERR_BUSY, 503
- * kv_cache_full for KVC_ERR_KV_FULL, 500 server_error otherwise. The message
- * is the engine's (or kvc_strerror's when empty). */
+ * for KVC_ERR_CONTEXT_LENGTH and for KVC_ERR_KV_FULL (the engine fails a
+ * request so only when it is larger than the whole pool: a retry cannot
+ * help), 503 server_busy for KVC_ERR_BUSY, 500 server_error otherwise. The
+ * message is the engine's (or kvc_strerror's when empty). */
 int srv_error_from_status(srv_error *e, int status, const char *message);
 
 #define SRV_MAX_STOP 16
@@ -174,5 +213,8 @@ void srv_metrics_done(srv_metrics *m, const kvc_chat_stats *stats);
  * the engine's (e may be NULL: engine gauges are then left out). Malloc'd;
  * NULL when memory ran out. */
 char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e);
+/* Connection gauges for the next srv_metrics_text: open now, and dropped for
+ * missing the request deadline. */
+void srv_metrics_connections(srv_metrics *m, int64_t open, uint64_t dropped);
 
 #endif

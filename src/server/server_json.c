@@ -14,6 +14,7 @@
 
 #include "sampler.h"
 #include "server.h"
+#include "unicode.h"
 
 #define MAX_KEY_LEN     512   /* user, prompt_cache_key, model */
 #define MAX_STOP_LEN    1024  /* bytes per stop string */
@@ -47,9 +48,11 @@ int srv_error_from_status(srv_error *e, int status, const char *message)
     case KVC_ERR_BUSY:
         return srv_error_set(e, 503, "server_error", NULL, "server_busy",
                              "the server is busy (request queue full); try again later: %s", m);
-    case KVC_ERR_KV_FULL:   /* running requests hold the whole pool: transient */
-        return srv_error_set(e, 503, "server_error", NULL, "kv_cache_full",
-                             "the KV cache is full; try again later: %s", m);
+    case KVC_ERR_KV_FULL:   /* the engine says so only of a request larger than its
+                             * whole pool (others wait for room): a retry cannot help */
+        return srv_error_set(e, 400, "invalid_request_error", "messages",
+                             "context_length_exceeded",
+                             "the request can never fit in the KV cache: %s", m);
     default:
         return srv_error_set(e, 500, "server_error", NULL, NULL, "%s", m);
     }
@@ -512,10 +515,63 @@ void srv_request_free(srv_request *r)
 
 /* ============================================================ responses */
 
-/* Print and free `o`; NULL when o is NULL or printing ran out of memory. */
+/* A copy of s with each byte that does not start a valid UTF-8 character
+ * (a stray continuation byte, an overlong form, a surrogate, a sequence cut
+ * short) replaced by U+FFFD; malloc'd. NULL when s is valid (nothing to do)
+ * or memory ran out (*oom set). */
+static char *utf8_repaired(const char *s, bool *oom)
+{
+    size_t n = strlen(s), i = 0, bad = 0;
+    for (int r; i < n; i += r > 0 ? (size_t)r : 1)
+        bad += (r = kvc_utf8_decode(s + i, n - i, NULL)) <= 0;
+    if (!bad)
+        return NULL;
+    char *out = malloc(n + 2 * bad + 1), *w = out;
+    if (!out) {
+        *oom = true;
+        return NULL;
+    }
+    for (int r; n; s += r > 0 ? r : 1, n -= r > 0 ? (size_t)r : 1) {
+        r = kvc_utf8_decode(s, n, NULL);
+        memcpy(w, r > 0 ? s : KVC_UTF8_REPLACEMENT, r > 0 ? (size_t)r : 3);
+        w += r > 0 ? r : 3;
+    }
+    *w = 0;
+    return out;
+}
+
+/* Make every string (values and keys) in the tree valid UTF-8. Whatever a
+ * client sent - a model name, a role, a URL - and whatever an error message
+ * cut at a byte count may be echoed, and cJSON copies bytes as they are: an
+ * invalid sequence would make the body invalid JSON. false when out of
+ * memory. */
+static bool utf8_repair_tree(cJSON *o)
+{
+    bool oom = false;
+    for (; o && !oom; o = o->next) {
+        char *v = o->valuestring && !(o->type & cJSON_IsReference)
+                ? utf8_repaired(o->valuestring, &oom) : NULL;
+        if (v) {
+            cJSON_free(o->valuestring);
+            o->valuestring = v;
+        }
+        char *k = o->string && !(o->type & cJSON_StringIsConst)
+                ? utf8_repaired(o->string, &oom) : NULL;
+        if (k) {
+            cJSON_free(o->string);
+            o->string = k;
+        }
+        if (o->child && !utf8_repair_tree(o->child))
+            return false;
+    }
+    return !oom;
+}
+
+/* Print and free `o`; NULL when o is NULL or printing ran out of memory.
+ * The text is valid UTF-8 whatever the strings held. */
 static char *print(cJSON *o)
 {
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    char *s = o && utf8_repair_tree(o) ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;
 }

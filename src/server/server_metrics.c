@@ -25,6 +25,8 @@ typedef struct counters {
     double   decode_last;                    /* tokens/s of the last request that decoded */
     double   decode_tokens;                  /* sum of tokens after the first ... */
     double   decode_seconds;                 /* ... and of the time they took */
+    int64_t  conn_open;                      /* connections open (server_guard.c) */
+    uint64_t conn_dropped;                   /* dropped for missing the request deadline */
 } counters;
 
 struct srv_metrics {
@@ -79,6 +81,14 @@ void srv_metrics_done(srv_metrics *m, const kvc_chat_stats *st)
         m->c.decode_tokens += st->output_tokens - 1;
         m->c.decode_seconds += st->decode_ms / 1000.0;
     }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_connections(srv_metrics *m, int64_t open, uint64_t dropped)
+{
+    pthread_mutex_lock(&m->mu);
+    m->c.conn_open = open;
+    m->c.conn_dropped = dropped;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -162,6 +172,19 @@ static void put_engine(text *t, const kvc_engine_metrics *e)
            (double)e->queue_depth);
     metric(t, "kvchat_requests_running", "gauge", "Requests being computed.",
            (double)e->running);
+    metric(t, "kvchat_background_pending", "gauge",
+           "Finished replies whose canonical continuation is still to be computed.",
+           (double)e->bg_pending);
+    metric(t, "kvchat_background_jobs_total", "counter",
+           "Finished replies canonicalized (computed, or nothing to compute).",
+           (double)e->bg_jobs);
+    metric(t, "kvchat_background_tokens_total", "counter",
+           "Tokens computed in the background (canonical continuations).", (double)e->bg_tokens);
+    metric(t, "kvchat_background_seconds_total", "counter",
+           "Engine time spent on background work.", (double)e->bg_us / 1e6);
+    metric(t, "kvchat_engine_busy_seconds_total", "counter",
+           "Engine time spent in forward passes (requests and background).",
+           (double)e->busy_us / 1e6);
 }
 
 char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
@@ -174,6 +197,11 @@ char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
            (double)c.requests);
     metric(&t, "kvchat_requests_failed_total", "counter",
            "Completion requests answered with an error.", (double)c.failed);
+    metric(&t, "kvchat_connections_open", "gauge", "HTTP connections open.",
+           (double)c.conn_open);
+    metric(&t, "kvchat_connections_dropped_total", "counter",
+           "Connections closed because their request did not arrive within the deadline.",
+           (double)c.conn_dropped);
     if (e)
         put_engine(&t, e);
     put_histogram(&t, &c);

@@ -5,6 +5,8 @@
 #include "chat_template.h"
 #include "sampler.h"
 #include "session.h"
+#include "tokenizer.h"
+#include "unicode.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,15 +23,12 @@ struct kvc_turn {
     kvc_chat_params p;              /* p.stop borrowed */
     kvc_chat_stream_fn stream;
     void           *user;
-    bool            chat;           /* the template's stops and separator apply */
+    int             kind;           /* enum kvc_turn_kind */
     int             phase;          /* enum kvc_turn_phase */
     int             rc;             /* the failure that ended it, KVC_OK */
     kvc_err         err;
-    char           *prompt;
-    size_t          plen;
     kvc_tokbuf      toks;           /* prompt, then the reply's tokens */
     int64_t         n_prompt;
-    int32_t         keep;           /* the session's checkpoints still valid */
     int32_t         max_out;        /* reply tokens at most */
     int64_t         matched;        /* prompt tokens found cached */
     int32_t         dropped;        /* prompt tokens a context shift removed */
@@ -39,12 +38,11 @@ struct kvc_turn {
     stops           st;
     const char     *sep;            /* the template's reply separator */
     size_t          sep_len;        /* of it, found at the reply's start */
-    char           *gen;            /* generated text (raw pieces) */
+    char           *gen;            /* generated text (the raw bytes of the pieces) */
     size_t          gen_len, gen_cap;
     size_t          sent;           /* bytes of gen passed to stream */
     int64_t         reply_end;      /* where the reply ends in gen (a stop string), -1 */
     int32_t         n_out;
-    int32_t         eog;            /* the end-of-generation token sampled, -1 */
     bool            cancelled;
     const char     *finish;         /* finish_reason */
     /* KV */
@@ -102,19 +100,19 @@ static size_t stop_holdback(const stops *st, const char *text, size_t len)
     return hold;
 }
 
-/* Bytes of text[0, len) that end on a whole UTF-8 character. */
-static size_t utf8_whole(const char *text, size_t len)
+/* text[0, len) made valid UTF-8 (unicode.h), passed to the stream callback. */
+static bool stream_repaired(kvc_turn *t, const char *text, size_t len)
 {
-    size_t i = len, back = 0;
-    while (i > 0 && back < 4 && ((unsigned char)text[i - 1] & 0xC0) == 0x80) {
-        i--;
-        back++;
+    char buf[1024];
+    size_t done = 0;
+    while (done < len) {
+        size_t k = KVC_MIN(len - done, sizeof(buf) / 3);
+        size_t m = kvc_utf8_repair(text + done, k, buf);
+        if (!t->stream(buf, m, t->user))
+            return false;
+        done += k;
     }
-    if (i == 0)
-        return len;
-    unsigned char c = (unsigned char)text[i - 1];
-    size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    return back + 1 >= need ? len : i - 1;
+    return true;
 }
 
 /* ------------------------------------------------------------- helpers */
@@ -153,15 +151,21 @@ static int gen_append(kvc_turn *t, const char *piece, int n)
     return KVC_OK;
 }
 
-/* Pass newly safe reply text to the stream callback. `final`: all of it. */
+/* Pass newly safe reply text to the stream callback. `final`: all of it.
+ * Not final, text that may begin a stop string and an incomplete character
+ * are held back; pieces are cut only between whole characters, so repairing
+ * each (a byte that cannot be part of a character becomes U+FFFD) gives the
+ * repaired whole reply. */
 static void flush_stream(kvc_turn *t, bool final)
 {
     size_t end = t->reply_end >= 0 ? (size_t)t->reply_end : t->gen_len;
-    if (!final && t->reply_end < 0)
-        end = utf8_whole(t->gen, t->gen_len - stop_holdback(&t->st, t->gen, t->gen_len));
+    if (!final && t->reply_end < 0) {
+        end = t->gen_len - stop_holdback(&t->st, t->gen, t->gen_len);
+        end -= kvc_utf8_incomplete_tail(t->gen, end);
+    }
     size_t from = KVC_MAX(t->sent, t->sep_len);
     if (end > from && t->stream && !t->cancelled)
-        if (!t->stream(t->gen + from, end - from, t->user))
+        if (!stream_repaired(t, t->gen + from, end - from))
             t->cancelled = true;
     if (end > t->sent)
         t->sent = end;
@@ -301,10 +305,10 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
     kvc_context *c = s->ctx;
     kvc_kv_pool *pool = c->pool;
     kvc_kv_seq *seq = SEQ(t);
-    const int64_t B = kvc_kv_block_tokens(pool), kv_len = KVC_MIN(seq->n_tokens, s->n_tokens);
+    const int64_t B = kvc_kv_block_tokens(pool), kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
     const int32_t first = (int32_t)(own / B), last = (int32_t)((own + k - 1) / B);
     kvc_pc_match mo;
-    kvc_pc_lookup(c->pc, s->tokens, kv_len, &mo);
+    kvc_pc_lookup(c->pc, s->toks.v, kv_len, &mo);
     for (kvc_pc_node *nd = mo.last; nd && nd != kvc_pc_root(c->pc) && nd->depth >= first;) {
         kvc_pc_node *parent = nd->parent;
         if (nd->n_children || nd->pins || nd->pending || nd->depth >= seq->n_blocks ||
@@ -337,9 +341,9 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
 
 /* ----------------------------------------------------------------- new */
 
-int kvc_turn_new(kvc_session *s, const char *prompt, bool chat, const kvc_chat_params *params,
-                 kvc_chat_stream_fn stream, void *user, int64_t t_start, kvc_turn **out,
-                 kvc_err *err)
+int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int kind,
+                 const kvc_chat_params *params, kvc_chat_stream_fn stream, void *user,
+                 int64_t t_start, kvc_turn **out, kvc_err *err)
 {
     *out = NULL;
     kvc_context *c = s->ctx;
@@ -350,37 +354,34 @@ int kvc_turn_new(kvc_session *s, const char *prompt, bool chat, const kvc_chat_p
     t->p = params ? *params : kvc_chat_default_params();
     t->stream = stream;
     t->user = user;
-    t->chat = chat;
+    t->kind = kind;
     t->reply_end = -1;
-    t->eog = -1;
     t->pub_lim = INT32_MAX;
     t->t_start = t_start;
-    t->plen = strlen(prompt);
-    t->prompt = malloc(t->plen + 1);
     int rc = kvc_sampler_params_check(&t->p.sampling, err);
     if (!rc && t->p.max_tokens < 0)
         rc = kvc_fail(err, KVC_ERR_INVALID_ARG, "max_tokens %d is negative", t->p.max_tokens);
-    if (!rc && !t->prompt)
+    if (!rc && n_tokens > 0 && kvc_tokbuf_reserve(&t->toks, n_tokens))
         rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
-    if (!rc) {
-        memcpy(t->prompt, prompt, t->plen + 1);
-        if ((rc = kvc_session_prompt_tokens(s, prompt, t->plen, &t->toks, &t->keep)))
-            kvc_fail(err, rc, "out of memory tokenizing the prompt");
+    if (!rc && n_tokens > 0) {
+        memcpy(t->toks.v, tokens, (size_t)n_tokens * sizeof(int32_t));
+        t->toks.n = n_tokens;
     }
     const int64_t n = t->n_prompt = t->toks.n, n_ctx = c->p.n_ctx;
     const int64_t B = kvc_kv_block_tokens(c->pool), pool_blocks = kvc_kv_n_blocks(c->pool);
     if (!rc && n == 0)
         rc = kvc_fail(err, KVC_ERR_INVALID_ARG, "the prompt is empty");
-    int64_t room = n_ctx - n;
-    if (!rc && (room < 1 || (t->p.max_tokens > 0 && t->p.max_tokens > room)))
+    const bool bg = kind == KVC_TURN_BACKGROUND;   /* it generates nothing */
+    const int64_t room = n_ctx - n;                  /* reply tokens the context leaves */
+    if (!rc && (bg ? room < 0 : room < 1 || (t->p.max_tokens > 0 && t->p.max_tokens > room)))
         rc = kvc_fail(err, KVC_ERR_CONTEXT_LENGTH,
                       "this model's maximum context length is %lld tokens; the messages have %lld "
                       "tokens and %d more were requested for the reply",
                       (long long)n_ctx, (long long)n, t->p.max_tokens > 0 ? t->p.max_tokens : 1);
     /* the pool must hold the whole sequence, and a block copied on write */
-    int64_t max_out = t->p.max_tokens > 0 ? t->p.max_tokens
-                                          : KVC_MIN(room, (pool_blocks - 1) * B - n);
-    if (!rc && (max_out < 1 || (n + max_out + B - 1) / B + 1 > pool_blocks))
+    int64_t max_out = bg ? 0 : t->p.max_tokens > 0 ? t->p.max_tokens
+                                                   : KVC_MIN(room, (pool_blocks - 1) * B - n);
+    if (!rc && ((!bg && max_out < 1) || (n + max_out + B - 1) / B + 1 > pool_blocks))
         rc = kvc_fail(err, KVC_ERR_KV_FULL,
                       "the KV cache holds %lld tokens (%lld blocks of %lld); the messages have "
                       "%lld tokens and %lld more were requested for the reply",
@@ -402,6 +403,7 @@ int kvc_turn_new(kvc_session *s, const char *prompt, bool chat, const kvc_chat_p
     for (int64_t i = 0; i < n; i++)
         kvc_sampler_accept(t->smp, t->toks.v[i]);
     static const char *const no_stops[] = { NULL };
+    const bool chat = kind == KVC_TURN_CHAT;
     t->st = (stops){ chat ? kvc_chat_template_stop_list(s->tmpl) : no_stops, t->p.stop, t->p.n_stop };
     t->sep = chat ? kvc_chat_template_sep(s->tmpl) : "";
     t->phase = KVC_TURN_NEW;
@@ -419,31 +421,33 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     kvc_context *c = s->ctx;
     kvc_kv_seq *seq = SEQ(t);
     const int64_t B = kvc_kv_block_tokens(c->pool), n = t->n_prompt;
+    /* no_cache: a cold run, sharing nothing with the warm path: it neither
+     * reuses nor publishes a block */
     const bool cache = !t->p.no_cache;
 
     /* what is cached: the session's own tokens (as far as its sequence holds
      * them), and the tree's blocks, whoever computed them */
-    int64_t kv_len = KVC_MIN(seq->n_tokens, s->n_tokens);
-    int64_t own = cache ? common_prefix(t->toks.v, n, s->tokens, kv_len) : 0;
-    kvc_pc_match m;
-    kvc_pc_lookup(c->pc, t->toks.v, n, &m);
-    /* a block of the prompt in the works: wait for it, even when the session
-     * holds it or recomputes everything (no_cache), so that the tree never
-     * has another turn's pending block on a running turn's path */
-    if (m.pending)
-        return KVC_TURN_WAIT_PREFIX;
-    if (!cache)
-        m = (kvc_pc_match){ .last = kvc_pc_root(c->pc) };
+    int64_t kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
+    int64_t own = cache ? common_prefix(t->toks.v, n, s->toks.v, kv_len) : 0;
+    kvc_pc_match m = { .last = kvc_pc_root(c->pc) };
+    if (cache) {
+        kvc_pc_lookup(c->pc, t->toks.v, n, &m);
+        /* a block of the prompt in the works: wait for it, so that the tree
+         * never has another turn's pending block on a running turn's path */
+        if (m.pending)
+            return KVC_TURN_WAIT_PREFIX;
+    }
     int64_t tree = (int64_t)m.n_full * B + m.partial_len;
     int64_t matched = KVC_MAX(own, tree);
-    if (matched >= n)
+    if (matched >= n && t->kind != KVC_TURN_BACKGROUND)
         matched = n - 1;                     /* logits are needed: run the last token again */
+    matched = KVC_MIN(matched, n);
 
     /* a context shift: the kept turns are further on in the session's cache;
      * move them (re-rotating K) rather than compute them again */
     int64_t sh_a = -1, sh_k = 0;
     if (cache && t->dropped > 0 && t->p.overflow == KVC_OVERFLOW_SHIFT && own < n - 1) {
-        sh_a = find_moved(t->toks.v, n, s->tokens, kv_len, own, &sh_k);
+        sh_a = find_moved(t->toks.v, n, s->toks.v, kv_len, own, &sh_k);
         sh_k = KVC_MIN(sh_k, n - 1 - own);
         if (sh_a < 0 || sh_k < 1 || own + sh_k <= matched)
             sh_k = 0;
@@ -511,7 +515,9 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     t->anchor = m.last == kvc_pc_root(c->pc) ? NULL : m.last;   /* keeps its pin */
     t->n_pub = m.n_full;
     t->matched = matched;
-    t->phase = KVC_TURN_PREFILL;
+    t->pub_off = !cache;
+    t->phase = matched < n ? KVC_TURN_PREFILL : KVC_TURN_DONE;   /* DONE: a background
+                                                                  turn with nothing to do */
     t->t_prefill = kvc_time_us();
     if (rc) {
         *err = t->err;
@@ -525,6 +531,8 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     for (int32_t i = t->n_pub; !t->pub_off && i < n / B && enter_block(t, i, true); i++)
         ;
     update_promise(t);
+    if (t->phase == KVC_TURN_DONE)
+        set_promise(t, 0);
     return KVC_OK;
 }
 
@@ -534,8 +542,10 @@ kvc_session *kvc_turn_session(const kvc_turn *t) { return t->s; }
 
 /* ----------------------------------------------------- decode and finish */
 
-/* The last steps: flush the stream, keep the end-of-generation token in the
- * history (with its text), and compute what is not computed yet (FINISH). */
+/* The reply ends: flush the stream. The last token sampled stays in the
+ * turn's tokens, its K/V not computed: a stop token never enters the reply's
+ * tokens. The background turn that follows a chat reply computes the
+ * conversation's end of turn as the next request will carry it. */
 static void to_finish(kvc_turn *t, const char *reason)
 {
     t->finish = reason;
@@ -543,23 +553,14 @@ static void to_finish(kvc_turn *t, const char *reason)
     t->t_end = kvc_time_us();
     if (t->reply_end < 0)
         t->reply_end = (int64_t)t->gen_len;
-    /* The end-of-generation token stays in the history, and the last token is
-     * computed too: the next turn, which sends this reply back followed by the
-     * template's end-of-turn text, then finds all of it cached. */
-    if (t->eog >= 0) {
-        char piece[1024];
-        if (kvc_tokbuf_reserve(&t->toks, t->toks.n + 1)) {
-            fail(t, kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory"));
-            return;
-        }
-        t->toks.v[t->toks.n++] = t->eog;
-        int k = kvc_token_to_piece(t->s->ctx->model->tok, t->eog, true, piece, sizeof(piece));
-        if (k > 0 && k <= (int)sizeof(piece) && gen_append(t, piece, k)) {
-            fail(t, KVC_ERR_NOMEM);
-            return;
-        }
-    }
-    t->phase = SEQ(t)->n_tokens < t->toks.n ? KVC_TURN_FINISH : KVC_TURN_DONE;
+    t->phase = KVC_TURN_DONE;
+}
+
+/* A token that ends the reply: end of generation, or any control token (the
+ * template's markup, "<|im_start|>"): its text is not shown in a reply. */
+static bool ends_reply(const kvc_tokenizer *tok, int32_t id)
+{
+    return kvc_tokenizer_is_eog(tok, id) || kvc_tokenizer_token_type(tok, id) == KVC_TOKEN_CONTROL;
 }
 
 /* Logits for the next token are here: sample it, stream its text, decide. */
@@ -569,8 +570,7 @@ static void on_logits(kvc_turn *t, const float *logits)
     int32_t id = kvc_sampler_sample(t->smp, logits);
     if (t->n_out == 0)
         t->t_first = kvc_time_us();
-    if (kvc_tokenizer_is_eog(tok, id)) {
-        t->eog = id;
+    if (ends_reply(tok, id)) {
         to_finish(t, "stop");
         return;
     }
@@ -635,6 +635,7 @@ static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
     kvc_kv_seq *seq = SEQ(t);
     int64_t from = seq->n_tokens;
     int64_t to = t->phase == KVC_TURN_PREFILL ? t->n_prompt : t->toks.n;
+    const bool logits = t->kind != KVC_TURN_BACKGROUND;
     if (t->phase != KVC_TURN_PREFILL) {
         /* a decode token may start a new block: one of those promised */
         int rc = kvc_kv_seq_reserve(c->pool, seq, to, &t->err);
@@ -647,8 +648,7 @@ static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
     int32_t k = (int32_t)KVC_MIN((int64_t)cap, to - from);
     for (int32_t i = 0; i < k; i++) {
         int64_t pos = from + i;
-        items[i] = (kvc_batch_item){ t->toks.v[pos], (int32_t)pos, seq,
-                                     pos == to - 1 && t->phase != KVC_TURN_FINISH };
+        items[i] = (kvc_batch_item){ t->toks.v[pos], (int32_t)pos, seq, pos == to - 1 && logits };
     }
     return k;
 }
@@ -664,14 +664,14 @@ static void turn_forwarded(kvc_turn *t, const float *logits)
         if (done < t->n_prompt)
             break;
         t->t_prompt_done = kvc_time_us();
-        on_logits(t, logits);
+        if (t->kind == KVC_TURN_BACKGROUND) {
+            t->t_end = t->t_prompt_done;
+            t->phase = KVC_TURN_DONE;
+        } else
+            on_logits(t, logits);
         break;
     case KVC_TURN_DECODE:
         on_logits(t, logits);
-        break;
-    case KVC_TURN_FINISH:
-        if (done >= t->toks.n)
-            t->phase = KVC_TURN_DONE;
         break;
     default:
         break;
@@ -680,9 +680,11 @@ static void turn_forwarded(kvc_turn *t, const float *logits)
         set_promise(t, 0);
 }
 
-int kvc_turns_step(kvc_context *c, kvc_turn **turns, int32_t n, kvc_err *err)
+int kvc_turns_step(kvc_context *c, kvc_turn **turns, int32_t n, int32_t max_tokens,
+                   kvc_err *err)
 {
-    const int32_t cap = c->p.n_batch, V = c->model->hp.n_vocab;
+    const int32_t V = c->model->hp.n_vocab;
+    const int32_t cap = max_tokens > 0 ? KVC_MIN(max_tokens, c->p.n_batch) : c->p.n_batch;
     int32_t cnt = 0, rows = 0;
     int32_t count[n > 0 ? n : 1], row[n > 0 ? n : 1];
     int rc = kvc_context_logits_reserve(c, n, err);
@@ -699,8 +701,7 @@ int kvc_turns_step(kvc_context *c, kvc_turn **turns, int32_t n, kvc_err *err)
     for (int pass = 0; pass < 2; pass++)
         for (int32_t i = 0; i < n && cnt < cap; i++) {
             int ph = turns[i]->phase;
-            bool now = pass == 0 ? (ph == KVC_TURN_DECODE || ph == KVC_TURN_FINISH)
-                                 : ph == KVC_TURN_PREFILL;
+            bool now = pass == 0 ? ph == KVC_TURN_DECODE : ph == KVC_TURN_PREFILL;
             if (!now)
                 continue;
             int32_t k = turn_batch(turns[i], c->items + cnt, cap - cnt);
@@ -739,7 +740,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     kvc_session *s = t->s;
     kvc_context *c = s->ctx;
     kvc_kv_seq *seq = SEQ(t);
-    if (!t->rc && t->phase != KVC_TURN_DONE && t->phase != KVC_TURN_FINISH)
+    if (!t->rc && t->phase != KVC_TURN_DONE)
         kvc_turn_cancel(t);                  /* ended early: as if cancelled */
     int rc = t->rc;
     bool ran = t->t_prefill != 0;
@@ -751,14 +752,12 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
         if ((size_t)t->reply_end < t->sep_len)
             t->reply_end = (int64_t)t->sep_len;
         size_t from = KVC_MIN(t->sep_len, (size_t)t->reply_end);
-        if (reply) {
+        if (reply) {                         /* valid UTF-8: the streamed pieces' bytes */
             size_t rl = (size_t)t->reply_end - from;
-            *reply = malloc(rl + 1);
-            if (*reply) {
-                if (rl)
-                    memcpy(*reply, t->gen + from, rl);
-                (*reply)[rl] = 0;
-            } else
+            *reply = malloc(3 * rl + 1);
+            if (*reply)
+                (*reply)[kvc_utf8_repair(t->gen + from, rl, *reply)] = 0;
+            else
                 rc = kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
         }
     } else if (!rc && reply) {
@@ -785,18 +784,15 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     }
     if (ran && !rc) {
         publish(t);                          /* blocks that had to wait for another turn's */
-        kvc_tokbuf toks = t->toks;
-        if (t->n_out == 0 && t->eog < 0)
-            toks.n = t->n_prompt;            /* cancelled before a token: the prompt */
-        if ((rc = kvc_session_keep(s, t->prompt, t->plen, t->gen, t->gen_len, &toks, t->n_prompt,
-                                   t->keep)))
-            kvc_fail(&t->err, rc, "out of memory");
-        t->toks.v = toks.v;
+        /* a background turn continues the last request's conversation */
+        int64_t n_prompt = t->kind != KVC_TURN_BACKGROUND ? t->n_prompt
+                         : KVC_MIN(s->n_prompt, kvc_session_common(s, t->toks.v, t->toks.n));
+        kvc_session_keep(s, &t->toks, n_prompt);
     } else if (ran) {
         /* a failed turn leaves no half-known state behind: what the cache
          * holds stays consistent with the session's tokens */
         kvc_kv_seq_truncate(c->pool, seq, KVC_MIN(seq->n_tokens, common_prefix(
-            s->tokens, s->n_tokens, t->toks.v, t->toks.n)));
+            s->toks.v, s->toks.n, t->toks.v, t->toks.n)));
     }
     kvc_kv_seq_truncate(c->pool, seq, seq->n_tokens);   /* blocks reserved, not written */
     set_promise(t, 0);
@@ -805,9 +801,8 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
         *err = t->err;
     kvc_sampler_free(t->smp);
     free(t->pend);
-    free(t->toks.v);
+    kvc_tokbuf_free(&t->toks);
     free(t->gen);
-    free(t->prompt);
     free(t);
     return rc;
 }

@@ -1,6 +1,8 @@
 /* unicode.c - UTF-8 and GPT-2's byte map (see unicode.h). */
 #include "unicode.h"
 
+#include <string.h>
+
 int kvc_utf8_decode(const char *s, size_t len, uint32_t *cp)
 {
     const unsigned char *u = (const unsigned char *)s;
@@ -92,6 +94,34 @@ int kvc_utf8_valid(const char *s, size_t len)
         i += (size_t)n;
     }
     return 1;
+}
+
+size_t kvc_utf8_incomplete_tail(const char *s, size_t len)
+{
+    for (size_t k = 1; k <= 3 && k <= len; k++) {
+        unsigned char c = (unsigned char)s[len - k];
+        if ((c & 0xC0) != 0x80)             /* a lead byte (or ASCII): decide here */
+            return c >= 0xC0 && kvc_utf8_decode(s + len - k, k, NULL) == 0 ? k : 0;
+    }
+    return 0;
+}
+
+size_t kvc_utf8_repair(const char *s, size_t len, char *out)
+{
+    size_t i = 0, o = 0;
+    while (i < len) {
+        int n = (unsigned char)s[i] < 0x80 ? 1 : kvc_utf8_decode(s + i, len - i, NULL);
+        if (n > 0) {
+            memcpy(out + o, s + i, (size_t)n);
+            o += (size_t)n;
+            i += (size_t)n;
+        } else {
+            memcpy(out + o, KVC_UTF8_REPLACEMENT, 3);
+            o += 3;
+            i++;
+        }
+    }
+    return o;
 }
 
 /* The 68 bytes GPT-2 remaps: 0x00-0x20 (33), 0x7F-0xA0 (34), 0xAD (1). */

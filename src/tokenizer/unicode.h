@@ -29,6 +29,18 @@ int kvc_utf8_encode(uint32_t cp, char *out);
 /* True when all of s[0..len) is valid UTF-8. */
 int kvc_utf8_valid(const char *s, size_t len);
 
+/* How many bytes at the end of s[0..len) are a valid but incomplete start of
+ * a character (0..3): a stream holds them back until more bytes arrive. */
+size_t kvc_utf8_incomplete_tail(const char *s, size_t len);
+
+/* Copy s[0..len) to out, each byte that is not part of a valid whole
+ * character (an incomplete one at the end included) replaced by U+FFFD, so
+ * the result is valid UTF-8. Repairing a text piece by piece, cut only where
+ * kvc_utf8_incomplete_tail is 0, gives the same bytes as repairing it whole.
+ * out holds at least 3 * len bytes (it may not overlap s). Returns the bytes
+ * written. */
+size_t kvc_utf8_repair(const char *s, size_t len, char *out);
+
 /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68
  * (0x00-0x20, 0x7F-0xA0, 0xAD) to U+0100.. in byte order. */
 uint32_t kvc_gpt2_byte_to_cpt(uint8_t b);

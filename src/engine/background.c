@@ -1,0 +1,124 @@
+/* background.c - canonicalizing finished replies (DESIGN.md §3).
+ *
+ * A generated reply often re-tokenizes differently (BPE does not round-trip),
+ * and a template may rewrite a past reply, so the tokens the next request
+ * brings (tokenize(render(messages)), prompt.h) part from the cached ones
+ * inside the reply. When a chat reply finishes, the engine thread hands the
+ * conversation and the reply to the background thread, which renders and
+ * tokenizes it as the next request will carry it (kvc_prompt_next_turn) and
+ * queues those tokens; the engine thread computes what of them the session
+ * lacks when no request waits or runs (engine_sched.c). A request that comes
+ * meanwhile stops that turn, keeps what it computed, and computes the rest
+ * itself: nothing is computed twice, and nothing waits for it. */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void kvc_bg_job_free(bg_job *j)
+{
+    if (!j)
+        return;
+    kvc_messages_free(j->messages, j->n_messages);
+    free(j->reply);
+    free(j->tools_json);
+    free(j->kwargs_json);
+    kvc_tokbuf_free(&j->toks);
+    free(j);
+}
+
+void kvc_engine_background_queue(kvc_engine *e, kvc_request *r, const char *reply,
+                                 const kvc_chat_stats *st)
+{
+    if (r->kind != KVC_TURN_CHAT || r->chat.no_cache || r->dropped || !r->slot ||
+        !r->messages || strcmp(st->finish_reason, "cancelled") == 0)
+        return;
+    bg_job *j = calloc(1, sizeof(*j));
+    if (!j || !(j->reply = strdup(reply))) {
+        free(j);
+        return;
+    }
+    j->messages = r->messages;
+    j->n_messages = r->n_messages;
+    r->messages = NULL;
+    r->n_messages = 0;
+    j->chat.tools_json = j->tools_json = r->tools_json;   /* the template renders them too */
+    j->chat.template_kwargs_json = j->kwargs_json = r->kwargs_json;
+    r->tools_json = r->kwargs_json = NULL;
+    r->chat.tools_json = r->chat.template_kwargs_json = NULL;
+    j->slot = (int32_t)(r->slot - e->slots);
+    j->serial = r->slot->s->serial;
+    pthread_mutex_lock(&e->mu);
+    if (e->prep_tail)
+        e->prep_tail->next = j;
+    else
+        e->prep_head = j;
+    e->prep_tail = j;
+    e->m.bg_pending++;
+    pthread_cond_signal(&e->bg_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+bg_job *kvc_engine_background_take(kvc_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    bg_job *j = e->bg_head;
+    if (j) {
+        e->bg_head = j->next;
+        if (!e->bg_head)
+            e->bg_tail = NULL;
+        j->next = NULL;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return j;
+}
+
+void *kvc_engine_background_main(void *arg)
+{
+    kvc_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->prep_head && !e->stop)
+            pthread_cond_wait(&e->bg_cv, &e->mu);
+        if (e->stop)
+            break;
+        bg_job *j = e->prep_head;
+        e->prep_head = j->next;
+        if (!e->prep_head)
+            e->prep_tail = NULL;
+        j->next = NULL;
+        pthread_mutex_unlock(&e->mu);
+
+        kvc_err err = { 0 };
+        int rc = kvc_prompt_next_turn(e->model, e->tmpl, j->messages, j->n_messages, &j->chat,
+                                      j->reply, &j->toks, &err);
+        kvc_messages_free(j->messages, j->n_messages);
+        j->messages = NULL;
+        j->n_messages = 0;
+
+        pthread_mutex_lock(&e->mu);
+        if (rc || j->toks.n == 0) {
+            e->m.bg_pending--;
+            pthread_mutex_unlock(&e->mu);
+            kvc_bg_job_free(j);
+            pthread_mutex_lock(&e->mu);
+            continue;
+        }
+        if (e->bg_tail)
+            e->bg_tail->next = j;
+        else
+            e->bg_head = j;
+        e->bg_tail = j;
+        pthread_cond_signal(&e->cv);
+    }
+    /* stopping: what was not canonicalized is dropped */
+    bg_job *left = e->prep_head;
+    e->prep_head = e->prep_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (left) {
+        bg_job *nx = left->next;
+        kvc_bg_job_free(left);
+        left = nx;
+    }
+    return NULL;
+}
