@@ -62,7 +62,7 @@ static jv *lookup(jrender *r, jframe *f, const char *name)
 
 static void assign(jrender *r, jframe *f, const char *name, jv *v)
 {
-    jv_dict_set(&r->c, f->vars, jv_cstr(&r->c, name), v);
+    jv_dict_set(&r->c, f->vars, jv_strref(&r->c, name), v);   /* names live in the tree */
 }
 
 static jframe *new_frame(jrender *r, jframe *parent)
@@ -695,7 +695,7 @@ static void exec(jrender *r, jframe *f, const jnode *s)
             jv *ns = jeval(r, s->a);
             if (ns->k != JK_DICT || !ns->u.d.ns)
                 jfail(c, s->line, "cannot assign attribute '%s' on a non-namespace object", s->name);
-            jv_dict_set(c, ns, jv_cstr(c, s->name), v);
+            jv_dict_set(c, ns, jv_strref(c, s->name), v);
         } else {
             assign_targets(r, s->line, f, s->names, s->nnames, v);
         }
@@ -710,7 +710,7 @@ static void exec(jrender *r, jframe *f, const jnode *s)
             jv *ns = jeval(r, s->a);
             if (ns->k != JK_DICT || !ns->u.d.ns)
                 jfail(c, s->line, "cannot assign attribute '%s' on a non-namespace object", s->name);
-            jv_dict_set(c, ns, jv_cstr(c, s->name), v);
+            jv_dict_set(c, ns, jv_strref(c, s->name), v);
         } else {
             assign(r, f, s->names[0], v);
         }

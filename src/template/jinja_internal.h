@@ -41,6 +41,7 @@ typedef struct jctx {
 
 _Noreturn void jfail(jctx *c, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void *jalloc(jctx *c, size_t n);                     /* zeroed */
+void *jalloc_raw(jctx *c, size_t n);                 /* not zeroed: buffers about to be filled */
 void  jarena_free(jarena *a);                        /* the chunks; not the jarena */
 
 /* ---------------------------------------------------------------- values */
@@ -90,6 +91,9 @@ jv *jv_undef(jctx *c, const char *name);
 /* A string copied into the arena; t (NULL = untainted) is copied too. */
 jv *jv_str(jctx *c, const char *p, size_t n, const uint8_t *t);
 jv *jv_cstr(jctx *c, const char *s);                 /* untainted */
+/* An untainted string over s itself, not copied: s must outlive the render
+ * (names in the syntax tree do). */
+jv *jv_strref(jctx *c, const char *s);
 jv *jv_list(jctx *c, size_t cap);
 /* A list standing for what Python makes a generator (map, select, items...):
  * always true, no len(), not JSON, printed as "<generator object>". Its

@@ -37,6 +37,13 @@ void jfail(jctx *c, int line, const char *fmt, ...)
 
 void *jalloc(jctx *c, size_t n)
 {
+    void *p = jalloc_raw(c, n);
+    memset(p, 0, n);
+    return p;
+}
+
+void *jalloc_raw(jctx *c, size_t n)
+{
     jarena *a = c->a;
     n = (n + 15) & ~(size_t)15;
     if (a->limit && a->used + n > a->limit) {
@@ -65,7 +72,6 @@ void *jalloc(jctx *c, size_t n)
     void *p = h->mem + h->used;
     h->used += n;
     a->used += n;
-    memset(p, 0, n);
     return p;
 }
 
@@ -113,9 +119,10 @@ jv *jv_undef(jctx *c, const char *name)
 jv *jv_str(jctx *c, const char *p, size_t n, const uint8_t *t)
 {
     jv *v = jalloc(c, sizeof(jv));
-    char *s = jalloc(c, n + 1);
+    char *s = jalloc_raw(c, n + 1);
     if (n)
         memcpy(s, p, n);
+    s[n] = 0;
     v->k = JK_STR;
     v->u.s.p = s;
     v->u.s.n = n;
@@ -124,7 +131,7 @@ jv *jv_str(jctx *c, const char *p, size_t n, const uint8_t *t)
         while (i < n && !t[i])
             i++;
         if (i < n) {
-            uint8_t *m = jalloc(c, n);
+            uint8_t *m = jalloc_raw(c, n);
             memcpy(m, t, n);
             v->u.s.t = m;
         }
@@ -133,6 +140,15 @@ jv *jv_str(jctx *c, const char *p, size_t n, const uint8_t *t)
 }
 
 jv *jv_cstr(jctx *c, const char *s) { return jv_str(c, s, strlen(s), NULL); }
+
+jv *jv_strref(jctx *c, const char *s)
+{
+    jv *v = jalloc(c, sizeof(jv));
+    v->k = JK_STR;
+    v->u.s.p = s;
+    v->u.s.n = strlen(s);
+    return v;
+}
 
 jv *jv_list(jctx *c, size_t cap)
 {
@@ -382,15 +398,13 @@ static void jsb_room(jsb *b, size_t n)
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->n + n + 1)
         cap *= 2;
-    /* Builders are malloc'd, not arena memory: they grow by doubling. On
-     * failure the arena-free unwinding would leak them, so they live in the
-     * arena's bookkeeping: we allocate the new buffer in the arena. */
-    char *np = jalloc(b->c, cap);
+    /* arena memory like everything else: a failure anywhere leaks nothing */
+    char *np = jalloc_raw(b->c, cap);
     if (b->n)
         memcpy(np, b->p, b->n);
     b->p = np;
     if (b->t) {
-        uint8_t *nt = jalloc(b->c, cap);
+        uint8_t *nt = jalloc_raw(b->c, cap);
         memcpy(nt, b->t, b->n);
         b->t = nt;
     }
@@ -403,9 +417,8 @@ void jsb_put(jsb *b, const char *p, size_t n, const uint8_t *t)
         return;
     jsb_room(b, n);
     memcpy(b->p + b->n, p, n);
-    if (t && !b->t) {
-        b->t = jalloc(b->c, b->cap);
-    }
+    if (t && !b->t)
+        b->t = jalloc(b->c, b->cap);   /* zeroed: the bytes so far are unmarked */
     if (b->t) {
         if (t)
             memcpy(b->t + b->n, t, n);
