@@ -200,6 +200,23 @@ struct jnode {
     jv      *lit;
 };
 
+/* ---------------------------------------------------------------- tokens */
+
+enum ttype { T_DATA, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING,
+             T_INT, T_FLOAT, T_OP, T_EOF };
+
+typedef struct tok {
+    uint8_t type;
+    int line;
+    const char *p;    /* DATA, NAME, STRING (decoded), OP text */
+    size_t n;
+    int64_t i;
+    double f;
+} tok;
+
+/* The tokens of src (jinja_lex.c), ending with T_EOF. */
+tok *jinja_lex(jctx *c, const char *src, size_t len, size_t *n_out);
+
 /* Parse src into a list of statements (the template's body). */
 jnode **jinja_parse(jctx *c, const char *src, size_t len, size_t *n_out);
 
