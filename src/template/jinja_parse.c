@@ -403,23 +403,26 @@ static jnode *p_math2(parser *P)
     }
 }
 
-static jnode *p_concat(parser *P)
+/* first (sep item)*: first alone, or a node of `type` with all of them */
+static jnode *p_joined(parser *P, jnode *first, const char *sep, jnode *(*item)(parser *),
+                       int type)
 {
-    jnode *n = p_math2(P);
-    if (!is_op(P, "~"))
-        return n;
-    nvec parts = {0};
-    nv_push(P, &parts, n);
+    if (!is_op(P, sep))
+        return first;
     int line = cur(P)->line;
-    while (is_op(P, "~")) {
+    nvec parts = {0};
+    nv_push(P, &parts, first);
+    while (is_op(P, sep)) {
         next(P);
-        nv_push(P, &parts, p_math2(P));
+        nv_push(P, &parts, item(P));
     }
-    jnode *c = mk(P, JN_CONCAT, line);
-    c->args = parts.v;
-    c->nargs = parts.n;
-    return c;
+    jnode *n = mk(P, type, line);
+    n->args = parts.v;
+    n->nargs = parts.n;
+    return n;
 }
+
+static jnode *p_concat(parser *P) { return p_joined(P, p_math2(P), "~", p_math2, JN_CONCAT); }
 
 static jnode *p_math1(parser *P)
 {
@@ -519,23 +522,7 @@ static jnode *p_expr(parser *P)
 
 /* An expression list without parentheses ("a, b" in for / set targets
  * and values) becomes a tuple. */
-static jnode *p_tuple_expr(parser *P)
-{
-    int line = cur(P)->line;
-    jnode *n = p_expr(P);
-    if (!is_op(P, ","))
-        return n;
-    nvec items = {0};
-    nv_push(P, &items, n);
-    while (is_op(P, ",")) {
-        next(P);
-        nv_push(P, &items, p_expr(P));
-    }
-    jnode *t = mk(P, JN_TUPLE, line);
-    t->args = items.v;
-    t->nargs = items.n;
-    return t;
-}
+static jnode *p_tuple_expr(parser *P) { return p_joined(P, p_expr(P), ",", p_expr, JN_TUPLE); }
 
 /* ---------------------------------------------------------------- statements */
 
