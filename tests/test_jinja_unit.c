@@ -85,7 +85,7 @@ static void check_error(const char *tmpl, const char *data, const jinja_limits *
 static void test_errors(void)
 {
     /* syntax */
-    check_error("a\n{% if x %}\nb", NULL, NULL, "line 3: unexpected end of template, expected 'elif'");
+    check_error("a\n{% if x %}\nb", NULL, NULL, "line 3: unexpected end of template, expected 'elif' or 'else' or 'endif'");
     check_error("{{ 1 + }}", NULL, NULL, "line 1: unexpected end of print statement");
     check_error("x\n{% frobnicate %}", NULL, NULL, "line 2: unknown tag 'frobnicate'");
     check_error("{% endfor %}", NULL, NULL, "line 1: unexpected 'endfor'");

@@ -745,8 +745,13 @@ static jnode **p_body(parser *P, const char *const *ends, size_t *n_out, const c
     for (;;) {
         tok *t = cur(P);
         if (t->type == T_EOF) {
-            if (ends)
-                jfail(P->c, t->line, "unexpected end of template, expected '%s'", ends[0]);
+            if (ends) {
+                char want[96] = "";
+                for (size_t k = 0; ends[k]; k++)
+                    snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s'%s'",
+                             k ? " or " : "", ends[k]);
+                jfail(P->c, t->line, "unexpected end of template, expected %s", want);
+            }
             break;
         }
         if (t->type == T_DATA) {
