@@ -4,7 +4,8 @@
 set -euo pipefail
 
 pkgs=(gcc clang cmake ninja-build pkg-config libpcre2-dev libxxhash-dev libcjson-dev
-      libmicrohttpd-dev libedit-dev)
+      libmicrohttpd-dev libedit-dev
+      python3-jsonschema)   # test_grammar_schema checks its outputs with it too
 
 missing=()
 for p in "${pkgs[@]}"; do
