@@ -48,8 +48,7 @@ static void convo_push(convo *c, const char *role, const char *content)
             exit(1);
         }
     }
-    c->msgs[c->n].role = strdup(role);
-    c->msgs[c->n].content = strdup(content ? content : "");
+    c->msgs[c->n] = (kvc_chat_message){ strdup(role), strdup(content ? content : "") };
     c->n++;
 }
 
