@@ -246,7 +246,31 @@ typedef struct kvc_chat_params {
                                        (borrowed) */
     const char        *template_kwargs_json; /* a JSON object of extra chat template variables
                                        (chat_template_kwargs, e.g. enable_thinking); NULL = none */
+    /* added for the agent API (issue 13) */
+    const char        *grammar;     /* constrained decoding: grammar text in grammar.h's GBNF
+                                       dialect (start rule "root"); every reply token is
+                                       masked to what it allows; NULL = none (borrowed) */
+    const struct kvc_logit_bias *logit_bias; /* added to the logits before sampling (sampler.h);
+                                       n_logit_bias entries (borrowed) */
+    int32_t            n_logit_bias;
+    int32_t            logprobs;    /* -1 = none; else each reply token's log-probability and
+                                       the `logprobs` (<= KVC_MAX_TOP_LOGPROBS) most likely */
+    bool               parse_tool_calls; /* engine: parse the reply's tool calls in the
+                                       template's syntax (kvc_engine_tool_format) into the
+                                       DONE event */
 } kvc_chat_params;
+
+#define KVC_MAX_TOP_LOGPROBS 20
+
+/* The log-probability of one reply token under the model's raw distribution
+ * (before bias, penalties, mask and temperature: what `kvchat eval` reports). */
+typedef struct kvc_token_logprob {
+    int32_t token;
+    float   logprob;
+    int32_t n_top;                              /* the most likely tokens, best first */
+    int32_t top_token[KVC_MAX_TOP_LOGPROBS];
+    float   top_logprob[KVC_MAX_TOP_LOGPROBS];
+} kvc_token_logprob;
 
 kvc_chat_params kvc_chat_default_params(void);
 
@@ -263,6 +287,8 @@ typedef struct kvc_chat_stats {
     double  prompt_tps;       /* computed_tokens / prompt time */
     double  decode_tps;       /* output tokens after the first / decode time */
     const char *finish_reason; /* "stop" (EOG or stop string), "length", "cancelled" */
+    int32_t grammar_masks;    /* constrained decoding: token masks computed ... */
+    double  grammar_mask_ms;  /* ... and the time they took */
 } kvc_chat_stats;
 
 /* Called with each piece of reply text as it is generated (whole UTF-8
@@ -442,6 +468,12 @@ typedef struct kvc_event {
     int            status;      /* ERROR: a KVC_ERR_* */
     char           message[512];/* ERROR: what went wrong */
     kvc_chat_stats stats;       /* DONE */
+    kvc_token_logprob *logprobs;/* DONE with chat.logprobs >= 0: one per reply token
+                                   (n_logprobs; malloc'd, freed by kvc_event_clear) */
+    int32_t        n_logprobs;
+    char          *tool_calls;  /* DONE with chat.parse_tool_calls and calls found: the
+                                   OpenAI tool_calls array as JSON text ... */
+    char          *content;     /* ... and the reply's text besides them (both malloc'd) */
 } kvc_event;
 
 /* Queue a request (everything in params is copied). The prompt is rendered
@@ -490,6 +522,9 @@ typedef struct kvc_engine_metrics {
     uint64_t bg_tokens;         /* tokens computed in the background */
     uint64_t bg_us;             /* engine time spent on them, microseconds */
     uint64_t busy_us;           /* engine time spent in forward passes, all of them */
+    /* constrained decoding (issue 13) */
+    uint64_t grammar_masks;     /* token masks computed */
+    uint64_t grammar_mask_us;   /* time spent computing them, microseconds */
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);
@@ -500,6 +535,10 @@ int32_t kvc_engine_n_ctx(const kvc_engine *engine);
 /* The chat template in use, for logs ("the model's Jinja chat template, family
  * chatml"). Owned by the engine. */
 const char *kvc_engine_template(const kvc_engine *engine);
+
+/* The syntax the chat template writes tool calls in, found by rendering one:
+ * "hermes" (<tool_call>...</tool_call>), "llama3-json", "mistral". */
+const char *kvc_engine_tool_format(const kvc_engine *engine);
 
 /* The prompt text a chat request renders to, exactly as it will be
  * tokenized (POST /apply-template). Safe from any thread. *prompt is

@@ -1,5 +1,6 @@
 /* context.c - the public model and context API over model.h, kv.h and forward.c. */
 #include "context.h"
+#include "grammar.h"
 #include "chat_template.h"
 #include "quant.h"
 
@@ -172,6 +173,7 @@ void kvc_context_free(kvc_context *c)
     kvc_pc_free(c->pc);
     kvc_chat_template_free(c->chat_tmpl);
     free(c->chat_tmpl_key);
+    kvc_gvocab_free(c->gvocab);
     free(c->seqs);
     free(c->items);
     free(c->logits);

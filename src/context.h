@@ -25,6 +25,8 @@ struct kvc_context {
                                    free (session_turn.c) */
     struct kvc_chat_template *chat_tmpl; /* compiled once for the sessions (session.c) */
     char        *chat_tmpl_key; /* the template_name it was made for; NULL = the model's */
+    struct kvc_gvocab *gvocab;  /* the vocabulary trie of constrained decoding (grammar.h),
+                                   made by the first turn with a grammar; NULL before */
 };
 
 /* Evict least recently used unreferenced blocks from the prefix tree until

@@ -27,14 +27,32 @@ void kvc_bg_job_free(bg_job *j)
     free(j);
 }
 
+/* The reply as an assistant message with its tool calls, appended to r's
+ * messages (the next request carries it so). false when out of memory. */
+static bool append_calls(kvc_request *r, const kvc_event *done)
+{
+    kvc_chat_message *m = realloc(r->messages, (r->n_messages + 1) * sizeof(*m));
+    if (!m)
+        return false;
+    r->messages = m;
+    m += r->n_messages;
+    *m = (kvc_chat_message){ .role = strdup("assistant"), .content = strdup(done->content),
+                             .tool_calls_json = strdup(done->tool_calls) };
+    r->n_messages++;
+    return m->role && m->content && m->tool_calls_json;
+}
+
 void kvc_engine_background_queue(kvc_engine *e, kvc_request *r, const char *reply,
-                                 const kvc_chat_stats *st)
+                                 const kvc_chat_stats *st, const kvc_event *done)
 {
     if (r->kind != KVC_TURN_CHAT || r->chat.no_cache || r->dropped || !r->slot ||
         !r->messages || strcmp(st->finish_reason, "cancelled") == 0)
         return;
+    bool calls = done && done->tool_calls;
+    if (calls && !append_calls(r, done))
+        return;
     bg_job *j = calloc(1, sizeof(*j));
-    if (!j || !(j->reply = strdup(reply))) {
+    if (!j || (!calls && !(j->reply = strdup(reply)))) {
         free(j);
         return;
     }

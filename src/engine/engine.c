@@ -5,6 +5,7 @@
  * event queues in request.c. */
 #include "chat_template.h"
 #include "engine.h"
+#include "tool_calls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,8 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         rc = kvc_engine_sessions_new(eng, &e);
     if (!rc)
         eng->tmpl = eng->slots[0].s->tmpl;   /* every session has the engine's format */
+    if (!rc)
+        eng->tool_format = kvc_tool_format_detect(eng->tmpl);
     if (!rc) {
         kvc_engine_update_gauges(eng);
         if (pthread_create(&eng->thread, NULL, kvc_engine_main, eng) != 0)
@@ -223,6 +226,7 @@ void kvc_engine_get_metrics(kvc_engine *e, kvc_engine_metrics *out)
 }
 
 const char *kvc_engine_template(const kvc_engine *e) { return kvc_chat_template_describe(e->tmpl); }
+const char *kvc_engine_tool_format(const kvc_engine *e) { return kvc_tool_format_name(e->tool_format); }
 
 int kvc_engine_render(kvc_engine *e, const kvc_request_params *p, char **prompt, char *err,
                       size_t err_size)

@@ -44,6 +44,7 @@ struct kvc_engine {
     kvc_context      *ctx;
     size_t            block_bytes;
     const kvc_chat_template *tmpl;  /* the chat template (slot 0's session owns it) */
+    int               tool_format;  /* enum kvc_tool_format of tmpl */
 
     /* engine thread only */
     session_slot     *slots;        /* n_slots = max_sessions + n_parallel */
@@ -89,9 +90,11 @@ void *kvc_engine_background_main(void *engine);
 
 /* Queue the canonicalization of request r's finished reply (engine thread;
  * takes r's messages). Nothing when it does not apply: not a chat request, a
- * cold one (no_cache), a context shift, a failure, or no memory. */
+ * cold one (no_cache), a context shift, a failure, or no memory. done: the
+ * reply's parsed tool calls (done->tool_calls, content), which the next
+ * request carries as the assistant message instead of the text. */
 void kvc_engine_background_queue(kvc_engine *e, kvc_request *r, const char *reply,
-                                 const kvc_chat_stats *st);
+                                 const kvc_chat_stats *st, const kvc_event *done);
 
 /* The next job with canonical tokens (NULL: none), taken off bg_head. */
 bg_job *kvc_engine_background_take(kvc_engine *e);

@@ -34,6 +34,7 @@
  * least recently used idle sessions let go of their blocks (which then only
  * the tree holds) and eviction goes on. */
 #include "engine.h"
+#include "tool_calls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,10 +192,18 @@ static void end_request(kvc_engine *e, kvc_request *r)
     char *reply = NULL;
     kvc_chat_stats st;
     kvc_err err = { 0 };
+    kvc_event done = { 0 };
+    kvc_turn_take_logprobs(r->turn, &done.logprobs, &done.n_logprobs);
     int rc = kvc_turn_end(r->turn, &reply, &st, &err);
     r->turn = NULL;
+    if (!rc && reply && r->chat.parse_tool_calls &&
+        kvc_tool_calls_parse(e->tool_format, reply, strlen(reply), (uint64_t)r->t_submit ^
+                             (uint64_t)(uintptr_t)r, &done.tool_calls, &done.content))
+        rc = kvc_fail(&err, KVC_ERR_NOMEM, "out of memory");
+    if (!rc && done.tool_calls && strcmp(st.finish_reason, "stop") == 0)
+        st.finish_reason = "tool_calls";
     if (!rc && reply)
-        kvc_engine_background_queue(e, r, reply, &st);
+        kvc_engine_background_queue(e, r, reply, &st, &done);
     release_slot(e, r);
     kvc_engine_update_gauges(e);             /* a client that got DONE sees them current */
     pthread_mutex_lock(&e->mu);
@@ -206,14 +215,18 @@ static void end_request(kvc_engine *e, kvc_request *r)
         e->m.cached_tokens += (uint64_t)st.cached_tokens;
         e->m.computed_tokens += (uint64_t)st.computed_tokens;
         e->m.output_tokens += (uint64_t)st.output_tokens;
+        e->m.grammar_masks += (uint64_t)st.grammar_masks;
+        e->m.grammar_mask_us += (uint64_t)(st.grammar_mask_ms * 1e3);
     }
     pthread_mutex_unlock(&e->mu);
     if (rc)
         kvc_request_push(r, KVC_EVENT_ERROR, NULL, 0, rc, err.msg[0] ? err.msg : kvc_strerror(rc),
                          NULL);
     else
-        kvc_request_push(r, KVC_EVENT_DONE, reply ? reply : "", reply ? strlen(reply) : 0, 0,
-                         NULL, &st);
+        kvc_request_push_done(r, KVC_EVENT_DONE, reply ? reply : "", reply ? strlen(reply) : 0,
+                              0, NULL, &st, &done);
+    if (rc)
+        kvc_event_clear(&done);
     free(reply);
     kvc_request_unref(r);
 }

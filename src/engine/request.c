@@ -1,5 +1,6 @@
 /* request.c - a request and its mailbox (request.h). */
 #include "request.h"
+#include "sampler.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,8 @@ void kvc_request_unref(kvc_request *r)
     free(r->session_key);
     free(r->tools_json);
     free(r->kwargs_json);
+    free(r->grammar);
+    free(r->logit_bias);
     kvc_tokbuf_free(&r->toks);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
@@ -48,6 +51,12 @@ void kvc_request_unref(kvc_request *r)
 
 void kvc_request_push(kvc_request *r, int type, const char *text, size_t len, int status,
                       const char *message, const kvc_chat_stats *stats)
+{
+    kvc_request_push_done(r, type, text, len, status, message, stats, NULL);
+}
+
+void kvc_request_push_done(kvc_request *r, int type, const char *text, size_t len, int status,
+                           const char *message, const kvc_chat_stats *stats, kvc_event *done)
 {
     event_node *n = calloc(1, sizeof(*n));
     if (n && text) {
@@ -71,6 +80,14 @@ void kvc_request_push(kvc_request *r, int type, const char *text, size_t len, in
         else
             r->head = n;
         r->tail = n;
+    }
+    if (n && done) {                         /* the DONE event takes these */
+        n->ev.logprobs = done->logprobs;
+        n->ev.n_logprobs = done->n_logprobs;
+        n->ev.tool_calls = done->tool_calls;
+        n->ev.content = done->content;
+    } else if (done) {
+        kvc_event_clear(done);
     }
     if (type != KVC_EVENT_TEXT)
         r->finished = true;
@@ -115,8 +132,13 @@ bool kvc_request_next(kvc_request *r, kvc_event *ev, int timeout_ms)
 void kvc_event_clear(kvc_event *ev)
 {
     free(ev->text);
-    ev->text = NULL;
+    free(ev->logprobs);
+    free(ev->tool_calls);
+    free(ev->content);
+    ev->text = ev->tool_calls = ev->content = NULL;
+    ev->logprobs = NULL;
     ev->len = 0;
+    ev->n_logprobs = 0;
 }
 
 void kvc_request_cancel(kvc_request *r) { atomic_store(&r->cancelled, true); }
@@ -155,6 +177,15 @@ kvc_request *kvc_request_new(const kvc_request_params *p)
     r->session_key = dup_or_null(p->session_key, &ok);
     r->chat.tools_json = r->tools_json = dup_or_null(p->chat.tools_json, &ok);
     r->chat.template_kwargs_json = r->kwargs_json = dup_or_null(p->chat.template_kwargs_json, &ok);
+    r->chat.grammar = r->grammar = dup_or_null(p->chat.grammar, &ok);
+    r->chat.logit_bias = NULL;
+    if (ok && p->chat.n_logit_bias > 0) {
+        size_t sz = (size_t)p->chat.n_logit_bias * sizeof(*r->logit_bias);
+        ok = (r->logit_bias = malloc(sz)) != NULL;
+        if (ok)
+            memcpy(r->logit_bias, p->chat.logit_bias, sz);
+        r->chat.logit_bias = r->logit_bias;
+    }
     if (p->n_messages) {
         r->messages = calloc(p->n_messages, sizeof(kvc_chat_message));
         ok = ok && r->messages;

@@ -31,6 +31,8 @@ struct kvc_request {
     char             *session_key;
     char             *tools_json;     /* chat.tools_json points here */
     char             *kwargs_json;    /* chat.template_kwargs_json points here */
+    char             *grammar;        /* chat.grammar points here */
+    struct kvc_logit_bias *logit_bias; /* chat.logit_bias points here */
     kvc_chat_params   chat;
     char            **stops;
     int64_t           t_submit;       /* kvc_time_us */
@@ -59,6 +61,12 @@ kvc_request *kvc_request_new(const kvc_request_params *p);
 /* Queue an event for the client; `text` (may be NULL) is copied. */
 void kvc_request_push(kvc_request *r, int type, const char *text, size_t len, int status,
                       const char *message, const kvc_chat_stats *stats);
+
+/* kvc_request_push whose event also takes done's logprobs, tool_calls and
+ * content (done may be NULL; its pointers are taken, or freed when out of
+ * memory). */
+void kvc_request_push_done(kvc_request *r, int type, const char *text, size_t len, int status,
+                           const char *message, const kvc_chat_stats *stats, kvc_event *done);
 
 /* Drop one reference; the last frees the request. */
 void kvc_request_unref(kvc_request *r);

@@ -139,10 +139,12 @@ int kvc_prompt_next_turn(const kvc_model *m, const kvc_chat_template *tmpl,
     if (!all)
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
     memcpy(all, msgs, n * sizeof(*all));
-    all[n] = (kvc_chat_message){ "assistant", reply };
-    all[n + 1] = (kvc_chat_message){ "user", SENTINEL };
+    size_t k = n;
+    if (reply)                               /* NULL: msgs[n - 1] is the reply already */
+        all[k++] = (kvc_chat_message){ "assistant", reply };
+    all[k++] = (kvc_chat_message){ "user", SENTINEL };
     char *text = NULL;
-    int rc = kvc_prompt_render(tmpl, all, n + 2, p, &text, err);
+    int rc = kvc_prompt_render(tmpl, all, k, p, &text, err);
     free(all);
     if (rc)
         return rc;

@@ -63,7 +63,8 @@ int kvc_prompt_chat(const kvc_model *m, const kvc_chat_template *tmpl, const kvc
  * says: up to and including the last control token (text is tokenized in
  * runs between control tokens, so nothing after one changes the tokens before
  * it), or, when later, up to the last token that begins a word. Used only to
- * compute ahead of time, never as a request's tokens. p: the request's tools
+ * compute ahead of time, never as a request's tokens. reply NULL: msgs[n - 1]
+ * is the assistant's reply (e.g. with its tool_calls). p: the request's tools
  * and template kwargs (may be NULL). KVC_ERR_NOMEM,
  * KVC_ERR_INVALID_ARG (a bad role). */
 int kvc_prompt_next_turn(const kvc_model *m, const kvc_chat_template *tmpl,

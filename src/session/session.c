@@ -15,6 +15,7 @@ kvc_chat_params kvc_chat_default_params(void)
     kvc_chat_params p = { 0 };
     p.sampling = kvc_sampler_default_params();
     p.overflow = KVC_OVERFLOW_ERROR;
+    p.logprobs = -1;
     return p;
 }
 

@@ -6,6 +6,7 @@
 #include "sampler.h"
 #include "session.h"
 #include "tokenizer.h"
+#include "turn_sample.h"
 #include "unicode.h"
 
 #include <stdio.h>
@@ -35,6 +36,7 @@ struct kvc_turn {
     int64_t         moved;          /* of matched, K/V moved by the shift */
     /* generation */
     kvc_sampler    *smp;
+    turn_sample     ts;             /* grammar mask, logit_bias, logprobs */
     stops           st;
     const char     *sep;            /* the template's reply separator */
     size_t          sep_len;        /* of it, found at the reply's start */
@@ -394,6 +396,8 @@ int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int ki
         t->smp = kvc_sampler_new(&t->p.sampling, c->model->hp.n_vocab);
         if (!t->pend || !t->smp)
             rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+        else if (!bg)
+            rc = turn_sample_init(&t->ts, c, &t->p, t->smp, err);
     }
     if (rc) {
         t->phase = KVC_TURN_DONE;
@@ -539,6 +543,10 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 int kvc_turn_phase(const kvc_turn *t) { return t->phase; }
 void kvc_turn_set_dropped(kvc_turn *t, int32_t dropped) { t->dropped = dropped; }
 kvc_session *kvc_turn_session(const kvc_turn *t) { return t->s; }
+void kvc_turn_take_logprobs(kvc_turn *t, kvc_token_logprob **out, int32_t *n)
+{
+    turn_sample_take_logprobs(&t->ts, out, n);
+}
 
 /* ----------------------------------------------------- decode and finish */
 
@@ -567,11 +575,15 @@ static bool ends_reply(const kvc_tokenizer *tok, int32_t id)
 static void on_logits(kvc_turn *t, const float *logits)
 {
     const kvc_tokenizer *tok = t->s->ctx->model->tok;
-    int32_t id = kvc_sampler_sample(t->smp, logits);
+    int32_t id = turn_sample_pick(&t->ts, t->smp, logits, t->s->ctx->model->hp.n_vocab);
     if (t->n_out == 0)
         t->t_first = kvc_time_us();
-    if (ends_reply(tok, id)) {
+    if (id < 0 || ends_reply(tok, id)) {     /* -1: the grammar has ended */
         to_finish(t, "stop");
+        return;
+    }
+    if (turn_sample_accept(&t->ts, id)) {
+        fail(t, kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory"));
         return;
     }
     kvc_sampler_accept(t->smp, id);
@@ -781,6 +793,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
                           ? (t->n_out - 1) / ((t_end - t->t_first) / 1e6) : 0;
         stats->total_ms = (now - t->t_start) / 1e3;
         stats->finish_reason = t->finish ? t->finish : "length";
+        turn_sample_stats(&t->ts, &stats->grammar_masks, &stats->grammar_mask_ms);
     }
     if (ran && !rc) {
         publish(t);                          /* blocks that had to wait for another turn's */
@@ -800,6 +813,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     if (rc && err)
         *err = t->err;
     kvc_sampler_free(t->smp);
+    turn_sample_free(&t->ts);
     free(t->pend);
     kvc_tokbuf_free(&t->toks);
     free(t->gen);

@@ -1,0 +1,110 @@
+/* turn_sample.c - constrained decoding, logit_bias and logprobs for a turn
+ * (turn_sample.h). */
+#include "turn_sample.h"
+#include "model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int turn_sample_init(turn_sample *ts, kvc_context *c, const kvc_chat_params *p,
+                     kvc_sampler *smp, kvc_err *err)
+{
+    memset(ts, 0, sizeof(*ts));
+    ts->top = p->logprobs < 0 ? -1 : KVC_MIN(p->logprobs, KVC_MAX_TOP_LOGPROBS);
+    int rc;
+    if (p->n_logit_bias > 0 &&
+        (rc = kvc_sampler_set_logit_bias(smp, p->logit_bias, p->n_logit_bias, err)))
+        return rc;
+    if (!p->grammar)
+        return KVC_OK;
+    if ((rc = kvc_grammar_parse(p->grammar, strlen(p->grammar), &ts->g, err))) {
+        char msg[sizeof(err->msg)];
+        memcpy(msg, err->msg, sizeof(msg));
+        return rc == KVC_ERR_NOMEM ? rc : kvc_fail(err, KVC_ERR_INVALID_ARG, "grammar: %.400s", msg);
+    }
+    if (!c->gvocab && (rc = kvc_gvocab_new(c->model->tok, &c->gvocab, err)))
+        return rc;
+    ts->m = kvc_gmatch_new(ts->g, c->gvocab);
+    ts->mask = malloc(kvc_mask_words(kvc_gvocab_n_vocab(c->gvocab)) * sizeof(uint32_t));
+    if (!ts->m || !ts->mask)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    return KVC_OK;
+}
+
+void turn_sample_free(turn_sample *ts)
+{
+    kvc_gmatch_free(ts->m);
+    kvc_grammar_free(ts->g);
+    free(ts->mask);
+    free(ts->lp);
+    memset(ts, 0, sizeof(*ts));
+}
+
+/* Record token's logprob and the top ones (the raw logits). */
+static void record(turn_sample *ts, const float *logits, int32_t n_vocab, int32_t token)
+{
+    if (ts->n_lp == ts->cap_lp) {
+        int32_t cap = ts->cap_lp ? 2 * ts->cap_lp : 64;
+        kvc_token_logprob *v = realloc(ts->lp, (size_t)cap * sizeof(*v));
+        if (!v)
+            return;                          /* out of memory: accept finds it missing */
+        ts->lp = v;
+        ts->cap_lp = cap;
+    }
+    kvc_token_logprob *e = &ts->lp[ts->n_lp];
+    kvc_logprob top[KVC_MAX_TOP_LOGPROBS];
+    int32_t n_top = 0;
+    e->token = token;
+    e->logprob = kvc_logprobs(logits, n_vocab, token, top, ts->top, &n_top);
+    e->n_top = n_top;
+    for (int32_t i = 0; i < n_top; i++) {
+        e->top_token[i] = top[i].token;
+        e->top_logprob[i] = top[i].logprob;
+    }
+}
+
+int32_t turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab)
+{
+    if (ts->m) {
+        if (kvc_gmatch_mask(ts->m, ts->mask) <= 0)
+            return -1;
+        kvc_sampler_set_mask(smp, ts->mask);
+    }
+    int32_t id = kvc_sampler_sample(smp, logits);
+    if (id >= 0 && ts->top >= 0)
+        record(ts, logits, n_vocab, id);
+    return id;
+}
+
+int turn_sample_accept(turn_sample *ts, int32_t token)
+{
+    if (ts->top >= 0) {
+        if (ts->n_lp == ts->cap_lp || ts->lp[ts->n_lp].token != token)
+            return KVC_ERR_NOMEM;
+        ts->n_lp++;
+    }
+    /* the mask allowed it: only out of memory can refuse it */
+    return ts->m ? kvc_gmatch_accept_token(ts->m, token) : KVC_OK;
+}
+
+bool turn_sample_complete(const turn_sample *ts)
+{
+    return !ts->m || kvc_gmatch_is_complete(ts->m);
+}
+
+void turn_sample_stats(const turn_sample *ts, int32_t *n_masks, double *mask_ms)
+{
+    kvc_gmatch_stats st = ts->m ? kvc_gmatch_get_stats(ts->m) : (kvc_gmatch_stats){ 0 };
+    *n_masks = (int32_t)st.n_masks;
+    *mask_ms = st.mask_us / 1e3;
+}
+
+void turn_sample_take_logprobs(turn_sample *ts, kvc_token_logprob **out, int32_t *n)
+{
+    *out = ts->n_lp ? ts->lp : NULL;
+    *n = ts->n_lp;
+    if (ts->n_lp) {
+        ts->lp = NULL;
+        ts->n_lp = ts->cap_lp = 0;
+    }
+}

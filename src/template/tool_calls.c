@@ -1,0 +1,392 @@
+/* tool_calls.c - tool-call formats: detection, parsing, forcing grammars
+ * (tool_calls.h). */
+#include "tool_calls.h"
+#include "grammar.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_PARALLEL 8
+
+static const char *const names[] = { "hermes", "llama3-json", "mistral" };
+
+const char *kvc_tool_format_name(int f)
+{
+    return f >= 0 && f <= KVC_TOOLS_MISTRAL ? names[f] : "hermes";
+}
+
+int kvc_tool_format_from_name(const char *name)
+{
+    for (int i = 0; i <= KVC_TOOLS_MISTRAL; i++)
+        if (!strcmp(name, names[i]))
+            return i;
+    return -1;
+}
+
+int kvc_tool_format_detect(const kvc_chat_template *t)
+{
+    static const char tools[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"probe_fn\",\"description\":\"d\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}]";
+    kvc_chat_message m[3] = {
+        { .role = "user", .content = "q" },
+        { .role = "assistant", .content = "",
+          .tool_calls_json = "[{\"id\":\"call_probe0000\",\"type\":\"function\",\"function\":"
+                             "{\"name\":\"probe_fn\",\"arguments\":\"{\\\"a\\\":1}\"}}]" },
+        { .role = "tool", .content = "1", .tool_call_id = "call_probe0000", .name = "probe_fn" },
+    };
+    kvc_rendered r = { 0 };
+    kvc_err err = { 0 };
+    int f = KVC_TOOLS_HERMES;
+    if (kvc_chat_template_apply(t, m, 3, tools, NULL, true, &r, &err) == KVC_OK && r.text) {
+        const char *call = strstr(r.text, "probe_fn\"");
+        const char *last = NULL;
+        for (const char *p = r.text; (p = strstr(p, "probe_fn")); p++)
+            last = p;                          /* the call comes after the tool list */
+        if (strstr(r.text, "[TOOL_CALLS]"))
+            f = KVC_TOOLS_MISTRAL;
+        else if (strstr(r.text, "<tool_call>"))
+            f = KVC_TOOLS_HERMES;
+        else if (call && last && strstr(last, "\"parameters\""))
+            f = KVC_TOOLS_LLAMA3;
+    }
+    kvc_rendered_free(&r);
+    return f;
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+/* Append {"id", "type", "function": {"name", "arguments"}} for call object o
+ * (its name and its args_key member); false when o is not a call. */
+static bool add_call(cJSON *arr, const cJSON *o, const char *args_key, uint64_t seed)
+{
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(o, args_key);
+    if (!args)
+        args = cJSON_GetObjectItemCaseSensitive(o, args_key[0] == 'a' ? "parameters" : "arguments");
+    if (!cJSON_IsObject(o) || !cJSON_IsString(name))
+        return false;
+    char id[48];
+    uint64_t h = seed * 0x9E3779B97F4A7C15ull + (uint64_t)cJSON_GetArraySize(arr) + 1;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    snprintf(id, sizeof(id), "call_%016llx%08x", (unsigned long long)h,
+             (unsigned)(seed ^ (seed >> 32)));
+    char *a = args ? cJSON_PrintUnformatted(args) : strdup("{}");
+    if (args && cJSON_IsString(args)) {      /* arguments already given as text */
+        free(a);
+        a = strdup(args->valuestring);
+    }
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON *f = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(f, "name", name->valuestring);
+    cJSON_AddStringToObject(f, "arguments", a ? a : "{}");
+    free(a);
+    cJSON_AddItemToArray(arr, c);
+    return true;
+}
+
+/* A JSON value at text[0, len) (after spaces): parsed, *used the bytes it took. */
+static cJSON *json_at(const char *text, size_t len, size_t *used)
+{
+    size_t i = 0;
+    while (i < len && strchr(" \t\r\n", text[i]))
+        i++;
+    const char *end = NULL;
+    cJSON *v = cJSON_ParseWithLengthOpts(text + i, len - i, &end, false);
+    *used = v && end ? (size_t)(end - text) : 0;
+    return v;
+}
+
+static void trim(const char **s, size_t *n)
+{
+    while (*n && strchr(" \t\r\n", **s))
+        (*s)++, (*n)--;
+    while (*n && strchr(" \t\r\n", (*s)[*n - 1]))
+        (*n)--;
+}
+
+static void append(char **buf, size_t *len, size_t *cap, const char *s, size_t n, bool *oom)
+{
+    kvc_text_append(buf, len, cap, oom, s, n);
+}
+
+/* Hermes: <tool_call>JSON</tool_call> blocks, content around them. */
+static void parse_hermes(const char *r, size_t len, cJSON *arr, uint64_t seed, char **content,
+                         size_t *clen, size_t *ccap, bool *oom)
+{
+    static const char open[] = "<tool_call>", close[] = "</tool_call>";
+    size_t at = 0;
+    while (at < len) {
+        const char *o = memmem(r + at, len - at, open, sizeof(open) - 1);
+        size_t upto = o ? (size_t)(o - r) : len;
+        append(content, clen, ccap, r + at, upto - at, oom);
+        if (!o)
+            break;
+        size_t body = upto + sizeof(open) - 1, used = 0;
+        cJSON *v = json_at(r + body, len - body, &used);
+        bool ok = v && add_call(arr, v, "arguments", seed);
+        cJSON_Delete(v);
+        const char *c = memmem(r + body, len - body, close, sizeof(close) - 1);
+        if (!ok) {                          /* not a call: keep it as text */
+            size_t to = c ? (size_t)(c - r) + sizeof(close) - 1 : len;
+            append(content, clen, ccap, r + upto, to - upto, oom);
+            at = to;
+            continue;
+        }
+        at = c ? (size_t)(c - r) + sizeof(close) - 1 : body + used;
+    }
+}
+
+/* A list of calls: JSON objects separated by ";" / "," / spaces, or one
+ * array of them. Returns whether the whole text was calls. */
+static bool parse_list(const char *r, size_t len, const char *args_key, cJSON *arr, uint64_t seed)
+{
+    size_t at = 0;
+    while (at < len) {
+        while (at < len && strchr(" \t\r\n;,", r[at]))
+            at++;
+        if (at == len)
+            break;
+        size_t used = 0;
+        cJSON *v = json_at(r + at, len - at, &used);
+        bool ok = v != NULL;
+        if (cJSON_IsArray(v)) {
+            const cJSON *x;
+            cJSON_ArrayForEach(x, v) ok = ok && add_call(arr, x, args_key, seed);
+        } else {
+            ok = ok && add_call(arr, v, args_key, seed);
+        }
+        cJSON_Delete(v);
+        if (!ok)
+            return false;
+        at += used;
+    }
+    return cJSON_GetArraySize(arr) > 0;
+}
+
+/* Mistral's newer form: [TOOL_CALLS]name[ARGS]{...} repeated. */
+static bool parse_mistral_args(const char *r, size_t len, cJSON *arr, uint64_t seed)
+{
+    static const char tc[] = "[TOOL_CALLS]", ar[] = "[ARGS]";
+    size_t at = 0;
+    while (at < len) {
+        if (len - at < sizeof(tc) - 1 || memcmp(r + at, tc, sizeof(tc) - 1))
+            return false;
+        at += sizeof(tc) - 1;
+        const char *a = memmem(r + at, len - at, ar, sizeof(ar) - 1);
+        if (!a)
+            return false;
+        size_t nl = (size_t)(a - (r + at)), used = 0, body = (size_t)(a - r) + sizeof(ar) - 1;
+        cJSON *args = json_at(r + body, len - body, &used);
+        cJSON *o = cJSON_CreateObject();
+        char *name = strndup(r + at, nl);
+        cJSON_AddStringToObject(o, "name", name ? name : "");
+        free(name);
+        if (args)
+            cJSON_AddItemToObject(o, "arguments", args);
+        bool ok = args && add_call(arr, o, "arguments", seed);
+        cJSON_Delete(o);
+        if (!ok)
+            return false;
+        at = body + used;
+        while (at < len && strchr(" \t\r\n", r[at]))
+            at++;
+    }
+    return true;
+}
+
+int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_seed,
+                         char **calls_json, char **content)
+{
+    *calls_json = *content = NULL;
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr)
+        return KVC_ERR_NOMEM;
+    char *text = NULL;
+    size_t tl = 0, tc = 0;
+    bool oom = false;
+    const char *r = reply;
+    size_t n = len;
+    trim(&r, &n);
+    if (format == KVC_TOOLS_HERMES) {
+        parse_hermes(r, n, arr, id_seed, &text, &tl, &tc, &oom);
+    } else if (format == KVC_TOOLS_LLAMA3) {
+        static const char tag[] = "<|python_tag|>";
+        if (n >= sizeof(tag) - 1 && !memcmp(r, tag, sizeof(tag) - 1))
+            r += sizeof(tag) - 1, n -= sizeof(tag) - 1;
+        cJSON *tmp = cJSON_CreateArray();
+        if (tmp && n && r[0] == '{' && parse_list(r, n, "parameters", tmp, id_seed)) {
+            cJSON_Delete(arr);
+            arr = tmp;
+        } else {
+            cJSON_Delete(tmp);
+        }
+    } else {
+        const char *m = memmem(r, n, "[TOOL_CALLS]", 12);
+        size_t pre = m ? (size_t)(m - r) : n;
+        cJSON *tmp = cJSON_CreateArray();
+        bool ok = m && tmp && (m[12] == '[' || m[12] == '{' || m[12] == ' '
+                                   ? parse_list(m + 12, n - pre - 12, "arguments", tmp, id_seed)
+                                   : parse_mistral_args(m, n - pre, tmp, id_seed));
+        if (ok) {
+            cJSON_Delete(arr);
+            arr = tmp;
+            append(&text, &tl, &tc, r, pre, &oom);
+        } else {
+            cJSON_Delete(tmp);
+        }
+    }
+    int rc = KVC_OK;
+    if (cJSON_GetArraySize(arr) > 0 && !oom) {
+        *calls_json = cJSON_PrintUnformatted(arr);
+        const char *c = text ? text : "";
+        size_t cl = tl;
+        trim(&c, &cl);
+        *content = strndup(c, cl);
+        if (!*calls_json || !*content) {
+            free(*calls_json);
+            free(*content);
+            *calls_json = *content = NULL;
+            rc = KVC_ERR_NOMEM;
+        }
+    } else if (oom) {
+        rc = KVC_ERR_NOMEM;
+    }
+    free(text);
+    cJSON_Delete(arr);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- streaming */
+
+size_t kvc_tool_calls_holdback(int format, const char *text, size_t len)
+{
+    const char *mark = format == KVC_TOOLS_MISTRAL ? "[TOOL_CALLS]"
+                     : format == KVC_TOOLS_LLAMA3 ? "<|python_tag|>" : "<tool_call>";
+    size_t ml = strlen(mark);
+    if (memmem(text, len, mark, ml))
+        return len;
+    if (format == KVC_TOOLS_LLAMA3) {          /* a reply that starts as JSON may be a call */
+        size_t i = 0;
+        while (i < len && strchr(" \t\r\n", text[i]))
+            i++;
+        if (i == len || text[i] == '{')
+            return len;
+    }
+    for (size_t k = KVC_MIN(ml - 1, len); k > 0; k--)
+        if (!memcmp(text + len - k, mark, k))
+            return k;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- forcing */
+
+/* Rules "call-i" for function i: {"name": its name, key: its parameters}. */
+static int call_rules(const cJSON *fn, int i, const char *key, char **out, kvc_err *err)
+{
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    cJSON *sch = cJSON_CreateObject();
+    cJSON_AddStringToObject(sch, "type", "object");
+    cJSON *props = cJSON_AddObjectToObject(sch, "properties");
+    cJSON *nm = cJSON_AddObjectToObject(props, "name");
+    cJSON_AddStringToObject(nm, "const", name->valuestring);
+    cJSON *pv = params && cJSON_IsObject(params) ? cJSON_Duplicate(params, true)
+                                                  : cJSON_Parse("{\"type\":\"object\"}");
+    cJSON_AddItemToObject(props, key, pv);
+    cJSON *req = cJSON_AddArrayToObject(sch, "required");
+    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+    cJSON_AddItemToArray(req, cJSON_CreateString(key));
+    cJSON_AddFalseToObject(sch, "additionalProperties");
+    char *text = cJSON_PrintUnformatted(sch);
+    cJSON_Delete(sch);
+    if (!text)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    char root[32], prefix[32];
+    snprintf(root, sizeof(root), "call-%d", i);
+    snprintf(prefix, sizeof(prefix), "f%d-", i);
+    kvc_schema_opts o = { .root = root, .prefix = prefix };
+    int rc = kvc_schema_to_gbnf(text, strlen(text), &o, out, err);
+    free(text);
+    if (rc) {
+        char msg[sizeof(err->msg)];
+        memcpy(msg, err->msg, sizeof(msg));
+        return kvc_fail(err, rc, "tools: function '%.80s': %.400s", name->valuestring, msg);
+    }
+    return KVC_OK;
+}
+
+int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only, bool parallel,
+                           char **out, kvc_err *err)
+{
+    *out = NULL;
+    cJSON *tools = tools_json ? cJSON_Parse(tools_json) : NULL;
+    if (!cJSON_IsArray(tools)) {
+        cJSON_Delete(tools);
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "tools must be a non-empty array");
+    }
+    const char *key = format == KVC_TOOLS_LLAMA3 ? "parameters" : "arguments";
+    char *g = NULL, *alts = NULL;
+    size_t gl = 0, gc = 0, al = 0, ac = 0;
+    bool oom = false;
+    int rc = KVC_OK, n = 0, i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        i++;
+        if (!cJSON_IsString(name) || (only && strcmp(only, name->valuestring)))
+            continue;
+        char *rules = NULL;
+        if ((rc = call_rules(fn, i, key, &rules, err)))
+            break;
+        char ref[48];
+        snprintf(ref, sizeof(ref), "%scall-%d", n ? " | " : "", i);
+        kvc_text_append(&g, &gl, &gc, &oom, rules, strlen(rules));
+        kvc_text_append(&g, &gl, &gc, &oom, "\n", 1);
+        kvc_text_append(&alts, &al, &ac, &oom, ref, strlen(ref));
+        free(rules);
+        n++;
+    }
+    cJSON_Delete(tools);
+    if (!rc && !n)
+        rc = only ? kvc_fail(err, KVC_ERR_INVALID_ARG, "tool_choice names function '%.80s', "
+                             "which is not in tools", only)
+                  : kvc_fail(err, KVC_ERR_INVALID_ARG, "tools has no function");
+    if (!rc) {
+        char head[256];
+        const char *rep = parallel ? "{0,7}" : "";
+        if (format == KVC_TOOLS_HERMES && !parallel)
+            snprintf(head, sizeof(head), "root ::= tc\n"
+                     "tc ::= \"<tool_call>\\n\" calls \"\\n</tool_call>\"\n");
+        else if (format == KVC_TOOLS_HERMES)
+            snprintf(head, sizeof(head), "root ::= tc ( \"\\n\" tc )%s\n"
+                     "tc ::= \"<tool_call>\\n\" calls \"\\n</tool_call>\"\n", rep);
+        else if (format == KVC_TOOLS_MISTRAL)
+            snprintf(head, sizeof(head), "root ::= \"[TOOL_CALLS][\" calls %s%s%s \"]\"\n",
+                     parallel ? "( \", \" calls )" : "", rep, "");
+        else
+            snprintf(head, sizeof(head), "root ::= calls %s%s\n",
+                     parallel ? "( \"; \" calls )" : "", rep);
+        char *all = NULL;
+        size_t ll = 0, lc = 0;
+        kvc_text_append(&all, &ll, &lc, &oom, head, strlen(head));
+        kvc_text_append(&all, &ll, &lc, &oom, "calls ::= ", 10);
+        kvc_text_append(&all, &ll, &lc, &oom, alts, al);
+        kvc_text_append(&all, &ll, &lc, &oom, "\n", 1);
+        kvc_text_append(&all, &ll, &lc, &oom, g, gl);
+        if (oom)
+            free(all), rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+        else
+            *out = all;
+    }
+    free(g);
+    free(alts);
+    return rc;
+}

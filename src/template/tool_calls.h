@@ -1,0 +1,57 @@
+/* tool_calls.h - the tool-call syntax of a chat template: which one a
+ * template uses, parsing a model's reply into OpenAI tool_calls, and the
+ * grammar that forces a valid call (tool_choice "required" or a named
+ * function).
+ *
+ * Formats (what the template corpus uses):
+ *   HERMES   Hermes / Qwen 2.5+ / many others:
+ *                <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>
+ *            one block per call; text outside the blocks is content.
+ *   LLAMA3   Llama 3.1-3.3 JSON calls: the whole reply is a JSON object
+ *                {"name": "f", "parameters": {...}}
+ *            (optionally after <|python_tag|>; several joined by ";").
+ *   MISTRAL  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]
+ *            and the newer [TOOL_CALLS]f[ARGS]{...}.
+ * The format of a template is found by rendering a conversation with one
+ * tool call through it and looking at what surrounds the call. */
+#ifndef KVC_TOOL_CALLS_H
+#define KVC_TOOL_CALLS_H
+
+#include "chat_template.h"
+
+enum kvc_tool_format {
+    KVC_TOOLS_HERMES = 0,    /* also the default when nothing is recognised */
+    KVC_TOOLS_LLAMA3 = 1,
+    KVC_TOOLS_MISTRAL = 2,
+};
+
+/* The format template t renders tool calls in (HERMES when not recognised). */
+int kvc_tool_format_detect(const kvc_chat_template *t);
+const char *kvc_tool_format_name(int format);       /* "hermes", "llama3-json", "mistral" */
+int kvc_tool_format_from_name(const char *name);    /* -1 when unknown */
+
+/* Parse reply (len bytes) in `format`. When it holds at least one call:
+ * *calls_json gets the OpenAI tool_calls array text ([{"id": "call_...",
+ * "type": "function", "function": {"name", "arguments": JSON text}}]) and
+ * *content the text outside the calls (trimmed; "" when none); both
+ * malloc'd. With none, both are NULL. ids are "call_" + 24 hex digits from
+ * id_seed and the call's index. KVC_OK or KVC_ERR_NOMEM. */
+int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_seed,
+                         char **calls_json, char **content);
+
+/* Bytes at the end of text[0, len) to hold back from a stream because they
+ * are, or may begin, a tool call in `format` (len when a call has begun:
+ * nothing more is content until the reply ends). */
+size_t kvc_tool_calls_holdback(int format, const char *text, size_t len);
+
+/* The grammar (grammar.h dialect, start "root") of a reply that is only tool
+ * calls in `format`: one call (several when parallel, up to 8) of the
+ * functions of tools_json (the request's tools array) whose name is `only`
+ * (NULL = any of them); each call's arguments follow the function's
+ * "parameters" schema. *out malloc'd. KVC_ERR_INVALID_ARG naming what is
+ * wrong (an unsupported schema keyword and the function, an unknown name),
+ * KVC_ERR_NOMEM. */
+int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only, bool parallel,
+                           char **out, kvc_err *err);
+
+#endif
