@@ -15,7 +15,12 @@ int cmd_serve(int argc, char **argv);
 static const char serve_help[] =
     "usage: kvchat serve [options]\n\n"
     "Serve the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
-    "GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
+    "GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize,\n"
+    "POST /detokenize, POST /apply-template.\n\n"
+    "      --alias NAME        the model name served (/v1/models, responses; default:\n"
+    "                          the GGUF's general.name)\n"
+    "      --cors-origins LIST browser origins allowed to call: '*' or a comma list\n"
+    "                          (default none; OPTIONS preflights are answered 204)\n"
     "      --host ADDR         address to bind (default 127.0.0.1)\n"
     "      --port N            port (default 8080; 0 = any free port)\n"
     "      --api-key KEY       require 'Authorization: Bearer KEY' (default: $KVCHAT_API_KEY,\n"
@@ -49,6 +54,7 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
         "--host", "--api-key", "--context-overflow", "--port", "--parallel",
         "--max-queue", "--max-sessions", "--timeout", "--kv-budget", "--max-body",
         "--request-timeout", "--max-connections", "--max-connections-per-ip",
+        "--alias", "--cors-origins",
     };
     const char *a = argv[*i];
     int64_t n = 0;
@@ -64,6 +70,10 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
     const char *v = argv[*i + 1];
     if (!strcmp(a, "--host"))
         sp->host = v;
+    else if (!strcmp(a, "--alias"))
+        sp->model_name = v;
+    else if (!strcmp(a, "--cors-origins"))
+        sp->cors_origins = v;
     else if (!strcmp(a, "--api-key"))
         sp->api_key = v;
     else if (!strcmp(a, "--context-overflow")) {
@@ -117,7 +127,14 @@ static int parse_args(cli_common *c, kvc_server_params *sp, kvc_engine_params *e
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s%s%s", serve_help, cli_template_help, cli_common_help, cli_sampling_help);
+            /* serve samples by default (OpenAI's temperature 1), unlike the CLI */
+            const char *t = strstr(cli_sampling_help, "(default 0)");
+            printf("%s%s%s", serve_help, cli_template_help, cli_common_help);
+            if (t)
+                printf("%.*s(default 1, OpenAI's)%s", (int)(t - cli_sampling_help),
+                       cli_sampling_help, t + strlen("(default 0)"));
+            else
+                printf("%s", cli_sampling_help);
             printf("\nThe sampling options set the defaults for requests that leave them out.\n");
             return 0;
         }
@@ -182,6 +199,7 @@ int cmd_serve(int argc, char **argv)
     cli_common c;
     cli_common_init(&c);
     c.sampling = kvc_sampler_default_params();   /* OpenAI clients expect sampling */
+    c.sampling.temperature = 1.0f;               /* OpenAI's default, as --help says */
     kvc_server_params sp = kvc_server_default_params();
     kvc_engine_params ep = kvc_engine_default_params();
     const char *env_key = getenv("KVCHAT_API_KEY");
@@ -223,7 +241,8 @@ int cmd_serve(int argc, char **argv)
     }
     kvc_model_info info;
     kvc_model_get_info(m, &info);
-    sp.model_name = info.name;
+    if (!sp.model_name)                         /* --alias wins */
+        sp.model_name = info.name;
     rc = serve(m, &ep, &sp);
     kvc_model_free(m);
     free(tmpl_src);

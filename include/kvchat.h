@@ -448,6 +448,8 @@ typedef struct kvc_request_params {
     const kvc_chat_message *messages;  /* chat: the whole conversation ... */
     size_t      n_messages;
     const char *prompt;                /* ... or a raw completion prompt (messages NULL) */
+    const int32_t *prompt_tokens;      /* ... or one given as token ids (prompt NULL) */
+    int64_t     n_prompt_tokens;
     const char *session_key;           /* prompt_cache_key, else user; NULL = none */
     kvc_chat_params chat;              /* max_tokens, sampling, stops, no_cache */
 } kvc_request_params;
@@ -539,6 +541,9 @@ const char *kvc_engine_template(const kvc_engine *engine);
 /* The syntax the chat template writes tool calls in, found by rendering one:
  * "hermes" (<tool_call>...</tool_call>), "llama3-json", "mistral". */
 const char *kvc_engine_tool_format(const kvc_engine *engine);
+
+/* The model the engine serves (to tokenize, detokenize, name tokens). */
+const kvc_model *kvc_engine_model(const kvc_engine *engine);
 
 /* The prompt text a chat request renders to, exactly as it will be
  * tokenized (POST /apply-template). Safe from any thread. *prompt is

@@ -161,6 +161,8 @@ static int make_tokens(kvc_engine *e, kvc_request *r, kvc_err *err)
                                e->p.n_ctx, &r->toks, &r->dropped, err);
     }
     r->kind = KVC_TURN_COMPLETION;
+    if (!r->prompt)                          /* given as token ids (copied by request_new) */
+        return KVC_OK;
     return kvc_prompt_tokenize(e->model, r->prompt, strlen(r->prompt), &r->toks, err);
 }
 
@@ -169,7 +171,7 @@ kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *
 {
     int rc = KVC_OK;
     kvc_err ke = { 0 };
-    if (!p->messages && !p->prompt)
+    if (!p->messages && !p->prompt && p->n_prompt_tokens <= 0)
         rc = kvc_fail(&ke, KVC_ERR_INVALID_ARG, "a request needs messages or a prompt");
     else if (p->messages && p->n_messages == 0)
         rc = kvc_fail(&ke, KVC_ERR_INVALID_ARG, "messages is empty");
@@ -227,6 +229,7 @@ void kvc_engine_get_metrics(kvc_engine *e, kvc_engine_metrics *out)
 
 const char *kvc_engine_template(const kvc_engine *e) { return kvc_chat_template_describe(e->tmpl); }
 const char *kvc_engine_tool_format(const kvc_engine *e) { return kvc_tool_format_name(e->tool_format); }
+const kvc_model *kvc_engine_model(const kvc_engine *e) { return e->model; }
 
 int kvc_engine_render(kvc_engine *e, const kvc_request_params *p, char **prompt, char *err,
                       size_t err_size)

@@ -179,6 +179,13 @@ kvc_request *kvc_request_new(const kvc_request_params *p)
     r->chat.template_kwargs_json = r->kwargs_json = dup_or_null(p->chat.template_kwargs_json, &ok);
     r->chat.grammar = r->grammar = dup_or_null(p->chat.grammar, &ok);
     r->chat.logit_bias = NULL;
+    if (ok && !p->prompt && !p->messages && p->n_prompt_tokens > 0) {
+        ok = !kvc_tokbuf_reserve(&r->toks, p->n_prompt_tokens);
+        if (ok) {
+            memcpy(r->toks.v, p->prompt_tokens, (size_t)p->n_prompt_tokens * sizeof(int32_t));
+            r->toks.n = p->n_prompt_tokens;
+        }
+    }
     if (ok && p->chat.n_logit_bias > 0) {
         size_t sz = (size_t)p->chat.n_logit_bias * sizeof(*r->logit_bias);
         ok = (r->logit_bias = malloc(sz)) != NULL;

@@ -44,7 +44,9 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "sampler.h"
 #include "server.h"
+#include "tool_calls.h"
 
 #define TICK_MS          200          /* engine wait slice between hang-up checks */
 #define STREAM_BATCH     (16 << 10)   /* SSE bytes gathered from ready events per write */
@@ -93,6 +95,7 @@ struct kvc_server {
     srv_limits         lim;
     char              *api_key;      /* NULL = no authentication */
     char              *model_name;
+    char              *cors;         /* allowed origins ("*" or a comma list); NULL = none */
     size_t             max_body;
     int                port;
     time_t             started;
@@ -103,7 +106,7 @@ struct kvc_server {
 
 enum route {
     ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
-    ROUTE_METRICS, ROUTE_APPLY_TEMPLATE,
+    ROUTE_METRICS, ROUTE_APPLY_TEMPLATE, ROUTE_TOKENIZE, ROUTE_DETOKENIZE,
 };
 
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */
@@ -114,6 +117,7 @@ typedef struct conn {
     size_t len, cap;
     size_t discarded;    /* bytes dropped past max_body (413 follows) */
     bool   unread_body;  /* answering from the headers while a body may follow */
+    bool   preflight;    /* an OPTIONS request: answered 204 with the CORS headers */
 } conn;
 
 /* ============================================================ responses */
@@ -124,8 +128,37 @@ static const char oom_json[] =
 
 /* Queue `body` (malloc'd, taken; NULL = out of memory: a static 500) with
  * status and content type, plus extra headers: name, value, ..., NULL. */
-static enum MHD_Result respond(struct MHD_Connection *mc, int status, char *body,
-                               const char *ctype, const char *const *headers)
+/* The CORS headers for the request's Origin when --cors-origins allows it. */
+static void add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_Response *r)
+{
+    const char *origin = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin");
+    if (!s->cors || !origin)
+        return;
+    bool any = !strcmp(s->cors, "*"), ok = any;
+    size_t n = strlen(origin);
+    for (const char *p = s->cors; !ok && *p;) {
+        const char *e = strchr(p, ',');
+        size_t k = e ? (size_t)(e - p) : strlen(p);
+        ok = k == n && !strncmp(p, origin, n);
+        p += k + (e != NULL);
+    }
+    if (!ok)
+        return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", any ? "*" : origin);
+    if (!any)
+        MHD_add_response_header(r, "Vary", "Origin");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            "Authorization, Content-Type, OpenAI-Organization, OpenAI-Project, "
+                            "X-Stainless-Arch, X-Stainless-Lang, X-Stainless-OS, "
+                            "X-Stainless-Package-Version, X-Stainless-Runtime, "
+                            "X-Stainless-Runtime-Version, X-Stainless-Retry-Count, "
+                            "X-Stainless-Timeout");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+}
+
+static enum MHD_Result respond(const kvc_server *s, struct MHD_Connection *mc, int status,
+                               char *body, const char *ctype, const char *const *headers)
 {
     struct MHD_Response *r;
     if (body) {
@@ -143,6 +176,7 @@ static enum MHD_Result respond(struct MHD_Connection *mc, int status, char *body
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     for (; headers && headers[0]; headers += 2)
         MHD_add_response_header(r, headers[0], headers[1]);
+    add_cors(s, mc, r);
     enum MHD_Result ret = MHD_queue_response(mc, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
@@ -151,7 +185,8 @@ static enum MHD_Result respond(struct MHD_Connection *mc, int status, char *body
 static bool is_completion(const conn *c)
 {
     return c->route == ROUTE_CHAT || c->route == ROUTE_COMPLETIONS ||
-           c->route == ROUTE_APPLY_TEMPLATE;
+           c->route == ROUTE_APPLY_TEMPLATE || c->route == ROUTE_TOKENIZE ||
+           c->route == ROUTE_DETOKENIZE;
 }
 
 static enum MHD_Result respond_error(kvc_server *s, struct MHD_Connection *mc, const conn *c,
@@ -168,12 +203,12 @@ static enum MHD_Result respond_error(kvc_server *s, struct MHD_Connection *mc, c
         *p++ = MHD_HTTP_HEADER_CONNECTION, *p++ = "close";
     if (is_completion(c))
         srv_metrics_failed(s->metrics);
-    return respond(mc, e->http_status, srv_error_json(e), "application/json", h);
+    return respond(s, mc, e->http_status, srv_error_json(e), "application/json", h);
 }
 
-static enum MHD_Result respond_json(struct MHD_Connection *mc, char *json)
+static enum MHD_Result respond_json(const kvc_server *s, struct MHD_Connection *mc, char *json)
 {
-    return respond(mc, 200, json, "application/json", NULL);
+    return respond(s, mc, 200, json, "application/json", NULL);
 }
 
 /* ============================================================== waiting */
@@ -247,6 +282,12 @@ typedef struct stream {
     char         *model;         /* id.model's storage */
     char         *buf;           /* [len] bytes of [cap]; sent up to pos */
     size_t        len, pos, cap;
+    /* tool calls: the reply so far, of which [0, acc_sent) went out as content */
+    bool          tools;         /* parse tool calls: hold back what may begin one */
+    int           tool_format;
+    char         *acc;
+    size_t        acc_len, acc_cap, acc_sent;
+    bool          logprobs;
 } stream;
 
 /* Append a formatted SSE string (taken). false when out of memory. */
@@ -275,9 +316,22 @@ static bool stream_put(stream *st, char *s)
 static bool stream_event(stream *st, const kvc_event *ev)
 {
     kvc_server *s = st->srv;
-    if (ev->type == KVC_EVENT_TEXT)
+    if (ev->type == KVC_EVENT_TEXT && !st->tools)
         return stream_put(st, srv_sse_text(st->kind, &st->id, ev->text ? ev->text : "", ev->len,
                                            st->include_usage));
+    if (ev->type == KVC_EVENT_TEXT) {          /* content up to what may be a tool call */
+        bool oom = false;
+        kvc_text_append(&st->acc, &st->acc_len, &st->acc_cap, &oom, ev->text ? ev->text : "",
+                        ev->len);
+        size_t hold = kvc_tool_calls_holdback(st->tool_format, st->acc, st->acc_len);
+        size_t upto = st->acc_len - hold;
+        if (oom || upto <= st->acc_sent)
+            return !oom;
+        size_t from = st->acc_sent;
+        st->acc_sent = upto;
+        return stream_put(st, srv_sse_text(st->kind, &st->id, st->acc + from, upto - from,
+                                           st->include_usage));
+    }
     st->finished = true;
     if (ev->type == KVC_EVENT_ERROR) {
         srv_error e;
@@ -286,8 +340,14 @@ static bool stream_event(stream *st, const kvc_event *ev)
         return stream_put(st, srv_sse_error(&e));
     }
     srv_metrics_done(s->metrics, &ev->stats);
-    bool ok = stream_put(st, srv_sse_finish(st->kind, &st->id, ev->stats.finish_reason,
-                                            st->include_usage));
+    bool ok = true;
+    if (st->tools && ev->tool_calls)
+        ok = stream_put(st, srv_sse_tool_calls(&st->id, ev->tool_calls, st->include_usage));
+    else if (st->tools && st->acc_len > st->acc_sent)   /* held back, and no call after all */
+        ok = stream_put(st, srv_sse_text(st->kind, &st->id, st->acc + st->acc_sent,
+                                         st->acc_len - st->acc_sent, st->include_usage));
+    ok = ok && stream_put(st, srv_sse_finish_lp(st->kind, &st->id, ev, s->lim.model, st->logprobs,
+                                                st->include_usage));
     if (ok && st->include_usage)
         ok = stream_put(st, srv_sse_usage(st->kind, &st->id, &ev->stats));
     return ok && stream_put(st, strdup("data: [DONE]\n\n"));
@@ -328,6 +388,7 @@ static void stream_free(void *cls)
     kvc_request_free(st->req);
     free(st->model);
     free(st->buf);
+    free(st->acc);
     free(st);
 }
 
@@ -355,10 +416,12 @@ static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, in
         free(st);
         free(model);
         kvc_request_free(r);
-        return respond(mc, 500, NULL, NULL, NULL);
+        return respond(s, mc, 500, NULL, NULL, NULL);
     }
     *st = (stream){ .srv = s, .req = r, .fd = fd, .kind = rq->kind,
-                    .include_usage = rq->include_usage, .model = model };
+                    .include_usage = rq->include_usage, .model = model,
+                    .tools = rq->params.chat.parse_tool_calls, .tool_format = s->lim.tool_format,
+                    .logprobs = rq->logprobs >= 0 };
     make_id(s, rq->kind, &st->id, st->model);
     bool ok = rq->kind != SRV_CHAT || stream_put(st, srv_sse_role(&st->id, st->include_usage));
     ok = ok && stream_event(st, first);
@@ -366,24 +429,82 @@ static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, in
         MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
     if (!resp) {
         stream_free(st);
-        return respond(mc, 500, NULL, NULL, NULL);
+        return respond(s, mc, 500, NULL, NULL, NULL);
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    add_cors(s, mc, resp);
     enum MHD_Result ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return ret;
 }
 
-/* The complete (non-streamed) answer, from the DONE event. */
+/* The complete (non-streamed) answer, from the DONE events of its choices. */
 static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
-                                    const srv_request *rq, const kvc_event *done)
+                                    const srv_request *rq, const kvc_event *done, int n)
 {
     srv_reply_id id;
     make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
-    srv_metrics_done(s->metrics, &done->stats);
-    return respond_json(mc, srv_response_json(rq->kind, &id, done));
+    for (int i = 0; i < n; i++)
+        srv_metrics_done(s->metrics, &done[i].stats);
+    return respond_json(s, mc, srv_response_json(rq->kind, &id, done, n, s->lim.model,
+                                                 rq->logprobs >= 0));
+}
+
+/* The parameters of choice i: its prompt (a completion's list: n choices
+ * each), its own seed (seed + k for the k-th choice of a prompt when the seed
+ * is fixed), and only the first keeps the session key (the others find the
+ * prompt in the prefix tree: it is computed once). */
+static kvc_request_params choice_params(const srv_request *rq, int i)
+{
+    kvc_request_params p = rq->params;
+    int k = i % rq->n, j = i / rq->n;
+    if (rq->kind != SRV_CHAT) {
+        p.prompt = rq->prompts[j];
+        p.prompt_tokens = rq->prompt_toks[j];
+        p.n_prompt_tokens = rq->n_prompt_toks[j];
+    }
+    if (k > 0 && p.chat.sampling.seed != KVC_SEED_RANDOM)
+        p.chat.sampling.seed += (uint64_t)k;
+    if (i > 0)
+        p.session_key = NULL;
+    return p;
+}
+
+/* n > 1 or a list of prompts: every choice submitted at once (they share the
+ * prompt through the prefix tree), answered whole. */
+static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+                                   const srv_request *rq)
+{
+    int n = rq->n * rq->n_prompts, got = 0, fd = conn_fd(mc);
+    kvc_request *r[SRV_MAX_CHOICES] = { 0 };
+    kvc_event ev[SRV_MAX_CHOICES];
+    memset(ev, 0, sizeof(ev));
+    srv_error e = { 0 };
+    enum MHD_Result ret = MHD_NO;
+    for (int i = 0; i < n && !e.http_status; i++) {
+        char err[512] = "";
+        int status = KVC_ERR_NOMEM;
+        kvc_request_params p = choice_params(rq, i);
+        if (!(r[i] = kvc_engine_submit(s->engine, &p, &status, err, sizeof(err))))
+            srv_error_from_status(&e, status, err);
+    }
+    for (; got < n && !e.http_status; got++) {
+        if (!wait_event(s, fd, r[got], &ev[got], true))
+            break;                             /* gone or stopping: MHD_NO */
+        if (ev[got].type == KVC_EVENT_ERROR)
+            srv_error_from_status(&e, ev[got].status, ev[got].message);
+    }
+    for (int i = 0; i < n; i++)
+        kvc_request_free(r[i]);
+    if (e.http_status)
+        ret = respond_error(s, mc, c, &e);
+    else if (got == n)
+        ret = respond_done(s, mc, rq, ev, n);
+    for (int i = 0; i < n; i++)
+        kvc_event_clear(&ev[i]);
+    return ret;
 }
 
 /* Submit a parsed request and answer it (streamed or whole). An error known
@@ -392,6 +513,8 @@ static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
 static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                    const srv_request *rq)
 {
+    if (rq->n * rq->n_prompts > 1)
+        return run_choices(s, mc, c, rq);
     srv_error e;
     char err[512] = "";
     int status = KVC_ERR_NOMEM;
@@ -415,7 +538,7 @@ static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, con
         ret = start_stream(s, mc, fd, rq, r, &ev);
     } else {
         kvc_request_free(r);
-        ret = respond_done(s, mc, rq, &ev);
+        ret = respond_done(s, mc, rq, &ev, 1);
     }
     kvc_event_clear(&ev);
     return ret;
@@ -435,7 +558,7 @@ static enum MHD_Result handle_apply_template(kvc_server *s, struct MHD_Connectio
     }
     char *json = srv_prompt_json(prompt);
     free(prompt);
-    return respond_json(mc, json);
+    return respond_json(s, mc, json);
 }
 
 /* The last call for a completion POST (the whole body is in c): 413 when it
@@ -447,6 +570,14 @@ static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *m
         srv_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
                       "the request body is larger than the limit of %zu bytes", s->max_body);
         return respond_error(s, mc, c, &e);
+    }
+    if (c->route == ROUTE_TOKENIZE || c->route == ROUTE_DETOKENIZE) {
+        memset(&e, 0, sizeof(e));
+        char *json = c->route == ROUTE_TOKENIZE
+                   ? srv_tokenize(s->lim.model, c->body ? c->body : "", c->len, &e)
+                   : srv_detokenize(s->lim.model, c->body ? c->body : "", c->len, &e);
+        e.http_status = json ? 0 : e.http_status ? e.http_status : 500;
+        return json ? respond_json(s, mc, json) : respond_error(s, mc, c, &e);
     }
     srv_request rq;
     int kind = c->route == ROUTE_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT;
@@ -468,9 +599,9 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
 {
     switch (c->route) {
     case ROUTE_HEALTH:
-        return respond_json(mc, strdup("{\"status\":\"ok\"}"));
+        return respond_json(s, mc, strdup("{\"status\":\"ok\"}"));
     case ROUTE_MODELS:
-        return respond_json(mc, srv_models_json(s->model_name, s->started, false));
+        return respond_json(s, mc, srv_models_json(s->model_name, s->started, false));
     case ROUTE_MODEL: {
         const char *name = strrchr(url, '/') + 1;
         if (strcmp(name, s->model_name) != 0) {
@@ -479,7 +610,7 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
                           "the model '%.200s' does not exist", name);
             return respond_error(s, mc, c, &e);
         }
-        return respond_json(mc, srv_models_json(s->model_name, s->started, true));
+        return respond_json(s, mc, srv_models_json(s->model_name, s->started, true));
     }
     default: {
         kvc_engine_metrics em;
@@ -488,7 +619,7 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
         kvc_engine_get_metrics(s->engine, &em);
         srv_guard_counts(s->guard, &open, &dropped);
         srv_metrics_connections(s->metrics, open, dropped);
-        return respond(mc, 200, srv_metrics_text(s->metrics, &em),
+        return respond(s, mc, 200, srv_metrics_text(s->metrics, &em),
                        "text/plain; version=0.0.4; charset=utf-8", NULL);
     }
     }
@@ -503,6 +634,7 @@ static int find_route(const char *url)
         { "/v1/completions", ROUTE_COMPLETIONS }, { "/completions", ROUTE_COMPLETIONS },
         { "/v1/models", ROUTE_MODELS }, { "/models", ROUTE_MODELS },
         { "/apply-template", ROUTE_APPLY_TEMPLATE },
+        { "/tokenize", ROUTE_TOKENIZE }, { "/detokenize", ROUTE_DETOKENIZE },
         { "/health", ROUTE_HEALTH }, { "/metrics", ROUTE_METRICS },
     };
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
@@ -544,6 +676,10 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
 {
     srv_error *e = &c->err;
     c->route = find_route(url);
+    if (!strcmp(method, "OPTIONS")) {        /* a CORS preflight: no API key is sent */
+        c->preflight = true;
+        return true;
+    }
     bool post = is_completion(c);
     if (post)
         srv_metrics_request(s->metrics);
@@ -615,6 +751,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return ok ? MHD_YES : MHD_NO;
     }
     srv_guard_disarm(conn_guard(mc));   /* the request is in: no deadline while answered */
+    if (c->preflight)
+        return respond(s, mc, 204, strdup(""), "text/plain", NULL);
     if (c->err.http_status)
         return respond_error(s, mc, c, &c->err);
     if (!is_completion(c))
@@ -699,6 +837,7 @@ static void server_free(kvc_server *s)
     srv_metrics_free(s->metrics);
     free(s->api_key);
     free(s->model_name);
+    free(s->cors);
     free(s);
 }
 
@@ -721,6 +860,12 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->lim.max_messages = p->max_messages > 0 ? p->max_messages : 4096;
     s->lim.sampling = p->sampling;
     s->lim.fixed_seed = p->fixed_seed;
+    s->lim.model = kvc_engine_model(engine);
+    s->lim.tool_format = kvc_tool_format_from_name(kvc_engine_tool_format(engine));
+    if (p->cors_origins && *p->cors_origins && !(s->cors = strdup(p->cors_origins))) {
+        server_free(s);
+        return NULL;
+    }
     s->started = time(NULL);
     s->id_salt = (uint64_t)s->started * 0x2545F4914F6CDD1Dull ^ (uint64_t)getpid() ^
                  (uint64_t)(uintptr_t)s;

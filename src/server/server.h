@@ -52,6 +52,9 @@ typedef struct kvc_server_params {
     kvc_sampler_params sampling; /* defaults for fields a request leaves out */
     bool        fixed_seed;      /* a request without "seed" uses sampling.seed;
                                   * false: a random seed per request */
+    const char *cors_origins;    /* origins allowed to call from a browser: "*" or a comma
+                                  * list ("https://a.example,https://b.example"); NULL = none.
+                                  * OPTIONS preflights are answered 204 either way */
 } kvc_server_params;
 
 kvc_server_params kvc_server_default_params(void);
@@ -137,12 +140,23 @@ typedef struct srv_request {
     size_t             n_owned;
     const char        *stop[SRV_MAX_STOP];
     void              *json;            /* the cJSON tree the strings point into */
+    /* the agent API (server_agent.c) */
+    int                n;               /* choices: n per prompt (>= 1) */
+    int                n_prompts;       /* completions: prompts given (>= 1; chat: 1) */
+    const char       **prompts;         /* [n_prompts] text, or NULL where ... */
+    int32_t          **prompt_toks;     /* ... token ids were given ([n_prompts], owned) */
+    int64_t           *n_prompt_toks;
+    char              *grammar;         /* response_format / forced tool call (owned) */
+    struct kvc_logit_bias *bias;        /* logit_bias (owned) */
+    int                logprobs;        /* -1 = none, else the top_logprobs count */
 } srv_request;
 
 typedef struct srv_limits {
     int                max_messages;    /* > 0 */
     kvc_sampler_params sampling;        /* defaults */
     bool               fixed_seed;      /* see kvc_server_params */
+    const kvc_model   *model;           /* token ids are checked against it; NULL = not */
+    int                tool_format;     /* enum kvc_tool_format of the template */
 } srv_limits;
 
 /* Parse and validate a request body of `len` bytes (not NUL-terminated; any
@@ -155,8 +169,6 @@ int  srv_request_parse(int kind, const char *body, size_t len, const srv_limits 
                        srv_request *out, srv_error *e);
 void srv_request_free(srv_request *r);
 
-/* ============================================= responses (server_json.c) */
-
 /* Identity of one response: id ("chatcmpl-..." / "cmpl-..."), creation time
  * and the model name to echo. */
 typedef struct srv_reply_id {
@@ -164,6 +176,38 @@ typedef struct srv_reply_id {
     time_t      created;
     const char *model;
 } srv_reply_id;
+
+/* ======================================= the agent API (server_agent.c) */
+
+#define SRV_MAX_CHOICES 16
+
+/* The fields of the agent API (issue 13): response_format, tools,
+ * tool_choice, parallel_tool_calls, logit_bias, logprobs, top_logprobs, n,
+ * completions' prompt lists and token ids; and every field not known is a
+ * 400 naming it. 0 or the HTTP status with *e filled. */
+int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, srv_error *e);
+void srv_agent_free(srv_request *r);
+
+/* The choice object of one finished choice (index i) with its message (or
+ * text), tool_calls, logprobs and finish_reason, as cJSON (a cJSON *). */
+void *srv_choice_json(int kind, int index, const kvc_event *done, const kvc_model *model,
+                      bool logprobs);
+/* The logprobs object of a choice ({"content": [...]} for chat; the
+ * completions' {tokens, token_logprobs, top_logprobs, text_offset}). */
+void *srv_logprobs_json(int kind, const kvc_event *done, const kvc_model *model);
+/* SSE chunks of a stream's end: the tool calls (one delta per call, as
+ * OpenAI streams them), then logprobs (if any) with the finish chunk. */
+char *srv_sse_tool_calls(const srv_reply_id *id, const char *calls_json, bool include_usage);
+char *srv_sse_finish_lp(int kind, const srv_reply_id *id, const kvc_event *done,
+                        const kvc_model *model, bool logprobs, bool include_usage);
+
+/* POST /tokenize {"content", "add_special"?, "with_pieces"?} -> {"tokens": [...]}
+ * and POST /detokenize {"tokens": [...]} -> {"content"}, as llama-server.
+ * Returns the JSON body (malloc'd) or NULL with *e set (400). */
+char *srv_tokenize(const kvc_model *model, const char *body, size_t len, srv_error *e);
+char *srv_detokenize(const kvc_model *model, const char *body, size_t len, srv_error *e);
+
+/* ============================================= responses (server_json.c) */
 
 /* All functions below return a malloc'd NUL-terminated string (the caller
  * frees it), or NULL when memory ran out. */
@@ -174,7 +218,8 @@ char *srv_error_json(const srv_error *e);
 char *srv_prompt_json(const char *prompt);
 /* The whole non-streamed response (chat.completion or text_completion) for a
  * DONE event: its reply text, finish reason, usage and timings. */
-char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done);
+char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
+                        const kvc_model *model, bool logprobs);
 /* One SSE event "data: {...}\n\n" of a stream:
  *   srv_sse_role     chat only: the first chunk, delta {role, content ""};
  *   srv_sse_text     a piece of text (len bytes);

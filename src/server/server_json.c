@@ -1,7 +1,8 @@
 /* server_json.c - request bodies to kvc_request_params, and the response JSON.
  *
  * The parser validates every field it uses against OpenAI's ranges and names
- * the field in the error; unknown fields are ignored (clients send many).
+ * the field in the error; a field it does not know is a 400 naming it
+ * (server_agent.c, which also parses the agent API's fields).
  * Strings are borrowed from the cJSON tree the request keeps, except joined
  * content parts, which are made here. Nesting is bounded by cJSON itself
  * (CJSON_NESTING_LIMIT, 1000), so hostile bodies cannot exhaust the stack. */
@@ -182,7 +183,8 @@ static bool own(srv_request *r, char *s)
     return true;
 }
 
-/* Content given as an array of parts: [{type: "text", text}], joined. */
+/* Content given as an array of parts: [{type: "text", text}], joined with
+ * "\n" (as vLLM and llama.cpp join them). */
 static int parse_parts(srv_request *r, const cJSON *parts, int i, const char **out, srv_error *e)
 {
     char param[64];
@@ -200,7 +202,7 @@ static int parse_parts(srv_request *r, const cJSON *parts, int i, const char **o
                        "(only \"text\")", i, j, type->valuestring);
         if (!cJSON_IsString(text))
             return bad(e, param, "messages[%d].content[%d].text must be a string", i, j);
-        total += strlen(text->valuestring);
+        total += strlen(text->valuestring) + 1;
         j++;
     }
     char *s = malloc(total + 1), *w = s;
@@ -209,6 +211,8 @@ static int parse_parts(srv_request *r, const cJSON *parts, int i, const char **o
     cJSON_ArrayForEach(p, parts) {
         const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
         size_t n = strlen(t);
+        if (w > s)
+            *w++ = '\n';
         memcpy(w, t, n);
         w += n;
     }
@@ -342,20 +346,6 @@ static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error 
     return 0;
 }
 
-/* prompt: a string, or an array of exactly one string. */
-static int parse_prompt(srv_request *r, const cJSON *root, srv_error *e)
-{
-    const cJSON *p = field(root, "prompt");
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child))
-        p = p->child;
-    if (!p)
-        return bad(e, "prompt", "prompt is required");
-    if (!cJSON_IsString(p))
-        return bad(e, "prompt", "prompt must be a string (or an array of one string)");
-    r->params.prompt = p->valuestring;
-    return 0;
-}
-
 /* ============================================================ parameters */
 
 static int parse_stop(srv_request *r, const cJSON *root, srv_error *e)
@@ -415,7 +405,7 @@ static int parse_sampling(kvc_sampler_params *s, const cJSON *root, const srv_li
     return 0;
 }
 
-/* max_tokens / max_completion_tokens (the newer name wins), n. */
+/* max_tokens / max_completion_tokens (the newer name wins); n is server_agent.c's. */
 static int parse_lengths(srv_request *r, const cJSON *root, srv_error *e)
 {
     int64_t v = 0;
@@ -424,9 +414,6 @@ static int parse_lengths(srv_request *r, const cJSON *root, srv_error *e)
         (rc = int_field(root, "max_completion_tokens", 1, INT32_MAX, &v, NULL, e)))
         return rc;
     r->params.chat.max_tokens = (int32_t)v;
-    const cJSON *nv = field(root, "n");
-    if (nv && (!cJSON_IsNumber(nv) || nv->valuedouble != 1.0))
-        return bad(e, "n", "n must be 1 (only one choice per request is supported)");
     return 0;
 }
 
@@ -490,12 +477,12 @@ int srv_request_parse(int kind, const char *body, size_t len, const srv_limits *
     int rc;
     if (!cJSON_IsObject(root))
         rc = bad(e, NULL, "the request body must be a JSON object");
-    else if (!(rc = kind == SRV_CHAT ? parse_messages(out, root, lim->max_messages, e)
-                                     : parse_prompt(out, root, e)) &&
+    else if (!(rc = kind == SRV_CHAT ? parse_messages(out, root, lim->max_messages, e) : 0) &&
              !(rc = parse_lengths(out, root, e)) &&
              !(rc = parse_sampling(&out->params.chat.sampling, root, lim, e)) &&
-             !(rc = parse_stop(out, root, e)) && !(rc = parse_stream(out, root, e)))
-        rc = parse_identity(out, root, e);
+             !(rc = parse_stop(out, root, e)) && !(rc = parse_stream(out, root, e)) &&
+             !(rc = parse_identity(out, root, e)))
+        rc = srv_agent_parse(out, root, lim, e);
     if (rc)
         srv_request_free(out);
     return rc;
@@ -506,6 +493,7 @@ void srv_request_free(srv_request *r)
     if (!r)
         return;
     cJSON_Delete(r->json);
+    srv_agent_free(r);
     for (size_t i = 0; i < r->n_owned; i++)
         free(r->owned[i]);
     free(r->owned);
@@ -646,6 +634,11 @@ static void add_timings(cJSON *o, const kvc_chat_stats *st)
     cJSON_AddNumberToObject(t, "predicted_ms", st->decode_ms);
     cJSON_AddNumberToObject(t, "predicted_per_second", st->decode_tps);
     cJSON_AddNumberToObject(t, "ttft_ms", st->ttft_ms);
+    if (st->grammar_masks > 0) {           /* constrained decoding's cost */
+        cJSON_AddNumberToObject(t, "grammar_masks", st->grammar_masks);
+        cJSON_AddNumberToObject(t, "grammar_mask_ms", st->grammar_mask_ms);
+        cJSON_AddNumberToObject(t, "grammar_mask_ms_per_token", st->grammar_mask_ms / st->grammar_masks);
+    }
 }
 
 static const char *finish_name(const char *f)
@@ -665,26 +658,28 @@ static cJSON *envelope(const srv_reply_id *id, const char *object)
     return o;
 }
 
-char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done)
+char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
+                        const kvc_model *model, bool logprobs)
 {
     bool chat = kind == SRV_CHAT;
     cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    const char *text = done->text ? done->text : "";
-    if (chat) {
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text);
-    } else {
-        cJSON_AddStringToObject(c, "text", text);
+    kvc_chat_stats sum = done[0].stats;      /* usage: the prompt counted once per prompt */
+    for (int i = 0; i < n_done; i++) {
+        cJSON_AddItemToArray(ch, srv_choice_json(kind, i, &done[i], model, logprobs));
+        if (i == 0)
+            continue;
+        const kvc_chat_stats *s = &done[i].stats;
+        if (kind != SRV_CHAT)
+            sum.prompt_tokens += s->prompt_tokens;
+        sum.output_tokens += s->output_tokens;
+        sum.computed_tokens += s->computed_tokens;
+        sum.cached_tokens += s->cached_tokens;
+        sum.grammar_masks += s->grammar_masks;
+        sum.grammar_mask_ms += s->grammar_mask_ms;
     }
-    cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", finish_name(done->stats.finish_reason));
-    add_usage(o, &done->stats);
-    add_timings(o, &done->stats);
+    add_usage(o, &sum);
+    add_timings(o, &sum);
     return print(o);
 }
 
