@@ -575,7 +575,8 @@ static bool ends_reply(const kvc_tokenizer *tok, int32_t id)
 static void on_logits(kvc_turn *t, const float *logits)
 {
     const kvc_tokenizer *tok = t->s->ctx->model->tok;
-    int32_t id = turn_sample_pick(&t->ts, t->smp, logits, t->s->ctx->model->hp.n_vocab);
+    int32_t id = turn_sample_pick(&t->ts, t->smp, logits, t->s->ctx->model->hp.n_vocab,
+                                  t->max_out - t->n_out);
     if (t->n_out == 0)
         t->t_first = kvc_time_us();
     if (id < 0 || ends_reply(tok, id)) {     /* -1: the grammar has ended */

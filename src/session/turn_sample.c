@@ -25,7 +25,8 @@ int turn_sample_init(turn_sample *ts, kvc_context *c, const kvc_chat_params *p,
     if (!c->gvocab && (rc = kvc_gvocab_new(c->model->tok, &c->gvocab, err)))
         return rc;
     ts->m = kvc_gmatch_new(ts->g, c->gvocab);
-    ts->mask = malloc(kvc_mask_words(kvc_gvocab_n_vocab(c->gvocab)) * sizeof(uint32_t));
+    ts->n_mask = kvc_gvocab_n_vocab(c->gvocab);
+    ts->mask = malloc(kvc_mask_words(ts->n_mask) * sizeof(uint32_t));
     if (!ts->m || !ts->mask)
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
     return KVC_OK;
@@ -63,11 +64,36 @@ static void record(turn_sample *ts, const float *logits, int32_t n_vocab, int32_
     }
 }
 
-int32_t turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab)
+/* When the tokens left (left) are about what the grammar still needs to
+ * end, keep in the mask only the tokens that bring the end closer (fewer
+ * characters left, or the end itself): a reply cut by max_tokens would not
+ * parse. Each candidate is tried (accept, measure, roll back), so this costs
+ * a matcher step per allowed token, only for the last steps. */
+static void steer(turn_sample *ts, int32_t n_vocab, int32_t left)
+{
+    int32_t need = kvc_gmatch_min_remaining(ts->m);
+    if (left > need + 1)
+        return;
+    for (int32_t id = 0; id < n_vocab; id++) {
+        if (!kvc_mask_test(ts->mask, id))
+            continue;
+        bool keep = false;
+        if (kvc_gmatch_accept_token(ts->m, id) == KVC_OK) {
+            keep = kvc_gmatch_is_done(ts->m) || kvc_gmatch_min_remaining(ts->m) < need;
+            kvc_gmatch_rollback(ts->m, 1);
+        }
+        if (!keep)
+            ts->mask[id >> 5] &= ~(1u << (id & 31));
+    }
+}
+
+int32_t turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab,
+                         int32_t left)
 {
     if (ts->m) {
         if (kvc_gmatch_mask(ts->m, ts->mask) <= 0)
             return -1;
+        steer(ts, ts->n_mask, left);
         kvc_sampler_set_mask(smp, ts->mask);
     }
     int32_t id = kvc_sampler_sample(smp, logits);

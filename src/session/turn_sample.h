@@ -15,7 +15,8 @@
 typedef struct turn_sample {
     kvc_grammar       *g;          /* owned; NULL = no grammar */
     kvc_gmatch        *m;          /* owned; the matcher of g over ctx->gvocab */
-    uint32_t          *mask;       /* kvc_mask_words(n_vocab) words */
+    uint32_t          *mask;       /* kvc_mask_words(n_mask) words */
+    int32_t            n_mask;     /* the vocabulary's size */
     int32_t            top;        /* logprobs: -1 = none, else the top count */
     kvc_token_logprob *lp;         /* one per reply token kept (n_lp of cap_lp) */
     int32_t            n_lp, cap_lp;
@@ -29,10 +30,12 @@ int  turn_sample_init(turn_sample *ts, kvc_context *c, const kvc_chat_params *p,
                       kvc_sampler *smp, kvc_err *err);
 void turn_sample_free(turn_sample *ts);
 
-/* The next token from logits: masked by the grammar when there is one. -1
+/* The next token from logits: masked by the grammar when there is one, and
+ * steered to the grammar's end when only `left` tokens remain for it. -1
  * when the grammar allows nothing more (it has ended). Records the token's
  * log-probability when asked for (see turn_sample_accept). */
-int32_t turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab);
+int32_t turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab,
+                         int32_t left);
 
 /* The token picked is kept in the reply (the grammar advances; its logprob
  * stays recorded). A token that ends the reply is not accepted. KVC_OK or
