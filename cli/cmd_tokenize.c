@@ -3,6 +3,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "gguf.h"
+#include "tokenizer.h"
 
 static const char help[] =
     "usage: kvchat tokenize [-m MODEL.gguf] [--ids] [--no-bos] [--no-parse-special] TEXT\n\n"
@@ -43,18 +45,28 @@ int cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "kvchat tokenize: no text given\n");
         return 2;
     }
-    kvc_model *m = cli_load_model(&c);
-    if (!m)
+    /* only the vocabulary is needed: a vocab-only GGUF, or one of an
+     * architecture kvchat does not run, tokenizes too */
+    const char *path = c.model ? c.model : cli_demo_model_path();
+    gguf_file *f = NULL;
+    kvc_tokenizer *tok = NULL;
+    kvc_err err = { 0 };
+    if (!path || gguf_open(path, &f, &err) || kvc_tokenizer_load(f, &tok, &err)) {
+        if (path)
+            fprintf(stderr, "kvchat: %s: %s\n", path, err.msg);
+        gguf_close(f);
         return 1;
+    }
     size_t len = strlen(text);
-    int64_t n = kvc_model_tokenize(m, text, len, bos, special, NULL, 0);
+    int64_t n = kvc_tokenize(tok, text, len, bos, special, NULL, 0);
     int32_t *ids = n >= 0 ? malloc((size_t)(n ? n : 1) * sizeof(int32_t)) : NULL;
     if (!ids) {
         fprintf(stderr, "kvchat tokenize: failed\n");
-        kvc_model_free(m);
+        kvc_tokenizer_free(tok);
+        gguf_close(f);
         return 1;
     }
-    kvc_model_tokenize(m, text, len, bos, special, ids, n);
+    kvc_tokenize(tok, text, len, bos, special, ids, n);
     if (ids_only) {
         printf("[");
         for (int64_t i = 0; i < n; i++)
@@ -63,7 +75,7 @@ int cmd_tokenize(int argc, char **argv)
     } else {
         char piece[1024];
         for (int64_t i = 0; i < n; i++) {
-            int k = kvc_model_token_to_piece(m, ids[i], true, piece, sizeof(piece) - 1);
+            int k = kvc_token_to_piece(tok, ids[i], true, piece, sizeof(piece) - 1);
             if (k < 0 || k >= (int)sizeof(piece))
                 k = 0;
             piece[k] = 0;
@@ -71,6 +83,7 @@ int cmd_tokenize(int argc, char **argv)
         }
     }
     free(ids);
-    kvc_model_free(m);
+    kvc_tokenizer_free(tok);
+    gguf_close(f);
     return 0;
 }

@@ -448,7 +448,7 @@ static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
     make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
     for (int i = 0; i < n; i++)
         srv_metrics_done(s->metrics, &done[i].stats);
-    return respond_json(s, mc, srv_response_json(rq->kind, &id, done, n, s->lim.model,
+    return respond_json(s, mc, srv_response_json(rq->kind, &id, done, n, rq->n, s->lim.model,
                                                  rq->logprobs >= 0));
 }
 

@@ -216,10 +216,12 @@ char *srv_detokenize(const kvc_model *model, const char *body, size_t len, srv_e
 char *srv_error_json(const srv_error *e);
 /* {"prompt": prompt}, the answer of POST /apply-template. */
 char *srv_prompt_json(const char *prompt);
-/* The whole non-streamed response (chat.completion or text_completion) for a
- * DONE event: its reply text, finish reason, usage and timings. */
+/* The whole non-streamed response (chat.completion or text_completion) for
+ * the DONE events of its n_done choices (per_prompt choices per prompt, whose
+ * prompt usage counts once): their replies, finish reasons, usage and
+ * timings (summed). */
 char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
-                        const kvc_model *model, bool logprobs);
+                        int per_prompt, const kvc_model *model, bool logprobs);
 /* One SSE event "data: {...}\n\n" of a stream:
  *   srv_sse_role     chat only: the first chunk, delta {role, content ""};
  *   srv_sse_text     a piece of text (len bytes);

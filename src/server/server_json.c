@@ -659,7 +659,7 @@ static cJSON *envelope(const srv_reply_id *id, const char *object)
 }
 
 char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
-                        const kvc_model *model, bool logprobs)
+                        int per_prompt, const kvc_model *model, bool logprobs)
 {
     bool chat = kind == SRV_CHAT;
     cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion");
@@ -670,7 +670,7 @@ char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done,
         if (i == 0)
             continue;
         const kvc_chat_stats *s = &done[i].stats;
-        if (kind != SRV_CHAT)
+        if (per_prompt > 0 && i % per_prompt == 0)
             sum.prompt_tokens += s->prompt_tokens;
         sum.output_tokens += s->output_tokens;
         sum.computed_tokens += s->computed_tokens;
