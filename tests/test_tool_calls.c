@@ -1,0 +1,183 @@
+/* test_tool_calls.c - tool-call formats (template/tool_calls.h): detection by
+ * rendering, parsing replies of each format into OpenAI tool_calls, the
+ * stream hold-back, and the forcing grammars accepting exactly valid calls. */
+#include <cjson/cJSON.h>
+
+#include "grammar.h"
+#include "test.h"
+#include "tool_calls.h"
+
+/* Parse reply in format f; check the number of calls, the first call's name
+ * and arguments (JSON text compared after normalising) and the content. */
+static void check_parse(int f, const char *reply, int n, const char *name, const char *args,
+                        const char *content)
+{
+    char *calls = NULL, *text = NULL;
+    CHECK(kvc_tool_calls_parse(f, reply, strlen(reply), 7, &calls, &text) == KVC_OK);
+    cJSON *a = calls ? cJSON_Parse(calls) : NULL;
+    CHECKF(cJSON_GetArraySize(a) == n, "%s: %d calls, wanted %d", reply, cJSON_GetArraySize(a), n);
+    if (n > 0 && a) {
+        cJSON *c = cJSON_GetArrayItem(a, 0), *fn = cJSON_GetObjectItem(c, "function");
+        const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(c, "id"));
+        CHECK(id && !strncmp(id, "call_", 5) && strlen(id) == 29);
+        CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(c, "type")), "function"));
+        CHECKF(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(fn, "name")), name), "%s", reply);
+        const char *got = cJSON_GetStringValue(cJSON_GetObjectItem(fn, "arguments"));
+        cJSON *g = got ? cJSON_Parse(got) : NULL, *w = cJSON_Parse(args);
+        CHECKF(g && w && cJSON_Compare(g, w, true), "%s: arguments %s, wanted %s", reply,
+               got ? got : "null", args);
+        cJSON_Delete(g);
+        cJSON_Delete(w);
+        CHECKF(text && !strcmp(text, content), "%s: content '%s', wanted '%s'", reply,
+               text ? text : "(null)", content);
+        if (n > 1) {                         /* ids differ between calls */
+            const char *id2 = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(a, 1), "id"));
+            CHECK(id2 && strcmp(id, id2));
+        }
+    } else {
+        CHECK(!calls && !text);
+    }
+    cJSON_Delete(a);
+    free(calls);
+    free(text);
+}
+
+static void test_parse(void)
+{
+    check_parse(KVC_TOOLS_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+                1, "f", "{\"a\":1}", "");
+    check_parse(KVC_TOOLS_HERMES, "Let me look.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n"
+                "</tool_call>\n<tool_call>{\"name\":\"g\",\"arguments\":{\"x\":[1,2]}}</tool_call>",
+                2, "f", "{}", "Let me look.");
+    check_parse(KVC_TOOLS_HERMES, "plain text", 0, NULL, NULL, NULL);
+    check_parse(KVC_TOOLS_HERMES, "<tool_call>not json</tool_call>", 0, NULL, NULL, NULL);
+    check_parse(KVC_TOOLS_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"s\\\":2}\"}",
+                1, "f", "{\"s\":2}", "");           /* cut short, arguments as a string */
+    check_parse(KVC_TOOLS_LLAMA3, "{\"name\": \"get\", \"parameters\": {\"city\": \"Oslo\"}}", 1,
+                "get", "{\"city\":\"Oslo\"}", "");
+    check_parse(KVC_TOOLS_LLAMA3, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; "
+                "{\"name\": \"b\", \"parameters\": {\"k\": true}}", 2, "a", "{}", "");
+    check_parse(KVC_TOOLS_LLAMA3, "The answer is {\"name\": 1}", 0, NULL, NULL, NULL);
+    check_parse(KVC_TOOLS_LLAMA3, "{\"not\": \"a call\"}", 0, NULL, NULL, NULL);
+    check_parse(KVC_TOOLS_MISTRAL, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"q\": \"x\"}}, "
+                "{\"name\": \"g\", \"arguments\": {}}]", 2, "f", "{\"q\":\"x\"}", "");
+    check_parse(KVC_TOOLS_MISTRAL, "[TOOL_CALLS]f[ARGS]{\"q\": 1}[TOOL_CALLS]g[ARGS]{}", 2, "f",
+                "{\"q\":1}", "");
+    check_parse(KVC_TOOLS_MISTRAL, "no calls here", 0, NULL, NULL, NULL);
+    CHECK(kvc_tool_format_from_name("mistral") == KVC_TOOLS_MISTRAL);
+    CHECK(kvc_tool_format_from_name("nope") == -1);
+    CHECK(!strcmp(kvc_tool_format_name(KVC_TOOLS_LLAMA3), "llama3-json"));
+}
+
+static void test_holdback(void)
+{
+    const char *t = "Hello <tool";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_HERMES, t, strlen(t)), 5);
+    t = "Hello <tool_call>{\"na";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_HERMES, t, strlen(t)), strlen(t));
+    t = "Hello there";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_HERMES, t, strlen(t)), 0);
+    t = " {\"name\"";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_LLAMA3, t, strlen(t)), strlen(t));
+    t = "[TOOL_";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_MISTRAL, t, strlen(t)), 6);
+}
+
+/* Whether grammar g accepts text whole. */
+static bool accepts(const kvc_grammar *g, const char *text)
+{
+    kvc_gmatch *m = kvc_gmatch_new(g, NULL);
+    bool ok = m && kvc_gmatch_accept_bytes(m, text, strlen(text)) == KVC_OK &&
+              kvc_gmatch_is_complete(m);
+    kvc_gmatch_free(m);
+    return ok;
+}
+
+static const char tools[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+    "\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}},"
+    "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]";
+
+static kvc_grammar *grammar_of(int f, const char *only, bool parallel)
+{
+    char *text = NULL;
+    kvc_err e = { 0 };
+    kvc_grammar *g = NULL;
+    CHECKF(kvc_tool_calls_grammar(f, tools, only, parallel, &text, &e) == KVC_OK, "%s", e.msg);
+    CHECKF(text && kvc_grammar_parse(text, strlen(text), &g, &e) == KVC_OK, "%s", e.msg);
+    free(text);
+    return g;
+}
+
+static void test_grammar(void)
+{
+    kvc_grammar *g = grammar_of(KVC_TOOLS_HERMES, NULL, false);
+    CHECK(accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"));
+    CHECK(accepts(g, "<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>\n"
+                      "<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>"));
+    kvc_grammar_free(g);
+    g = grammar_of(KVC_TOOLS_HERMES, NULL, true);
+    CHECK(accepts(g, "<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>\n"
+                     "<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>"));
+    kvc_grammar_free(g);
+    g = grammar_of(KVC_TOOLS_LLAMA3, "get_weather", false);
+    CHECK(accepts(g, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"x\", \"days\": 3}}"));
+    CHECK(!accepts(g, "{\"name\": \"ping\", \"parameters\": {}}"));
+    kvc_grammar_free(g);
+    g = grammar_of(KVC_TOOLS_MISTRAL, NULL, true);
+    CHECK(accepts(g, "[TOOL_CALLS][{\"name\": \"ping\", \"arguments\": {}}, "
+                     "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"y\"}}]"));
+    kvc_grammar_free(g);
+    /* errors name what is wrong */
+    char *text = NULL;
+    kvc_err e = { 0 };
+    CHECK(kvc_tool_calls_grammar(KVC_TOOLS_HERMES, tools, "missing", false, &text, &e) ==
+          KVC_ERR_INVALID_ARG && strstr(e.msg, "missing"));
+    const char *bad = "[{\"type\":\"function\",\"function\":{\"name\":\"u\",\"parameters\":"
+                      "{\"type\":\"array\",\"uniqueItems\":true}}}]";
+    CHECK(kvc_tool_calls_grammar(KVC_TOOLS_HERMES, bad, NULL, false, &text, &e) ==
+          KVC_ERR_INVALID_ARG && strstr(e.msg, "uniqueItems") && strstr(e.msg, "'u'"));
+    CHECK(text == NULL);
+}
+
+/* Detection: a template writing <tool_call> blocks, one writing Llama 3's
+ * JSON with "parameters", one writing [TOOL_CALLS], and plain ChatML. */
+static int detect(const char *jinja)
+{
+    kvc_chat_template_params p = { .jinja = jinja };
+    kvc_chat_template *t = NULL;
+    kvc_err e = { 0 };
+    CHECKF(kvc_chat_template_new(&p, &t, &e) == KVC_OK, "%s", e.msg);
+    int f = t ? kvc_tool_format_detect(t) : -1;
+    kvc_chat_template_free(t);
+    return f;
+}
+
+static void test_detect(void)
+{
+    const char *head = "{% for m in messages %}{{ m.role }}: {{ m.content }}";
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s{%% for c in m.tool_calls or [] %%}<tool_call>{{ c.function.name }}"
+             "</tool_call>{%% endfor %%}\n{%% endfor %%}", head);
+    CHECK_EQ_INT(detect(buf), KVC_TOOLS_HERMES);
+    snprintf(buf, sizeof(buf), "%s{%% for c in m.tool_calls or [] %%}{\"name\": \"{{ c.function.name }}\", "
+             "\"parameters\": {{ c.function.arguments }}}{%% endfor %%}\n{%% endfor %%}", head);
+    CHECK_EQ_INT(detect(buf), KVC_TOOLS_LLAMA3);
+    snprintf(buf, sizeof(buf), "%s{%% if m.tool_calls %%}[TOOL_CALLS]{{ m.tool_calls[0].function.name }}"
+             "{%% endif %%}\n{%% endfor %%}", head);
+    CHECK_EQ_INT(detect(buf), KVC_TOOLS_MISTRAL);
+    snprintf(buf, sizeof(buf), "%s\n{%% endfor %%}", head);
+    CHECK_EQ_INT(detect(buf), KVC_TOOLS_HERMES);    /* the default */
+}
+
+int main(void)
+{
+    test_parse();
+    test_holdback();
+    test_grammar();
+    test_detect();
+    return test_done("test_tool_calls");
+}
