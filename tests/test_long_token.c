@@ -1,4 +1,5 @@
-/* test_long_token.c - `kvchat generate` with a vocabulary holding a 4 KB token.
+/* test_long_token.c - `kvchat generate` and the engine with a vocabulary
+ * holding a 4 KB token.
  *
  * A token's piece has no upper bound. generate used to detokenize into a fixed
  * 600-byte buffer and, when the detokenizer answered "too small" (the size it
@@ -90,9 +91,13 @@ int main(void)
         size_t align = gguf_alignment(f), new_len = old_len;
         while (new_len < 4096)
             new_len += align;
+        /* "<ééé...Z>": two-byte characters, so a reply streamed in parts must
+         * cut it between characters */
         char *piece = malloc(new_len + 1);
         memset(piece, 'Z', new_len);
         piece[0] = '<';
+        for (size_t i = 1; i + 2 < new_len; i += 2)
+            memcpy(piece + i, "\xC3\xA9", 2);
         piece[new_len - 1] = '>';
         piece[new_len] = 0;
         uint64_t n64 = new_len;   /* the length before the string, little-endian */
@@ -114,6 +119,41 @@ int main(void)
         const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(j1, "text"));
         CHECKF(text && strstr(text, piece), "the %zu-byte piece is not in the text (%zu bytes)",
                new_len, text ? strlen(text) : 0);
+        /* the engine's reply (a raw completion of the same prompt) holds it too */
+        kvc_model *m = NULL;
+        char err[512];
+        CHECKF(kvc_model_load(big, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
+        kvc_engine_params ep = kvc_engine_default_params();
+        ep.n_ctx = 256;
+        ep.n_parallel = 1;
+        ep.max_sessions = 1;
+        kvc_engine *e = NULL;
+        if (m)
+            CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+        kvc_request_params rp = { .prompt = prompt, .chat = kvc_chat_default_params() };
+        rp.chat.max_tokens = 3;
+        rp.chat.sampling.temperature = 0;
+        kvc_request *r = e ? kvc_engine_submit(e, &rp, NULL, err, sizeof(err)) : NULL;
+        kvc_event ev = { 0 };
+        char *joined = calloc(1, 3 * new_len + 4096);
+        size_t jl = 0;
+        while (r && kvc_request_next(r, &ev, -1) && ev.type == KVC_EVENT_TEXT) {
+            if (joined && jl + ev.len < 3 * new_len + 4096) {
+                memcpy(joined + jl, ev.text, ev.len);
+                jl += ev.len;
+            }
+            kvc_event_clear(&ev);
+        }
+        CHECKF(ev.type == KVC_EVENT_DONE && ev.text && strstr(ev.text, piece),
+               "the engine's reply lacks the %zu-byte piece (%zu bytes)", new_len,
+               ev.text ? strlen(ev.text) : 0);
+        CHECKF(joined && ev.text && strcmp(joined, ev.text) == 0,
+               "the streamed pieces (%zu bytes) differ from the reply", jl);
+        free(joined);
+        kvc_event_clear(&ev);
+        kvc_request_free(r);
+        kvc_engine_free(e);
+        kvc_model_free(m);
         free(p0);
         free(p1);
         free(piece);

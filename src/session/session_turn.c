@@ -108,7 +108,11 @@ static bool stream_repaired(kvc_turn *t, const char *text, size_t len)
     char buf[1024];
     size_t done = 0;
     while (done < len) {
-        size_t k = KVC_MIN(len - done, sizeof(buf) / 3);
+        size_t k = len - done;
+        if (k > sizeof(buf) / 3) {           /* a part, cut between characters */
+            k = sizeof(buf) / 3;
+            k -= kvc_utf8_incomplete_tail(text + done, k);
+        }
         size_t m = kvc_utf8_repair(text + done, k, buf);
         if (!t->stream(buf, m, t->user))
             return false;
@@ -594,9 +598,14 @@ static void on_logits(kvc_turn *t, const float *logits)
     }
     t->toks.v[t->toks.n++] = id;
     t->n_out++;
-    char piece[1024];
+    char piece[1024], *big = NULL;
     int k = kvc_token_to_piece(tok, id, false, piece, sizeof(piece));
-    if (k > 0 && k <= (int)sizeof(piece) && gen_append(t, piece, k)) {
+    if (k > (int)sizeof(piece) && (big = malloc((size_t)k)))   /* a long token */
+        k = kvc_token_to_piece(tok, id, false, big, k);
+    int rc = k > 0 && (k <= (int)sizeof(piece) || big) ? gen_append(t, big ? big : piece, k)
+                                                       : k > 0 ? KVC_ERR_NOMEM : KVC_OK;
+    free(big);
+    if (rc) {
         fail(t, KVC_ERR_NOMEM);
         return;
     }
