@@ -182,6 +182,11 @@ static void put_engine(text *t, const kvc_engine_metrics *e)
            "Tokens computed in the background (canonical continuations).", (double)e->bg_tokens);
     metric(t, "kvchat_background_seconds_total", "counter",
            "Engine time spent on background work.", (double)e->bg_us / 1e6);
+    metric(t, "kvchat_grammar_masks_total", "counter",
+           "Token masks computed for constrained decoding (response_format, forced tool calls).",
+           (double)e->grammar_masks);
+    metric(t, "kvchat_grammar_mask_seconds_total", "counter",
+           "Time spent computing token masks.", (double)e->grammar_mask_us / 1e6);
     metric(t, "kvchat_engine_busy_seconds_total", "counter",
            "Engine time spent in forward passes (requests and background).",
            (double)e->busy_us / 1e6);
