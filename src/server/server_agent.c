@@ -522,10 +522,15 @@ char *srv_sse_tool_calls(const srv_reply_id *id, const char *calls_json, bool in
 char *srv_sse_finish_lp(int kind, const srv_reply_id *id, const kvc_event *done,
                         const kvc_model *model, bool logprobs, bool include_usage)
 {
-    if (kind != SRV_CHAT || !logprobs || !done->n_logprobs)
+    if (!logprobs || !done->n_logprobs)
         return srv_sse_finish(kind, id, done->stats.finish_reason, include_usage);
     cJSON *choice, *delta;
     cJSON *o = chunk(id, include_usage, &choice, &delta);
+    if (kind != SRV_CHAT) {                    /* a text_completion chunk: text, no delta */
+        cJSON_ReplaceItemInObject(o, "object", cJSON_CreateString("text_completion"));
+        cJSON_DeleteItemFromObject(choice, "delta");
+        cJSON_AddStringToObject(choice, "text", "");
+    }
     cJSON_AddItemToObject(choice, "logprobs", srv_logprobs_json(kind, done, model));
     const char *f = done->stats.finish_reason;
     cJSON_AddStringToObject(choice, "finish_reason", f && *f ? f : "stop");

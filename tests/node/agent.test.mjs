@@ -8,39 +8,18 @@
 // Hermes/Qwen-style template that renders tools and tool calls.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import OpenAI from 'openai';
 import Ajv from 'ajv';
+import { startServer } from './serve.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 let server, root, client;
 
-function startServer() {
-  const bin = process.env.KVC_BIN;
-  assert.ok(bin, 'KVC_BIN must name the kvchat binary');
-  return new Promise((resolve, reject) => {
-    const p = spawn(bin, ['serve', '--port', '0', '--parallel', '4',
-                          '--chat-template-file', path.join(here, 'hermes.jinja')],
-                    { stdio: ['ignore', 'ignore', 'pipe'] });
-    let log = '';
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 60000);
-    p.stderr.on('data', (d) => {
-      log += d;
-      const m = /listening on (http:\/\/\S+)/.exec(log);
-      if (m && !root) {
-        clearTimeout(timer);
-        root = m[1];
-        resolve(p);
-      }
-    });
-    p.on('exit', (code) => reject(new Error(`server exited (${code}):\n${log}`)));
-  });
-}
-
 before(async () => {
-  server = await startServer();
+  ({ proc: server, root } = await startServer(['--parallel', '4', '--chat-template-file',
+                                              path.join(here, 'hermes.jinja')]));
   client = new OpenAI({ baseURL: `${root}/v1`, apiKey: 'none', maxRetries: 0, timeout: 120000 });
 });
 

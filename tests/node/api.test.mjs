@@ -8,37 +8,18 @@
 // the SDK's APIError subclasses with the right status, code and param.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import OpenAI from 'openai';
+import { startServer } from './serve.mjs';
 
 const KEY = 'kvchat-test-key';
 let server;
 let baseURL;
 let client;
 
-function startServer() {
-  const bin = process.env.KVC_BIN;
-  assert.ok(bin, 'KVC_BIN must name the kvchat binary');
-  return new Promise((resolve, reject) => {
-    const p = spawn(bin, ['serve', '--port', '0', '--api-key', KEY, '--parallel', '4'],
-                    { stdio: ['ignore', 'ignore', 'pipe'] });
-    let log = '';
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 60000);
-    p.stderr.on('data', (d) => {
-      log += d;
-      const m = /listening on (http:\/\/\S+)/.exec(log);
-      if (m && !baseURL) {
-        clearTimeout(timer);
-        baseURL = `${m[1]}/v1`;
-        resolve(p);
-      }
-    });
-    p.on('exit', (code) => reject(new Error(`server exited (${code}):\n${log}`)));
-  });
-}
-
 before(async () => {
-  server = await startServer();
+  const started = await startServer(['--api-key', KEY, '--parallel', '4']);
+  server = started.proc;
+  baseURL = `${started.root}/v1`;
   client = new OpenAI({ baseURL, apiKey: KEY, maxRetries: 0, timeout: 60000 });
 });
 
@@ -141,7 +122,7 @@ test('errors are APIErrors with status, code and param', async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'temperature' &&
            /temperature/.test(e.message));
   await assert.rejects(
-    client.chat.completions.create({ model: 'm', messages: ask, n: 2 }),
+    client.chat.completions.create({ model: 'm', messages: ask, n: 17 }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'n');
   for (const stream of [false, true])
     await assert.rejects(
