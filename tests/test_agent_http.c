@@ -263,7 +263,9 @@ static void test_cors_alias_tokenize(int port)
     if (f && !fgets(line, sizeof(line), f))
         line[0] = 0;
     int st = f ? pclose(f) : -1;
-    char *c = cJSON_PrintUnformatted(cJSON_Parse(line));
+    cJSON *vl = cJSON_Parse(line);
+    char *c = vl ? cJSON_PrintUnformatted(vl) : NULL;
+    cJSON_Delete(vl);
     CHECKF(st == 0 && c && ids && !strcmp(c, ids), "vocab-only tokenize: '%s' vs %s", line,
            ids ? ids : "");
     free(c);
