@@ -26,6 +26,8 @@ static const char help[] =
     "  --system TEXT            system prompt\n"
     "  --script FILE            run a scripted conversation (see the source for the format)\n"
     "  --no-cache               recompute the whole prompt every turn (a cold run)\n"
+    "  --allow-special-in-content  control-token text typed in a message becomes control\n"
+    "                           tokens (default: plain text; only the template makes them)\n"
     "  -n, --n-predict N        reply length limit (default 256)\n"
     "  --show-prompt            print each rendered prompt (stderr) before its reply\n"
     "  --context-overflow M     error (default) or shift\n"
@@ -94,6 +96,7 @@ typedef struct chat_opts {
     char       *tmpl_src;      /* owned: the file's text */
     bool        show_prompt;
     bool        no_cache;
+    bool        special_in_content;
     int64_t     n_predict;
     int32_t     overflow;
 } chat_opts;
@@ -121,6 +124,7 @@ static int turn(kvc_session *s, convo *c, const chat_opts *o, bool stream, kvc_c
     p.max_tokens = (int32_t)o->n_predict;
     p.sampling = o->c.sampling;
     p.no_cache = o->no_cache;
+    p.special_in_content = o->special_in_content;
     p.overflow = o->overflow;
     p.template_kwargs_json = o->kwargs;
     char *reply = NULL, err[512];
@@ -327,6 +331,8 @@ int cmd_chat(int argc, char **argv)
             continue;
         if (!strcmp(a, "--no-cache"))
             o.no_cache = true;
+        else if (!strcmp(a, "--allow-special-in-content"))
+            o.special_in_content = true;
         else if (!strcmp(a, "--system") && v)
             o.system = argv[++i];
         else if (!strcmp(a, "--script") && v)

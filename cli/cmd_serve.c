@@ -31,6 +31,9 @@ static const char serve_help[] =
     "                          error (default) or drop the oldest turns\n"
     "      --no-cache          every request cold: reuse nothing, keep nothing (a reference\n"
     "                          server to compare against)\n"
+    "      --allow-special-in-content  control-token text in messages becomes control tokens\n"
+    "                          (default: message text is plain text; only the template's\n"
+    "                          markup gives control tokens)\n"
     "      --timeout S         close connections idle for S seconds (default 60)\n"
     "      --request-timeout S a request's headers and body must arrive within S seconds\n"
     "                          of the connection opening (or of the previous answer);\n"
@@ -125,6 +128,10 @@ static int parse_args(cli_common *c, kvc_server_params *sp, kvc_engine_params *e
             sp->fixed_seed = true;
         if (!strcmp(a, "--no-cache")) {
             ep->no_cache = true;
+            continue;
+        }
+        if (!strcmp(a, "--allow-special-in-content")) {
+            ep->special_in_content = true;
             continue;
         }
         int r = cli_parse_template(argc, argv, &i, &ep->chat_template, &ep->chat_template_kwargs,

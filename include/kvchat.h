@@ -246,6 +246,9 @@ typedef struct kvc_chat_params {
                                        (borrowed) */
     const char        *template_kwargs_json; /* a JSON object of extra chat template variables
                                        (chat_template_kwargs, e.g. enable_thinking); NULL = none */
+    bool               special_in_content; /* control-token text in message content becomes
+                                       control tokens (false: content is tokenized as plain
+                                       text, only the template's own markup gives them) */
 } kvc_chat_params;
 
 kvc_chat_params kvc_chat_default_params(void);
@@ -403,6 +406,7 @@ typedef struct kvc_engine_params {
                                    (a request's chat_template_kwargs win per key); NULL = none */
     int32_t     overflow;       /* enum kvc_overflow */
     bool        no_cache;       /* every request cold (as kvc_chat_params.no_cache) */
+    bool        special_in_content; /* every request's (kvc_chat_params.special_in_content) */
 } kvc_engine_params;
 
 kvc_engine_params kvc_engine_default_params(void);

@@ -175,6 +175,8 @@ kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *
         rc = kvc_fail(&ke, KVC_ERR_NOMEM, "out of memory");
     if (!rc && e->p.no_cache)
         r->chat.no_cache = true;
+    if (!rc)
+        r->chat.special_in_content = e->p.special_in_content;
     if (!rc && e->p.chat_template_kwargs) {   /* --chat-template-kwargs under the request's */
         char *merged = NULL;
         rc = kvc_chat_kwargs_merge(e->p.chat_template_kwargs, r->kwargs_json, &merged, &ke);
