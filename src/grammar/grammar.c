@@ -730,6 +730,42 @@ static int check_grammar(builder *b)
     return b->status;
 }
 
+/* The fewest characters each rule can match, then suffix[] (every rule is
+ * productive by now, so the fixpoint ends with finite lengths). */
+static int min_lengths(builder *b)
+{
+    kvc_grammar *g = b->g;
+    enum { LARGE = 1 << 28 };
+    int32_t *minlen = malloc(((size_t)g->n_rules + 1) * sizeof(*minlen));
+    g->suffix = malloc(((size_t)g->n_elem + 1) * sizeof(*g->suffix));
+    if (!minlen || !g->suffix) {
+        free(minlen);
+        return nomem(b);
+    }
+    for (int32_t r = 0; r < g->n_rules; r++)
+        minlen[r] = LARGE;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int32_t r = 0; r < g->n_rules; r++)
+            for (int32_t a = 0; a < g->rules[r].n_alts; a++) {
+                int64_t len = 0;
+                for (const int32_t *e = g->elem + g->alts[g->rules[r].alt_first + a]; GE_KIND(*e) != GE_END; e++)
+                    len += GE_KIND(*e) == GE_CHARS ? 1 : minlen[GE_ARG(*e)];
+                if (len < minlen[r]) {
+                    minlen[r] = (int32_t)len;
+                    changed = true;
+                }
+            }
+    }
+    for (int32_t i = g->n_elem - 1; i >= 0; i--) {
+        int32_t e = g->elem[i];
+        g->suffix[i] = GE_KIND(e) == GE_END ? 0
+                     : KVC_MIN(LARGE, g->suffix[i + 1] + (GE_KIND(e) == GE_CHARS ? 1 : minlen[GE_ARG(e)]));
+    }
+    free(minlen);
+    return KVC_OK;
+}
+
 /* ---------------------------------------------------------------- entry points */
 
 int kvc_grammar_parse(const char *text, size_t len, kvc_grammar **out, kvc_err *err)
@@ -751,8 +787,8 @@ int kvc_grammar_parse(const char *text, size_t len, kvc_grammar **out, kvc_err *
         if (root < 0)
             fail(&b, KVC_ERR_FORMAT, "no rule", "root");
         b.g->root = root;
-        if (b.status == KVC_OK)
-            check_grammar(&b);
+        if (b.status == KVC_OK && check_grammar(&b) == KVC_OK)
+            min_lengths(&b);
     }
     free(b.defined);
     free(b.first_line);
@@ -775,6 +811,7 @@ void kvc_grammar_free(kvc_grammar *g)
     free(g->classes);
     free(g->ranges);
     free(g->names);
+    free(g->suffix);
     free(g);
 }
 

@@ -132,6 +132,11 @@ bool kvc_gmatch_is_complete(const kvc_gmatch *m);
 /* An end-of-generation token was accepted: nothing more is allowed. */
 bool kvc_gmatch_is_done(const kvc_gmatch *m);
 
+/* The fewest characters that complete the grammar from here (0 when
+ * complete). An engine can steer towards the end with it when a budget
+ * runs out; tests use it to end random walks. */
+int32_t kvc_gmatch_min_remaining(const kvc_gmatch *m);
+
 /* Accept a sampled token: its bytes, or for an EOG token the end (only when
  * complete). KVC_ERR_INVALID_ARG when the token is not allowed here (state
  * unchanged), KVC_ERR_NOMEM. Each accepted token is one step for rollback. */

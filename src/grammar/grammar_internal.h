@@ -44,6 +44,8 @@ struct kvc_grammar {
     int32_t   n_ranges;
     char     *names;         /* rule names, NUL-separated */
     int32_t   root;          /* the start rule */
+    int32_t  *suffix;        /* (n_elem) fewest characters from an element to the
+                              * end of its alternative (for kvc_gmatch_min_remaining) */
 };
 
 static inline bool gclass_has(const kvc_grammar *g, int32_t c, uint32_t cp)
@@ -98,5 +100,32 @@ struct kvc_gvocab {
 /* Make room for one more element in a growing array (*arr holding n, room
  * for *cap): one growth rule for every array in this part. */
 bool gram_grow(void **arr, size_t *cap, size_t n, size_t elsize);
+
+/* ---------------------------------------------------------------- text building
+ *
+ * A growable string for the schema compiler's output. A failed allocation
+ * sets oom and later appends do nothing, so callers check once at the end. */
+typedef struct gsbuf {
+    char  *s;                /* NUL-terminated when not oom */
+    size_t n, cap;
+    bool   oom;
+} gsbuf;
+
+void gsb_put(gsbuf *b, const char *s, size_t n);
+void gsb_puts(gsbuf *b, const char *s);
+void gsb_printf(gsbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A GBNF literal "..." for bytes s[0, n) (UTF-8), escaped. */
+void gsb_literal(gsbuf *b, const char *s, size_t n);
+
+/* The characters a JSON string may hold unescaped: the class of the string
+ * rule, which a pattern's classes are limited to. */
+#define GRAM_JSON_CHAR_EXCL "\"\\\\\\x00-\\x1f"
+
+/* A regex (the subset kvc_schema_to_gbnf documents) as a GBNF expression
+ * for the content between a JSON string's quotes: strings the regex matches
+ * (a subset of them: characters that JSON must escape are left out, except
+ * literal ones, written escaped). Unanchored ends match anything there.
+ * KVC_OK, or KVC_ERR_INVALID_ARG with err naming what is not supported. */
+int gram_pattern_to_gbnf(const char *re, gsbuf *expr, kvc_err *err);
 
 #endif

@@ -361,6 +361,21 @@ int kvc_gmatch_rollback(kvc_gmatch *m, int32_t n)
     return KVC_OK;
 }
 
+int32_t kvc_gmatch_min_remaining(const kvc_gmatch *m)
+{
+    const gstate *s = current(m);
+    if (s->done || kvc_gmatch_is_complete(m))
+        return 0;
+    int64_t best = INT32_MAX;
+    for (int32_t i = 0; i < s->n_tops; i++) {
+        int64_t len = 0;
+        for (int32_t k = m->tops[s->top_off + i]; k >= 0; k = m->nodes[k].parent)
+            len += m->g->suffix[m->nodes[k].pos];
+        best = KVC_MIN(best, len);
+    }
+    return (int32_t)best;
+}
+
 /* ---------------------------------------------------------------- masks */
 
 typedef struct walk {
