@@ -394,30 +394,73 @@ static void allow_tokens(walk *w, const gtrie_node *nd)
     w->count += nd->n_toks;
 }
 
+/* The stacks of `in` picked by bit i of `subset` (i < 64), moved past the
+ * character they accept, into *out. */
+static int advance_subset(kvc_gmatch *m, const gstate *in, uint64_t subset, gstate *out)
+{
+    *out = empty_after(m);
+    for (int32_t i = 0; i < in->n_tops && subset; i++, subset >>= 1) {
+        if (!(subset & 1))
+            continue;
+        const gnode nd = m->nodes[m->tops[in->top_off + i]];
+        int rc = expand(m, nd.pos + 1, nd.parent, out);
+        if (rc != KVC_OK)
+            return rc;
+    }
+    return KVC_OK;
+}
+
+enum { MEMO = 8 };
+
 /* Try each child of trie node k from state s; recurse where a byte is
- * allowed. Before the first byte of a character, an ASCII byte that no top
- * accepts is skipped without building a state. */
+ * allowed. The state after an ASCII byte depends only on which stacks accept
+ * it, so siblings with the same set share one state (in a JSON string nearly
+ * all printable bytes do): it is built once, kept until the loop ends, and
+ * each child's subtree allocates above it and drops what it allocated. */
 static void walk_node(walk *w, int32_t k, const gstate *s)
 {
     kvc_gmatch *m = w->m;
     const kvc_grammar *g = m->g;
     const gtrie_node *nodes = m->v->nodes;
-    uint32_t ascii[4] = { 0, 0, 0, 0 };
-    if (s->utf8_rem == 0)
-        for (int32_t i = 0; i < s->n_tops; i++) {
-            const uint32_t *a = g->classes[GE_ARG(g->elem[m->nodes[m->tops[s->top_off + i]].pos])].ascii;
-            for (int j = 0; j < 4; j++)
-                ascii[j] |= a[j];
-        }
-    const size_t mark_nodes = m->n_nodes, mark_tops = m->n_tops;
     const gtrie_node *nd = &nodes[k];
+    const bool by_set = s->utf8_rem == 0 && s->n_tops <= 64;
+    uint64_t memo_set[MEMO];
+    gstate memo_state[MEMO];
+    int memo_rc[MEMO], n_memo = 0;
+    size_t mark_nodes = m->n_nodes, mark_tops = m->n_tops;
     for (int32_t c = nd->first_child; c < nd->first_child + nd->n_children && w->status == KVC_OK; c++) {
         uint8_t byte = nodes[c].byte;
-        if (s->utf8_rem == 0 && byte < 0x80 && !((ascii[byte >> 5] >> (byte & 31)) & 1u))
-            continue;
-        w->visited++;
         gstate next;
-        int rc = advance(m, s, byte, &next);
+        int rc;
+        if (by_set && byte < 0x80) {
+            uint64_t set = 0;
+            for (int32_t i = 0; i < s->n_tops; i++)
+                if (gclass_has(g, GE_ARG(g->elem[m->nodes[m->tops[s->top_off + i]].pos]), byte))
+                    set |= 1ull << i;
+            if (!set)
+                continue;
+            w->visited++;
+            int j = 0;
+            while (j < n_memo && memo_set[j] != set)
+                j++;
+            if (j < n_memo) {
+                next = memo_state[j];
+                rc = memo_rc[j];
+            } else {
+                rc = advance_subset(m, s, set, &next);
+                rc = rc != KVC_OK ? rc : next.n_tops > 0 || next.complete;
+                if (rc >= 0 && n_memo < MEMO) {      /* keep it: later siblings reuse it */
+                    memo_set[n_memo] = set;
+                    memo_rc[n_memo] = rc;
+                    memo_state[n_memo++] = next;
+                    mark_nodes = m->n_nodes;
+                    mark_tops = m->n_tops;
+                }
+            }
+        } else {
+            w->visited++;
+            rc = advance(m, s, byte, &next);
+        }
         if (rc < 0) {
             w->status = rc;
         } else if (rc > 0) {
