@@ -42,24 +42,16 @@ static uint32_t rnd(uint32_t n)
 static kvc_tokenizer *load(const char *what)
 {
     kvc_err err = { 0 };
-    kvc_gen_params p;
-    void *buf = NULL;
-    size_t size = 0;
     gguf_file *f = NULL;
     kvc_tokenizer *t = NULL;
-    if (kvc_gen_preset(what, &p) == KVC_OK) {
-        p.vocab_only = true;
-        if (kvc_gen_model_memory(&p, &buf, &size, &err) == KVC_OK)
-            gguf_open_memory(buf, size, &f, &err);
-    } else {
-        gguf_open(what, &f, &err);
-    }
-    if (f)
+    kvc_gen_params p;
+    if (kvc_gen_preset(what, &p) == KVC_OK)
+        kvc_gen_tokenizer(what, &t, &err);
+    else if (gguf_open(what, &f, &err) == KVC_OK)
         kvc_tokenizer_load(f, &t, &err);
     if (!t)
         fprintf(stderr, "%s: %s\n", what, err.msg);
     gguf_close(f);
-    free(buf);
     return t;
 }
 

@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
 #include "grammar.h"
 #include "model_gen.h"
 #include "tokenizer.h"
@@ -27,17 +26,8 @@ static int32_t n_vocab;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    kvc_gen_params p;
-    kvc_gen_preset("demo", &p);
-    p.vocab_only = true;
-    void *buf = NULL;
-    size_t size = 0;
-    gguf_file *f = NULL;
-    if (kvc_gen_model_memory(&p, &buf, &size, NULL) != KVC_OK || gguf_open_memory(buf, size, &f, NULL) != KVC_OK ||
-        kvc_tokenizer_load(f, &tok, NULL) != KVC_OK || kvc_gvocab_new(tok, &vocab, NULL) != KVC_OK)
+    if (kvc_gen_tokenizer("demo", &tok, NULL) != KVC_OK || kvc_gvocab_new(tok, &vocab, NULL) != KVC_OK)
         abort();
-    gguf_close(f);
-    free(buf);
     n_vocab = kvc_tokenizer_n_vocab(tok);
     return 0;
 }

@@ -212,23 +212,12 @@ static void test_logprobs(void)
  * sampled: every token is accepted by the matcher, and the output parses. */
 static void test_masked_generation(void)
 {
-    kvc_gen_params gp;
-    kvc_gen_preset("demo", &gp);
-    gp.vocab_only = true;
-    void *buf = NULL;
-    size_t size = 0;
-    gguf_file *f = NULL;
     kvc_tokenizer *t = NULL;
     kvc_err err = { 0 };
-    if (kvc_gen_model_memory(&gp, &buf, &size, &err) != KVC_OK || gguf_open_memory(buf, size, &f, &err) != KVC_OK ||
-        kvc_tokenizer_load(f, &t, &err) != KVC_OK) {
+    if (kvc_gen_tokenizer("demo", &t, &err) != KVC_OK) {
         CHECKF(false, "%s", err.msg);
-        gguf_close(f);
-        free(buf);
         return;
     }
-    gguf_close(f);
-    free(buf);
     const char *schema = "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"n\":{\"enum\":[1,2]}},"
                          "\"required\":[\"ok\",\"n\"]}";
     kvc_grammar *g = NULL;

@@ -296,21 +296,9 @@ static bool validate(const cJSON *v, const cJSON *s, const cJSON *root)
 
 static kvc_tokenizer *demo_tokenizer(const char *preset)
 {
-    kvc_gen_params p;
-    if (kvc_gen_preset(preset, &p) != KVC_OK)
-        return NULL;
-    p.vocab_only = true;
-    void *buf = NULL;
-    size_t size = 0;
-    kvc_err err = { 0 };
-    gguf_file *f = NULL;
     kvc_tokenizer *t = NULL;
-    if (kvc_gen_model_memory(&p, &buf, &size, &err) == KVC_OK &&
-        gguf_open_memory(buf, size, &f, &err) == KVC_OK)
-        kvc_tokenizer_load(f, &t, &err);
-    CHECKF(t != NULL, "%s: %s", preset, err.msg);
-    gguf_close(f);
-    free(buf);
+    kvc_err err = { 0 };
+    CHECKF(kvc_gen_tokenizer(preset, &t, &err) == KVC_OK, "%s: %s", preset, err.msg);
     return t;
 }
 

@@ -13,19 +13,6 @@ enum {
     MAX_DEPTH  = 200,            /* nesting of ( ) */
 };
 
-bool gram_grow(void **arr, size_t *cap, size_t n, size_t elsize)
-{
-    if (n < *cap)
-        return true;
-    size_t cap2 = *cap ? *cap * 2 : 16;
-    void *p = realloc(*arr, cap2 * elsize);
-    if (!p)
-        return false;
-    *arr = p;
-    *cap = cap2;
-    return true;
-}
-
 /* ---------------------------------------------------------------- building */
 
 typedef struct ivec {
@@ -35,7 +22,7 @@ typedef struct ivec {
 
 static bool ivec_push(ivec *a, int32_t x)
 {
-    if (!gram_grow((void **)&a->v, &a->cap, a->n, sizeof(*a->v)))
+    if (!kvc_grow((void **)&a->v, &a->cap, a->n, sizeof(*a->v)))
         return false;
     a->v[a->n++] = x;
     return true;
@@ -90,8 +77,8 @@ static uint32_t hash_str(const char *s, size_t n)
 static int32_t new_rule(builder *b, const char *name, size_t n)
 {
     kvc_grammar *g = b->g;
-    if (!gram_grow((void **)&g->rules, &b->cap_rules, (size_t)g->n_rules, sizeof(*g->rules)) ||
-        !gram_grow((void **)&b->defined, &b->cap_defined, (size_t)g->n_rules, sizeof(*b->defined)))
+    if (!kvc_grow((void **)&g->rules, &b->cap_rules, (size_t)g->n_rules, sizeof(*g->rules)) ||
+        !kvc_grow((void **)&b->defined, &b->cap_defined, (size_t)g->n_rules, sizeof(*b->defined)))
         return nomem(b), -1;
     b->first_line = realloc(b->first_line, b->cap_defined * sizeof(*b->first_line));
     if (!b->first_line)
@@ -158,11 +145,11 @@ static int set_alts(builder *b, int32_t r, const ivec *seqs, size_t n_seqs)
     for (size_t i = 0; i < n_seqs; i++) {
         if ((size_t)g->n_elem + seqs[i].n + 1 > MAX_ELEMS)
             return fail(b, KVC_ERR_FORMAT, "grammar too large", NULL);
-        if (!gram_grow((void **)&g->alts, &b->cap_alts, (size_t)g->n_alts, sizeof(*g->alts)))
+        if (!kvc_grow((void **)&g->alts, &b->cap_alts, (size_t)g->n_alts, sizeof(*g->alts)))
             return nomem(b);
         g->alts[g->n_alts++] = g->n_elem;
         for (size_t k = 0; k <= seqs[i].n; k++) {
-            if (!gram_grow((void **)&g->elem, &b->cap_elem, (size_t)g->n_elem, sizeof(*g->elem)))
+            if (!kvc_grow((void **)&g->elem, &b->cap_elem, (size_t)g->n_elem, sizeof(*g->elem)))
                 return nomem(b);
             g->elem[g->n_elem++] = k < seqs[i].n ? seqs[i].v[k] : GE_MAKE(GE_END, 0);
         }
@@ -174,14 +161,14 @@ static int set_alts(builder *b, int32_t r, const ivec *seqs, size_t n_seqs)
 static int32_t add_class(builder *b, const uint32_t *r, size_t n)
 {
     kvc_grammar *g = b->g;
-    if (!gram_grow((void **)&g->classes, &b->cap_classes, (size_t)g->n_classes, sizeof(*g->classes)))
+    if (!kvc_grow((void **)&g->classes, &b->cap_classes, (size_t)g->n_classes, sizeof(*g->classes)))
         return nomem(b), -1;
     gclass k = { { 0 }, g->n_ranges, (int32_t)n };
     for (size_t i = 0; i < n; i++) {
         for (uint32_t c = r[2 * i]; c <= r[2 * i + 1] && c < 128; c++)
             k.ascii[c >> 5] |= 1u << (c & 31);
         for (int j = 0; j < 2; j++) {
-            if (!gram_grow((void **)&g->ranges, &b->cap_ranges, 2 * (size_t)g->n_ranges + j,
+            if (!kvc_grow((void **)&g->ranges, &b->cap_ranges, 2 * (size_t)g->n_ranges + j,
                            sizeof(*g->ranges)))
                 return nomem(b), -1;
             g->ranges[2 * g->n_ranges + j] = r[2 * i + j];

@@ -37,7 +37,34 @@
  * code points above U+10FFFF are never accepted.
  *
  * Threads: a kvc_grammar and a kvc_gvocab are immutable after creation and
- * may be shared; a kvc_gmatch is used by one thread at a time. */
+ * may be shared; a kvc_gmatch is used by one thread at a time.
+ *
+ * Wiring (what the server and engine call, where):
+ *   model load      kvc_gvocab_new(tokenizer) once; kept with the model.
+ *   request parse   response_format json_schema -> kvc_grammar_from_schema(
+ *                   json_schema.schema as text); json_object ->
+ *                   kvc_grammar_json_object; an error is a 400 whose message is
+ *                   err.msg (it names the keyword and its place). Forced tool
+ *                   calls: per function f, kvc_schema_to_gbnf of {"type":
+ *                   "object","properties":{"name":{"const":f},"arguments":
+ *                   PARAMS},"required":["name","arguments"],
+ *                   "additionalProperties":false} with opts.root "call-f" and
+ *                   opts.prefix "f-", then the template's wrapping, e.g.
+ *                       root ::= "<tool_call>\n" ( call-a | call-b ) "\n</tool_call>"
+ *                   (parallel_tool_calls: several, joined by "\n"), and
+ *                   kvc_grammar_parse of the whole text. Special tokens such as
+ *                   Qwen's <tool_call> (user-defined) are in the trie by their
+ *                   text, so the model may use them.
+ *   per choice      kvc_gmatch_new(g, vocab); n > 1: kvc_gmatch_clone.
+ *   per step        kvc_gmatch_mask(m, buf) -> kvc_sampler_set_mask(s, buf)
+ *                   (sampler.h) -> kvc_sampler_sample -> kvc_gmatch_accept_token
+ *                   (always KVC_OK for a token the mask allowed); stop when
+ *                   kvc_gmatch_is_done (the EOG was taken: finish_reason
+ *                   "stop"). max_tokens may cut the JSON short ("length"), as
+ *                   OpenAI does; kvc_gmatch_min_remaining says how far the end
+ *                   is, to steer or to warn.
+ *   report          kvc_gmatch_get_stats: mask time per token for timings and
+ *                   /metrics. */
 #ifndef KVC_GRAMMAR_H
 #define KVC_GRAMMAR_H
 

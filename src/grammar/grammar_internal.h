@@ -97,10 +97,6 @@ struct kvc_gvocab {
     char       *pieces;
 };
 
-/* Make room for one more element in a growing array (*arr holding n, room
- * for *cap): one growth rule for every array in this part. */
-bool gram_grow(void **arr, size_t *cap, size_t n, size_t elsize);
-
 /* ---------------------------------------------------------------- text building
  *
  * A growable string for the schema compiler's output. A failed allocation

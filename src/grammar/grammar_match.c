@@ -47,7 +47,7 @@ struct kvc_gmatch {
 
 static int32_t new_node(kvc_gmatch *m, int32_t pos, int32_t parent)
 {
-    if (!gram_grow((void **)&m->nodes, &m->cap_nodes, m->n_nodes, sizeof(*m->nodes)))
+    if (!kvc_grow((void **)&m->nodes, &m->cap_nodes, m->n_nodes, sizeof(*m->nodes)))
         return -1;
     m->nodes[m->n_nodes] = (gnode){ pos, parent };
     return (int32_t)m->n_nodes++;
@@ -73,7 +73,7 @@ static int push_top(kvc_gmatch *m, int32_t top, gstate *out)
             return KVC_OK;
     if (out->n_tops >= MAX_STACKS)
         return KVC_ERR_UNSUPPORTED;
-    if (!gram_grow((void **)&m->tops, &m->cap_tops, m->n_tops, sizeof(*m->tops)))
+    if (!kvc_grow((void **)&m->tops, &m->cap_tops, m->n_tops, sizeof(*m->tops)))
         return KVC_ERR_NOMEM;
     m->tops[m->n_tops++] = top;
     out->n_tops++;
@@ -207,7 +207,7 @@ static gstate *current(const kvc_gmatch *m)
 
 static bool push_state(kvc_gmatch *m, gstate s)
 {
-    if (!gram_grow((void **)&m->hist, &m->cap_hist, m->n_hist, sizeof(*m->hist)))
+    if (!kvc_grow((void **)&m->hist, &m->cap_hist, m->n_hist, sizeof(*m->hist)))
         return false;
     s.node_end = (int32_t)m->n_nodes;
     m->hist[m->n_hist++] = s;

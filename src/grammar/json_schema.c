@@ -347,7 +347,7 @@ static int gen_ref(conv *c, const char *ref, const char *path, char *out, size_t
         return c->status;
     const char *slash = strrchr(ref, '/');
     new_name(c, slash ? slash + 1 : "root", out, cap);
-    if (!gram_grow((void **)&c->refs, &c->cap_refs, c->n_refs, sizeof(*c->refs)))
+    if (!kvc_grow((void **)&c->refs, &c->cap_refs, c->n_refs, sizeof(*c->refs)))
         return c->status = kvc_fail(c->err, KVC_ERR_NOMEM, "schema: out of memory");
     c->refs[c->n_refs].ref = strdup(ref);
     c->refs[c->n_refs].name = strdup(out);
@@ -386,7 +386,7 @@ static int add_props(conv *c, objspec *o, const cJSON *s, const char *path)
         for (size_t i = 0; i < o->n; i++)
             if (strcmp(o->props[i].key, p->string) == 0)
                 return bad(c, path, "allOf: property '%s' defined twice", p->string);
-        if (!gram_grow((void **)&o->props, &o->cap, o->n, sizeof(*o->props)))
+        if (!kvc_grow((void **)&o->props, &o->cap, o->n, sizeof(*o->props)))
             return c->status = kvc_fail(c->err, KVC_ERR_NOMEM, "schema: out of memory");
         o->props[o->n++] = (prop){ p->string, p, false };
     }
@@ -397,7 +397,7 @@ static int add_props(conv *c, objspec *o, const cJSON *s, const char *path)
         while (i < o->n && strcmp(o->props[i].key, r->valuestring) != 0)
             i++;
         if (i == o->n) {          /* required without a schema: any value */
-            if (!gram_grow((void **)&o->props, &o->cap, o->n, sizeof(*o->props)))
+            if (!kvc_grow((void **)&o->props, &o->cap, o->n, sizeof(*o->props)))
                 return c->status = kvc_fail(c->err, KVC_ERR_NOMEM, "schema: out of memory");
             o->props[o->n++] = (prop){ r->valuestring, NULL, false };
         }
