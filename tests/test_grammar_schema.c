@@ -561,8 +561,27 @@ static void test_known_strings(void)
     }
 }
 
+/* Integer ranges stay small: one branch per digit, not two (which once made
+ * a 2.4 MB grammar of exclusiveMinimum 999). */
+static void test_range_size(void)
+{
+    static const char *const ranges[] = {
+        "{\"type\":\"integer\",\"exclusiveMinimum\":999}",
+        "{\"type\":\"integer\",\"minimum\":-999999999999999,\"maximum\":999999999999999}",
+        "{\"type\":\"integer\",\"minimum\":123456789012345,\"maximum\":987654321098765}",
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(ranges); i++) {
+        char *text = NULL;
+        kvc_err err = { 0 };
+        CHECKF(kvc_schema_to_gbnf(ranges[i], strlen(ranges[i]), NULL, &text, &err) == KVC_OK, "%s", err.msg);
+        CHECKF(text && strlen(text) < 8000, "%s: %zu bytes", ranges[i], text ? strlen(text) : 0);
+        free(text);
+    }
+}
+
 int main(void)
 {
+    test_range_size();
     test_unsupported();
     test_known_strings();
     char outputs[] = "/tmp/kvc_outputs_XXXXXX";

@@ -77,12 +77,16 @@ static uint32_t hash_str(const char *s, size_t n)
 static int32_t new_rule(builder *b, const char *name, size_t n)
 {
     kvc_grammar *g = b->g;
+    size_t cap = b->cap_defined;
     if (!kvc_grow((void **)&g->rules, &b->cap_rules, (size_t)g->n_rules, sizeof(*g->rules)) ||
         !kvc_grow((void **)&b->defined, &b->cap_defined, (size_t)g->n_rules, sizeof(*b->defined)))
         return nomem(b), -1;
-    b->first_line = realloc(b->first_line, b->cap_defined * sizeof(*b->first_line));
-    if (!b->first_line)
-        return nomem(b), -1;
+    if (b->cap_defined != cap) {            /* first_line grows with defined */
+        int32_t *fl = realloc(b->first_line, b->cap_defined * sizeof(*fl));
+        if (!fl)
+            return nomem(b), -1;
+        b->first_line = fl;
+    }
     while (b->n_names + n + 1 > b->cap_names) {
         size_t cap = b->cap_names ? 2 * b->cap_names : 256;
         char *p = realloc(g->names, cap);

@@ -650,6 +650,15 @@ static void digits_between(gsbuf *b, const char *lo, const char *hi, size_t n)
         gsb_puts(b, "\"\"");
         return;
     }
+    size_t n0 = 0, n9 = 0;
+    while (n0 < n && lo[n0] == '0')
+        n0++;
+    while (n9 < n && hi[n9] == '9')
+        n9++;
+    if (n0 == n && n9 == n) {        /* every string of n digits: no branching, */
+        gsb_printf(b, "[0-9]{%zu}", n);    /* else the output doubles per digit */
+        return;
+    }
     if (lo[0] == hi[0]) {
         gsb_printf(b, "\"%c\" ( ", lo[0]);
         digits_between(b, lo + 1, hi + 1, n - 1);
