@@ -5,7 +5,8 @@ set -euo pipefail
 
 pkgs=(gcc clang cmake ninja-build pkg-config libpcre2-dev libxxhash-dev libcjson-dev
       libmicrohttpd-dev libedit-dev
-      python3-jinja2)   # python3-jinja2: the reference renderer of test_jinja (run with /usr/bin/python3)
+      python3-jinja2        # the reference renderer of test_jinja (run with /usr/bin/python3)
+      python3-jsonschema)   # test_grammar_schema checks its outputs with it too
 
 missing=()
 for p in "${pkgs[@]}"; do

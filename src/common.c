@@ -53,3 +53,16 @@ void *kvc_alloc_aligned(size_t size)
 }
 
 void kvc_free_aligned(void *p) { free(p); }
+
+bool kvc_grow(void **arr, size_t *cap, size_t n, size_t elsize)
+{
+    if (n < *cap)
+        return true;
+    size_t cap2 = *cap ? *cap * 2 : 16;
+    void *p = realloc(*arr, cap2 * elsize);
+    if (!p)
+        return false;
+    *arr = p;
+    *cap = cap2;
+    return true;
+}

@@ -31,6 +31,11 @@ int kvc_err_prefix(kvc_err *err, const char *fmt, ...)
 #define KVC_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define KVC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Make room for one more element in a growing array: *arr holds n elements
+ * of elsize bytes with room for *cap; when full, the room doubles (16 at
+ * first). false (nothing changed) when memory runs out. */
+bool kvc_grow(void **arr, size_t *cap, size_t n, size_t elsize);
+
 /* Monotonic clock in microseconds. */
 int64_t kvc_time_us(void);
 

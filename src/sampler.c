@@ -31,7 +31,12 @@ struct kvc_sampler {
     int32_t   ring_len;     /* tokens in ring */
     int32_t   ring_head;    /* index of the oldest token once full */
 
-    float    *work;         /* (n_vocab) logits after penalties; NULL without penalties */
+    float    *work;         /* (n_vocab) logits after bias, penalties and mask; NULL
+                             * while none of them is set */
+    float    *bias;         /* (n_vocab) logit_bias, or NULL */
+    int32_t  *bias_ids;     /* (n_bias) the ids with a bias, to clear them */
+    int32_t   n_bias;
+    const uint32_t *mask;   /* borrowed, or NULL */
     kvc_tok  *cand;         /* (top_k when on, else n_vocab) candidates */
 };
 
@@ -175,6 +180,8 @@ void kvc_sampler_free(kvc_sampler *s)
     free(s->distinct);
     free(s->ring);
     free(s->work);
+    free(s->bias);
+    free(s->bias_ids);
     free(s->cand);
     free(s);
 }
@@ -238,20 +245,105 @@ void kvc_sampler_reset(kvc_sampler *s)
     rng_seed(s->rng, s->seed);
 }
 
-/* The logits with repetition, frequency and presence penalties applied to the
- * tokens in the window (llama.cpp's formula), in s->work. */
-static const float *apply_penalties(kvc_sampler *s, const float *logits)
+/* Repetition, frequency and presence penalties applied in place to the
+ * tokens in the window (llama.cpp's formula). */
+static void penalize(kvc_sampler *s, float *work)
 {
-    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(*s->work));
     const float rp = s->p.repeat_penalty;
     for (int32_t i = 0; i < s->n_distinct; i++) {
         int32_t t = s->distinct[i];
         float l = s->work[t];
         l = l <= 0.0f ? l * rp : l / rp;
         l -= (float)s->count[t] * s->p.frequency_penalty + s->p.presence_penalty;
-        s->work[t] = l;
+        work[t] = l;
     }
+}
+
+/* The logits with the penalties applied, in s->work. */
+static const float *apply_penalties(kvc_sampler *s, const float *logits)
+{
+    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(*s->work));
+    penalize(s, s->work);
     return s->work;
+}
+
+/* The logits with bias, penalties and mask applied, in s->work. */
+static const float *apply_all(kvc_sampler *s, const float *logits)
+{
+    float *w = s->work;
+    memcpy(w, logits, (size_t)s->n_vocab * sizeof(*w));
+    for (int32_t i = 0; i < s->n_bias; i++)
+        w[s->bias_ids[i]] += s->bias[s->bias_ids[i]];
+    if (s->penalize && s->n_distinct > 0)
+        penalize(s, w);
+    if (s->mask)
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            if (!((s->mask[i >> 5] >> (i & 31)) & 1u))
+                w[i] = -INFINITY;
+    return w;
+}
+
+static bool ensure_work(kvc_sampler *s)
+{
+    if (!s->work)
+        s->work = malloc((size_t)s->n_vocab * sizeof(*s->work));
+    return s->work != NULL;
+}
+
+int kvc_sampler_set_logit_bias(kvc_sampler *s, const kvc_logit_bias *bias, int32_t n, kvc_err *err)
+{
+    if (!s || n < 0 || (n > 0 && !bias))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "logit_bias: bad arguments");
+    for (int32_t i = 0; i < n; i++) {
+        if (bias[i].token < 0 || bias[i].token >= s->n_vocab)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "logit_bias: token %d outside [0, %d)",
+                            bias[i].token, s->n_vocab);
+        if (isnan(bias[i].bias) || bias[i].bias == INFINITY)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "logit_bias: token %d: bias %g", bias[i].token,
+                            bias[i].bias);
+    }
+    if (n > 0 && (!ensure_work(s) || (!s->bias && !(s->bias = calloc((size_t)s->n_vocab, sizeof(*s->bias))))))
+        return kvc_fail(err, KVC_ERR_NOMEM, "logit_bias: out of memory");
+    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof(*ids)) : NULL;
+    if (n > 0 && !ids)
+        return kvc_fail(err, KVC_ERR_NOMEM, "logit_bias: out of memory");
+    for (int32_t i = 0; i < s->n_bias; i++)
+        s->bias[s->bias_ids[i]] = 0.0f;
+    free(s->bias_ids);
+    s->bias_ids = ids;
+    s->n_bias = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = bias[i].token;
+        bool seen = false;
+        for (int32_t j = 0; j < s->n_bias && !seen; j++)
+            seen = ids[j] == t;
+        if (!seen)
+            ids[s->n_bias++] = t;
+        s->bias[t] += bias[i].bias;
+    }
+    return KVC_OK;
+}
+
+int kvc_sampler_set_mask(kvc_sampler *s, const uint32_t *mask)
+{
+    if (!s)
+        return KVC_ERR_INVALID_ARG;
+    if (mask && !ensure_work(s))
+        return KVC_ERR_NOMEM;
+    s->mask = mask;
+    return KVC_OK;
+}
+
+/* When no candidate is finite: the lowest allowed id (-1 if the mask
+ * allows none), or `fallback` without a mask. */
+static int32_t lowest_allowed(const kvc_sampler *s, int32_t fallback)
+{
+    if (!s->mask)
+        return fallback;
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        if ((s->mask[i >> 5] >> (i & 31)) & 1u)
+            return i;
+    return -1;
 }
 
 /* ---------------------------------------------------------------- ordering
@@ -473,10 +565,13 @@ int32_t kvc_sampler_sample(kvc_sampler *s, const float *logits)
         return -1;
     const int32_t n_vocab = s->n_vocab;
     const kvc_sampler_params *p = &s->p;
-    const float *l = s->penalize && s->n_distinct > 0 ? apply_penalties(s, logits) : logits;
+    const float *l = s->n_bias > 0 || s->mask ? apply_all(s, logits)
+                   : s->penalize && s->n_distinct > 0 ? apply_penalties(s, logits) : logits;
 
-    if (p->temperature <= 0.0f)
-        return argmax(l, n_vocab);
+    if (p->temperature <= 0.0f) {
+        int32_t t = argmax(l, n_vocab);
+        return l[t] == -INFINITY ? lowest_allowed(s, t) : t;
+    }
 
     /* top-k */
     kvc_tok *c = s->cand;
@@ -494,7 +589,7 @@ int32_t kvc_sampler_sample(kvc_sampler *s, const float *logits)
     }
     float max = sorted ? c[0].logit : l[argmax(l, n_vocab)];
     if (max == -INFINITY)       /* everything masked */
-        return c[0].id;
+        return lowest_allowed(s, c[0].id);
 
     /* top-p's normalizer is over the top-k set, before min-p removes any */
     double z = 0.0;
@@ -516,4 +611,43 @@ int32_t kvc_sampler_sample(kvc_sampler *s, const float *logits)
     }
 
     return draw(s, c, n, max, p->temperature);
+}
+
+/* ---------------------------------------------------------------- logprobs */
+
+float kvc_logprobs(const float *logits, int32_t n_vocab, int32_t token, kvc_logprob *top,
+                   int32_t top_n, int32_t *n_top)
+{
+    if (n_top)
+        *n_top = 0;
+    if (!logits || n_vocab <= 0)
+        return NAN;
+    float max = logits[argmax(logits, n_vocab)];
+    double z = 0.0;
+    if (max != -INFINITY)
+        for (int32_t i = 0; i < n_vocab; i++)
+            z += exp((double)logits[i] - max);
+    const double log_z = max == -INFINITY ? 0.0 : (double)max + log(z);
+
+    /* the top_n best, kept sorted best first by insertion: top_n is small */
+    int32_t k = 0;
+    top_n = top ? KVC_MAX(0, KVC_MIN(top_n, n_vocab)) : 0;
+    for (int32_t i = 0; i < n_vocab && top_n > 0; i++) {
+        float l = logits[i];
+        if (k == top_n && !(l > top[k - 1].logprob))
+            continue;
+        int32_t j = k < top_n ? k++ : k - 1;
+        while (j > 0 && l > top[j - 1].logprob) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = (kvc_logprob){ i, l };
+    }
+    for (int32_t i = 0; i < k; i++)
+        top[i].logprob = top[i].logprob == -INFINITY ? -INFINITY : (float)((double)top[i].logprob - log_z);
+    if (n_top)
+        *n_top = k;
+    if (token < 0 || token >= n_vocab)
+        return NAN;
+    return logits[token] == -INFINITY ? -INFINITY : (float)((double)logits[token] - log_z);
 }

@@ -79,4 +79,54 @@ int kvc_sampler_params_check(const kvc_sampler_params *p, kvc_err *err);
  * 0 for NULL. */
 uint64_t kvc_sampler_seed(const kvc_sampler *s);
 
+/* ---------------------------------------------------------------- bias and masks
+ *
+ * With either set, sample works on a copy of the logits (one n_vocab buffer,
+ * allocated by the first set call) in this order:
+ *     logit_bias -> penalties -> mask -> the chain above
+ * (llama.cpp applies logit_bias first too). With neither set, sample is
+ * exactly what it was: the same arithmetic, bit for bit. */
+
+typedef struct kvc_logit_bias {
+    int32_t token;
+    float   bias;               /* added to the logit; -INFINITY bans the token */
+} kvc_logit_bias;
+
+/* Replace the biases with bias[0, n) (copied; an id listed twice gets the
+ * sum); n = 0 clears them. KVC_ERR_INVALID_ARG naming the entry for an id
+ * outside [0, n_vocab) or a NaN or +inf bias (nothing changed then);
+ * KVC_ERR_NOMEM. OpenAI's range [-100, 100] is the server's to check. */
+int kvc_sampler_set_logit_bias(kvc_sampler *s, const kvc_logit_bias *bias, int32_t n, kvc_err *err);
+
+/* Allow only the tokens whose bit is set in mask (kvc_mask_words(n_vocab)
+ * words, bit (id & 31) of word id >> 5, as kvc_gmatch_mask writes it): the
+ * others get -INFINITY before the chain runs, greedy or sampled. Borrowed:
+ * read by each sample until replaced or cleared with NULL, so a caller may
+ * refill the same buffer every step. When every allowed token has logit
+ * -INFINITY (a bias banned them all) sample returns the lowest allowed id;
+ * when the mask allows nothing it returns -1. KVC_ERR_NOMEM. */
+int kvc_sampler_set_mask(kvc_sampler *s, const uint32_t *mask);
+
+/* ---------------------------------------------------------------- logprobs */
+
+typedef struct kvc_logprob {
+    int32_t token;
+    float   logprob;
+} kvc_logprob;
+
+/* Log-softmax over logits[0, n_vocab): returns log p(token) (-INFINITY for a
+ * -INFINITY logit, NAN for a token out of range) and writes the top_n most
+ * likely tokens, best first, ties to the lower id, into top (top_n >= 0
+ * entries; fewer are written when n_vocab < top_n; returns their count in
+ * *n_top when n_top is not NULL). In double, max subtracted, summed in index
+ * order: the same logits give the same numbers everywhere.
+ *
+ * Which logits: kvchat reports the model's own distribution, the raw logits
+ * before bias, penalties, mask and temperature. llama-server does the same
+ * by default (n_probs; post_sampling_probs=true switches to the sampler's
+ * candidates), and so does vLLM (logprobs_mode "raw_logprobs", the default).
+ * So logprobs agree with `kvchat eval` for the same tokens. */
+float kvc_logprobs(const float *logits, int32_t n_vocab, int32_t token, kvc_logprob *top,
+                   int32_t top_n, int32_t *n_top);
+
 #endif

@@ -64,15 +64,7 @@ static inline size_t shape_bytes(const kvc_type_traits *tt, uint32_t n_dims, con
  * entries are parsed keeps memory proportional to the bytes actually read. */
 static inline bool grow(void **arr, size_t *cap, size_t n, size_t elsize)
 {
-    if (n < *cap)
-        return true;
-    size_t cap2 = *cap ? *cap * 2 : 16;
-    void *p = realloc(*arr, cap2 * elsize);
-    if (!p)
-        return false;
-    *arr = p;
-    *cap = cap2;
-    return true;
+    return kvc_grow(arr, cap, n, elsize);
 }
 
 #endif

@@ -80,6 +80,14 @@ int kvc_gen_vocab_write(gguf_writer *w, const kvc_gen_params *p,
  * before padding). `vocab` is "bpe" or "spm". */
 bool kvc_gen_token_quiet(const char *vocab, int32_t n_real, int32_t id);
 
+/* A tokenizer for the vocabulary preset `preset` generates (kvc_gen_preset
+ * names; the model itself is not built), in *out (caller frees with
+ * kvc_tokenizer_free). For tests, fuzzers and benchmarks that need a real
+ * vocabulary without a file. KVC_ERR_NOT_FOUND for an unknown preset, or
+ * the generator's or the tokenizer loader's error. */
+typedef struct kvc_tokenizer kvc_tokenizer;
+int kvc_gen_tokenizer(const char *preset, kvc_tokenizer **out, kvc_err *err);
+
 /* The natural size of a built-in vocabulary ("bpe" or "spm"), -1 if unknown
  * (or out of memory). Trains the vocabulary: a few milliseconds. */
 int32_t kvc_gen_vocab_size(const char *vocab);

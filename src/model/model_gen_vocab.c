@@ -21,6 +21,7 @@
  * produces them and special-token parsing ignores them, so they never come
  * out of tokenizing text. */
 #include "model_gen.h"
+#include "tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -638,5 +639,25 @@ int kvc_gen_vocab_write(gguf_writer *w, const kvc_gen_params *p,
 done:
     merges_free(merges, n_merges);
     vocab_free(&v);
+    return rc;
+}
+
+int kvc_gen_tokenizer(const char *preset, kvc_tokenizer **out, kvc_err *err)
+{
+    kvc_gen_params p;
+    *out = NULL;
+    if (kvc_gen_preset(preset, &p) != KVC_OK)
+        return kvc_fail(err, KVC_ERR_NOT_FOUND, "unknown preset '%s'", preset ? preset : "(null)");
+    p.vocab_only = true;
+    void *buf = NULL;
+    size_t size = 0;
+    gguf_file *f = NULL;
+    int rc = kvc_gen_model_memory(&p, &buf, &size, err);
+    if (rc == KVC_OK)
+        rc = gguf_open_memory(buf, size, &f, err);
+    if (rc == KVC_OK)
+        rc = kvc_tokenizer_load(f, out, err);
+    gguf_close(f);
+    free(buf);
     return rc;
 }

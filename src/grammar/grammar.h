@@ -1,0 +1,198 @@
+/* grammar.h - constrained decoding: a grammar, an incremental matcher over
+ * bytes, JSON schema -> grammar, and per-step token masks over a vocabulary.
+ *
+ * The pieces, in the order a request uses them:
+ *
+ *   1. kvc_schema_to_gbnf / kvc_grammar_from_schema: a JSON schema (the text of
+ *      response_format.json_schema.schema, or a tool's "parameters") becomes a
+ *      grammar. An unsupported feature is an error naming it (the server turns
+ *      it into a 400). kvc_grammar_json_object() is response_format
+ *      {"type":"json_object"}: any JSON object.
+ *   2. kvc_grammar_parse: grammar text in our GBNF dialect (below). Used by the
+ *      schema compiler and for composing, e.g. a tool call wrapped in tags:
+ *          root ::= "<tool_call>\n" call "\n</tool_call>"
+ *      followed by kvc_schema_to_gbnf(schema, "call", ...).
+ *   3. kvc_gvocab_new: a trie over the token texts of a vocabulary, built once
+ *      per model (immutable, shared by all threads).
+ *   4. kvc_gmatch_new: the state of one generation (one choice of one
+ *      request). Per step: kvc_gmatch_mask -> sampler (kvc_sampler_set_mask)
+ *      -> kvc_gmatch_accept_token with the token sampled.
+ *
+ * Grammar text (a GBNF dialect, our own parser):
+ *     rule-name ::= alternatives          # a comment
+ *   alternatives:  seq | seq | ...        (an empty seq matches "")
+ *   seq items:     "literal"  [a-z0-9_]  [^"\\]  .  rule-name  ( alternatives )
+ *   quantifiers:   x*  x+  x?  x{m}  x{m,}  x{m,n}     (m, n <= 10000)
+ *   escapes in literals and classes: \n \r \t \\ \" \] \[ \- \xHH \uHHHH
+ *                  \UHHHHHHHH; text is UTF-8, matched by code point.
+ *   A rule's body runs until the next "name ::=". Rule names: [A-Za-z0-9_-]+.
+ *   The start rule is "root". Refused: undefined rules, left recursion, and a
+ *   reachable rule that can never finish (every grammar we accept can always
+ *   be completed from any state the matcher reaches, so a masked generation
+ *   can always terminate).
+ *
+ * Matching is by bytes: a token may end inside a UTF-8 character; the matcher
+ * keeps the partial character and allows only continuations that can still
+ * complete a code point some rule accepts. Overlong forms, surrogates and
+ * code points above U+10FFFF are never accepted.
+ *
+ * Threads: a kvc_grammar and a kvc_gvocab are immutable after creation and
+ * may be shared; a kvc_gmatch is used by one thread at a time.
+ *
+ * Wiring (what the server and engine call, where):
+ *   model load      kvc_gvocab_new(tokenizer) once; kept with the model.
+ *   request parse   response_format json_schema -> kvc_grammar_from_schema(
+ *                   json_schema.schema as text); json_object ->
+ *                   kvc_grammar_json_object; an error is a 400 whose message is
+ *                   err.msg (it names the keyword and its place). Forced tool
+ *                   calls: per function f, kvc_schema_to_gbnf of {"type":
+ *                   "object","properties":{"name":{"const":f},"arguments":
+ *                   PARAMS},"required":["name","arguments"],
+ *                   "additionalProperties":false} with opts.root "call-f" and
+ *                   opts.prefix "f-", then the template's wrapping, e.g.
+ *                       root ::= "<tool_call>\n" ( call-a | call-b ) "\n</tool_call>"
+ *                   (parallel_tool_calls: several, joined by "\n"), and
+ *                   kvc_grammar_parse of the whole text. Special tokens such as
+ *                   Qwen's <tool_call> (user-defined) are in the trie by their
+ *                   text, so the model may use them.
+ *   per choice      kvc_gmatch_new(g, vocab); n > 1: kvc_gmatch_clone.
+ *   per step        kvc_gmatch_mask(m, buf) -> kvc_sampler_set_mask(s, buf)
+ *                   (sampler.h) -> kvc_sampler_sample -> kvc_gmatch_accept_token
+ *                   (always KVC_OK for a token the mask allowed); stop when
+ *                   kvc_gmatch_is_done (the EOG was taken: finish_reason
+ *                   "stop"). max_tokens may cut the JSON short ("length"), as
+ *                   OpenAI does; kvc_gmatch_min_remaining says how far the end
+ *                   is, to steer or to warn.
+ *   report          kvc_gmatch_get_stats: mask time per token for timings and
+ *                   /metrics. */
+#ifndef KVC_GRAMMAR_H
+#define KVC_GRAMMAR_H
+
+#include "common.h"
+#include "tokenizer.h"
+
+typedef struct kvc_grammar kvc_grammar;
+typedef struct kvc_gvocab  kvc_gvocab;
+typedef struct kvc_gmatch  kvc_gmatch;
+
+/* ---------------------------------------------------------------- grammars */
+
+/* Parse grammar text (len bytes, need not be NUL-terminated) into *out.
+ * KVC_ERR_FORMAT with the line and what was wrong ("line 3: undefined rule
+ * 'valu'"), KVC_ERR_NOMEM. *out is NULL on failure. Caller frees. */
+int  kvc_grammar_parse(const char *text, size_t len, kvc_grammar **out, kvc_err *err);
+void kvc_grammar_free(kvc_grammar *g);            /* NULL ok */
+int32_t kvc_grammar_n_rules(const kvc_grammar *g);
+
+/* Options of the schema compiler (zero-initialised = the defaults). */
+typedef struct kvc_schema_opts {
+    const char *root;        /* name of the rule the schema becomes; NULL = "root" */
+    const char *prefix;      /* prefix of every helper rule's name (to compose
+                              * several schemas in one grammar); NULL = "" */
+} kvc_schema_opts;
+
+/* The grammar text for JSON schema `schema` (JSON text, len bytes), as rules
+ * of the dialect above, in *out (malloc'd, NUL-terminated; caller frees).
+ * KVC_ERR_INVALID_ARG with a message naming the unsupported keyword or bad
+ * value and where it is ("unsupported schema keyword 'uniqueItems' at
+ * #/properties/tags"), KVC_ERR_FORMAT when schema is not JSON, KVC_ERR_NOMEM.
+ *
+ * Supported: type (object array string number integer boolean null, and lists
+ * of them), properties, required, additionalProperties (false, true, a
+ * schema; absent = false, as llama.cpp), items, prefixItems, minItems,
+ * maxItems, enum, const, anyOf, oneOf (as anyOf: exclusivity is not
+ * enforced), allOf (of object schemas: properties and required merged),
+ * $ref to "#", "#/$defs/..." and "#/definitions/..." (recursion allowed),
+ * minLength, maxLength, pattern (a regex subset: literals, ., classes,
+ * \d \w \s, groups, |, * + ? {m,n}, ^ and $ at the ends), format (date, time,
+ * date-time, uuid), minimum / maximum / exclusiveMinimum / exclusiveMaximum
+ * for integers (|bound| < 10^15), nullable (OpenAPI). Annotations (title,
+ * description, default, examples, $schema, $id, $comment, strict...) and
+ * unknown keywords are ignored; the known validation keywords not listed
+ * here (not, if, uniqueItems, multipleOf, patternProperties, minProperties,
+ * ...) are errors.
+ *
+ * Output shape: properties in the schema's order, required ones always
+ * present, optional ones may be left out; between tokens "" or " " or "\n"
+ * and up to 20 spaces or tabs (as pretty-printed JSON needs); integers up to
+ * 16 digits. Extra properties allowed by additionalProperties may repeat a
+ * declared name (not prevented). */
+int kvc_schema_to_gbnf(const char *schema, size_t len, const kvc_schema_opts *opts,
+                       char **out, kvc_err *err);
+
+/* kvc_schema_to_gbnf then kvc_grammar_parse, start rule "root". */
+int kvc_grammar_from_schema(const char *schema, size_t len, kvc_grammar **out, kvc_err *err);
+
+/* Any JSON object (response_format json_object). */
+int kvc_grammar_json_object(kvc_grammar **out, kvc_err *err);
+
+/* ---------------------------------------------------------------- vocabulary */
+
+/* The token trie of a vocabulary. Each token stands for the bytes
+ * kvc_token_to_piece gives without special rendering; control, unknown and
+ * unused tokens and tokens with no bytes are never allowed by a mask, except
+ * the end-of-generation tokens (kvc_tokenizer_is_eog), which are allowed
+ * exactly when the grammar is complete. The tokenizer is only read during the
+ * call. Memory: about 20 bytes per trie node (a 152k vocabulary: ~10 MB).
+ * KVC_ERR_NOMEM; KVC_ERR_INVALID_ARG for a NULL tokenizer. Caller frees. */
+int  kvc_gvocab_new(const kvc_tokenizer *tok, kvc_gvocab **out, kvc_err *err);
+void kvc_gvocab_free(kvc_gvocab *v);              /* NULL ok */
+int32_t kvc_gvocab_n_vocab(const kvc_gvocab *v);
+int32_t kvc_gvocab_n_nodes(const kvc_gvocab *v);  /* trie nodes, root included */
+
+/* ---------------------------------------------------------------- matching */
+
+/* A matcher at the start of grammar g (borrowed: g and v must outlive it) for
+ * vocabulary v (may be NULL when only bytes are fed). NULL on OOM. */
+kvc_gmatch *kvc_gmatch_new(const kvc_grammar *g, const kvc_gvocab *v);
+void        kvc_gmatch_free(kvc_gmatch *m);       /* NULL ok */
+/* An independent copy in the same state (for n > 1 choices sharing a
+ * prefix); NULL on OOM. Costs a copy of the matcher's memory. */
+kvc_gmatch *kvc_gmatch_clone(const kvc_gmatch *m);
+
+/* Feed bytes. Returns KVC_OK, or KVC_ERR_INVALID_ARG when some byte is not
+ * allowed (the state is then unchanged: all or nothing), KVC_ERR_NOMEM. */
+int  kvc_gmatch_accept_bytes(kvc_gmatch *m, const void *bytes, size_t n);
+/* The grammar can end here: the root rule is matched and no UTF-8
+ * character is left open. */
+bool kvc_gmatch_is_complete(const kvc_gmatch *m);
+/* An end-of-generation token was accepted: nothing more is allowed. */
+bool kvc_gmatch_is_done(const kvc_gmatch *m);
+
+/* The fewest characters that complete the grammar from here (0 when
+ * complete). An engine can steer towards the end with it when a budget
+ * runs out; tests use it to end random walks. */
+int32_t kvc_gmatch_min_remaining(const kvc_gmatch *m);
+
+/* Accept a sampled token: its bytes, or for an EOG token the end (only when
+ * complete). KVC_ERR_INVALID_ARG when the token is not allowed here (state
+ * unchanged), KVC_ERR_NOMEM. Each accepted token is one step for rollback. */
+int  kvc_gmatch_accept_token(kvc_gmatch *m, int32_t token);
+/* Steps (tokens) accepted so far, and undo the last n of them (n <= steps;
+ * speculative decoding, regeneration). O(1). */
+int32_t kvc_gmatch_n_steps(const kvc_gmatch *m);
+int  kvc_gmatch_rollback(kvc_gmatch *m, int32_t n);
+
+/* The tokens allowed next, as a bitset over the vocabulary: bit (id & 31) of
+ * mask[id >> 5] (kvc_mask_words(n_vocab) words, all written). Returns the
+ * number of tokens allowed (0 only after an EOG was accepted), or a negative
+ * status (KVC_ERR_INVALID_ARG without a vocabulary, KVC_ERR_NOMEM). Cost:
+ * one walk of the trie below the bytes the grammar allows; see
+ * kvc_gmatch_stats. */
+int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask);
+
+static inline size_t kvc_mask_words(int32_t n_vocab) { return ((size_t)n_vocab + 31) / 32; }
+static inline bool kvc_mask_test(const uint32_t *mask, int32_t id)
+{
+    return (mask[id >> 5] >> (id & 31)) & 1u;
+}
+
+/* What masks cost this matcher so far (to report per request or in metrics). */
+typedef struct kvc_gmatch_stats {
+    int64_t n_masks;         /* kvc_gmatch_mask calls */
+    int64_t mask_us;         /* time spent in them */
+    int64_t nodes_visited;   /* trie nodes whose byte was tried */
+} kvc_gmatch_stats;
+kvc_gmatch_stats kvc_gmatch_get_stats(const kvc_gmatch *m);
+
+#endif
