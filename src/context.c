@@ -193,9 +193,12 @@ size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
 bool kvc_context_make_room(kvc_context *c, int64_t n_free)
 {
     int64_t have = kvc_kv_n_free(c->pool);
-    if (have < n_free)
-        have += kvc_pc_evict(c->pc, n_free - have);
-    return have >= n_free;
+    if (have >= n_free)
+        return true;
+    if (have + kvc_pc_evictable(c->pc) < n_free)
+        return false;                        /* know before evicting: nothing is lost */
+    kvc_pc_evict(c->pc, n_free - have);
+    return kvc_kv_n_free(c->pool) >= n_free;
 }
 
 int kvc_context_logits_reserve(kvc_context *c, int32_t rows, kvc_err *err)

@@ -204,8 +204,8 @@ static bool enter_block(kvc_turn *t, int32_t i, bool pending)
         t->pub_off = true;
         return false;
     }
-    int rc = kvc_pc_insert(c->pc, parent, t->toks.v + (int64_t)i * B, SEQ(t)->blocks[i],
-                           pending, &n, &e);
+    int rc = kvc_pc_insert(c->pc, KVC_NS_DEFAULT, parent, t->toks.v + (int64_t)i * B,
+                           SEQ(t)->blocks[i], pending, &n, &e);
     if (rc < 0)
         t->pub_off = true;
     if (rc < 0 || (rc == 0 && n->pending))
@@ -312,7 +312,7 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
     const int64_t B = kvc_kv_block_tokens(pool), kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
     const int32_t first = (int32_t)(own / B), last = (int32_t)((own + k - 1) / B);
     kvc_pc_match mo;
-    kvc_pc_lookup(c->pc, s->toks.v, kv_len, &mo);
+    kvc_pc_lookup(c->pc, KVC_NS_DEFAULT, s->toks.v, kv_len, &mo);
     for (kvc_pc_node *nd = mo.last; nd && nd != kvc_pc_root(c->pc) && nd->depth >= first;) {
         kvc_pc_node *parent = nd->parent;
         if (nd->n_children || nd->pins || nd->pending || nd->depth >= seq->n_blocks ||
@@ -435,7 +435,7 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     int64_t own = cache ? common_prefix(t->toks.v, n, s->toks.v, kv_len) : 0;
     kvc_pc_match m = { .last = kvc_pc_root(c->pc) };
     if (cache) {
-        kvc_pc_lookup(c->pc, t->toks.v, n, &m);
+        kvc_pc_lookup(c->pc, KVC_NS_DEFAULT, t->toks.v, n, &m);
         /* a block of the prompt in the works: wait for it, so that the tree
          * never has another turn's pending block on a running turn's path */
         if (m.pending)
