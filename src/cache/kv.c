@@ -146,6 +146,11 @@ static uint8_t *head_ptr(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_
     return pool->data + (size_t)block * pool->block_bytes + idx * pool->head_bytes;
 }
 
+void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block)
+{
+    return pool->data + (size_t)block * pool->block_bytes;
+}
+
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head)
 {
     return head_ptr(pool, block, layer, head, 0);

@@ -68,6 +68,9 @@ void    kvc_kv_set_watch(kvc_kv_pool *pool, kvc_kv_watch_fn fn, void *user);
 void    kvc_kv_block_tag(kvc_kv_pool *pool, int32_t block, void *tag);
 void   *kvc_kv_block_tag_of(const kvc_kv_pool *pool, int32_t block);
 
+/* The whole block: kvc_kv_block_bytes() contiguous bytes (what a tier stores). */
+void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block);
+
 /* Keys / values of one head of one layer of a block: B rows of head_dim
  * elements of the pool's type, kvc_kv_row_bytes() apart. */
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);

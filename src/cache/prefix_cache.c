@@ -123,12 +123,23 @@ uint64_t kvc_pc_n_evicted(const kvc_prefix_cache *pc) { return pc->n_evicted; }
 
 /* ---------------------------------------------------------- hash table */
 
+uint64_t kvc_pc_chain_hash(const kvc_prefix_cache *pc, uint64_t parent_hash,
+                           const int32_t *tokens)
+{
+    return XXH3_64bits_withSeed(tokens, (size_t)pc->B * sizeof(int32_t), parent_hash);
+}
+
+uint64_t kvc_pc_parent_hash(const kvc_prefix_cache *pc, const kvc_pc_node *node)
+{
+    return node->parent == pc->root ? kvc_pc_ns_seed(pc, node->ns) : node->parent->hash;
+}
+
 /* The chain hash of the block `tokens` after `parent` in namespace `ns`. */
 static uint64_t hash_of(const kvc_prefix_cache *pc, uint64_t ns, const kvc_pc_node *parent,
                         const int32_t *tokens)
 {
     uint64_t seed = parent == pc->root ? kvc_pc_ns_seed(pc, ns) : parent->hash;
-    return XXH3_64bits_withSeed(tokens, (size_t)pc->B * sizeof(int32_t), seed);
+    return kvc_pc_chain_hash(pc, seed, tokens);
 }
 
 static void hash_link(kvc_prefix_cache *pc, kvc_pc_node *n)

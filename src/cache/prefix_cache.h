@@ -75,6 +75,12 @@ void kvc_pc_free(kvc_prefix_cache *pc);
 #define KVC_NS_DEFAULT 0
 int      kvc_pc_set_model(kvc_prefix_cache *pc, uint64_t model_id, kvc_err *err);
 uint64_t kvc_pc_ns_seed(const kvc_prefix_cache *pc, uint64_t ns); /* parent hash of depth 0 */
+/* The chain hash of the block `tokens` (B of them) after a parent whose chain
+ * hash is `parent_hash`: what a node made of them would have as its hash. */
+uint64_t kvc_pc_chain_hash(const kvc_prefix_cache *pc, uint64_t parent_hash,
+                           const int32_t *tokens);
+/* The chain hash of node's parent (depth 0: its namespace's seed). */
+uint64_t kvc_pc_parent_hash(const kvc_prefix_cache *pc, const kvc_pc_node *node);
 
 /* The root: the parent of every depth-0 node of every namespace. */
 kvc_pc_node *kvc_pc_root(kvc_prefix_cache *pc);
