@@ -668,6 +668,8 @@ static void end_turn(model_state *ms, kvc_context *cold, sess *x, counts *k)
             conv_push(&x->c, "assistant", strdup(reply ? reply : ""));
     }
     free(reply);
+    if (x->p.no_cache)                       /* as the engine: a cold turn's session is reset */
+        kvc_session_reset(x->s);
 }
 
 static void test_random(kvc_model *m, int rounds)
