@@ -315,16 +315,21 @@ int cmd_chat(int argc, char **argv)
     chat_opts o;
     memset(&o, 0, sizeof(o));
     cli_common_init(&o.c);
+    cli_cache cache;
+    cli_cache_init(&cache);
     o.n_predict = 256;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s\nOptions:\n%s%s", help, cli_template_help, cli_common_help, cli_sampling_help);
+            printf("%s%s\nOptions:\n%s%s%s", help, cli_template_help, cli_common_help,
+                   cli_cache_help, cli_sampling_help);
             return 0;
         }
         int r = cli_parse_template(argc, argv, &i, &o.tmpl, &o.kwargs, &o.tmpl_src);
         if (r == 0)
             r = cli_parse_common(&o.c, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_cache(&cache, argc, argv, &i);
         if (r < 0)
             return 2;
         if (r > 0)
@@ -358,6 +363,10 @@ int cmd_chat(int argc, char **argv)
     kvc_model *m = cli_load_model(&o.c);
     kvc_context *ctx = m ? cli_new_context(&o.c, m, 1) : NULL;
     char err[512];
+    if (ctx && cache.disk_mib > 0 && !o.no_cache &&
+        kvc_context_enable_disk(ctx, cli_model_path(&o.c), cache.dir, cache.disk_mib, err,
+                                sizeof(err)) != KVC_OK)
+        fprintf(stderr, "kvchat chat: the disk cache is off: %s\n", err);
     kvc_session *s = ctx ? kvc_session_new(ctx, 0, o.tmpl, err, sizeof(err)) : NULL;
     int rc = 1;
     if (ctx && !s)

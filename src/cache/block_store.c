@@ -14,9 +14,12 @@
 
 int kvc_cache_default_dir(char *buf, size_t size, kvc_err *err)
 {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    const char *own = getenv("KVCHAT_CACHE"), *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
     int n;
-    if (xdg && xdg[0] == '/')            /* the XDG spec: relative paths are ignored */
+    if (own && own[0])                   /* kvchat's cache root, as for the demo model */
+        n = snprintf(buf, size, "%s/kv", own);
+    else if (xdg && xdg[0] == '/')       /* the XDG spec: relative paths are ignored */
         n = snprintf(buf, size, "%s/kvchat/kv", xdg);
     else if (home && home[0])
         n = snprintf(buf, size, "%s/.cache/kvchat/kv", home);

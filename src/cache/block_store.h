@@ -117,13 +117,9 @@ static inline void kvc_bs_close(kvc_block_store *bs)
 
 /* ------------------------------------------------------------ disk backend */
 
-/* The default budget of the disk tier: 4 GiB, about 80k tokens of a
- * Qwen2.5-0.5B-shaped model in F16 (12 KiB a token), 20 conversations of 4k. */
-#define KVC_DISK_DEFAULT_MIB 4096
-
 typedef struct kvc_disk_store_params {
     const char *dir;          /* NULL = kvc_cache_default_dir() */
-    uint64_t    budget_bytes; /* 0 = KVC_DISK_DEFAULT_MIB MiB */
+    uint64_t    budget_bytes; /* 0 = KVC_DISK_DEFAULT_MIB MiB (kvchat.h) */
     bool        fsync;        /* fsync each block before it becomes visible; off by default */
 } kvc_disk_store_params;
 
@@ -133,7 +129,8 @@ typedef struct kvc_disk_store_params {
  * returned store is freed by kvc_bs_close. */
 int kvc_disk_store_open(const kvc_disk_store_params *p, kvc_block_store **out, kvc_err *err);
 
-/* The default directory: $XDG_CACHE_HOME/kvchat/kv, else $HOME/.cache/kvchat/kv.
+/* The default directory: $KVCHAT_CACHE/kv (the CLI's cache root), else
+ * $XDG_CACHE_HOME/kvchat/kv, else $HOME/.cache/kvchat/kv.
  * KVC_ERR_NOT_FOUND when neither variable is set, KVC_ERR_INVALID_ARG when
  * the path does not fit `size`. */
 int kvc_cache_default_dir(char *buf, size_t size, kvc_err *err);

@@ -81,6 +81,8 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         rc = kvc_chat_kwargs_merge(p.chat_template_kwargs, NULL, &merged, &e);
         free(merged);
     }
+    if (!rc && p.cache_disk_mib > 0)
+        rc = kvc_context_set_disk(eng->ctx, p.model_path, p.cache_dir, p.cache_disk_mib, &e);
     if (!rc)
         rc = kvc_engine_sessions_new(eng, &e);
     if (!rc)

@@ -91,6 +91,22 @@ void kvc_engine_update_gauges(kvc_engine *e)
     e->m.blocks_cached = kvc_pc_n_nodes(e->ctx->pc);
     e->m.block_tokens = kvc_kv_block_tokens(pool);
     e->m.block_bytes = (int64_t)e->block_bytes;
+    e->m.room_refused = e->ctx->room_refused;
+    if (e->ctx->tiers) {
+        kvc_tiers_stats ts;
+        kvc_bs_stats bs;
+        kvc_tiers_stats_get(e->ctx->tiers, &ts);
+        kvc_tiers_store_stats(e->ctx->tiers, &bs);
+        e->m.disk_blocks_read = ts.blocks_fetched;
+        e->m.disk_blocks_written = ts.blocks_written;
+        e->m.disk_writes_dropped = ts.writes_dropped;
+        e->m.disk_bytes_read = bs.bytes_read;
+        e->m.disk_bytes_written = bs.bytes_written;
+        e->m.disk_blocks = bs.n_blocks;
+        e->m.disk_bytes_used = (int64_t)bs.bytes_used;
+        e->m.disk_bytes_budget = (int64_t)bs.budget;
+        e->m.disk_checksum_failures = bs.checksum_failures + bs.discarded_at_load;
+    }
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -204,6 +220,7 @@ static void end_request(kvc_engine *e, kvc_request *r)
         e->m.requests++;
         e->m.prompt_tokens += (uint64_t)st.prompt_tokens;
         e->m.cached_tokens += (uint64_t)st.cached_tokens;
+        e->m.disk_tokens += (uint64_t)st.cached_disk_tokens;
         e->m.computed_tokens += (uint64_t)st.computed_tokens;
         e->m.output_tokens += (uint64_t)st.output_tokens;
     }

@@ -33,6 +33,7 @@ struct kvc_turn {
     int64_t         matched;        /* prompt tokens found cached */
     int32_t         dropped;        /* prompt tokens a context shift removed */
     int64_t         moved;          /* of matched, K/V moved by the shift */
+    int64_t         from_disk;      /* of matched, read from the disk tier */
     /* generation */
     kvc_sampler    *smp;
     stops           st;
@@ -417,6 +418,33 @@ int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int ki
 
 /* ------------------------------------------------------------- prepare */
 
+/* Continue the tree's match `m` into the disk tier (DESIGN.md §5): the run of
+ * following blocks the store holds is read into the pool (room made for it
+ * first, the match kept pinned) and entered in the tree, so the longest prefix
+ * across both tiers is used and never recomputed. Only when the run reaches
+ * past what the session holds itself (`own`). Returns the blocks read. */
+static int64_t fetch_disk(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn room,
+                          void *user)
+{
+    kvc_context *c = t->s->ctx;
+    const int64_t B = kvc_kv_block_tokens(c->pool);
+    int64_t k = kvc_tiers_probe(c->tiers, KVC_NS_DEFAULT, t->toks.v, t->n_prompt, m);
+    if (k == 0 || (m->n_full + k) * B <= own)
+        return 0;
+    kvc_pc_node *last = m->last, *partial = m->partial;
+    kvc_pc_pin(last);
+    kvc_pc_pin(partial);
+    if (kvc_kv_n_free(c->pool) - c->promised < k && room)
+        room(c, c->promised + k, user);
+    int64_t avail = kvc_kv_n_free(c->pool) - c->promised;
+    int64_t got = avail > 0 ? kvc_tiers_fetch(c->tiers, KVC_NS_DEFAULT, t->toks.v, t->n_prompt,
+                                              m, KVC_MIN(k, avail))
+                            : 0;
+    kvc_pc_unpin(last);
+    kvc_pc_unpin(partial);
+    return got;
+}
+
 int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 {
     if (t->phase != KVC_TURN_NEW)
@@ -441,6 +469,9 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         if (m.pending)
             return KVC_TURN_WAIT_PREFIX;
     }
+    int64_t ram_end = (int64_t)m.n_full * B, disk = 0;
+    if (cache && c->tiers)
+        disk = fetch_disk(t, &m, own, room, user);
     int64_t tree = (int64_t)m.n_full * B + m.partial_len;
     int64_t matched = KVC_MAX(own, tree);
     if (matched >= n && t->kind != KVC_TURN_BACKGROUND)
@@ -519,6 +550,10 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     t->anchor = m.last == kvc_pc_root(c->pc) ? NULL : m.last;   /* keeps its pin */
     t->n_pub = m.n_full;
     t->matched = matched;
+    /* what of the match the disk gave: past the session's own and RAM's */
+    if (disk > 0 && !sh_k)
+        t->from_disk = KVC_MAX(0, KVC_MIN(matched, (int64_t)m.n_full * B) -
+                                  KVC_MAX(own, ram_end));
     t->pub_off = !cache;
     t->phase = matched < n ? KVC_TURN_PREFILL : KVC_TURN_DONE;   /* DONE: a background
                                                                   turn with nothing to do */
@@ -779,6 +814,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
         int64_t prompt_end = t->t_prompt_done ? t->t_prompt_done : t_end;
         stats->prompt_tokens = (int32_t)t->n_prompt;
         stats->cached_tokens = (int32_t)t->matched;
+        stats->cached_disk_tokens = (int32_t)t->from_disk;
         stats->computed_tokens = ran ? (int32_t)(KVC_MIN(seq->n_tokens, t->n_prompt) - t->matched) : 0;
         stats->output_tokens = t->n_out;
         stats->dropped_tokens = t->dropped;
@@ -805,6 +841,8 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     }
     kvc_kv_seq_truncate(c->pool, seq, seq->n_tokens);   /* blocks reserved, not written */
     set_promise(t, 0);
+    if (ran && !rc && c->tiers && t->anchor)
+        kvc_tiers_write_path(c->tiers, t->anchor);      /* through to disk, in the background */
     kvc_pc_unpin(t->anchor);
     if (rc && err)
         *err = t->err;
