@@ -147,9 +147,38 @@ static session_slot *pick_slot(kvc_engine *e, const kvc_request *r)
 }
 
 /* kvc_room_fn: evict; then let idle sessions go, least recently used first. */
+/* Know before acting: could n_free blocks be free at all if every idle
+ * session let go and the tree evicted all it then could? Every block but
+ * those the running requests' sequences hold might be (an upper bound: a pin
+ * may keep a few more). When not, make_room drops nothing, so a request that
+ * must wait costs the others nothing. */
+static bool room_possible(kvc_engine *e, kvc_context *c, int64_t n_free)
+{
+    const int64_t total = kvc_kv_n_blocks(c->pool);
+    if (kvc_kv_n_free(c->pool) + kvc_pc_evictable(c->pc) >= n_free)
+        return true;
+    uint8_t *held = calloc((size_t)total, 1);
+    if (!held)
+        return true;                         /* cannot tell: try */
+    int64_t n_held = 0;
+    for (int32_t i = 0; i < e->n_slots; i++)
+        if (e->slots[i].busy)
+            for (int32_t k = 0; k < c->seqs[i].n_blocks; k++)
+                if (!held[c->seqs[i].blocks[k]]) {
+                    held[c->seqs[i].blocks[k]] = 1;
+                    n_held++;
+                }
+    free(held);
+    return total - n_held >= n_free;
+}
+
 static bool make_room(kvc_context *c, int64_t n_free, void *user)
 {
     kvc_engine *e = user;
+    if (!room_possible(e, c, n_free)) {
+        c->room_refused++;
+        return false;
+    }
     while (!kvc_context_make_room(c, n_free)) {
         session_slot *lru = NULL;
         for (int32_t i = 0; i < e->n_slots; i++) {
