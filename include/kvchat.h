@@ -518,6 +518,8 @@ typedef struct kvc_engine_metrics {
     uint64_t busy_us;           /* engine time spent in forward passes, all of them */
     /* tiers (issue 10); the disk figures stay 0 without a disk tier */
     uint64_t room_refused;      /* asks for room eviction could not meet: nothing evicted */
+    uint64_t preemptions;       /* running requests that gave their blocks back mid-reply
+                                   (the pool ran dry) and resumed later */
     uint64_t disk_tokens;       /* cached prompt tokens read from the disk tier */
     uint64_t disk_blocks_read;
     uint64_t disk_blocks_written;

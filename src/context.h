@@ -26,6 +26,9 @@ struct kvc_context {
                                    free (session_turn.c) */
     struct kvc_chat_template *chat_tmpl; /* compiled once for the sessions (session.c) */
     char        *chat_tmpl_key; /* the template_name it was made for; NULL = the model's */
+    int64_t      growth_reserve;/* blocks a turn's admission leaves free beside the
+                                   promised ones, for running replies to grow into
+                                   (the engine: one per running request) */
     kvc_block_store *store;     /* the disk tier, or NULL (kvc_context_set_disk) */
     kvc_tiers   *tiers;         /* the tree joined to it, or NULL */
     uint64_t     room_refused;  /* kvc_context_make_room calls that evicted nothing

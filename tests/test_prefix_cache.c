@@ -523,7 +523,7 @@ static int64_t tick;
 
 typedef struct counts {
     int turns, ok, cancelled, wait_prefix, wait_memory, kv_full, nocache, fidelity, branches,
-        evictions, drops, steps, multi;
+        evictions, drops, steps, multi, preempted;
 } counts;
 
 /* kvc_room_fn of the run: evict, then let idle sessions go (as the engine). */
@@ -611,7 +611,7 @@ static void start_turn(int i, counts *k)
         conv_push(&x->c, "user", sentence(5));
     }
     x->p = kvc_chat_default_params();
-    x->p.max_tokens = 1 + rint_(12);
+    x->p.max_tokens = chance(20) ? 40 + rint_(60) : 1 + rint_(12);   /* long ones grow */
     x->p.sampling.temperature = chance(70) ? 0.0f : 0.9f;
     x->p.sampling.seed = rnd();
     x->p.no_cache = chance(5);
@@ -736,6 +736,24 @@ static void test_random(kvc_model *m, int rounds)
                 kvc_pc_evict(ctx->pc, 1 + rint_(6));
                 k.evictions++;
             }
+            if (n_run > 0) {                           /* as the engine: room to grow */
+                int64_t held[N_SESS];                  /* what each has computed */
+                for (int i = 0; i < n_run; i++)
+                    held[i] = ctx->seqs[kvc_turn_session(run[i])->seq].n_tokens;
+                int32_t kept = kvc_turns_grow(ctx, run, n_run, room, &k);
+                for (int i = kept; i < n_run; i++) {   /* preempted: their blocks are the tree's */
+                    int64_t nt = 0;
+                    const int32_t *tv = kvc_turn_tokens(run[i], &nt);
+                    bool cold = false;
+                    for (int j = 0; j < N_SESS; j++)
+                        cold |= S[j].t == run[i] && S[j].p.no_cache;
+                    if (!cold)
+                        add_paths(&ms, tv, KVC_MIN(nt, held[i]));
+                }
+                k.preempted += n_run - kept;
+                n_run = kept;
+                check_state(&ms, false, "grow");
+            }
             if (n_run > 0) {
                 kvc_err e = { 0 };
                 int n = kvc_turns_step(ctx, run, n_run, 0, &e);
@@ -770,11 +788,11 @@ static void test_random(kvc_model *m, int rounds)
     printf("  %d rounds: %d turns (%d in rounds of several), %d steps; %d replied, %d cancelled, "
            "%d no-cache, %d branched\n"
            "  waits: %d for a prefix in the works, %d for memory (%d never fit); %d evictions "
-           "asked, %d holds dropped, %llu blocks evicted\n"
+           "asked, %d holds dropped, %llu blocks evicted; %d preemptions\n"
            "  %d replies checked against cold runs; %llu tree blocks checked bitwise\n",
            rounds, k.turns, k.multi, k.steps, k.ok, k.cancelled, k.nocache, k.branches,
            k.wait_prefix, k.wait_memory, k.kv_full, k.evictions, k.drops,
-           (unsigned long long)kvc_pc_n_evicted(ctx->pc), k.fidelity,
+           (unsigned long long)kvc_pc_n_evicted(ctx->pc), k.preempted, k.fidelity,
            (unsigned long long)content_nodes);
     CHECKF(k.wait_prefix > 0 && k.wait_memory > 0 && k.cancelled > 0 && k.branches > 0 &&
            kvc_pc_n_evicted(ctx->pc) > 0, "a case was not exercised");

@@ -183,6 +183,18 @@ static int seq_grow_table(kvc_kv_seq *seq, int32_t need, kvc_err *err)
     return KVC_OK;
 }
 
+int64_t kvc_kv_seq_reserve_need(const kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t n)
+{
+    const int64_t B = pool->p.block_tokens;
+    if (n <= seq->n_tokens)
+        return 0;
+    int64_t need = (n + B - 1) / B;
+    int32_t first_written = (int32_t)(seq->n_tokens / B);
+    int64_t cow = first_written < seq->n_blocks &&
+                  pool->refcount[seq->blocks[first_written]] > 1;
+    return (need > seq->n_blocks ? need - seq->n_blocks : 0) + cow;
+}
+
 int kvc_kv_seq_reserve(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *err)
 {
     const int64_t B = pool->p.block_tokens;

@@ -93,6 +93,10 @@ void kvc_kv_seq_init(kvc_kv_seq *seq);
  * sequence is as it was. */
 int  kvc_kv_seq_reserve(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *err);
 
+/* How many free blocks kvc_kv_seq_reserve(pool, seq, n) would take now
+ * (new blocks and a copy-on-write), without taking them. */
+int64_t kvc_kv_seq_reserve_need(const kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t n);
+
 /* Keep positions [0, n), drop the rest: blocks wholly past n are released.
  * n >= n_tokens keeps every position; only blocks reserved past n_tokens
  * (kvc_kv_seq_reserve) and not written are released. */

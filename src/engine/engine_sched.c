@@ -297,6 +297,7 @@ static int start_turn(kvc_engine *e, kvc_request *r, kvc_err *err)
 static void admit(kvc_engine *e)
 {
     kvc_request *prev = NULL, *r = e->waiting;
+    e->ctx->growth_reserve = e->n_running;   /* a block each for the replies to grow */
     while (r && e->n_running < e->p.n_parallel) {
         kvc_request *next = r->next;
         kvc_err err = { 0 };
@@ -358,11 +359,35 @@ static void apply_cancels(kvc_engine *e)
     }
 }
 
+/* The pool ran dry mid-decode: the newest running requests were preempted
+ * (their blocks given back, down a tier); they wait again, ahead of the
+ * others, in admission order, to resume. */
+static void grow(kvc_engine *e)
+{
+    for (int32_t i = 0; i < e->n_running; i++)
+        e->turns[i] = e->running[i]->turn;
+    int32_t kept = kvc_turns_grow(e->ctx, e->turns, e->n_running, make_room, e);
+    if (kept == e->n_running)
+        return;
+    for (int32_t i = e->n_running - 1; i >= kept; i--) {
+        kvc_request *r = e->running[i];
+        r->next = e->waiting;
+        e->waiting = r;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->queued += e->n_running - kept;
+    e->m.preemptions += (uint64_t)(e->n_running - kept);
+    e->m.running = kept;
+    pthread_mutex_unlock(&e->mu);
+    e->n_running = kept;
+}
+
 /* Run one step over the running turns and end those that are done. */
 static void step(kvc_engine *e)
 {
     if (e->n_running == 0)
         return;
+    grow(e);
     for (int32_t i = 0; i < e->n_running; i++)
         e->turns[i] = e->running[i]->turn;
     kvc_err err = { 0 };

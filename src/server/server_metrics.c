@@ -199,6 +199,9 @@ static void put_tiers(text *t, const kvc_engine_metrics *e)
     metric(t, "kvchat_kv_room_refused_total", "counter",
            "Asks for KV room that eviction could not meet (nothing was evicted).",
            (double)e->room_refused);
+    metric(t, "kvchat_preemptions_total", "counter",
+           "Running requests that gave their KV blocks back mid-reply and resumed later.",
+           (double)e->preemptions);
     metric(t, "kvchat_disk_blocks_read_total", "counter", "KV blocks read from the disk tier.",
            (double)e->disk_blocks_read);
     metric(t, "kvchat_disk_blocks_written_total", "counter", "KV blocks written to disk.",
