@@ -92,7 +92,7 @@ static void test_restart(kvc_model *m, const int32_t *toks)
     kvc_block_store *bs = open_store("restart");
     if (!a || !cold || !bs)
         return;
-    kvc_tiers *t = new_tiers(a, bs, 0);
+    kvc_tiers *t = new_tiers(a, bs, 2);                   /* a path longer than the queue */
     kvc_pc_node *last = compute_path(a, 0, toks, N_TOK);
     CHECK_EQ_INT(kvc_tiers_write_path(t, last), 6);
     CHECK_EQ_INT(kvc_tiers_write_path(t, last), 0);          /* queued or stored already */
@@ -100,6 +100,7 @@ static void test_restart(kvc_model *m, const int32_t *toks)
     kvc_tiers_stats st;
     kvc_tiers_stats_get(t, &st);
     CHECK_EQ_INT(st.blocks_written, 6);
+    CHECK_EQ_INT(st.writes_dropped, 0);
     kvc_tiers_free(t);
     kvc_bs_close(bs);
 
@@ -176,7 +177,7 @@ static void test_evict_and_corrupt(kvc_model *m, const int32_t *toks)
 {
     kvc_context *a = new_ctx(m, 42);
     kvc_block_store *bs = open_store("evict");
-    kvc_tiers *t = a && bs ? new_tiers(a, bs, 2) : NULL;   /* 2 slots: some go at once */
+    kvc_tiers *t = a && bs ? new_tiers(a, bs, 2) : NULL;   /* 2 slots kept, more made */
     if (!t)
         return;
     compute_path(a, 0, toks, N_TOK);

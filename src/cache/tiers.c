@@ -8,6 +8,7 @@
 
 /* A block on its way down: a copy, so the writer never reads the pool. */
 typedef struct slot {
+    struct slot *next;        /* in the queue, or in the spare list */
     uint64_t hash, parent;
     int32_t *tokens;          /* [B] */
     uint8_t *kv;              /* [block_bytes] */
@@ -23,9 +24,13 @@ struct kvc_tiers {
     pthread_mutex_t   q_mu;   /* the queue, `stop` and the stats */
     pthread_cond_t    q_cv;   /* work or stop, for the writer */
     pthread_cond_t    done_cv;/* a slot written, for flush */
-    slot             *slots;  /* cap slots, allocated up front */
-    int32_t           cap, head, count;  /* the queue: slots [head, head + count) mod cap;
-                                            the writer works on head while count > 0 */
+    slot             *head, *tail;   /* the queue; the writer works on head */
+    int32_t           count;
+    slot             *spare;  /* free slots: `cap` allocated up front, kept */
+    int32_t           cap;
+    int32_t           n_slots, max_slots; /* slots that exist; beyond cap they are made
+                                             on demand (a long turn written through) and
+                                             freed when written, up to max_slots */
     bool              stop;
     bool              started;
     pthread_t         writer;
@@ -33,6 +38,29 @@ struct kvc_tiers {
 };
 
 /* ------------------------------------------------------------ the writer */
+
+static void slot_free(slot *s)
+{
+    if (s) {
+        free(s->tokens);
+        kvc_free_aligned(s->kv);
+        free(s);
+    }
+}
+
+static slot *slot_new(const kvc_tiers *t)
+{
+    slot *s = calloc(1, sizeof(*s));
+    if (s) {
+        s->tokens = malloc((size_t)t->B * sizeof(int32_t));
+        s->kv = kvc_alloc_aligned(t->block_bytes);
+        if (!s->tokens || !s->kv) {
+            slot_free(s);
+            s = NULL;
+        }
+    }
+    return s;
+}
 
 static void *writer_main(void *arg)
 {
@@ -43,7 +71,7 @@ static void *writer_main(void *arg)
             pthread_cond_wait(&t->q_cv, &t->q_mu);
         if (t->count == 0)
             break;                                   /* stop, and nothing left */
-        slot *s = &t->slots[t->head];
+        slot *s = t->head;
         pthread_mutex_unlock(&t->q_mu);
         kvc_block_desc d = { s->hash, s->parent, t->B, s->tokens };
         pthread_mutex_lock(&t->store_mu);
@@ -52,8 +80,17 @@ static void *writer_main(void *arg)
         pthread_mutex_lock(&t->q_mu);
         t->st.blocks_written += rc == KVC_OK;
         t->st.write_failures += rc != KVC_OK;
-        t->head = (t->head + 1) % t->cap;
+        t->head = s->next;
+        if (!t->head)
+            t->tail = NULL;
         t->count--;
+        if (t->n_slots > t->cap) {                   /* made on demand: let it go */
+            t->n_slots--;
+            slot_free(s);
+        } else {
+            s->next = t->spare;
+            t->spare = s;
+        }
         pthread_cond_broadcast(&t->done_cv);
     }
     pthread_mutex_unlock(&t->q_mu);
@@ -64,8 +101,7 @@ static void *writer_main(void *arg)
  * when its parent and tokens are d's. Under q_mu. */
 static bool queued_locked(kvc_tiers *t, const kvc_block_desc *d, void *kv)
 {
-    for (int32_t i = 0; i < t->count; i++) {
-        const slot *s = &t->slots[(t->head + i) % t->cap];
+    for (const slot *s = t->head; s; s = s->next) {
         if (s->hash != d->hash)
             continue;
         if (!kv)
@@ -100,19 +136,34 @@ static void desc_of(kvc_tiers *t, const kvc_pc_node *n, kvc_block_desc *d)
     *d = (kvc_block_desc){ n->hash, kvc_pc_parent_hash(t->pc, n), t->B, n->tokens };
 }
 
-/* Copy node's block into a free slot. false when the queue is full. */
+/* Copy node's block into a free slot. false when none is left. */
 static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
 {
     kvc_block_desc d;
     desc_of(t, n, &d);
     pthread_mutex_lock(&t->q_mu);
-    bool ok = t->count < t->cap;
-    if (ok && !queued_locked(t, &d, NULL)) {
-        slot *s = &t->slots[(t->head + t->count) % t->cap];
+    if (queued_locked(t, &d, NULL)) {
+        pthread_mutex_unlock(&t->q_mu);
+        return true;
+    }
+    slot *s = t->spare;
+    if (s) {
+        t->spare = s->next;
+    } else if (t->n_slots < t->max_slots && (s = slot_new(t))) {
+        t->n_slots++;
+    }
+    bool ok = s != NULL;
+    if (ok) {
+        s->next = NULL;
         s->hash = d.hash;
         s->parent = d.parent;
         memcpy(s->tokens, n->tokens, (size_t)t->B * sizeof(int32_t));
         memcpy(s->kv, kvc_kv_block_data(t->pool, n->block), t->block_bytes);
+        if (t->tail)
+            t->tail->next = s;
+        else
+            t->head = s;
+        t->tail = s;
         t->count++;
         t->st.blocks_queued++;
         pthread_cond_signal(&t->q_cv);
@@ -159,16 +210,23 @@ int kvc_tiers_new(kvc_prefix_cache *pc, kvc_kv_pool *pool, kvc_block_store *stor
     t->B = kvc_kv_block_tokens(pool);
     t->block_bytes = kvc_kv_block_bytes(pool);
     t->cap = queue_blocks > 0 ? queue_blocks : 32;
+    /* on demand up to 1 GiB of copies: a turn of a few thousand tokens is
+     * written through without waiting or dropping */
+    t->max_slots = (int32_t)KVC_MAX((size_t)t->cap, KVC_MIN((size_t)1 << 30,
+                                    (size_t)t->cap * t->block_bytes * 64) / t->block_bytes);
     pthread_mutex_init(&t->store_mu, NULL);
     pthread_mutex_init(&t->q_mu, NULL);
     pthread_cond_init(&t->q_cv, NULL);
     pthread_cond_init(&t->done_cv, NULL);
-    t->slots = calloc((size_t)t->cap, sizeof(slot));
-    bool ok = t->slots != NULL;
+    bool ok = true;
     for (int32_t i = 0; ok && i < t->cap; i++) {
-        t->slots[i].tokens = malloc((size_t)t->B * sizeof(int32_t));
-        t->slots[i].kv = kvc_alloc_aligned(t->block_bytes);
-        ok = t->slots[i].tokens && t->slots[i].kv;
+        slot *sl = slot_new(t);
+        ok = sl != NULL;
+        if (ok) {
+            sl->next = t->spare;
+            t->spare = sl;
+            t->n_slots++;
+        }
     }
     t->started = ok && pthread_create(&t->writer, NULL, writer_main, t) == 0;
     if (!t->started) {
@@ -193,11 +251,10 @@ void kvc_tiers_free(kvc_tiers *t)
         pthread_mutex_unlock(&t->q_mu);
         pthread_join(t->writer, NULL);               /* it writes what is queued first */
     }
-    for (int32_t i = 0; t->slots && i < t->cap; i++) {
-        free(t->slots[i].tokens);
-        kvc_free_aligned(t->slots[i].kv);
+    for (slot *sl = t->spare, *nx; sl; sl = nx) {   /* the writer emptied the queue */
+        nx = sl->next;
+        slot_free(sl);
     }
-    free(t->slots);
     pthread_mutex_destroy(&t->store_mu);
     pthread_mutex_destroy(&t->q_mu);
     pthread_cond_destroy(&t->q_cv);

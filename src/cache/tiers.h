@@ -8,8 +8,10 @@
  *   - blocks are written down when the tree evicts them (the evict hook), and
  *     a finished turn's path is written through (kvc_tiers_write_path);
  *   - writes run on a writer thread, off the engine's path: the engine copies
- *     a block's K/V into a queue slot (a memcpy) and goes on. When the queue
- *     is full a write-through is dropped (counted) and an evicted block is
+ *     a block's K/V into a queue slot (a memcpy) and goes on. queue_blocks
+ *     slots are kept; more are made while the writer is behind (a turn of
+ *     thousands of tokens written through at once), up to 1 GiB of copies.
+ *     Past that a write-through is dropped (counted) and an evicted block is
  *     written at once (it would be lost otherwise).
  *
  * The chain hashes are the tree's (kvc_pc_node.hash), so the model, KV type,
@@ -36,7 +38,7 @@ typedef struct kvc_tiers_stats {
 
 /* Join `pc` (over `pool`) to `store`; all three borrowed, and must outlive
  * the tiers. Sets the tree's evict hook. `queue_blocks`: write queue slots
- * (0 = 32), allocated up front. Starts the writer thread. KVC_ERR_NOMEM. */
+ * kept (0 = 32), allocated up front. Starts the writer thread. KVC_ERR_NOMEM. */
 int  kvc_tiers_new(kvc_prefix_cache *pc, kvc_kv_pool *pool, kvc_block_store *store,
                    int32_t queue_blocks, kvc_tiers **out, kvc_err *err);
 /* Write what is queued, stop the writer, unhook the tree. NULL ok. */
