@@ -19,32 +19,6 @@ static char tmpdir[256], model_path[512];
 #define N_REQ 6
 #define MAX_OUT 48
 
-static kvc_model *make_model(void)
-{
-    char err[512];
-    snprintf(model_path, sizeof(model_path), "%s/tiny.gguf", tmpdir);
-    kvc_gen_params p;
-    CHECK(kvc_gen_preset("tiny", &p) == KVC_OK);
-    CHECKF(kvc_gen_write(&p, model_path, err, sizeof(err)) == KVC_OK, "%s", err);
-    kvc_model *m = NULL;
-    CHECKF(kvc_model_load(model_path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
-    return m;
-}
-
-static kvc_context *new_ctx(kvc_model *m, int32_t n_seq, int64_t blocks)
-{
-    kvc_context_params cp = kvc_context_default_params();
-    cp.n_ctx = 256;
-    cp.n_batch = 32;
-    cp.n_threads = 1;
-    cp.n_seq = n_seq;
-    cp.kv_blocks = blocks;
-    kvc_context *c = NULL;
-    char err[512];
-    CHECKF(kvc_context_new(m, &cp, &c, err, sizeof(err)) == KVC_OK, "%s", err);
-    return c;
-}
-
 typedef struct req {
     int32_t         prompt[64];
     int32_t         n_prompt;
@@ -173,7 +147,7 @@ static void test_preemption(kvc_model *m, bool disk)
     make_requests(all, m);
     char err[512];
     for (int i = 0; i < N_REQ; i++) {                         /* alone, on a pool of its own */
-        kvc_context *c = new_ctx(m, 1, 64);
+        kvc_context *c = test_new_context(m, 256, 32, 1, 64);
         solo[i].s = c ? kvc_session_new(c, 0, NULL, err, sizeof(err)) : NULL;
         if (!solo[i].s)
             return;
@@ -182,7 +156,7 @@ static void test_preemption(kvc_model *m, bool disk)
         kvc_context_free(c);
     }
     /* together: 6 prompts of 2-4 blocks and replies of up to 3 more, on 14 */
-    kvc_context *c = new_ctx(m, N_REQ, 14);
+    kvc_context *c = test_new_context(m, 256, 32, N_REQ, 14);
     if (!c)
         return;
     if (disk) {
@@ -224,7 +198,7 @@ int main(void)
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_preempt_XXXXXX");
     if (!mkdtemp(tmpdir))
         return 1;
-    kvc_model *m = make_model();
+    kvc_model *m = test_gen_model(tmpdir, "tiny", model_path, sizeof(model_path));
     if (m) {
         test_preemption(m, false);
         test_preemption(m, true);

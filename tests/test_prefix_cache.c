@@ -44,37 +44,11 @@ static uint64_t rnd(void)
 static int rint_(int n) { return (int)(rnd() % (uint64_t)n); }
 static bool chance(int percent) { return rint_(100) < percent; }
 
-static kvc_model *make_model(void)
-{
-    char path[512], err[512];
-    snprintf(path, sizeof(path), "%s/tiny.gguf", tmpdir);
-    kvc_gen_params p;
-    CHECK(kvc_gen_preset("tiny", &p) == KVC_OK);
-    CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "%s", err);
-    kvc_model *m = NULL;
-    CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
-    return m;
-}
-
-static kvc_context *new_ctx(kvc_model *m, int32_t n_seq, int64_t blocks, int32_t n_batch)
-{
-    kvc_context_params cp = kvc_context_default_params();
-    cp.n_ctx = 512;
-    cp.n_batch = n_batch;
-    cp.n_threads = 1;
-    cp.n_seq = n_seq;
-    cp.kv_blocks = blocks;
-    kvc_context *c = NULL;
-    char err[512];
-    CHECKF(kvc_context_new(m, &cp, &c, err, sizeof(err)) == KVC_OK, "%s", err);
-    return c;
-}
-
 /* ============================================================ units */
 
 static void test_units(kvc_model *m)
 {
-    kvc_context *c = new_ctx(m, 2, 16, 64);
+    kvc_context *c = test_new_context(m, 512, 64, 2, 16);
     if (!c)
         return;
     kvc_prefix_cache *pc = c->pc;
@@ -157,7 +131,7 @@ static void test_units(kvc_model *m)
  * that never match each other; the chain hash depends on the model id. */
 static void test_namespaces(kvc_model *m)
 {
-    kvc_context *c = new_ctx(m, 1, 16, 64);
+    kvc_context *c = test_new_context(m, 512, 64, 1, 16);
     if (!c)
         return;
     kvc_prefix_cache *pc = c->pc;
@@ -217,7 +191,7 @@ static void log_evict(void *user, const kvc_pc_node *n)
 
 static void test_lru(kvc_model *m)
 {
-    kvc_context *c = new_ctx(m, 1, 16, 64);
+    kvc_context *c = test_new_context(m, 512, 64, 1, 16);
     if (!c)
         return;
     kvc_prefix_cache *pc = c->pc;
@@ -674,7 +648,8 @@ static void end_turn(model_state *ms, kvc_context *cold, sess *x, counts *k)
 
 static void test_random(kvc_model *m, int rounds)
 {
-    kvc_context *ctx = new_ctx(m, N_SESS, 72, 48), *cold = new_ctx(m, 1, 40, 512);
+    kvc_context *ctx = test_new_context(m, 512, 48, N_SESS, 72);
+    kvc_context *cold = test_new_context(m, 512, 512, 1, 40);
     if (!ctx || !cold)
         return;
     model_state ms = { .ctx = ctx };
@@ -812,7 +787,7 @@ static void test_random(kvc_model *m, int rounds)
  * that fits after eviction runs. */
 static void test_budget(kvc_model *m)
 {
-    kvc_context *ctx = new_ctx(m, 1, 8, 64);          /* 8 blocks: 112 usable tokens */
+    kvc_context *ctx = test_new_context(m, 512, 64, 1, 8);   /* 8 blocks: 112 usable tokens */
     char err[512], *reply = NULL;
     kvc_session *s = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
     if (!s)
@@ -847,7 +822,8 @@ int main(int argc, char **argv)
     int rounds = argc > 1 ? atoi(argv[1]) : 1200;
     if (argc > 2)
         rng_state = strtoull(argv[2], NULL, 0);
-    kvc_model *m = make_model();
+    char model_path[512];
+    kvc_model *m = test_gen_model(tmpdir, "tiny", model_path, sizeof(model_path));
     if (m) {
         rng_state ^= 0x5555;
         system_prompts[0] = sentence(40);

@@ -21,29 +21,9 @@
 
 static char tmpdir[256];
 
-static kvc_model *make_model(void)
-{
-    char path[512], err[512];
-    snprintf(path, sizeof(path), "%s/tiny.gguf", tmpdir);
-    kvc_gen_params p;
-    CHECK(kvc_gen_preset("tiny", &p) == KVC_OK);
-    CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "%s", err);
-    kvc_model *m = NULL;
-    CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
-    return m;
-}
-
 static kvc_context *new_ctx(kvc_model *m, uint64_t model_id)
 {
-    kvc_context_params cp = kvc_context_default_params();
-    cp.n_ctx = 256;
-    cp.n_batch = 64;
-    cp.n_threads = 1;
-    cp.n_seq = 1;
-    cp.kv_blocks = 40;
-    kvc_context *c = NULL;
-    char err[512];
-    CHECKF(kvc_context_new(m, &cp, &c, err, sizeof(err)) == KVC_OK, "%s", err);
+    kvc_context *c = test_new_context(m, 256, 64, 1, 40);
     kvc_err e = { 0 };
     if (c)
         CHECK(kvc_pc_set_model(c->pc, model_id, &e) == KVC_OK);
@@ -262,7 +242,8 @@ int main(void)
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_tiers_XXXXXX");
     if (!mkdtemp(tmpdir))
         return 1;
-    kvc_model *m = make_model();
+    char model_path[512];
+    kvc_model *m = test_gen_model(tmpdir, "tiny", model_path, sizeof(model_path));
     if (m) {
         int32_t toks[N_TOK];
         uint64_t x = 88172645463325252ull;
