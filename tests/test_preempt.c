@@ -40,7 +40,8 @@ static void make_requests(req *r, const kvc_model *m)
             x ^= x >> 7;
             x ^= x << 17;
             /* a shared start (blocks in common), then each its own */
-            r[i].prompt[k] = k < 16 ? 100 + k : (int32_t)(x % (uint64_t)(m->hp.n_vocab - 300)) + 260;
+            r[i].prompt[k] = k < 16 ? 100 + k
+                                    : (int32_t)(x % (uint64_t)(m->hp.n_vocab - 300)) + 260;
         }
         r[i].p = kvc_chat_default_params();
         r[i].p.max_tokens = MAX_OUT;

@@ -133,7 +133,6 @@ int  kvc_turn_phase(const kvc_turn *t);
  * only the rest; as the forward pass is batch-invariant, the reply goes on
  * bitwise as it would have. KVC_ERR_INVALID_ARG in other phases. */
 int  kvc_turn_preempt(kvc_turn *t);
-int32_t kvc_turn_n_preempted(const kvc_turn *t);
 
 /* The turn's tokens so far (prompt, then the reply's): borrowed, valid until
  * the turn's next step or end. */

@@ -712,8 +712,6 @@ int32_t kvc_turns_grow(kvc_context *c, kvc_turn **turns, int32_t n, kvc_room_fn 
     }
 }
 
-int32_t kvc_turn_n_preempted(const kvc_turn *t) { return t->n_preempted; }
-
 const int32_t *kvc_turn_tokens(const kvc_turn *t, int64_t *n)
 {
     *n = t->toks.n;
