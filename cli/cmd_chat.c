@@ -110,8 +110,9 @@ static bool print_piece(const char *text, size_t len, void *user)
 
 static void print_stats(const kvc_chat_stats *st)
 {
-    fprintf(stderr, "prompt: %d tokens | cached: %d | new: %d | %.0f tok/s | TTFT: %.0f ms\n",
-            st->prompt_tokens, st->cached_tokens, st->computed_tokens, st->prompt_tps, st->ttft_ms);
+    fprintf(stderr, "prompt: %d tokens | cached: %d (disk %d) | new: %d | %.0f tok/s | "
+            "TTFT: %.0f ms\n", st->prompt_tokens, st->cached_tokens, st->cached_disk_tokens,
+            st->computed_tokens, st->prompt_tps, st->ttft_ms);
     fprintf(stderr, "output: %d tokens | %.1f tok/s | total: %.1f s\n", st->output_tokens,
             st->decode_tps, st->total_ms / 1e3);
 }
@@ -227,6 +228,7 @@ static int run_script(kvc_session *s, const chat_opts *o)
             cJSON_AddNumberToObject(j, "turn", k);
             cJSON_AddNumberToObject(j, "prompt_tokens", st.prompt_tokens);
             cJSON_AddNumberToObject(j, "cached_tokens", st.cached_tokens);
+            cJSON_AddNumberToObject(j, "cached_disk_tokens", st.cached_disk_tokens);
             cJSON_AddNumberToObject(j, "computed_tokens", st.computed_tokens);
             cJSON_AddNumberToObject(j, "ttft_ms", st.ttft_ms);
             cJSON_AddNumberToObject(j, "prompt_ms", st.prompt_ms);
