@@ -11,7 +11,10 @@
  *  4. A corrupt block on disk stops the fetch there; it is counted, and what
  *     follows is recomputed, not read.
  *  5. Written through, then evicted: sent once, found in the queue or on
- *     disk. */
+ *     disk.
+ *  6. Through the engine: a conversation's turn, the engine freed (its
+ *     writer finishes), a new engine on the same directory: the next turn
+ *     finds its history on disk and answers as an engine without a disk. */
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -237,6 +240,81 @@ static void test_through_then_evict(kvc_model *m, const int32_t *toks)
     kvc_context_free(cold);
 }
 
+/* One request through an engine; the reply (malloc'd) and its stats. */
+static char *ask(kvc_engine *e, const kvc_chat_message *msgs, size_t n, kvc_chat_stats *st)
+{
+    kvc_request_params rp = { .messages = msgs, .n_messages = n, .session_key = "conv" };
+    rp.chat = kvc_chat_default_params();
+    rp.chat.max_tokens = 12;
+    char err[512];
+    kvc_request *r = kvc_engine_submit(e, &rp, NULL, err, sizeof(err));
+    CHECKF(r, "%s", err);
+    char *reply = NULL;
+    kvc_event ev;
+    while (r && kvc_request_next(r, &ev, -1)) {
+        if (ev.type == KVC_EVENT_DONE) {
+            reply = strdup(ev.text ? ev.text : "");
+            *st = ev.stats;
+        }
+        CHECKF(ev.type != KVC_EVENT_ERROR, "%s", ev.message);
+        bool last = ev.type != KVC_EVENT_TEXT;
+        kvc_event_clear(&ev);
+        if (last)
+            break;
+    }
+    kvc_request_free(r);
+    return reply;
+}
+
+static void test_engine_restart(kvc_model *m, const char *model_path)
+{
+    char dir[600], user[2000];
+    snprintf(dir, sizeof(dir), "%s/engine", tmpdir);
+    int at = snprintf(user, sizeof(user), "Remember:");
+    for (int i = 0; i < 120; i++)
+        at += snprintf(user + at, sizeof(user) - (size_t)at, " %s", i % 3 ? "stone" : "river");
+    kvc_chat_message msgs[4] = { { "system", "You are terse." }, { "user", user },
+                                 { "assistant", NULL }, { "user", "And then?" } };
+    kvc_engine_params ep = kvc_engine_default_params();
+    ep.n_ctx = 512;
+    ep.n_threads = 1;
+    ep.n_parallel = 2;
+    ep.cache_disk_mib = 16;
+    ep.cache_dir = dir;
+    ep.model_path = model_path;
+    kvc_engine *e = NULL;
+    char err[512];
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    if (!e)
+        return;
+    kvc_chat_stats st;
+    char *r1 = ask(e, msgs, 2, &st);
+    kvc_engine_free(e);                                  /* the writer finishes first */
+    msgs[2].content = r1 ? r1 : "";
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    char *warm = e ? ask(e, msgs, 4, &st) : NULL;
+    kvc_engine_metrics em;
+    if (e)
+        kvc_engine_get_metrics(e, &em);
+    kvc_engine_free(e);
+    ep.cache_disk_mib = 0;
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    kvc_chat_stats cold_st;
+    char *cold = e ? ask(e, msgs, 4, &cold_st) : NULL;
+    kvc_engine_free(e);
+    CHECK(warm && cold && strcmp(warm, cold) == 0);
+    printf("  engine restart: next turn %d prompt tokens, %d cached, %d of them from disk "
+           "(cold: %d computed)\n", st.prompt_tokens, st.cached_tokens, st.cached_disk_tokens,
+           cold_st.computed_tokens);
+    CHECKF(st.cached_disk_tokens * 10 >= st.prompt_tokens * 8, "only %d of %d tokens from disk",
+           st.cached_disk_tokens, st.prompt_tokens);
+    CHECK_EQ_INT(em.disk_tokens, st.cached_disk_tokens);
+    CHECK(em.disk_blocks_read > 0 && em.disk_checksum_failures == 0);
+    free(r1);
+    free(warm);
+    free(cold);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_tiers_XXXXXX");
@@ -256,6 +334,7 @@ int main(void)
         test_restart(m, toks);
         test_evict_and_corrupt(m, toks);
         test_through_then_evict(m, toks);
+        test_engine_restart(m, model_path);
     }
     kvc_model_free(m);
     char cmd[300];
