@@ -39,6 +39,20 @@ extern const char cli_sampling_help[];
 bool cli_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool cli_float(const char *opt, const char *s, float *out);
 
+/* The disk tier of chat and serve: --cache-dir DIR, --cache-disk MIB. */
+typedef struct cli_cache {
+    const char *dir;            /* NULL = the library's default directory */
+    int64_t     disk_mib;       /* 0 = off; default KVC_DISK_DEFAULT_MIB */
+} cli_cache;
+
+void cli_cache_init(cli_cache *c);
+/* Same return as cli_parse_common. */
+int  cli_parse_cache(cli_cache *c, int argc, char **argv, int *i);
+extern const char cli_cache_help[];
+
+/* The model's file: -m, or the demo model's path. */
+const char *cli_model_path(const cli_common *c);
+
 /* Load c->model (or make and load the demo model) with a progress bar on
  * stderr for large files. Prints the error and returns NULL on failure. */
 kvc_model *cli_load_model(const cli_common *c);

@@ -26,6 +26,8 @@ static const char help[] =
     "  --system TEXT            system prompt\n"
     "  --script FILE            run a scripted conversation (see the source for the format)\n"
     "  --no-cache               recompute the whole prompt every turn (a cold run)\n"
+    "  --allow-special-in-content  control-token text typed in a message becomes control\n"
+    "                           tokens (default: plain text; only the template makes them)\n"
     "  -n, --n-predict N        reply length limit (default 256)\n"
     "  --show-prompt            print each rendered prompt (stderr) before its reply\n"
     "  --context-overflow M     error (default) or shift\n"
@@ -94,6 +96,7 @@ typedef struct chat_opts {
     char       *tmpl_src;      /* owned: the file's text */
     bool        show_prompt;
     bool        no_cache;
+    bool        special_in_content;
     int64_t     n_predict;
     int32_t     overflow;
 } chat_opts;
@@ -107,8 +110,9 @@ static bool print_piece(const char *text, size_t len, void *user)
 
 static void print_stats(const kvc_chat_stats *st)
 {
-    fprintf(stderr, "prompt: %d tokens | cached: %d | new: %d | %.0f tok/s | TTFT: %.0f ms\n",
-            st->prompt_tokens, st->cached_tokens, st->computed_tokens, st->prompt_tps, st->ttft_ms);
+    fprintf(stderr, "prompt: %d tokens | cached: %d (disk %d) | new: %d | %.0f tok/s | "
+            "TTFT: %.0f ms\n", st->prompt_tokens, st->cached_tokens, st->cached_disk_tokens,
+            st->computed_tokens, st->prompt_tps, st->ttft_ms);
     fprintf(stderr, "output: %d tokens | %.1f tok/s | total: %.1f s\n", st->output_tokens,
             st->decode_tps, st->total_ms / 1e3);
 }
@@ -121,6 +125,7 @@ static int turn(kvc_session *s, convo *c, const chat_opts *o, bool stream, kvc_c
     p.max_tokens = (int32_t)o->n_predict;
     p.sampling = o->c.sampling;
     p.no_cache = o->no_cache;
+    p.special_in_content = o->special_in_content;
     p.overflow = o->overflow;
     p.template_kwargs_json = o->kwargs;
     char *reply = NULL, err[512];
@@ -223,6 +228,7 @@ static int run_script(kvc_session *s, const chat_opts *o)
             cJSON_AddNumberToObject(j, "turn", k);
             cJSON_AddNumberToObject(j, "prompt_tokens", st.prompt_tokens);
             cJSON_AddNumberToObject(j, "cached_tokens", st.cached_tokens);
+            cJSON_AddNumberToObject(j, "cached_disk_tokens", st.cached_disk_tokens);
             cJSON_AddNumberToObject(j, "computed_tokens", st.computed_tokens);
             cJSON_AddNumberToObject(j, "ttft_ms", st.ttft_ms);
             cJSON_AddNumberToObject(j, "prompt_ms", st.prompt_ms);
@@ -311,22 +317,29 @@ int cmd_chat(int argc, char **argv)
     chat_opts o;
     memset(&o, 0, sizeof(o));
     cli_common_init(&o.c);
+    cli_cache cache;
+    cli_cache_init(&cache);
     o.n_predict = 256;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s\nOptions:\n%s%s", help, cli_template_help, cli_common_help, cli_sampling_help);
+            printf("%s%s\nOptions:\n%s%s%s", help, cli_template_help, cli_common_help,
+                   cli_cache_help, cli_sampling_help);
             return 0;
         }
         int r = cli_parse_template(argc, argv, &i, &o.tmpl, &o.kwargs, &o.tmpl_src);
         if (r == 0)
             r = cli_parse_common(&o.c, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_cache(&cache, argc, argv, &i);
         if (r < 0)
             return 2;
         if (r > 0)
             continue;
         if (!strcmp(a, "--no-cache"))
             o.no_cache = true;
+        else if (!strcmp(a, "--allow-special-in-content"))
+            o.special_in_content = true;
         else if (!strcmp(a, "--system") && v)
             o.system = argv[++i];
         else if (!strcmp(a, "--script") && v)
@@ -352,6 +365,10 @@ int cmd_chat(int argc, char **argv)
     kvc_model *m = cli_load_model(&o.c);
     kvc_context *ctx = m ? cli_new_context(&o.c, m, 1) : NULL;
     char err[512];
+    if (ctx && cache.disk_mib > 0 && !o.no_cache &&
+        kvc_context_enable_disk(ctx, cli_model_path(&o.c), cache.dir, cache.disk_mib, err,
+                                sizeof(err)) != KVC_OK)
+        fprintf(stderr, "kvchat chat: the disk cache is off: %s\n", err);
     kvc_session *s = ctx ? kvc_session_new(ctx, 0, o.tmpl, err, sizeof(err)) : NULL;
     int rc = 1;
     if (ctx && !s)

@@ -36,6 +36,9 @@ static const char serve_help[] =
     "                          error (default) or drop the oldest turns\n"
     "      --no-cache          every request cold: reuse nothing, keep nothing (a reference\n"
     "                          server to compare against)\n"
+    "      --allow-special-in-content  control-token text in messages becomes control tokens\n"
+    "                          (default: message text is plain text; only the template's\n"
+    "                          markup gives control tokens)\n"
     "      --timeout S         close connections idle for S seconds (default 60)\n"
     "      --request-timeout S a request's headers and body must arrive within S seconds\n"
     "                          of the connection opening (or of the previous answer);\n"
@@ -121,15 +124,15 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
 
 /* Parse argv into the three parameter sets. Returns -1 to go on, else the
  * exit code (0 after --help). */
-static int parse_args(cli_common *c, kvc_server_params *sp, kvc_engine_params *ep, int argc,
-                      char **argv, char **tmpl_src)
+static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
+                      kvc_engine_params *ep, int argc, char **argv, char **tmpl_src)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             /* serve samples by default (OpenAI's temperature 1), unlike the CLI */
             const char *t = strstr(cli_sampling_help, "(default 0)");
-            printf("%s%s%s", serve_help, cli_template_help, cli_common_help);
+            printf("%s%s%s%s", serve_help, cli_template_help, cli_cache_help, cli_common_help);
             if (t)
                 printf("%.*s(default 1, OpenAI's)%s", (int)(t - cli_sampling_help),
                        cli_sampling_help, t + strlen("(default 0)"));
@@ -144,10 +147,16 @@ static int parse_args(cli_common *c, kvc_server_params *sp, kvc_engine_params *e
             ep->no_cache = true;
             continue;
         }
+        if (!strcmp(a, "--allow-special-in-content")) {
+            ep->special_in_content = true;
+            continue;
+        }
         int r = cli_parse_template(argc, argv, &i, &ep->chat_template, &ep->chat_template_kwargs,
                                    tmpl_src);
         if (r == 0)
             r = parse_serve(sp, ep, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_cache(cache, argc, argv, &i);
         if (r == 0)
             r = cli_parse_common(c, argc, argv, &i);
         if (r < 0)
@@ -165,7 +174,14 @@ static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *s
     char err[512];
     kvc_engine *e = NULL;
     kvc_server *s = NULL;
-    if (kvc_engine_new(m, ep, &e, err, sizeof(err)) != KVC_OK) {
+    int rc = kvc_engine_new(m, ep, &e, err, sizeof(err));
+    if (rc != KVC_OK && ep->cache_disk_mib > 0) {   /* say so, and serve from RAM */
+        fprintf(stderr, "kvchat: the disk cache is off: %s\n", err);
+        kvc_engine_params no_disk = *ep;
+        no_disk.cache_disk_mib = 0;
+        rc = kvc_engine_new(m, &no_disk, &e, err, sizeof(err));
+    }
+    if (rc != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         return 1;
     }
@@ -202,10 +218,12 @@ int cmd_serve(int argc, char **argv)
     c.sampling.temperature = 1.0f;               /* OpenAI's default, as --help says */
     kvc_server_params sp = kvc_server_default_params();
     kvc_engine_params ep = kvc_engine_default_params();
+    cli_cache cache;
+    cli_cache_init(&cache);
     const char *env_key = getenv("KVCHAT_API_KEY");
     sp.api_key = env_key && *env_key ? env_key : NULL;
     char *tmpl_src = NULL;   /* --chat-template-file's text */
-    int rc = parse_args(&c, &sp, &ep, argc, argv, &tmpl_src);
+    int rc = parse_args(&c, &cache, &sp, &ep, argc, argv, &tmpl_src);
     if (rc >= 0) {
         free(tmpl_src);
         return rc;
@@ -214,6 +232,9 @@ int cmd_serve(int argc, char **argv)
     ep.n_batch = c.n_batch;
     ep.n_threads = c.n_threads;
     ep.kv_type = c.kv_type;
+    ep.cache_disk_mib = cache.disk_mib;
+    ep.cache_dir = cache.dir;
+    ep.model_path = cli_model_path(&c);
     sp.sampling = c.sampling;
     if (sp.api_key && !*sp.api_key)
         sp.api_key = NULL;

@@ -18,6 +18,12 @@ const char cli_common_help[] =
     "      --kv-type T         KV cache type: f16 (default), f32, q8_0\n"
     "      --json              machine-readable output\n";
 
+const char cli_cache_help[] =
+    "      --cache-dir DIR     the disk tier's directory (default: $KVCHAT_CACHE/kv, else\n"
+    "                          $XDG_CACHE_HOME/kvchat/kv, else ~/.cache/kvchat/kv)\n"
+    "      --cache-disk MIB    the disk tier's size in MiB (default 4096; 0 = off): the KV\n"
+    "                          cache survives evictions and restarts\n";
+
 const char cli_sampling_help[] =
     "      --temp X            temperature; 0 = greedy (default 0)\n"
     "      --top-k N           keep the N most likely tokens (default 40; 0 = off)\n"
@@ -76,6 +82,35 @@ static const char *value(int argc, char **argv, int *i)
         return NULL;
     }
     return argv[++*i];
+}
+
+void cli_cache_init(cli_cache *c)
+{
+    c->dir = NULL;
+    c->disk_mib = KVC_DISK_DEFAULT_MIB;
+}
+
+int cli_parse_cache(cli_cache *c, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v;
+    int64_t n;
+    if (is(a, "--cache-dir", NULL)) {
+        if (!(v = value(argc, argv, i)))
+            return -1;
+        c->dir = v;
+    } else if (is(a, "--cache-disk", NULL)) {
+        if (!(v = value(argc, argv, i)) || !cli_int(a, v, 0, INT64_MAX / (1 << 20), &n))
+            return -1;
+        c->disk_mib = n;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+const char *cli_model_path(const cli_common *c)
+{
+    return c->model ? c->model : cli_demo_model_path();
 }
 
 int cli_parse_common(cli_common *c, int argc, char **argv, int *i)

@@ -141,7 +141,20 @@ kvc_context_params kvc_context_default_params(void);
 
 int  kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_context **out,
                      char *err, size_t err_size);
-void kvc_context_free(kvc_context *ctx);
+
+/* The default budget of the disk tier: 4 GiB, about 340k tokens of a
+ * Qwen2.5-0.5B-shaped model in F16 (12 KiB a token): 80 conversations of 4k. */
+#define KVC_DISK_DEFAULT_MIB 4096
+
+/* Keep the context's KV blocks also on disk (DESIGN.md §5), in `dir` (NULL =
+ * the default of kvc_engine_params.cache_dir) with a budget of `mib` MiB (0 =
+ * KVC_DISK_DEFAULT_MIB): blocks evicted from RAM and each finished turn are
+ * written there, and a prompt's prefix found there is read instead of
+ * computed, also after a restart. `model_path`: the model's file (its
+ * fingerprint keeps other models' blocks apart). Call before the first
+ * request. KVC_ERR_BUSY when another process uses the directory, KVC_ERR_IO. */
+int  kvc_context_enable_disk(kvc_context *ctx, const char *model_path, const char *dir,
+                             int64_t mib, char *err, size_t err_size);void kvc_context_free(kvc_context *ctx);
 
 int32_t kvc_context_n_ctx(const kvc_context *ctx);
 int32_t kvc_context_n_batch(const kvc_context *ctx);
@@ -258,6 +271,9 @@ typedef struct kvc_chat_params {
     bool               parse_tool_calls; /* engine: parse the reply's tool calls in the
                                        template's syntax (kvc_engine_tool_format) into the
                                        DONE event */
+    bool               special_in_content; /* control-token text in message content becomes
+                                       control tokens (false: content is tokenized as plain
+                                       text, only the template's own markup gives them) */
 } kvc_chat_params;
 
 #define KVC_MAX_TOP_LOGPROBS 20
@@ -277,6 +293,7 @@ kvc_chat_params kvc_chat_default_params(void);
 typedef struct kvc_chat_stats {
     int32_t prompt_tokens;    /* tokens of the rendered conversation */
     int32_t cached_tokens;    /* of those, reused from the cache */
+    int32_t cached_disk_tokens; /* of cached_tokens, read from the disk tier */
     int32_t computed_tokens;  /* run through the model for the prompt */
     int32_t output_tokens;    /* generated */
     int32_t dropped_tokens;   /* removed by a context shift */
@@ -429,6 +446,15 @@ typedef struct kvc_engine_params {
                                    (a request's chat_template_kwargs win per key); NULL = none */
     int32_t     overflow;       /* enum kvc_overflow */
     bool        no_cache;       /* every request cold (as kvc_chat_params.no_cache) */
+    bool        special_in_content; /* every request's (kvc_chat_params.special_in_content) */
+    /* the disk tier (DESIGN.md §5): KV blocks kept in a directory, across
+     * evictions and restarts. The CLI turns it on by default. */
+    int64_t     cache_disk_mib; /* its budget in MiB; 0 = no disk tier (the default here;
+                                   the CLI's is KVC_DISK_DEFAULT_MIB) */
+    const char *cache_dir;      /* NULL = $KVCHAT_CACHE/kv, else $XDG_CACHE_HOME/kvchat/kv,
+                                   else ~/.cache/kvchat/kv */
+    const char *model_path;     /* the model's file, fingerprinted so that no other model
+                                   (or KV type) ever reads its blocks; needed with the tier */
 } kvc_engine_params;
 
 kvc_engine_params kvc_engine_default_params(void);
@@ -527,6 +553,20 @@ typedef struct kvc_engine_metrics {
     /* constrained decoding (issue 13) */
     uint64_t grammar_masks;     /* token masks computed */
     uint64_t grammar_mask_us;   /* time spent computing them, microseconds */
+    /* tiers (issue 10); the disk figures stay 0 without a disk tier */
+    uint64_t room_refused;      /* asks for room eviction could not meet: nothing evicted */
+    uint64_t preemptions;       /* running requests that gave their blocks back mid-reply
+                                   (the pool ran dry) and resumed later */
+    uint64_t disk_tokens;       /* cached prompt tokens read from the disk tier */
+    uint64_t disk_blocks_read;
+    uint64_t disk_blocks_written;
+    uint64_t disk_bytes_read;
+    uint64_t disk_bytes_written;
+    int64_t  disk_blocks;       /* held on disk now */
+    int64_t  disk_bytes_used;
+    int64_t  disk_bytes_budget;
+    uint64_t disk_checksum_failures;   /* blocks found corrupt: discarded, recomputed */
+    uint64_t disk_writes_dropped;      /* write-throughs dropped: the writer was behind */
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);

@@ -170,6 +170,8 @@ void kvc_context_free(kvc_context *c)
     if (c->seqs && c->pool)
         for (int32_t s = 0; s < c->p.n_seq; s++)
             kvc_kv_seq_release(c->pool, &c->seqs[s]);
+    kvc_tiers_free(c->tiers);                /* writes what is queued; unhooks the tree */
+    kvc_bs_close(c->store);
     kvc_pc_free(c->pc);
     kvc_chat_template_free(c->chat_tmpl);
     free(c->chat_tmpl_key);
@@ -180,6 +182,47 @@ void kvc_context_free(kvc_context *c)
     kvc_compute_free(c->compute);
     kvc_kv_pool_free(c->pool);
     free(c);
+}
+
+int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
+                         kvc_err *err)
+{
+    if (c->tiers || kvc_pc_n_nodes(c->pc) > 0 || mib < 0 || !model_path)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "disk tier: %s",
+                        !model_path ? "no model file to fingerprint"
+                        : mib < 0   ? "negative size"
+                                    : "the context's cache is in use already");
+    kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false };
+    kvc_block_store *store = NULL;
+    kvc_tiers *tiers = NULL;
+    uint64_t fp = 0;
+    char dirbuf[4096];
+    int rc = kvc_disk_store_open(&dp, &store, err);
+    if (!rc && !dir)
+        rc = kvc_cache_default_dir(dirbuf, sizeof(dirbuf), err);
+    if (!rc)
+        rc = kvc_model_fingerprint(model_path, dir ? dir : dirbuf, &fp, err);
+    if (!rc)
+        rc = kvc_pc_set_model(c->pc, fp, err);
+    if (!rc)
+        rc = kvc_tiers_new(c->pc, c->pool, store, 0, &tiers, err);
+    if (rc) {
+        kvc_bs_close(store);
+        return rc;
+    }
+    c->store = store;
+    c->tiers = tiers;
+    return KVC_OK;
+}
+
+int kvc_context_enable_disk(kvc_context *c, const char *model_path, const char *dir,
+                            int64_t mib, char *err, size_t err_size)
+{
+    kvc_err e = { 0 };
+    int rc = kvc_context_set_disk(c, model_path, dir, mib, &e);
+    if (rc)
+        copy_err(&e, err, err_size);
+    return rc;
 }
 
 size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
@@ -195,9 +238,14 @@ size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
 bool kvc_context_make_room(kvc_context *c, int64_t n_free)
 {
     int64_t have = kvc_kv_n_free(c->pool);
-    if (have < n_free)
-        have += kvc_pc_evict(c->pc, n_free - have);
-    return have >= n_free;
+    if (have >= n_free)
+        return true;
+    if (have + kvc_pc_evictable(c->pc) < n_free) {
+        c->room_refused++;
+        return false;                        /* know before evicting: nothing is lost */
+    }
+    kvc_pc_evict(c->pc, n_free - have);
+    return kvc_kv_n_free(c->pool) >= n_free;
 }
 
 int kvc_context_logits_reserve(kvc_context *c, int32_t rows, kvc_err *err)

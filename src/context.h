@@ -9,6 +9,7 @@
 
 #include "model.h"
 #include "prefix_cache.h"
+#include "tiers.h"
 
 struct kvc_context {
     kvc_model   *model;
@@ -27,10 +28,29 @@ struct kvc_context {
     char        *chat_tmpl_key; /* the template_name it was made for; NULL = the model's */
     struct kvc_gvocab *gvocab;  /* the vocabulary trie of constrained decoding (grammar.h),
                                    made by the first turn with a grammar; NULL before */
+    int64_t      growth_reserve;/* blocks a turn's admission leaves free beside the
+                                   promised ones, for running replies to grow into
+                                   (the engine: one per running request) */
+    kvc_block_store *store;     /* the disk tier, or NULL (kvc_context_set_disk) */
+    kvc_tiers   *tiers;         /* the tree joined to it, or NULL */
+    uint64_t     room_refused;  /* kvc_context_make_room calls that evicted nothing
+                                   because eviction could not make the room */
 };
 
+/* Put the disk tier under the context's tree: open (create) the store in
+ * `dir` (NULL = the user's cache directory) with a budget of `mib` MiB (0 =
+ * KVC_DISK_DEFAULT_MIB), and seed the chain hashes with the fingerprint of
+ * the model file at `model_path` (remembered in the directory), so blocks of
+ * another model or KV type are never found. Only on a context whose tree is
+ * still empty. Errors (nothing changed): the store's (KVC_ERR_BUSY: another
+ * process holds the directory; KVC_ERR_IO), KVC_ERR_INVALID_ARG, NOMEM. */
+int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
+                         kvc_err *err);
+
 /* Evict least recently used unreferenced blocks from the prefix tree until
- * n_free blocks are free. Returns whether they are. */
+ * n_free blocks are free, only when that is enough (the tree knows how many it
+ * can evict): a request that cannot fit evicts nothing. Returns whether
+ * n_free blocks are free. */
 bool kvc_context_make_room(kvc_context *c, int64_t n_free);
 
 /* Make room for `rows` rows of logits in c->logits. KVC_ERR_NOMEM. */

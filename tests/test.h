@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kvchat.h"
+
 static int test_failures = 0;
 static int test_checks = 0;
 
@@ -70,6 +72,38 @@ static inline char *test_read_file(const char *path, size_t *len)
             *len = (size_t)n;
     }
     return buf;
+}
+
+/* A context of one thread for tests: n_ctx, n_batch, n_seq sequences and a
+ * pool of `blocks` blocks; NULL (a failed check) on error. */
+static inline kvc_context *test_new_context(kvc_model *m, int32_t n_ctx, int32_t n_batch,
+                                            int32_t n_seq, int64_t blocks)
+{
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_batch = n_batch;
+    cp.n_threads = 1;
+    cp.n_seq = n_seq;
+    cp.kv_blocks = blocks;
+    kvc_context *c = NULL;
+    char err[512];
+    CHECKF(kvc_context_new(m, &cp, &c, err, sizeof(err)) == KVC_OK, "%s", err);
+    return c;
+}
+
+/* Generate the model preset `preset` ("tiny", ...) as dir/<preset>.gguf
+ * (its path left in path[size]) and load it; NULL (a failed check) on error. */
+static inline kvc_model *test_gen_model(const char *dir, const char *preset, char *path,
+                                        size_t size)
+{
+    char err[512];
+    kvc_gen_params p;
+    kvc_model *m = NULL;
+    snprintf(path, size, "%s/%s.gguf", dir, preset);
+    CHECK(kvc_gen_preset(preset, &p) == KVC_OK);
+    CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "%s", err);
+    CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
+    return m;
 }
 
 #endif

@@ -88,6 +88,28 @@ static int64_t new_tokens(const kvc_model *m, const kvc_chat_template *tmpl, con
     return r;
 }
 
+/* A template of our own in the style of QwQ and Qwen3's thinking mode: the
+ * generation prompt opens a reasoning block, and past assistant turns are
+ * written without it (whatever came before a "</think>" is dropped). So the
+ * cached reply follows "<think>\n" and the next request's does not: only the
+ * background canonicalization keeps the next turn from recomputing it. */
+static const char THINK_TEMPLATE[] =
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}"
+    "{%- set content = message.content %}"
+    "{%- if '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n<think>\n' }}{%- endif %}";
+
+/* The template of the sessions: NULL = the model's, else Jinja source. */
+static const char *tmpl_src;
+
 /* The reply of a fresh context to c (the reference: shares nothing). */
 static char *cold_reply(kvc_model *m, const conv *c, const kvc_chat_params *p)
 {
@@ -98,7 +120,7 @@ static char *cold_reply(kvc_model *m, const conv *c, const kvc_chat_params *p)
     char err[512];
     char *reply = NULL;
     CHECKF(kvc_context_new(m, &cp, &ctx, err, sizeof(err)) == KVC_OK, "%s", err);
-    kvc_session *s = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
+    kvc_session *s = ctx ? kvc_session_new(ctx, 0, tmpl_src, err, sizeof(err)) : NULL;
     if (s)
         CHECKF(kvc_session_chat(s, c->m, c->n, p, NULL, NULL, &reply, NULL, err, sizeof(err)) ==
                KVC_OK, "cold: %s", err);
@@ -127,7 +149,7 @@ static void run_model(kvc_model *m, const char *name, bool sampled, totals *tot)
     conv c[N_CONV];
     memset(c, 0, sizeof(c));
     for (int i = 0; i < N_CONV; i++) {
-        s[i] = kvc_session_new(ctx, i, NULL, err, sizeof(err));
+        s[i] = kvc_session_new(ctx, i, tmpl_src, err, sizeof(err));
         if (i == 1)
             conv_push(&c[i], "system", strdup("You are a helpful assistant. Be brief."));
     }
@@ -396,6 +418,23 @@ int main(void)
                (long long)(tot.ideal - before.ideal));
         kvc_model_free(m);
     }
+    /* a template that rewrites past assistant turns */
+    snprintf(path, sizeof(path), "%s/think.gguf", dir);
+    kvc_model *tm = make("tiny", path, false);
+    unlink(path);
+    if (tm) {
+        totals before = tot;
+        tmpl_src = THINK_TEMPLATE;
+        run_model(tm, "tiny, reasoning dropped from history", false, &tot);
+        run_model(tm, "tiny, reasoning dropped from history", true, &tot);
+        tmpl_src = NULL;
+        printf("  reasoning dropped from history: %d/%d replies equal a fresh context's; turns 2+: "
+               "computed %lld tokens, new messages and markup %lld\n", tot.equal - before.equal,
+               tot.replies - before.replies, (long long)(tot.computed - before.computed),
+               (long long)(tot.ideal - before.ideal));
+    }
+    kvc_model_free(tm);
+
     /* models whose byte and control tokens are as likely as any other */
     int cuts = 0, ctls = 0;
     const char *loud_presets[] = { "tiny", "tiny-llama" };

@@ -145,23 +145,30 @@ static bool wait_background(int port)
 
 /* Tokens of the conversation in body (its messages; gen: the generation
  * prompt) as a cold run has them. */
+/* The template the servers run: NULL = the model's, else Jinja source
+ * (given to them with --chat-template-file tmpl_file). */
+static const char *tmpl_src;
+static char tmpl_file[4200];
+
 static kvc_tokbuf tokens_of(const kvc_model *m, cJSON *msgs, int n, bool gen)
 {
-    kvc_chat_msg cm[2 * N_TURNS + 2];
+    kvc_chat_message cm[2 * N_TURNS + 2];
     for (int i = 0; i < n; i++) {
         cJSON *x = cJSON_GetArrayItem(msgs, i);
-        cm[i] = (kvc_chat_msg){ cJSON_GetStringValue(cJSON_GetObjectItem(x, "role")),
-                                cJSON_GetStringValue(cJSON_GetObjectItem(x, "content")) };
+        cm[i] = (kvc_chat_message){ .role = cJSON_GetStringValue(cJSON_GetObjectItem(x, "role")),
+                                    .content = cJSON_GetStringValue(
+                                        cJSON_GetObjectItem(x, "content")) };
     }
-    int tmpl = kvc_chat_template_detect(m->chat_template);
-    char *text = NULL;
+    kvc_chat_template_params tp = { .jinja = tmpl_src ? tmpl_src : m->chat_template };
+    kvc_chat_template *t = NULL;
+    kvc_rendered r = { 0 };
     kvc_err e = { 0 };
     kvc_tokbuf b = { 0 };
-    kvc_chat_render(tmpl == KVC_TMPL_UNKNOWN ? KVC_TMPL_CHATML : tmpl, cm, (size_t)n, gen, &text,
-                    &e);
-    if (text)
-        kvc_prompt_tokenize(m, text, strlen(text), &b, &e);
-    free(text);
+    if (kvc_chat_template_new(&tp, &t, &e) == KVC_OK &&
+        kvc_chat_template_apply(t, cm, (size_t)n, NULL, NULL, gen, &r, &e) == KVC_OK)
+        kvc_prompt_tokenize(m, r.text, r.len, &b, &e);
+    kvc_rendered_free(&r);
+    kvc_chat_template_free(t);
     return b;
 }
 
@@ -193,7 +200,8 @@ static void add_message(cJSON *msgs, const char *role, const char *content)
 
 static void run(const kvc_model *m, const char *path, const char *name, bool sampled, totals *t)
 {
-    const char *const args[] = { "-m", path, "-t", "1", NULL };
+    const char *const args[] = { "-m", path, "-t", "1", tmpl_src ? "--chat-template-file" : NULL,
+                                 tmpl_file, NULL };
     http_server warm;
     CHECKF(http_server_start(&warm, bin, args, 30), "%s: warm server", name);
     if (!warm.pid)
@@ -315,6 +323,38 @@ int main(void)
         if (models[k].preset)
             unlink(path);
     }
+    /* a template that drops the reasoning block from history (test_exact.c) */
+    static const char think[] =
+        "{%- for message in messages %}{%- if message.role == 'assistant' %}"
+        "{%- set content = message.content %}{%- if '</think>' in content %}"
+        "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+        "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}{%- else %}"
+        "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+        "{%- endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}";
+    snprintf(tmpl_file, sizeof(tmpl_file), "%s/think.jinja", dir);
+    snprintf(path, sizeof(path), "%s/think.gguf", dir);
+    FILE *fp = fopen(tmpl_file, "w");
+    kvc_gen_params g;
+    char err[512];
+    kvc_gen_preset("tiny", &g);
+    kvc_model *m = NULL;
+    if (fp && fputs(think, fp) >= 0 && fclose(fp) == 0 &&
+        kvc_gen_write(&g, path, err, sizeof(err)) == KVC_OK &&
+        kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK) {
+        totals before = t;
+        tmpl_src = think;
+        run(m, path, "reasoning dropped", false, &t);
+        tmpl_src = NULL;
+        printf("  reasoning dropped from history: %d/%d replies equal a fresh process's; turns 2+ "
+               "computed %lld tokens, new messages and markup %lld\n", t.equal - before.equal,
+               t.replies - before.replies, (long long)(t.computed - before.computed),
+               (long long)(t.ideal - before.ideal));
+    } else
+        CHECKF(0, "the reasoning template's model: %s", err);
+    kvc_model_free(m);
+    unlink(path);
+    unlink(tmpl_file);
     rmdir(dir);
     printf("  all: %d/%d equal; %d/%d bodies valid; cache_prompt false %d/%d equal; %d/%d later "
            "turns within %d tokens of the ideal\n", t.equal, t.replies, t.bodies_ok, t.replies,

@@ -1,5 +1,6 @@
 /* test_kv.c - the paged KV pool: reference counts, copy-on-write, truncation,
- * forks, and the budget (allocation fails cleanly when full). */
+ * forks, the budget (allocation fails cleanly when full), and the watcher
+ * told of a tagged block's 1 <-> 2 transitions. */
 #include "kv.h"
 #include "quant.h"
 #include "test.h"
@@ -32,6 +33,47 @@ static void test_alloc_and_refs(void)
     uint8_t *k00 = kvc_kv_k(pool, a, 0, 0), *v11 = kvc_kv_v(pool, a, 1, 1);
     CHECK(v11 > k00 && (size_t)(v11 - k00) < kvc_kv_block_bytes(pool));
     CHECK(kvc_kv_k(pool, a, 0, 1) != kvc_kv_v(pool, a, 0, 0));
+    kvc_kv_pool_free(pool);
+}
+
+typedef struct watch_log {
+    int   calls;
+    void *tag;
+    int   last;
+} watch_log;
+
+static void on_watch(void *user, void *tag, int32_t refcount)
+{
+    watch_log *w = user;
+    w->calls++;
+    w->tag = tag;
+    w->last = refcount;
+}
+
+static void test_watch(void)
+{
+    kvc_kv_pool *pool = new_pool(4, KVC_TYPE_F16);
+    watch_log w = { 0 };
+    int tag_obj;
+    kvc_kv_set_watch(pool, on_watch, &w);
+    int32_t a = kvc_kv_block_alloc(pool), b = kvc_kv_block_alloc(pool);
+    kvc_kv_block_tag(pool, a, &tag_obj);
+    CHECK(kvc_kv_block_tag_of(pool, a) == &tag_obj && kvc_kv_block_tag_of(pool, b) == NULL);
+    kvc_kv_block_ref(pool, b);                 /* untagged: silent */
+    kvc_kv_block_unref(pool, b);
+    CHECK_EQ_INT(w.calls, 0);
+    kvc_kv_block_ref(pool, a);                 /* 1 -> 2 */
+    CHECK(w.calls == 1 && w.last == 2 && w.tag == &tag_obj);
+    kvc_kv_block_ref(pool, a);                 /* 2 -> 3: not a transition it watches */
+    kvc_kv_block_unref(pool, a);
+    CHECK_EQ_INT(w.calls, 1);
+    kvc_kv_block_unref(pool, a);               /* 2 -> 1 */
+    CHECK(w.calls == 2 && w.last == 1);
+    kvc_kv_block_tag(pool, a, NULL);
+    kvc_kv_block_unref(pool, a);               /* untagged before its last reference */
+    CHECK_EQ_INT(w.calls, 2);
+    CHECK_EQ_INT(kvc_kv_n_free(pool), 3);
+    kvc_kv_block_unref(pool, b);
     kvc_kv_pool_free(pool);
 }
 
@@ -121,6 +163,7 @@ static void test_bad_params(void)
 int main(void)
 {
     test_alloc_and_refs();
+    test_watch();
     test_seq_reserve_truncate();
     test_fork_and_cow();
     test_bad_params();

@@ -3,7 +3,11 @@
  *
  *  1. Units: lookup of full and partial blocks, hash verified by content,
  *     pending nodes stop a lookup, LRU eviction takes leaves first and never
- *     a referenced or pinned block.
+ *     a referenced or pinned block. Namespaces never match each other. The
+ *     running evictable count and the LRU list through every kind of change
+ *     (kvc_pc_check recounts both by brute force, after every step of the
+ *     randomized run too), eviction order, and make_room that evicts nothing
+ *     unless that makes room.
  *  2. A randomized model-based run: thousands of operations (new conversation,
  *     extend, edit, branch, regenerate, no-cache, cancel, evict, drop a
  *     session's hold) on several sessions of one small pool, their turns
@@ -40,37 +44,11 @@ static uint64_t rnd(void)
 static int rint_(int n) { return (int)(rnd() % (uint64_t)n); }
 static bool chance(int percent) { return rint_(100) < percent; }
 
-static kvc_model *make_model(void)
-{
-    char path[512], err[512];
-    snprintf(path, sizeof(path), "%s/tiny.gguf", tmpdir);
-    kvc_gen_params p;
-    CHECK(kvc_gen_preset("tiny", &p) == KVC_OK);
-    CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "%s", err);
-    kvc_model *m = NULL;
-    CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
-    return m;
-}
-
-static kvc_context *new_ctx(kvc_model *m, int32_t n_seq, int64_t blocks, int32_t n_batch)
-{
-    kvc_context_params cp = kvc_context_default_params();
-    cp.n_ctx = 512;
-    cp.n_batch = n_batch;
-    cp.n_threads = 1;
-    cp.n_seq = n_seq;
-    cp.kv_blocks = blocks;
-    kvc_context *c = NULL;
-    char err[512];
-    CHECKF(kvc_context_new(m, &cp, &c, err, sizeof(err)) == KVC_OK, "%s", err);
-    return c;
-}
-
 /* ============================================================ units */
 
 static void test_units(kvc_model *m)
 {
-    kvc_context *c = new_ctx(m, 2, 16, 64);
+    kvc_context *c = test_new_context(m, 512, 64, 2, 16);
     if (!c)
         return;
     kvc_prefix_cache *pc = c->pc;
@@ -84,38 +62,38 @@ static void test_units(kvc_model *m)
     int32_t blk[3];
     for (int i = 0; i < 3; i++) {
         blk[i] = kvc_kv_block_alloc(pool);
-        CHECK_EQ_INT(kvc_pc_insert(pc, parent, toks + 16 * i, blk[i], false, &n[i], &e), 1);
+        CHECK_EQ_INT(kvc_pc_insert(pc, 0, parent, toks + 16 * i, blk[i], false, &n[i], &e), 1);
         kvc_kv_block_unref(pool, blk[i]);          /* the tree's reference only */
         parent = n[i];
     }
     CHECK_EQ_INT(kvc_kv_block_refcount(pool, blk[0]), 1);
     kvc_pc_node *dup = NULL;
-    CHECK_EQ_INT(kvc_pc_insert(pc, kvc_pc_root(pc), toks, 7, false, &dup, &e), 0);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, kvc_pc_root(pc), toks, 7, false, &dup, &e), 0);
     CHECK(dup == n[0] && dup->block == blk[0]);
     kvc_pc_match mt;
-    kvc_pc_lookup(pc, toks, 64, &mt);
+    kvc_pc_lookup(pc, 0, toks, 64, &mt);
     CHECK(mt.n_full == 3 && mt.last == n[2] && mt.partial == NULL && mt.pending == NULL);
-    kvc_pc_lookup(pc, toks, 40, &mt);              /* 2 full + 8 of the third */
+    kvc_pc_lookup(pc, 0, toks, 40, &mt);              /* 2 full + 8 of the third */
     CHECK(mt.n_full == 2 && mt.partial == n[2] && mt.partial_len == 8);
     int32_t other[48];
     memcpy(other, toks, sizeof(other));
     other[20] = 5;                                 /* differs inside block 1 */
-    kvc_pc_lookup(pc, other, 48, &mt);
+    kvc_pc_lookup(pc, 0, other, 48, &mt);
     CHECK(mt.n_full == 1 && mt.partial == n[1] && mt.partial_len == 4);
     /* same hash seed, other tokens: content decides, never the hash alone */
     other[0] = 99;
-    kvc_pc_lookup(pc, other, 48, &mt);
+    kvc_pc_lookup(pc, 0, other, 48, &mt);
     CHECK(mt.n_full == 0 && mt.partial == NULL);
     CHECK(kvc_pc_check(pc, &e) == KVC_OK);
     /* a pending fourth block stops the lookup */
     kvc_pc_node *p4;
     int32_t b4 = kvc_kv_block_alloc(pool);
-    CHECK_EQ_INT(kvc_pc_insert(pc, n[2], toks + 48, b4, true, &p4, &e), 1);
-    kvc_pc_lookup(pc, toks, 64, &mt);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, n[2], toks + 48, b4, true, &p4, &e), 1);
+    kvc_pc_lookup(pc, 0, toks, 64, &mt);
     CHECK(mt.n_full == 3 && mt.pending == p4 && mt.partial == NULL);
     CHECK_EQ_INT(kvc_pc_evictable(pc), 0);         /* pending pins the whole path */
     kvc_pc_set_ready(pc, p4);
-    kvc_pc_lookup(pc, toks, 64, &mt);
+    kvc_pc_lookup(pc, 0, toks, 64, &mt);
     CHECK(mt.n_full == 4 && mt.pending == NULL);
     CHECK_EQ_INT(kvc_pc_evictable(pc), 0);         /* block 4 is ours too: a leaf in use */
     kvc_kv_block_unref(pool, b4);
@@ -134,18 +112,141 @@ static void test_units(kvc_model *m)
     kvc_pc_node *x, *y;
     other[40] = 3;
     int32_t bx = kvc_kv_block_alloc(pool), by = kvc_kv_block_alloc(pool);
-    CHECK_EQ_INT(kvc_pc_insert(pc, n[1], toks + 32, bx, false, &x, &e), 1);
-    CHECK_EQ_INT(kvc_pc_insert(pc, n[1], other + 32, by, false, &y, &e), 1);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, n[1], toks + 32, bx, false, &x, &e), 1);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, n[1], other + 32, by, false, &y, &e), 1);
     kvc_kv_block_unref(pool, bx);
     kvc_kv_block_unref(pool, by);
-    kvc_pc_lookup(pc, toks, 48, &mt);              /* touches x */
+    kvc_pc_lookup(pc, 0, toks, 48, &mt);              /* touches x */
     CHECK_EQ_INT(kvc_pc_evict(pc, 1), 1);
-    CHECK(kvc_pc_find(pc, n[1], toks + 32) == x);
-    CHECK(kvc_pc_find(pc, n[1], other + 32) == NULL);
+    CHECK(kvc_pc_find(pc, 0, n[1], toks + 32) == x);
+    CHECK(kvc_pc_find(pc, 0, n[1], other + 32) == NULL);
     CHECK(kvc_pc_check(pc, &e) == KVC_OK);
     CHECK_EQ_INT(kvc_pc_evict(pc, 100), 3);
     CHECK_EQ_INT(kvc_kv_n_free(pool), kvc_kv_n_blocks(pool));
     CHECK_EQ_INT(kvc_pc_n_evicted(pc), 6);
+    kvc_context_free(c);
+}
+
+/* Namespaces and identity: the same tokens in two namespaces are two nodes
+ * that never match each other; the chain hash depends on the model id. */
+static void test_namespaces(kvc_model *m)
+{
+    kvc_context *c = test_new_context(m, 512, 64, 1, 16);
+    if (!c)
+        return;
+    kvc_prefix_cache *pc = c->pc;
+    kvc_kv_pool *pool = c->pool;
+    kvc_err e = { 0 };
+    int32_t toks[32];
+    for (int i = 0; i < 32; i++)
+        toks[i] = 7 + i;
+    uint64_t seed0 = kvc_pc_ns_seed(pc, 0);
+    CHECK(kvc_pc_set_model(pc, 0x1234, &e) == KVC_OK);
+    CHECK(kvc_pc_ns_seed(pc, 0) != seed0);
+    CHECK(kvc_pc_ns_seed(pc, 0) != kvc_pc_ns_seed(pc, 1));
+    kvc_pc_node *a, *b, *a2, *b2;
+    int32_t ba = kvc_kv_block_alloc(pool), bb = kvc_kv_block_alloc(pool);
+    int32_t ba2 = kvc_kv_block_alloc(pool), bb2 = kvc_kv_block_alloc(pool);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, kvc_pc_root(pc), toks, ba, false, &a, &e), 1);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 1, kvc_pc_root(pc), toks, bb, false, &b, &e), 1);
+    CHECK(a != b && a->hash != b->hash && a->ns == 0 && b->ns == 1);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, a, toks + 16, ba2, false, &a2, &e), 1);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 1, b, toks + 16, bb2, false, &b2, &e), 1);
+    CHECK(kvc_pc_set_model(pc, 0x5678, &e) == KVC_ERR_INVALID_ARG);  /* not empty */
+    kvc_pc_match mt;
+    kvc_pc_lookup(pc, 0, toks, 32, &mt);
+    CHECK(mt.n_full == 2 && mt.last == a2);
+    kvc_pc_lookup(pc, 1, toks, 32, &mt);
+    CHECK(mt.n_full == 2 && mt.last == b2);
+    kvc_pc_lookup(pc, 2, toks, 32, &mt);
+    CHECK(mt.n_full == 0 && mt.partial == NULL && mt.last == kvc_pc_root(pc));
+    kvc_pc_lookup(pc, 2, toks, 10, &mt);               /* no partial match across either */
+    CHECK(mt.partial == NULL);
+    kvc_pc_lookup(pc, 1, toks, 10, &mt);
+    CHECK(mt.partial == b && mt.partial_len == 10);
+    CHECK(kvc_pc_check(pc, &e) == KVC_OK);
+    int32_t blocks[4] = { ba, bb, ba2, bb2 };
+    for (int i = 0; i < 4; i++)
+        kvc_kv_block_unref(pool, blocks[i]);
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 4);
+    CHECK_EQ_INT(kvc_pc_evict(pc, 4), 4);
+    CHECK(kvc_pc_check(pc, &e) == KVC_OK);
+    kvc_context_free(c);
+}
+
+/* The running count and the LRU list through every kind of change, against
+ * the brute-force recount of kvc_pc_check; the order of eviction (leaves up,
+ * least recently used first); the evict hook; make_room evicts nothing when
+ * that cannot make room. */
+typedef struct evict_log {
+    int32_t blocks[32];
+    int     n;
+} evict_log;
+
+static void log_evict(void *user, const kvc_pc_node *n)
+{
+    evict_log *l = user;
+    l->blocks[l->n++] = n->block;
+}
+
+static void test_lru(kvc_model *m)
+{
+    kvc_context *c = test_new_context(m, 512, 64, 1, 16);
+    if (!c)
+        return;
+    kvc_prefix_cache *pc = c->pc;
+    kvc_kv_pool *pool = c->pool;
+    kvc_err e = { 0 };
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++)
+        toks[i] = 300 + i;
+    /* two chains under a shared block: S -> A1 -> A2 and S -> B1 */
+    kvc_pc_node *S, *A1, *A2, *B1;
+    int32_t bs = kvc_kv_block_alloc(pool), ba1 = kvc_kv_block_alloc(pool);
+    int32_t ba2 = kvc_kv_block_alloc(pool), bb1 = kvc_kv_block_alloc(pool);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, kvc_pc_root(pc), toks, bs, false, &S, &e), 1);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, S, toks + 16, ba1, false, &A1, &e), 1);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, A1, toks + 32, ba2, false, &A2, &e), 1);
+    CHECK_EQ_INT(kvc_pc_insert(pc, 0, S, toks + 48, bb1, true, &B1, &e), 1);
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 0);
+    CHECK(kvc_pc_check(pc, &e) == KVC_OK);
+    kvc_kv_block_unref(pool, bs);
+    kvc_kv_block_unref(pool, ba1);
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 0);                /* A2 and B1 still held below */
+    kvc_kv_block_unref(pool, ba2);
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 2);                /* A1, A2; S waits for B1 */
+    CHECK(kvc_pc_lru_next(pc, NULL) == A2 && kvc_pc_lru_next(pc, A2) == NULL);
+    kvc_kv_block_unref(pool, bb1);
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 2);                /* B1 is pending */
+    kvc_pc_set_ready(pc, B1);
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 4);
+    CHECK(kvc_pc_lru_next(pc, NULL) == A2 && kvc_pc_lru_next(pc, A2) == B1);
+    kvc_pc_pin(A1);                                       /* a pin blocks A1 and S */
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 2);
+    CHECK(kvc_pc_check(pc, &e) == KVC_OK);
+    kvc_pc_unpin(A1);
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 4);
+    kvc_kv_block_ref(pool, bs);                           /* a sequence holds S */
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 3);
+    kvc_kv_block_unref(pool, bs);
+    /* a lookup of S, A1, A2 makes A2 the most recent: B1 goes first, then
+     * the A chain from its leaf up, then S */
+    kvc_pc_match mt;
+    kvc_pc_lookup(pc, 0, toks, 48, &mt);
+    CHECK(mt.last == A2 && kvc_pc_lru_next(pc, NULL) == B1);
+    CHECK(kvc_pc_check(pc, &e) == KVC_OK);
+    /* make_room: asking for more than free + evictable evicts nothing */
+    int64_t free0 = kvc_kv_n_free(pool);
+    CHECK(!kvc_context_make_room(c, free0 + 5));
+    CHECK_EQ_INT(kvc_pc_n_nodes(pc), 4);
+    evict_log log = { .n = 0 };
+    kvc_pc_set_evict_hook(pc, log_evict, &log);
+    CHECK(kvc_context_make_room(c, free0 + 3));
+    CHECK_EQ_INT(log.n, 3);
+    CHECK(log.blocks[0] == bb1 && log.blocks[1] == ba2 && log.blocks[2] == ba1);
+    CHECK_EQ_INT(kvc_pc_evictable(pc), 1);
+    CHECK(kvc_pc_lru_next(pc, NULL) == S);
+    CHECK(kvc_pc_check(pc, &e) == KVC_OK);
     kvc_context_free(c);
 }
 
@@ -212,7 +313,7 @@ typedef struct model_state {
 static void add_paths(model_state *ms, const int32_t *tokens, int64_t n)
 {
     const int64_t B = kvc_kv_block_tokens(ms->ctx->pool);
-    uint64_t h = kvc_pc_root(ms->ctx->pc)->hash;
+    uint64_t h = kvc_pc_ns_seed(ms->ctx->pc, KVC_NS_DEFAULT);
     for (int64_t d = 0; (d + 1) * B <= n; d++) {
         h = XXH3_64bits_withSeed(tokens + d * B, (size_t)B * sizeof(int32_t), h);
         set_add(&ms->computed, h | 1);
@@ -396,7 +497,7 @@ static int64_t tick;
 
 typedef struct counts {
     int turns, ok, cancelled, wait_prefix, wait_memory, kv_full, nocache, fidelity, branches,
-        evictions, drops, steps, multi;
+        evictions, drops, steps, multi, preempted;
 } counts;
 
 /* kvc_room_fn of the run: evict, then let idle sessions go (as the engine). */
@@ -484,7 +585,7 @@ static void start_turn(int i, counts *k)
         conv_push(&x->c, "user", sentence(5));
     }
     x->p = kvc_chat_default_params();
-    x->p.max_tokens = 1 + rint_(12);
+    x->p.max_tokens = chance(20) ? 40 + rint_(60) : 1 + rint_(12);   /* long ones grow */
     x->p.sampling.temperature = chance(70) ? 0.0f : 0.9f;
     x->p.sampling.seed = rnd();
     x->p.no_cache = chance(5);
@@ -541,11 +642,14 @@ static void end_turn(model_state *ms, kvc_context *cold, sess *x, counts *k)
             conv_push(&x->c, "assistant", strdup(reply ? reply : ""));
     }
     free(reply);
+    if (x->p.no_cache)                       /* as the engine: a cold turn's session is reset */
+        kvc_session_reset(x->s);
 }
 
 static void test_random(kvc_model *m, int rounds)
 {
-    kvc_context *ctx = new_ctx(m, N_SESS, 72, 48), *cold = new_ctx(m, 1, 40, 512);
+    kvc_context *ctx = test_new_context(m, 512, 48, N_SESS, 72);
+    kvc_context *cold = test_new_context(m, 512, 512, 1, 40);
     if (!ctx || !cold)
         return;
     model_state ms = { .ctx = ctx };
@@ -607,6 +711,24 @@ static void test_random(kvc_model *m, int rounds)
                 kvc_pc_evict(ctx->pc, 1 + rint_(6));
                 k.evictions++;
             }
+            if (n_run > 0) {                           /* as the engine: room to grow */
+                int64_t held[N_SESS];                  /* what each has computed */
+                for (int i = 0; i < n_run; i++)
+                    held[i] = ctx->seqs[kvc_turn_session(run[i])->seq].n_tokens;
+                int32_t kept = kvc_turns_grow(ctx, run, n_run, room, &k);
+                for (int i = kept; i < n_run; i++) {   /* preempted: their blocks are the tree's */
+                    int64_t nt = 0;
+                    const int32_t *tv = kvc_turn_tokens(run[i], &nt);
+                    bool cold = false;
+                    for (int j = 0; j < N_SESS; j++)
+                        cold |= S[j].t == run[i] && S[j].p.no_cache;
+                    if (!cold)
+                        add_paths(&ms, tv, KVC_MIN(nt, held[i]));
+                }
+                k.preempted += n_run - kept;
+                n_run = kept;
+                check_state(&ms, false, "grow");
+            }
             if (n_run > 0) {
                 kvc_err e = { 0 };
                 int n = kvc_turns_step(ctx, run, n_run, 0, &e);
@@ -641,11 +763,11 @@ static void test_random(kvc_model *m, int rounds)
     printf("  %d rounds: %d turns (%d in rounds of several), %d steps; %d replied, %d cancelled, "
            "%d no-cache, %d branched\n"
            "  waits: %d for a prefix in the works, %d for memory (%d never fit); %d evictions "
-           "asked, %d holds dropped, %llu blocks evicted\n"
+           "asked, %d holds dropped, %llu blocks evicted; %d preemptions\n"
            "  %d replies checked against cold runs; %llu tree blocks checked bitwise\n",
            rounds, k.turns, k.multi, k.steps, k.ok, k.cancelled, k.nocache, k.branches,
            k.wait_prefix, k.wait_memory, k.kv_full, k.evictions, k.drops,
-           (unsigned long long)kvc_pc_n_evicted(ctx->pc), k.fidelity,
+           (unsigned long long)kvc_pc_n_evicted(ctx->pc), k.preempted, k.fidelity,
            (unsigned long long)content_nodes);
     CHECKF(k.wait_prefix > 0 && k.wait_memory > 0 && k.cancelled > 0 && k.branches > 0 &&
            kvc_pc_n_evicted(ctx->pc) > 0, "a case was not exercised");
@@ -665,7 +787,7 @@ static void test_random(kvc_model *m, int rounds)
  * that fits after eviction runs. */
 static void test_budget(kvc_model *m)
 {
-    kvc_context *ctx = new_ctx(m, 1, 8, 64);          /* 8 blocks: 112 usable tokens */
+    kvc_context *ctx = test_new_context(m, 512, 64, 1, 8);   /* 8 blocks: 112 usable tokens */
     char err[512], *reply = NULL;
     kvc_session *s = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
     if (!s)
@@ -700,13 +822,16 @@ int main(int argc, char **argv)
     int rounds = argc > 1 ? atoi(argv[1]) : 1200;
     if (argc > 2)
         rng_state = strtoull(argv[2], NULL, 0);
-    kvc_model *m = make_model();
+    char model_path[512];
+    kvc_model *m = test_gen_model(tmpdir, "tiny", model_path, sizeof(model_path));
     if (m) {
         rng_state ^= 0x5555;
         system_prompts[0] = sentence(40);
         system_prompts[1] = sentence(70);
         system_prompts[2] = strdup("You are a helpful assistant.");
         test_units(m);
+        test_namespaces(m);
+        test_lru(m);
         test_budget(m);
         test_random(m, rounds);
         for (int i = 0; i < 3; i++)

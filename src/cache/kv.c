@@ -2,6 +2,7 @@
 #include "kv.h"
 #include "quant.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,9 @@ struct kvc_kv_pool {
     int32_t  *refcount;       /* n_blocks */
     int32_t  *free_stack;     /* ids of free blocks */
     int64_t   n_free;
+    void    **tag;            /* n_blocks: the watcher's tag of each block, or NULL */
+    kvc_kv_watch_fn watch;    /* called on a tagged block's 1 <-> 2 transitions */
+    void     *watch_user;
 };
 
 int kvc_kv_pool_new(const kvc_kv_pool_params *p, kvc_kv_pool **out, kvc_err *err)
@@ -44,7 +48,8 @@ int kvc_kv_pool_new(const kvc_kv_pool_params *p, kvc_kv_pool **out, kvc_err *err
     pool->data = kvc_alloc_aligned(pool->block_bytes * (size_t)q.n_blocks);
     pool->refcount = calloc((size_t)q.n_blocks, sizeof(int32_t));
     pool->free_stack = malloc((size_t)q.n_blocks * sizeof(int32_t));
-    if (!pool->data || !pool->refcount || !pool->free_stack) {
+    pool->tag = calloc((size_t)q.n_blocks, sizeof(void *));
+    if (!pool->data || !pool->refcount || !pool->free_stack || !pool->tag) {
         size_t mib = pool->block_bytes * (size_t)q.n_blocks >> 20;
         kvc_kv_pool_free(pool);
         return kvc_fail(err, KVC_ERR_NOMEM, "KV pool: cannot allocate %zu MiB", mib);
@@ -64,6 +69,7 @@ void kvc_kv_pool_free(kvc_kv_pool *pool)
     kvc_free_aligned(pool->data);
     free(pool->refcount);
     free(pool->free_stack);
+    free(pool->tag);
     free(pool);
 }
 
@@ -95,13 +101,38 @@ int32_t kvc_kv_block_alloc(kvc_kv_pool *pool)
 
 void kvc_kv_block_ref(kvc_kv_pool *pool, int32_t block)
 {
-    pool->refcount[block]++;
+    assert(pool->refcount[block] > 0);   /* a free block is taken by alloc, not ref */
+    if (++pool->refcount[block] == 2 && pool->tag[block])
+        pool->watch(pool->watch_user, pool->tag[block], 2);
 }
 
 void kvc_kv_block_unref(kvc_kv_pool *pool, int32_t block)
 {
-    if (--pool->refcount[block] == 0)
+    assert(pool->refcount[block] > 0);
+    int32_t rc = --pool->refcount[block];
+    if (rc == 0) {
+        assert(!pool->tag[block]);         /* the watcher untags before its last unref */
         pool->free_stack[pool->n_free++] = block;
+    } else if (rc == 1 && pool->tag[block]) {
+        pool->watch(pool->watch_user, pool->tag[block], 1);
+    }
+}
+
+void kvc_kv_set_watch(kvc_kv_pool *pool, kvc_kv_watch_fn fn, void *user)
+{
+    pool->watch = fn;
+    pool->watch_user = user;
+}
+
+void kvc_kv_block_tag(kvc_kv_pool *pool, int32_t block, void *tag)
+{
+    assert(!tag || pool->watch);
+    pool->tag[block] = tag;
+}
+
+void *kvc_kv_block_tag_of(const kvc_kv_pool *pool, int32_t block)
+{
+    return pool->tag[block];
 }
 
 int32_t kvc_kv_block_refcount(const kvc_kv_pool *pool, int32_t block)
@@ -113,6 +144,11 @@ static uint8_t *head_ptr(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_
 {
     size_t idx = ((size_t)layer * 2 + (size_t)kv) * (size_t)pool->p.n_kv_head + (size_t)head;
     return pool->data + (size_t)block * pool->block_bytes + idx * pool->head_bytes;
+}
+
+void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block)
+{
+    return pool->data + (size_t)block * pool->block_bytes;
 }
 
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head)
@@ -145,6 +181,18 @@ static int seq_grow_table(kvc_kv_seq *seq, int32_t need, kvc_err *err)
     seq->blocks = b;
     seq->cap = cap;
     return KVC_OK;
+}
+
+int64_t kvc_kv_seq_reserve_need(const kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t n)
+{
+    const int64_t B = pool->p.block_tokens;
+    if (n <= seq->n_tokens)
+        return 0;
+    int64_t need = (n + B - 1) / B;
+    int32_t first_written = (int32_t)(seq->n_tokens / B);
+    int64_t cow = first_written < seq->n_blocks &&
+                  pool->refcount[seq->blocks[first_written]] > 1;
+    return (need > seq->n_blocks ? need - seq->n_blocks : 0) + cow;
 }
 
 int kvc_kv_seq_reserve(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *err)

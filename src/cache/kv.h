@@ -52,9 +52,24 @@ size_t  kvc_kv_block_bytes_for(const kvc_kv_pool_params *p);
  * are undefined. */
 int32_t kvc_kv_block_alloc(kvc_kv_pool *pool);
 void    kvc_kv_block_ref(kvc_kv_pool *pool, int32_t block);
-/* Drop one reference; at zero the block is free again. */
+/* Drop one reference (the block must have one); at zero the block is free
+ * again. */
 void    kvc_kv_block_unref(kvc_kv_pool *pool, int32_t block);
 int32_t kvc_kv_block_refcount(const kvc_kv_pool *pool, int32_t block);
+
+/* Watching: the prefix tree keeps a running count of the blocks it could evict,
+ * and a block is evictable only while the tree's is its sole reference. So the
+ * pool tells one watcher, in O(1), whenever a tagged block's count moves
+ * between 1 and 2: fn(user, tag, 1) after it fell to 1, fn(user, tag, 2) after
+ * it rose to 2. A tag is the watcher's (the tree node holding the block); a
+ * block has at most one. Set the watcher before tagging; tag NULL = untagged. */
+typedef void (*kvc_kv_watch_fn)(void *user, void *tag, int32_t refcount);
+void    kvc_kv_set_watch(kvc_kv_pool *pool, kvc_kv_watch_fn fn, void *user);
+void    kvc_kv_block_tag(kvc_kv_pool *pool, int32_t block, void *tag);
+void   *kvc_kv_block_tag_of(const kvc_kv_pool *pool, int32_t block);
+
+/* The whole block: kvc_kv_block_bytes() contiguous bytes (what a tier stores). */
+void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block);
 
 /* Keys / values of one head of one layer of a block: B rows of head_dim
  * elements of the pool's type, kvc_kv_row_bytes() apart. */
@@ -77,6 +92,10 @@ void kvc_kv_seq_init(kvc_kv_seq *seq);
  * forward pass sets it as it writes). On KVC_ERR_KV_FULL or KVC_ERR_NOMEM the
  * sequence is as it was. */
 int  kvc_kv_seq_reserve(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *err);
+
+/* How many free blocks kvc_kv_seq_reserve(pool, seq, n) would take now
+ * (new blocks and a copy-on-write), without taking them. */
+int64_t kvc_kv_seq_reserve_need(const kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t n);
 
 /* Keep positions [0, n), drop the rest: blocks wholly past n are released.
  * n >= n_tokens keeps every position; only blocks reserved past n_tokens

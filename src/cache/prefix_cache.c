@@ -1,14 +1,15 @@
 /* prefix_cache.c - the prefix tree: nodes in a hash table keyed by
- * (parent hash, tokens), child lists for partial matches and leaf tests, and
- * LRU eviction of leaves through a binary heap built on demand. */
+ * (parent hash, tokens), child lists for partial matches and leaf tests, a
+ * running count of evictable nodes and the evictable leaves on an LRU list. */
 #include "prefix_cache.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
-#define ROOT_HASH 0x6b76636861742e31ull   /* any constant: the seed of depth-0 hashes */
+#define ROOT_MAGIC 0x6b76636861742e32ull  /* "kvchat.2": the version of the chain hash */
 
 struct kvc_prefix_cache {
     kvc_kv_pool  *pool;           /* borrowed */
@@ -18,11 +19,19 @@ struct kvc_prefix_cache {
     size_t        n_buckets;
     int64_t       n_nodes;        /* without the root */
     int64_t       n_pending;
+    int64_t       n_blocked;      /* nodes that cannot be evicted (themselves or below) */
     uint64_t      n_evicted;
     uint64_t      tick;           /* LRU clock */
-    uint64_t      epoch;          /* kvc_pc_evictable marks */
     uint64_t      n_inserted;     /* nodes ever made: the next id */
+    uint64_t      model_id;       /* kvc_pc_set_model */
+    kvc_pc_node  *lru_head;       /* evictable leaves, least recently used first */
+    kvc_pc_node  *lru_tail;
+    kvc_pc_evict_fn on_evict;     /* kvc_pc_set_evict_hook */
+    void         *evict_user;
 };
+
+static void on_refcount(void *user, void *tag, int32_t refcount);
+static void root_hash_update(kvc_prefix_cache *pc);
 
 /* ------------------------------------------------------------ lifetime */
 
@@ -41,9 +50,11 @@ int kvc_pc_new(kvc_kv_pool *pool, kvc_prefix_cache **out, kvc_err *err)
         kvc_pc_free(pc);
         return kvc_fail(err, KVC_ERR_NOMEM, "prefix cache: out of memory");
     }
-    pc->root->hash = ROOT_HASH;
     pc->root->block = -1;
     pc->root->depth = -1;
+    pc->root->pc = pc;
+    root_hash_update(pc);
+    kvc_kv_set_watch(pool, on_refcount, pc);
     *out = pc;
     return KVC_OK;
 }
@@ -69,12 +80,40 @@ void kvc_pc_free(kvc_prefix_cache *pc)
         for (size_t b = 0; b < pc->n_buckets; b++)
             for (kvc_pc_node *n = pc->buckets[b], *nx; n; n = nx) {
                 nx = n->hnext;
+                kvc_kv_block_tag(pc->pool, n->block, NULL);
                 kvc_kv_block_unref(pc->pool, n->block);
                 free(n);
             }
     free(pc->buckets);
     free(pc->root);
+    kvc_kv_set_watch(pc->pool, NULL, NULL);
     free(pc);
+}
+
+/* The root's hash: what every chain starts from, before the namespace. */
+static void root_hash_update(kvc_prefix_cache *pc)
+{
+    const kvc_kv_pool_params *pp = kvc_kv_pool_params_of(pc->pool);
+    uint64_t id[7] = { ROOT_MAGIC, pc->model_id, pp->type, (uint64_t)pp->n_layer,
+                       (uint64_t)pp->n_kv_head, (uint64_t)pp->head_dim,
+                       (uint64_t)pp->block_tokens };
+    pc->root->hash = XXH3_64bits(id, sizeof(id));
+}
+
+int kvc_pc_set_model(kvc_prefix_cache *pc, uint64_t model_id, kvc_err *err)
+{
+    if (pc->n_nodes > 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG,
+                        "prefix cache: model identity set on a tree of %lld blocks",
+                        (long long)pc->n_nodes);
+    pc->model_id = model_id;
+    root_hash_update(pc);
+    return KVC_OK;
+}
+
+uint64_t kvc_pc_ns_seed(const kvc_prefix_cache *pc, uint64_t ns)
+{
+    return XXH3_64bits_withSeed(&ns, sizeof(ns), pc->root->hash);
 }
 
 kvc_pc_node *kvc_pc_root(kvc_prefix_cache *pc) { return pc->root; }
@@ -84,9 +123,23 @@ uint64_t kvc_pc_n_evicted(const kvc_prefix_cache *pc) { return pc->n_evicted; }
 
 /* ---------------------------------------------------------- hash table */
 
-static uint64_t hash_of(const kvc_prefix_cache *pc, uint64_t parent_hash, const int32_t *tokens)
+uint64_t kvc_pc_chain_hash(const kvc_prefix_cache *pc, uint64_t parent_hash,
+                           const int32_t *tokens)
 {
     return XXH3_64bits_withSeed(tokens, (size_t)pc->B * sizeof(int32_t), parent_hash);
+}
+
+uint64_t kvc_pc_parent_hash(const kvc_prefix_cache *pc, const kvc_pc_node *node)
+{
+    return node->parent == pc->root ? kvc_pc_ns_seed(pc, node->ns) : node->parent->hash;
+}
+
+/* The chain hash of the block `tokens` after `parent` in namespace `ns`. */
+static uint64_t hash_of(const kvc_prefix_cache *pc, uint64_t ns, const kvc_pc_node *parent,
+                        const int32_t *tokens)
+{
+    uint64_t seed = parent == pc->root ? kvc_pc_ns_seed(pc, ns) : parent->hash;
+    return kvc_pc_chain_hash(pc, seed, tokens);
 }
 
 static void hash_link(kvc_prefix_cache *pc, kvc_pc_node *n)
@@ -124,24 +177,143 @@ static void hash_grow(kvc_prefix_cache *pc)
     free(old);
 }
 
-static kvc_pc_node *find_hashed(kvc_prefix_cache *pc, kvc_pc_node *parent, uint64_t h,
-                                const int32_t *tokens)
+static kvc_pc_node *find_hashed(kvc_prefix_cache *pc, uint64_t ns, kvc_pc_node *parent,
+                                uint64_t h, const int32_t *tokens)
 {
     for (kvc_pc_node *n = pc->buckets[(size_t)h & (pc->n_buckets - 1)]; n; n = n->hnext)
-        if (n->hash == h && n->parent == parent &&
+        if (n->hash == h && n->parent == parent && n->ns == ns &&
             memcmp(n->tokens, tokens, (size_t)pc->B * sizeof(int32_t)) == 0)
             return n;
     return NULL;
 }
 
-kvc_pc_node *kvc_pc_find(kvc_prefix_cache *pc, kvc_pc_node *parent, const int32_t *tokens)
+kvc_pc_node *kvc_pc_find(kvc_prefix_cache *pc, uint64_t ns, kvc_pc_node *parent,
+                         const int32_t *tokens)
 {
-    return find_hashed(pc, parent, hash_of(pc, parent->hash, tokens), tokens);
+    assert(parent == pc->root || parent->ns == ns);
+    return find_hashed(pc, ns, parent, hash_of(pc, ns, parent, tokens), tokens);
+}
+
+/* ----------------------------------------------------- evictable state */
+
+static void lru_unlink(kvc_prefix_cache *pc, kvc_pc_node *n)
+{
+    if (n->lru_prev)
+        n->lru_prev->lru_next = n->lru_next;
+    else
+        pc->lru_head = n->lru_next;
+    if (n->lru_next)
+        n->lru_next->lru_prev = n->lru_prev;
+    else
+        pc->lru_tail = n->lru_prev;
+    n->lru_next = n->lru_prev = NULL;
+    n->on_lru = false;
+}
+
+static void lru_push_tail(kvc_prefix_cache *pc, kvc_pc_node *n)
+{
+    n->lru_next = NULL;
+    n->lru_prev = pc->lru_tail;
+    if (pc->lru_tail)
+        pc->lru_tail->lru_next = n;
+    else
+        pc->lru_head = n;
+    pc->lru_tail = n;
+    n->on_lru = true;
+}
+
+static void lru_push_head(kvc_prefix_cache *pc, kvc_pc_node *n)
+{
+    n->lru_prev = NULL;
+    n->lru_next = pc->lru_head;
+    if (pc->lru_head)
+        pc->lru_head->lru_prev = n;
+    else
+        pc->lru_tail = n;
+    pc->lru_head = n;
+    n->on_lru = true;
+}
+
+/* A use of n: the most recent end of the list if it is on it. */
+static void touch(kvc_prefix_cache *pc, kvc_pc_node *n, uint64_t tick)
+{
+    n->last_used = tick;
+    if (n->on_lru && pc->lru_tail != n) {
+        lru_unlink(pc, n);
+        lru_push_tail(pc, n);
+    }
+}
+
+/* Evictable by itself: its children aside, nothing but the tree holds it. */
+static bool self_evictable(const kvc_prefix_cache *pc, const kvc_pc_node *n)
+{
+    return !n->pending && n->pins == 0 && kvc_kv_block_refcount(pc->pool, n->block) == 1;
+}
+
+/* How a node that becomes an evictable leaf enters the list. */
+enum { ENTER_USED,     /* its last holder let go now: a use, the most recent end */
+       ENTER_EXPOSED   /* its last child left: by its own last use (see the header) */ };
+
+/* Something about n itself changed (its pins, pending state, pool count,
+ * children): recompute whether it is blocked and on the list, and carry a
+ * change of blocked up to the first ancestor whose state it does not change. */
+static void refresh(kvc_prefix_cache *pc, kvc_pc_node *n, int how)
+{
+    if (n == pc->root)
+        return;
+    bool b = !self_evictable(pc, n) || n->n_blocked_kids > 0;
+    bool leaf_now = !b && n->n_children == 0;
+    if (leaf_now && !n->on_lru) {
+        if (how == ENTER_USED) {
+            n->last_used = ++pc->tick;
+            lru_push_tail(pc, n);
+        } else if (!pc->lru_head || n->last_used <= pc->lru_head->last_used) {
+            lru_push_head(pc, n);
+        } else {
+            lru_push_tail(pc, n);
+        }
+    } else if (!leaf_now && n->on_lru) {
+        lru_unlink(pc, n);
+    }
+    while (n != pc->root && b != n->blocked) {
+        n->blocked = b;
+        pc->n_blocked += b ? 1 : -1;
+        kvc_pc_node *p = n->parent;
+        p->n_blocked_kids += b ? 1 : -1;
+        if (p == pc->root)
+            break;
+        /* p has a child, so p is not a leaf: only its blocked state moves */
+        b = !self_evictable(pc, p) || p->n_blocked_kids > 0;
+        n = p;
+    }
+}
+
+static void on_refcount(void *user, void *tag, int32_t refcount)
+{
+    (void)refcount;
+    refresh(user, tag, ENTER_USED);
+}
+
+int64_t kvc_pc_evictable(const kvc_prefix_cache *pc)
+{
+    return pc->n_nodes - pc->n_blocked;
+}
+
+const kvc_pc_node *kvc_pc_lru_next(const kvc_prefix_cache *pc, const kvc_pc_node *node)
+{
+    return node ? node->lru_next : pc->lru_head;
+}
+
+void kvc_pc_set_evict_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user)
+{
+    pc->on_evict = fn;
+    pc->evict_user = user;
 }
 
 /* -------------------------------------------------------------- lookup */
 
-void kvc_pc_lookup(kvc_prefix_cache *pc, const int32_t *tokens, int64_t n, kvc_pc_match *m)
+void kvc_pc_lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int64_t n,
+                   kvc_pc_match *m)
 {
     const int64_t B = pc->B;
     uint64_t tick = ++pc->tick;
@@ -149,14 +321,14 @@ void kvc_pc_lookup(kvc_prefix_cache *pc, const int32_t *tokens, int64_t n, kvc_p
     kvc_pc_node *node = pc->root;
     int64_t i = 0;
     while ((i + 1) * B <= n) {
-        kvc_pc_node *c = kvc_pc_find(pc, node, tokens + i * B);
+        kvc_pc_node *c = kvc_pc_find(pc, ns, node, tokens + i * B);
         if (!c)
             break;
         if (c->pending) {
             m->pending = c;
             break;
         }
-        c->last_used = tick;
+        touch(pc, c, tick);
         node = c;
         i++;
     }
@@ -167,7 +339,7 @@ void kvc_pc_lookup(kvc_prefix_cache *pc, const int32_t *tokens, int64_t n, kvc_p
     int64_t rest = KVC_MIN(B, n - i * B);
     const int32_t *want = tokens + i * B;
     for (kvc_pc_node *c = node->child; c; c = c->next) {
-        if (c->pending)
+        if (c->pending || c->ns != ns)
             continue;
         int64_t k = 0;
         while (k < rest && c->tokens[k] == want[k])
@@ -178,16 +350,17 @@ void kvc_pc_lookup(kvc_prefix_cache *pc, const int32_t *tokens, int64_t n, kvc_p
         }
     }
     if (m->partial)
-        m->partial->last_used = tick;
+        touch(pc, m->partial, tick);
 }
 
 /* ---------------------------------------------------------- insert/remove */
 
-int kvc_pc_insert(kvc_prefix_cache *pc, kvc_pc_node *parent, const int32_t *tokens,
+int kvc_pc_insert(kvc_prefix_cache *pc, uint64_t ns, kvc_pc_node *parent, const int32_t *tokens,
                   int32_t block, bool pending, kvc_pc_node **out, kvc_err *err)
 {
-    uint64_t h = hash_of(pc, parent->hash, tokens);
-    kvc_pc_node *n = find_hashed(pc, parent, h, tokens);
+    assert(parent == pc->root || parent->ns == ns);
+    uint64_t h = hash_of(pc, ns, parent, tokens);
+    kvc_pc_node *n = find_hashed(pc, ns, parent, h, tokens);
     if (n) {
         *out = n;
         return 0;
@@ -195,9 +368,12 @@ int kvc_pc_insert(kvc_prefix_cache *pc, kvc_pc_node *parent, const int32_t *toke
     n = calloc(1, sizeof(*n) + (size_t)pc->B * sizeof(int32_t));
     if (!n)
         return kvc_fail(err, KVC_ERR_NOMEM, "prefix cache: out of memory");
+    assert(!kvc_kv_block_tag_of(pc->pool, block));   /* a block is in the tree once */
     memcpy(n->tokens, tokens, (size_t)pc->B * sizeof(int32_t));
     n->parent = parent;
+    n->pc = pc;
     n->hash = h;
+    n->ns = ns;
     n->block = block;
     n->depth = parent->depth + 1;
     n->pending = pending;
@@ -209,9 +385,12 @@ int kvc_pc_insert(kvc_prefix_cache *pc, kvc_pc_node *parent, const int32_t *toke
     parent->child = n;
     parent->n_children++;
     hash_link(pc, n);
-    kvc_kv_block_ref(pc->pool, block);
+    kvc_kv_block_ref(pc->pool, block);     /* before the tag: no callback for our own */
+    kvc_kv_block_tag(pc->pool, block, n);
     pc->n_nodes++;
     pc->n_pending += pending;
+    refresh(pc, parent, ENTER_EXPOSED);    /* no longer a leaf */
+    refresh(pc, n, ENTER_USED);
     hash_grow(pc);
     *out = n;
     return 1;
@@ -223,12 +402,20 @@ void kvc_pc_set_ready(kvc_prefix_cache *pc, kvc_pc_node *node)
         node->pending = false;
         pc->n_pending--;
         node->last_used = ++pc->tick;
+        refresh(pc, node, ENTER_USED);
     }
 }
 
 void kvc_pc_remove(kvc_prefix_cache *pc, kvc_pc_node *n)
 {
+    assert(n->n_children == 0 && n->pins == 0);
     kvc_pc_node *p = n->parent;
+    if (n->on_lru)
+        lru_unlink(pc, n);
+    if (n->blocked) {
+        pc->n_blocked--;
+        p->n_blocked_kids--;
+    }
     if (n->prev)
         n->prev->next = n->next;
     else
@@ -237,114 +424,43 @@ void kvc_pc_remove(kvc_prefix_cache *pc, kvc_pc_node *n)
         n->next->prev = n->prev;
     p->n_children--;
     hash_unlink(pc, n);
+    kvc_kv_block_tag(pc->pool, n->block, NULL);
     kvc_kv_block_unref(pc->pool, n->block);
     pc->n_nodes--;
     pc->n_pending -= n->pending;
     free(n);
+    refresh(pc, p, ENTER_EXPOSED);
 }
 
 void kvc_pc_pin(kvc_pc_node *node)
 {
-    if (node && node->parent)
-        node->pins++;
+    if (node && node->parent && node->pins++ == 0)
+        refresh(node->pc, node, ENTER_USED);
 }
 
 void kvc_pc_unpin(kvc_pc_node *node)
 {
-    if (node && node->parent)
-        node->pins--;
+    if (!node || !node->parent)
+        return;
+    assert(node->pins > 0);
+    if (--node->pins == 0)
+        refresh(node->pc, node, ENTER_USED);
 }
 
 /* ------------------------------------------------------------ eviction */
 
-/* Evictable by itself: its children aside, nothing but the tree holds it. */
-static bool self_evictable(const kvc_prefix_cache *pc, const kvc_pc_node *n)
-{
-    return !n->pending && n->pins == 0 && kvc_kv_block_refcount(pc->pool, n->block) == 1;
-}
-
-/* Heap order: least recently used first; deeper first among equals (leaves
- * before their parents), then by block id so the order is deterministic. */
-static bool heap_less(const kvc_pc_node *a, const kvc_pc_node *b)
-{
-    if (a->last_used != b->last_used)
-        return a->last_used < b->last_used;
-    if (a->depth != b->depth)
-        return a->depth > b->depth;
-    return a->block < b->block;
-}
-
-static void heap_push(kvc_pc_node **h, size_t *n, kvc_pc_node *x)
-{
-    size_t i = (*n)++;
-    while (i > 0 && heap_less(x, h[(i - 1) / 2])) {
-        h[i] = h[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h[i] = x;
-}
-
-static kvc_pc_node *heap_pop(kvc_pc_node **h, size_t *n)
-{
-    kvc_pc_node *top = h[0], *x = h[--(*n)];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && heap_less(h[c + 1], h[c]))
-            c++;
-        if (!heap_less(h[c], x))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n > 0)
-        h[i] = x;
-    return top;
-}
-
 int64_t kvc_pc_evict(kvc_prefix_cache *pc, int64_t want)
 {
-    if (want <= 0 || pc->n_nodes == 0)
-        return 0;
-    kvc_pc_node **heap = malloc((size_t)pc->n_nodes * sizeof(kvc_pc_node *));
-    if (!heap)
-        return 0;
-    size_t nh = 0;
-    for (size_t b = 0; b < pc->n_buckets; b++)
-        for (kvc_pc_node *n = pc->buckets[b]; n; n = n->hnext)
-            if (n->n_children == 0 && self_evictable(pc, n))
-                heap_push(heap, &nh, n);
     int64_t freed = 0;
-    while (freed < want && nh > 0) {
-        kvc_pc_node *n = heap_pop(heap, &nh), *p = n->parent;
+    while (freed < want && pc->lru_head) {
+        kvc_pc_node *n = pc->lru_head;
+        if (pc->on_evict)
+            pc->on_evict(pc->evict_user, n);
         kvc_pc_remove(pc, n);
         pc->n_evicted++;
         freed++;
-        if (p != pc->root && p->n_children == 0 && self_evictable(pc, p))
-            heap_push(heap, &nh, p);
     }
-    free(heap);
     return freed;
-}
-
-int64_t kvc_pc_evictable(kvc_prefix_cache *pc)
-{
-    /* a node is blocked when it, or any descendant, is not evictable by
-     * itself: mark every such node's path up to the root */
-    uint64_t ep = ++pc->epoch;
-    int64_t blocked = 0;
-    for (size_t b = 0; b < pc->n_buckets; b++)
-        for (kvc_pc_node *n = pc->buckets[b]; n; n = n->hnext) {
-            if (self_evictable(pc, n))
-                continue;
-            for (kvc_pc_node *a = n; a != pc->root && a->mark != ep; a = a->parent) {
-                a->mark = ep;
-                blocked++;
-            }
-        }
-    return pc->n_nodes - blocked;
 }
 
 /* --------------------------------------------------------------- checks */
@@ -353,6 +469,48 @@ void kvc_pc_foreach(kvc_prefix_cache *pc, void (*fn)(kvc_pc_node *node, void *us
 {
     for (kvc_pc_node *n = pc->root->child; n; n = walk_next(n, pc->root))
         fn(n, user);
+}
+
+/* The blocked state of n's subtree recomputed from scratch (recursively:
+ * tests only); the first node whose kept state disagrees goes to *bad. */
+static bool recount_blocked(kvc_prefix_cache *pc, kvc_pc_node *n, int64_t *n_blocked,
+                            int64_t *n_leaves, kvc_pc_node **bad)
+{
+    int32_t kids = 0;
+    for (kvc_pc_node *c = n->child; c; c = c->next)
+        kids += recount_blocked(pc, c, n_blocked, n_leaves, bad);
+    bool b = n != pc->root && (!self_evictable(pc, n) || kids > 0);
+    bool leaf = n != pc->root && !b && n->n_children == 0;
+    if (!*bad && (kids != n->n_blocked_kids || (n != pc->root && b != n->blocked) ||
+                  leaf != n->on_lru))
+        *bad = n;
+    *n_blocked += b;
+    *n_leaves += leaf;
+    return b;
+}
+
+/* The running count and the LRU list against a recount. */
+static int check_evictable(kvc_prefix_cache *pc, kvc_err *err)
+{
+    int64_t blocked = 0, leaves = 0, listed = 0;
+    kvc_pc_node *bad = NULL;
+    recount_blocked(pc, pc->root, &blocked, &leaves, &bad);
+    if (bad)
+        return kvc_fail(err, KVC_ERR_FORMAT, "node of block %d at depth %d: kept evictable "
+                        "state (blocked %d, %d blocked children, listed %d) is wrong",
+                        bad->block, bad->depth, bad->blocked, bad->n_blocked_kids, bad->on_lru);
+    if (blocked != pc->n_blocked)
+        return kvc_fail(err, KVC_ERR_FORMAT, "%lld nodes blocked, %lld counted",
+                        (long long)blocked, (long long)pc->n_blocked);
+    for (kvc_pc_node *n = pc->lru_head, *prev = NULL; n; prev = n, n = n->lru_next) {
+        if (n->lru_prev != prev || !n->on_lru || n->blocked || n->n_children ||
+            (!n->lru_next && n != pc->lru_tail) || ++listed > pc->n_nodes)
+            return kvc_fail(err, KVC_ERR_FORMAT, "LRU list broken at block %d", n->block);
+    }
+    if (listed != leaves)
+        return kvc_fail(err, KVC_ERR_FORMAT, "%lld evictable leaves, %lld on the LRU list",
+                        (long long)leaves, (long long)listed);
+    return KVC_OK;
 }
 
 int kvc_pc_check(kvc_prefix_cache *pc, kvc_err *err)
@@ -367,15 +525,21 @@ int kvc_pc_check(kvc_prefix_cache *pc, kvc_err *err)
         if (n->depth != p->depth + 1)
             return kvc_fail(err, KVC_ERR_FORMAT, "node of block %d: depth %d under depth %d",
                             n->block, n->depth, p->depth);
-        if (n->hash != hash_of(pc, p->hash, n->tokens))
+        if (p != pc->root && n->ns != p->ns)
+            return kvc_fail(err, KVC_ERR_FORMAT, "node of block %d: namespace %llu under %llu",
+                            n->block, (unsigned long long)n->ns, (unsigned long long)p->ns);
+        if (n->hash != hash_of(pc, n->ns, p, n->tokens))
             return kvc_fail(err, KVC_ERR_FORMAT, "node of block %d: wrong hash", n->block);
-        if (kvc_pc_find(pc, p, n->tokens) != n)
+        if (kvc_pc_find(pc, n->ns, p, n->tokens) != n)
             return kvc_fail(err, KVC_ERR_FORMAT, "node of block %d: not found by its content",
                             n->block);
         if (n->block < 0 || n->block >= kvc_kv_n_blocks(pc->pool) ||
             kvc_kv_block_refcount(pc->pool, n->block) < 1)
             return kvc_fail(err, KVC_ERR_FORMAT, "node at depth %d: block %d not referenced",
                             n->depth, n->block);
+        if (kvc_kv_block_tag_of(pc->pool, n->block) != n)
+            return kvc_fail(err, KVC_ERR_FORMAT, "node of block %d: the block is not tagged "
+                            "with it", n->block);
         if (n->pins < 0)
             return kvc_fail(err, KVC_ERR_FORMAT, "node of block %d: %d pins", n->block, n->pins);
         if (p->pending && !n->pending)
@@ -407,5 +571,5 @@ int kvc_pc_check(kvc_prefix_cache *pc, kvc_err *err)
                         "%lld pending counted, %lld walked", (long long)pc->n_nodes,
                         (long long)seen, (long long)hashed, (long long)pc->n_pending,
                         (long long)pending);
-    return KVC_OK;
+    return check_evictable(pc, err);
 }

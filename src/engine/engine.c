@@ -82,6 +82,8 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         rc = kvc_chat_kwargs_merge(p.chat_template_kwargs, NULL, &merged, &e);
         free(merged);
     }
+    if (!rc && p.cache_disk_mib > 0)
+        rc = kvc_context_set_disk(eng->ctx, p.model_path, p.cache_dir, p.cache_disk_mib, &e);
     if (!rc)
         rc = kvc_engine_sessions_new(eng, &e);
     if (!rc)
@@ -180,6 +182,8 @@ kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *
         rc = kvc_fail(&ke, KVC_ERR_NOMEM, "out of memory");
     if (!rc && e->p.no_cache)
         r->chat.no_cache = true;
+    if (!rc)
+        r->chat.special_in_content = e->p.special_in_content;
     if (!rc && e->p.chat_template_kwargs) {   /* --chat-template-kwargs under the request's */
         char *merged = NULL;
         rc = kvc_chat_kwargs_merge(e->p.chat_template_kwargs, r->kwargs_json, &merged, &ke);

@@ -92,6 +92,22 @@ void kvc_engine_update_gauges(kvc_engine *e)
     e->m.blocks_cached = kvc_pc_n_nodes(e->ctx->pc);
     e->m.block_tokens = kvc_kv_block_tokens(pool);
     e->m.block_bytes = (int64_t)e->block_bytes;
+    e->m.room_refused = e->ctx->room_refused;
+    if (e->ctx->tiers) {
+        kvc_tiers_stats ts;
+        kvc_bs_stats bs;
+        kvc_tiers_stats_get(e->ctx->tiers, &ts);
+        kvc_tiers_store_stats(e->ctx->tiers, &bs);
+        e->m.disk_blocks_read = ts.blocks_fetched;
+        e->m.disk_blocks_written = ts.blocks_written;
+        e->m.disk_writes_dropped = ts.writes_dropped;
+        e->m.disk_bytes_read = bs.bytes_read;
+        e->m.disk_bytes_written = bs.bytes_written;
+        e->m.disk_blocks = bs.n_blocks;
+        e->m.disk_bytes_used = (int64_t)bs.bytes_used;
+        e->m.disk_bytes_budget = (int64_t)bs.budget;
+        e->m.disk_checksum_failures = bs.checksum_failures + bs.discarded_at_load;
+    }
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -132,9 +148,38 @@ static session_slot *pick_slot(kvc_engine *e, const kvc_request *r)
 }
 
 /* kvc_room_fn: evict; then let idle sessions go, least recently used first. */
+/* Know before acting: could n_free blocks be free at all if every idle
+ * session let go and the tree evicted all it then could? Every block but
+ * those the running requests' sequences hold might be (an upper bound: a pin
+ * may keep a few more). When not, make_room drops nothing, so a request that
+ * must wait costs the others nothing. */
+static bool room_possible(kvc_engine *e, kvc_context *c, int64_t n_free)
+{
+    const int64_t total = kvc_kv_n_blocks(c->pool);
+    if (kvc_kv_n_free(c->pool) + kvc_pc_evictable(c->pc) >= n_free)
+        return true;
+    uint8_t *held = calloc((size_t)total, 1);
+    if (!held)
+        return true;                         /* cannot tell: try */
+    int64_t n_held = 0;
+    for (int32_t i = 0; i < e->n_slots; i++)
+        if (e->slots[i].busy)
+            for (int32_t k = 0; k < c->seqs[i].n_blocks; k++)
+                if (!held[c->seqs[i].blocks[k]]) {
+                    held[c->seqs[i].blocks[k]] = 1;
+                    n_held++;
+                }
+    free(held);
+    return total - n_held >= n_free;
+}
+
 static bool make_room(kvc_context *c, int64_t n_free, void *user)
 {
     kvc_engine *e = user;
+    if (!room_possible(e, c, n_free)) {
+        c->room_refused++;
+        return false;
+    }
     while (!kvc_context_make_room(c, n_free)) {
         session_slot *lru = NULL;
         for (int32_t i = 0; i < e->n_slots; i++) {
@@ -213,6 +258,7 @@ static void end_request(kvc_engine *e, kvc_request *r)
         e->m.requests++;
         e->m.prompt_tokens += (uint64_t)st.prompt_tokens;
         e->m.cached_tokens += (uint64_t)st.cached_tokens;
+        e->m.disk_tokens += (uint64_t)st.cached_disk_tokens;
         e->m.computed_tokens += (uint64_t)st.computed_tokens;
         e->m.output_tokens += (uint64_t)st.output_tokens;
         e->m.grammar_masks += (uint64_t)st.grammar_masks;
@@ -264,6 +310,7 @@ static int start_turn(kvc_engine *e, kvc_request *r, kvc_err *err)
 static void admit(kvc_engine *e)
 {
     kvc_request *prev = NULL, *r = e->waiting;
+    e->ctx->growth_reserve = e->n_running;   /* a block each for the replies to grow */
     while (r && e->n_running < e->p.n_parallel) {
         kvc_request *next = r->next;
         kvc_err err = { 0 };
@@ -325,11 +372,35 @@ static void apply_cancels(kvc_engine *e)
     }
 }
 
+/* The pool ran dry mid-decode: the newest running requests were preempted
+ * (their blocks given back, down a tier); they wait again, ahead of the
+ * others, in admission order, to resume. */
+static void grow(kvc_engine *e)
+{
+    for (int32_t i = 0; i < e->n_running; i++)
+        e->turns[i] = e->running[i]->turn;
+    int32_t kept = kvc_turns_grow(e->ctx, e->turns, e->n_running, make_room, e);
+    if (kept == e->n_running)
+        return;
+    for (int32_t i = e->n_running - 1; i >= kept; i--) {
+        kvc_request *r = e->running[i];
+        r->next = e->waiting;
+        e->waiting = r;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->queued += e->n_running - kept;
+    e->m.preemptions += (uint64_t)(e->n_running - kept);
+    e->m.running = kept;
+    pthread_mutex_unlock(&e->mu);
+    e->n_running = kept;
+}
+
 /* Run one step over the running turns and end those that are done. */
 static void step(kvc_engine *e)
 {
     if (e->n_running == 0)
         return;
+    grow(e);
     for (int32_t i = 0; i < e->n_running; i++)
         e->turns[i] = e->running[i]->turn;
     kvc_err err = { 0 };

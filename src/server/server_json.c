@@ -619,6 +619,7 @@ static void add_usage(cJSON *o, const kvc_chat_stats *st)
     cJSON_AddNumberToObject(u, "total_tokens", (double)st->prompt_tokens + st->output_tokens);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", st->cached_tokens);
+    cJSON_AddNumberToObject(d, "cached_disk_tokens", st->cached_disk_tokens);  /* ours */
 }
 
 /* llama-server's timings object: prompt_n is what was computed, cache_n what
@@ -628,6 +629,7 @@ static void add_timings(cJSON *o, const kvc_chat_stats *st)
     cJSON *t = cJSON_AddObjectToObject(o, "timings");
     cJSON_AddNumberToObject(t, "prompt_n", st->computed_tokens);
     cJSON_AddNumberToObject(t, "cache_n", st->cached_tokens);
+    cJSON_AddNumberToObject(t, "cache_disk_n", st->cached_disk_tokens);
     cJSON_AddNumberToObject(t, "prompt_ms", st->prompt_ms);
     cJSON_AddNumberToObject(t, "prompt_per_second", st->prompt_tps);
     cJSON_AddNumberToObject(t, "predicted_n", st->output_tokens);

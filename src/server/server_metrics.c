@@ -192,6 +192,42 @@ static void put_engine(text *t, const kvc_engine_metrics *e)
            (double)e->busy_us / 1e6);
 }
 
+/* The tiers (DESIGN.md §5): tokens by tier, the disk's traffic and use. */
+static void put_tiers(text *t, const kvc_engine_metrics *e)
+{
+    const char *n = "kvchat_cached_tokens_by_tier_total";
+    put(t, "# HELP %s Cached prompt tokens by the tier they came from.\n# TYPE %s counter\n",
+        n, n);
+    put(t, "%s{tier=\"ram\"} %llu\n%s{tier=\"disk\"} %llu\n", n,
+        (unsigned long long)(e->cached_tokens - e->disk_tokens), n,
+        (unsigned long long)e->disk_tokens);
+    metric(t, "kvchat_kv_room_refused_total", "counter",
+           "Asks for KV room that eviction could not meet (nothing was evicted).",
+           (double)e->room_refused);
+    metric(t, "kvchat_preemptions_total", "counter",
+           "Running requests that gave their KV blocks back mid-reply and resumed later.",
+           (double)e->preemptions);
+    metric(t, "kvchat_disk_blocks_read_total", "counter", "KV blocks read from the disk tier.",
+           (double)e->disk_blocks_read);
+    metric(t, "kvchat_disk_blocks_written_total", "counter", "KV blocks written to disk.",
+           (double)e->disk_blocks_written);
+    metric(t, "kvchat_disk_read_bytes_total", "counter", "Bytes read from the disk tier.",
+           (double)e->disk_bytes_read);
+    metric(t, "kvchat_disk_written_bytes_total", "counter", "Bytes written to the disk tier.",
+           (double)e->disk_bytes_written);
+    metric(t, "kvchat_disk_blocks", "gauge", "KV blocks held on disk.", (double)e->disk_blocks);
+    metric(t, "kvchat_disk_used_bytes", "gauge", "Disk tier size in bytes.",
+           (double)e->disk_bytes_used);
+    metric(t, "kvchat_disk_budget_bytes", "gauge", "Disk tier budget in bytes.",
+           (double)e->disk_bytes_budget);
+    metric(t, "kvchat_disk_checksum_failures_total", "counter",
+           "Disk blocks found corrupt: discarded and recomputed, never used.",
+           (double)e->disk_checksum_failures);
+    metric(t, "kvchat_disk_writes_dropped_total", "counter",
+           "Write-throughs dropped because the disk writer was behind.",
+           (double)e->disk_writes_dropped);
+}
+
 char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
 {
     text t = { 0 };
@@ -207,8 +243,10 @@ char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
     metric(&t, "kvchat_connections_dropped_total", "counter",
            "Connections closed because their request did not arrive within the deadline.",
            (double)c.conn_dropped);
-    if (e)
+    if (e) {
         put_engine(&t, e);
+        put_tiers(&t, e);
+    }
     put_histogram(&t, &c);
     put(&t, "# HELP kvchat_decode_tokens_per_second Decode speed: of the last request, "
             "and over all requests.\n# TYPE kvchat_decode_tokens_per_second gauge\n");

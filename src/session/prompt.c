@@ -63,16 +63,52 @@ int kvc_prompt_tokenize(const kvc_model *m, const char *text, size_t len, kvc_to
     return KVC_OK;
 }
 
+/* Append the tokens of r->text[0, len) as a cold run has them. The text is
+ * cut where its provenance changes: template text is tokenized with
+ * control-token parsing, message content (the caller's data) without, unless
+ * special_in_content, so content never becomes control tokens. Each run is
+ * tokenized on its own (no merge crosses a boundary); BOS before the first;
+ * SentencePiece's space prefix where whole-text tokenization would put it, at
+ * the start and after a special token. */
+static int tokenize_rendered(const kvc_model *m, const kvc_rendered *r, size_t len,
+                             bool special_in_content, kvc_tokbuf *out, kvc_err *err)
+{
+    size_t pos = 0, span = 0;
+    bool first = true;
+    while (pos < len || first) {
+        bool content = span < r->n_content && r->content[span].off <= pos;
+        size_t end = content ? r->content[span].off + r->content[span].len
+                   : span < r->n_content ? r->content[span].off : r->len;
+        end = KVC_MIN(end, len);
+        bool after_special = first || (out->n > 0 && kvc_tokenizer_token_type(
+            m->tok, out->v[out->n - 1]) != KVC_TOKEN_NORMAL);
+        bool parse = !content || special_in_content;
+        int64_t k = kvc_tokenize_ex(m->tok, r->text + pos, end - pos, first, parse,
+                                    !after_special, NULL, 0);
+        if (k < 0 || kvc_tokbuf_reserve(out, out->n + k))
+            return kvc_fail(err, KVC_ERR_NOMEM, "out of memory tokenizing the prompt");
+        kvc_tokenize_ex(m->tok, r->text + pos, end - pos, first, parse, !after_special,
+                        out->v + out->n, k);
+        out->n += k;
+        first = false;
+        if (content)
+            span++;
+        pos = end;
+    }
+    return KVC_OK;
+}
+
 static int render_tokens(const kvc_model *m, const kvc_chat_template *tmpl,
                          const kvc_chat_params *p, const kvc_chat_message *msgs, size_t n,
                          kvc_tokbuf *out, kvc_err *err)
 {
-    char *text = NULL;
-    int rc = kvc_prompt_render(tmpl, msgs, n, p, &text, err);
+    kvc_rendered r;
+    int rc = kvc_chat_template_apply(tmpl, msgs, n, p ? p->tools_json : NULL,
+                                     p ? p->template_kwargs_json : NULL, true, &r, err);
     out->n = 0;
     if (!rc)
-        rc = kvc_prompt_tokenize(m, text, strlen(text), out, err);
-    free(text);
+        rc = tokenize_rendered(m, &r, r.len, p && p->special_in_content, out, err);
+    kvc_rendered_free(&r);
     return rc;
 }
 
@@ -143,18 +179,22 @@ int kvc_prompt_next_turn(const kvc_model *m, const kvc_chat_template *tmpl,
     if (reply)                               /* NULL: msgs[n - 1] is the reply already */
         all[k++] = (kvc_chat_message){ "assistant", reply };
     all[k++] = (kvc_chat_message){ "user", SENTINEL };
-    char *text = NULL;
-    int rc = kvc_prompt_render(tmpl, all, k, p, &text, err);
+    kvc_rendered r;
+    int rc = kvc_chat_template_apply(tmpl, all, k, p ? p->tools_json : NULL,
+                                     p ? p->template_kwargs_json : NULL, true, &r, err);
     free(all);
     if (rc)
         return rc;
     /* cut where the next user message's content begins (or, when the template
      * hides it, keep the whole: the tokens are cut at a control token below) */
-    char *at = strstr(text, SENTINEL);
-    size_t len = at ? (size_t)(at - text) : strlen(text);
-    rc = kvc_prompt_tokenize(m, text, len, out, err);
-    free(text);
-    if (rc)
+    char *at = strstr(r.text, SENTINEL);
+    size_t len = at ? (size_t)(at - r.text) : r.len;
+    bool at_run = false;                     /* the cut begins a run of content */
+    for (size_t i = 0; at && i < r.n_content; i++)
+        at_run = at_run || r.content[i].off == len;
+    rc = tokenize_rendered(m, &r, len, p && p->special_in_content, out, err);
+    kvc_rendered_free(&r);
+    if (rc || at_run)                        /* runs are tokenized apart: all certain */
         return rc;
     /* the last control token ends a run of text: what follows cannot change
      * the tokens up to it. Past it, a token that begins with white space

@@ -26,9 +26,11 @@
  * first, then prefill chunks in order, up to n_batch tokens. kvc_session_chat
  * runs one turn through these same steps alone; the engine runs many.
  *
- * Memory: a turn reserves at PREFILL every block it can ever need (prompt
- * plus max_tokens); what it has not allocated yet is promised (ctx->promised)
- * and kept free, so a running turn never runs out of blocks. Each full block
+ * Memory: a turn reserves at PREFILL the blocks of its prompt; what it has
+ * not allocated yet is promised (ctx->promised) and kept free. Decoding grows
+ * the sequence a block at a time (kvc_turns_grow makes room before a step,
+ * preempting the newest turns when the pool runs dry); ctx->growth_reserve
+ * blocks are kept free for that at admission. Each full block
  * computed enters the prefix tree (one reference), so what any turn computed
  * can be found by any other.
  *
@@ -123,6 +125,27 @@ int  kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n, int kind,
 int  kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err);
 
 int  kvc_turn_phase(const kvc_turn *t);
+
+/* Preemption (DESIGN.md §5): give back every block of a turn in PREFILL or
+ * DECODE and go back to NEW, keeping its tokens, sampler and reply so far.
+ * Its full blocks stay in the prefix tree (and go through to the disk tier),
+ * so the next kvc_turn_prepare finds them there or on disk and recomputes
+ * only the rest; as the forward pass is batch-invariant, the reply goes on
+ * bitwise as it would have. KVC_ERR_INVALID_ARG in other phases. */
+int  kvc_turn_preempt(kvc_turn *t);
+
+/* The turn's tokens so far (prompt, then the reply's): borrowed, valid until
+ * the turn's next step or end. */
+const int32_t *kvc_turn_tokens(const kvc_turn *t, int64_t *n);
+
+/* Growth: a decoding turn takes a block when its next token starts one; the
+ * pool may run dry mid-decode. Before a step over turns[0, n) (oldest
+ * first), make sure their next tokens have blocks: ask room for them, and
+ * while that fails preempt the newest (turns[n - 1], then n - 2, ...), never
+ * the last one left. Returns how many remain (the first ones); the others
+ * are preempted (phase NEW: prepare them again later). */
+int32_t kvc_turns_grow(kvc_context *c, kvc_turn **turns, int32_t n, kvc_room_fn room,
+                       void *user);
 
 /* Stop the turn (a client went away): before PREFILL it becomes DONE with
  * nothing changed; in PREFILL or DECODE, DONE with what was computed kept.

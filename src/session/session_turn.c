@@ -34,6 +34,7 @@ struct kvc_turn {
     int64_t         matched;        /* prompt tokens found cached */
     int32_t         dropped;        /* prompt tokens a context shift removed */
     int64_t         moved;          /* of matched, K/V moved by the shift */
+    int64_t         from_disk;      /* of matched, read from the disk tier */
     /* generation */
     kvc_sampler    *smp;
     turn_sample     ts;             /* grammar mask, logit_bias, logprobs */
@@ -49,6 +50,9 @@ struct kvc_turn {
     const char     *finish;         /* finish_reason */
     /* KV */
     int64_t         max_blocks;     /* blocks of the longest sequence the turn can reach */
+    int64_t         n_fill;         /* tokens to prefill: the prompt; after a preemption,
+                                       every token so far (they are computed again) */
+    int32_t         n_preempted;    /* times it gave its blocks back (kvc_turn_preempt) */
     int64_t         promise;        /* of them, not yet allocated: part of ctx->promised */
     kvc_pc_node    *anchor;         /* pinned tree node of block n_pub - 1; NULL = root */
     int32_t         n_pub;          /* the sequence's blocks [0, n_pub) are anchor's path */
@@ -186,7 +190,10 @@ static void set_promise(kvc_turn *t, int64_t promise)
 
 static void update_promise(kvc_turn *t)
 {
-    set_promise(t, KVC_MAX(0, t->max_blocks - SEQ(t)->n_blocks));
+    /* the blocks to the end of the prefill; decoding grows block by block
+     * (kvc_turns_grow), it is not promised up front */
+    const int64_t B = kvc_kv_block_tokens(t->s->ctx->pool);
+    set_promise(t, KVC_MAX(0, (t->n_fill + B - 1) / B - SEQ(t)->n_blocks));
 }
 
 /* ------------------------------------------------- the prefix tree side */
@@ -206,8 +213,8 @@ static bool enter_block(kvc_turn *t, int32_t i, bool pending)
         t->pub_off = true;
         return false;
     }
-    int rc = kvc_pc_insert(c->pc, parent, t->toks.v + (int64_t)i * B, SEQ(t)->blocks[i],
-                           pending, &n, &e);
+    int rc = kvc_pc_insert(c->pc, KVC_NS_DEFAULT, parent, t->toks.v + (int64_t)i * B,
+                           SEQ(t)->blocks[i], pending, &n, &e);
     if (rc < 0)
         t->pub_off = true;
     if (rc < 0 || (rc == 0 && n->pending))
@@ -314,7 +321,7 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
     const int64_t B = kvc_kv_block_tokens(pool), kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
     const int32_t first = (int32_t)(own / B), last = (int32_t)((own + k - 1) / B);
     kvc_pc_match mo;
-    kvc_pc_lookup(c->pc, s->toks.v, kv_len, &mo);
+    kvc_pc_lookup(c->pc, KVC_NS_DEFAULT, s->toks.v, kv_len, &mo);
     for (kvc_pc_node *nd = mo.last; nd && nd != kvc_pc_root(c->pc) && nd->depth >= first;) {
         kvc_pc_node *parent = nd->parent;
         if (nd->n_children || nd->pins || nd->pending || nd->depth >= seq->n_blocks ||
@@ -396,6 +403,7 @@ int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int ki
     if (!rc) {
         t->max_out = (int32_t)max_out;
         t->max_blocks = (n + max_out + B - 1) / B;
+        t->n_fill = n;
         t->pend = malloc((size_t)(n / B + 1) * sizeof(kvc_pc_node *));
         t->smp = kvc_sampler_new(&t->p.sampling, c->model->hp.n_vocab);
         if (!t->pend || !t->smp)
@@ -421,6 +429,33 @@ int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int ki
 
 /* ------------------------------------------------------------- prepare */
 
+/* Continue the tree's match `m` into the disk tier (DESIGN.md §5): the run of
+ * following blocks the store holds is read into the pool (room made for it
+ * first, the match kept pinned) and entered in the tree, so the longest prefix
+ * across both tiers is used and never recomputed. Only when the run reaches
+ * past what the session holds itself (`own`). Returns the blocks read. */
+static int64_t fetch_disk(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn room,
+                          void *user)
+{
+    kvc_context *c = t->s->ctx;
+    const int64_t B = kvc_kv_block_tokens(c->pool);
+    int64_t k = kvc_tiers_probe(c->tiers, KVC_NS_DEFAULT, t->toks.v, t->n_fill, m);
+    if (k == 0 || (m->n_full + k) * B <= own)
+        return 0;
+    kvc_pc_node *last = m->last, *partial = m->partial;
+    kvc_pc_pin(last);
+    kvc_pc_pin(partial);
+    if (kvc_kv_n_free(c->pool) - c->promised < k && room)
+        room(c, c->promised + k, user);
+    int64_t avail = kvc_kv_n_free(c->pool) - c->promised;
+    int64_t got = avail > 0 ? kvc_tiers_fetch(c->tiers, KVC_NS_DEFAULT, t->toks.v, t->n_fill,
+                                              m, KVC_MIN(k, avail))
+                            : 0;
+    kvc_pc_unpin(last);
+    kvc_pc_unpin(partial);
+    return got;
+}
+
 int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 {
     if (t->phase != KVC_TURN_NEW)
@@ -428,7 +463,7 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     kvc_session *s = t->s;
     kvc_context *c = s->ctx;
     kvc_kv_seq *seq = SEQ(t);
-    const int64_t B = kvc_kv_block_tokens(c->pool), n = t->n_prompt;
+    const int64_t B = kvc_kv_block_tokens(c->pool), n = t->n_fill;
     /* no_cache: a cold run, sharing nothing with the warm path: it neither
      * reuses nor publishes a block */
     const bool cache = !t->p.no_cache;
@@ -439,12 +474,15 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     int64_t own = cache ? common_prefix(t->toks.v, n, s->toks.v, kv_len) : 0;
     kvc_pc_match m = { .last = kvc_pc_root(c->pc) };
     if (cache) {
-        kvc_pc_lookup(c->pc, t->toks.v, n, &m);
+        kvc_pc_lookup(c->pc, KVC_NS_DEFAULT, t->toks.v, n, &m);
         /* a block of the prompt in the works: wait for it, so that the tree
          * never has another turn's pending block on a running turn's path */
         if (m.pending)
             return KVC_TURN_WAIT_PREFIX;
     }
+    int64_t ram_end = (int64_t)m.n_full * B, disk = 0;
+    if (cache && c->tiers)
+        disk = fetch_disk(t, &m, own, room, user);
     int64_t tree = (int64_t)m.n_full * B + m.partial_len;
     int64_t matched = KVC_MAX(own, tree);
     if (matched >= n && t->kind != KVC_TURN_BACKGROUND)
@@ -483,8 +521,10 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         s->shifted = -1;
     /* blocks still to allocate (a partial block matched may need a copy; the
      * shifted sequence owns all of its blocks) */
-    int64_t need = sh_k ? t->max_blocks - seq->n_blocks
-                        : t->max_blocks - (matched + B - 1) / B + (matched % B != 0);
+    const int64_t fill_blocks = (n + B - 1) / B;
+    int64_t need = sh_k ? fill_blocks - seq->n_blocks
+                        : fill_blocks - (matched + B - 1) / B + (matched % B != 0);
+    need += c->growth_reserve;               /* running replies' next blocks stay free */
     kvc_pc_pin(m.last);
     kvc_pc_pin(m.partial);
     if (kvc_kv_n_free(c->pool) - c->promised < need && room)
@@ -522,11 +562,17 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     kvc_pc_unpin(m.partial);
     t->anchor = m.last == kvc_pc_root(c->pc) ? NULL : m.last;   /* keeps its pin */
     t->n_pub = m.n_full;
-    t->matched = matched;
+    if (t->n_preempted == 0)                 /* a resumed turn's stats are its first match's */
+        t->matched = matched;
+    /* what of the match the disk gave: past the session's own and RAM's */
+    if (disk > 0 && !sh_k && t->n_preempted == 0)
+        t->from_disk = KVC_MAX(0, KVC_MIN(matched, (int64_t)m.n_full * B) -
+                                  KVC_MAX(own, ram_end));
     t->pub_off = !cache;
     t->phase = matched < n ? KVC_TURN_PREFILL : KVC_TURN_DONE;   /* DONE: a background
                                                                   turn with nothing to do */
-    t->t_prefill = kvc_time_us();
+    if (!t->t_prefill)
+        t->t_prefill = kvc_time_us();
     if (rc) {
         *err = t->err;
         return fail(t, rc);
@@ -626,6 +672,65 @@ static void on_logits(kvc_turn *t, const float *logits)
         t->phase = KVC_TURN_DECODE;
 }
 
+/* ------------------------------------------------------------ preemption */
+
+int kvc_turn_preempt(kvc_turn *t)
+{
+    if (t->phase != KVC_TURN_PREFILL && t->phase != KVC_TURN_DECODE)
+        return KVC_ERR_INVALID_ARG;
+    kvc_context *c = t->s->ctx;
+    const int64_t B = kvc_kv_block_tokens(c->pool);
+    publish(t);
+    drop_pending(t);                         /* blocks of the prompt not computed yet */
+    if (c->tiers && t->anchor)               /* down a tier: read back, not recomputed */
+        kvc_tiers_write_path(c->tiers, t->anchor);
+    kvc_pc_unpin(t->anchor);
+    t->anchor = NULL;
+    t->n_pub = 0;
+    t->n_pend = t->n_pend_ready = 0;
+    kvc_kv_seq_truncate(c->pool, SEQ(t), 0);
+    set_promise(t, 0);
+    if (t->phase == KVC_TURN_DECODE) {
+        /* every token so far is prefilled again, the last one sampled too: its
+         * logits give the next token, as a decode step would have */
+        t->n_fill = t->toks.n;
+        kvc_pc_node **pend = realloc(t->pend, (size_t)(t->n_fill / B + 1) * sizeof(*pend));
+        if (!pend)
+            return fail(t, kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory"));
+        t->pend = pend;
+    }
+    t->n_preempted++;
+    t->phase = KVC_TURN_NEW;
+    return KVC_OK;
+}
+
+/* Blocks turn t needs for its next step beyond what it holds. */
+static int64_t next_step_blocks(const kvc_turn *t)
+{
+    if (t->phase != KVC_TURN_DECODE)
+        return 0;                            /* a prefill's blocks were reserved at prepare */
+    return kvc_kv_seq_reserve_need(t->s->ctx->pool, SEQ(t), t->toks.n);
+}
+
+int32_t kvc_turns_grow(kvc_context *c, kvc_turn **turns, int32_t n, kvc_room_fn room, void *user)
+{
+    for (;;) {
+        int64_t need = 0;
+        for (int32_t i = 0; i < n; i++)
+            need += next_step_blocks(turns[i]);
+        if (need <= kvc_kv_n_free(c->pool) - c->promised ||
+            (room && room(c, c->promised + need, user)) || n <= 1)
+            return n;
+        kvc_turn_preempt(turns[--n]);        /* the newest gives way */
+    }
+}
+
+const int32_t *kvc_turn_tokens(const kvc_turn *t, int64_t *n)
+{
+    *n = t->toks.n;
+    return t->toks.v;
+}
+
 void kvc_turn_cancel(kvc_turn *t)
 {
     switch (t->phase) {
@@ -656,10 +761,14 @@ static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
     kvc_context *c = t->s->ctx;
     kvc_kv_seq *seq = SEQ(t);
     int64_t from = seq->n_tokens;
-    int64_t to = t->phase == KVC_TURN_PREFILL ? t->n_prompt : t->toks.n;
+    int64_t to = t->phase == KVC_TURN_PREFILL ? t->n_fill : t->toks.n;
     const bool logits = t->kind != KVC_TURN_BACKGROUND;
     if (t->phase != KVC_TURN_PREFILL) {
-        /* a decode token may start a new block: one of those promised */
+        /* a decode token may start a new block: the sequence grows (the
+         * engine made room, kvc_turns_grow; alone, the tree gives way) */
+        int64_t want = kvc_kv_seq_reserve_need(c->pool, seq, to);
+        if (want > kvc_kv_n_free(c->pool) - c->promised)
+            kvc_context_make_room(c, c->promised + want);
         int rc = kvc_kv_seq_reserve(c->pool, seq, to, &t->err);
         if (rc) {
             fail(t, rc);
@@ -683,9 +792,10 @@ static void turn_forwarded(kvc_turn *t, const float *logits)
     int64_t done = SEQ(t)->n_tokens;
     switch (t->phase) {
     case KVC_TURN_PREFILL:
-        if (done < t->n_prompt)
+        if (done < t->n_fill)
             break;
-        t->t_prompt_done = kvc_time_us();
+        if (!t->t_prompt_done)
+            t->t_prompt_done = kvc_time_us();
         if (t->kind == KVC_TURN_BACKGROUND) {
             t->t_end = t->t_prompt_done;
             t->phase = KVC_TURN_DONE;
@@ -792,6 +902,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
         int64_t prompt_end = t->t_prompt_done ? t->t_prompt_done : t_end;
         stats->prompt_tokens = (int32_t)t->n_prompt;
         stats->cached_tokens = (int32_t)t->matched;
+        stats->cached_disk_tokens = (int32_t)t->from_disk;
         stats->computed_tokens = ran ? (int32_t)(KVC_MIN(seq->n_tokens, t->n_prompt) - t->matched) : 0;
         stats->output_tokens = t->n_out;
         stats->dropped_tokens = t->dropped;
@@ -819,6 +930,8 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     }
     kvc_kv_seq_truncate(c->pool, seq, seq->n_tokens);   /* blocks reserved, not written */
     set_promise(t, 0);
+    if (ran && !rc && c->tiers && t->anchor)
+        kvc_tiers_write_path(c->tiers, t->anchor);      /* through to disk, in the background */
     kvc_pc_unpin(t->anchor);
     if (rc && err)
         *err = t->err;

@@ -1,0 +1,122 @@
+/* block_store.c - what every tier shares: where the cache lives, and the
+ * model fingerprint that keeps two models' blocks apart. */
+#include "block_store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+int kvc_cache_default_dir(char *buf, size_t size, kvc_err *err)
+{
+    const char *own = getenv("KVCHAT_CACHE"), *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    int n;
+    if (own && own[0])                   /* kvchat's cache root, as for the demo model */
+        n = snprintf(buf, size, "%s/kv", own);
+    else if (xdg && xdg[0] == '/')       /* the XDG spec: relative paths are ignored */
+        n = snprintf(buf, size, "%s/kvchat/kv", xdg);
+    else if (home && home[0])
+        n = snprintf(buf, size, "%s/.cache/kvchat/kv", home);
+    else
+        return kvc_fail(err, KVC_ERR_NOT_FOUND,
+                        "no cache directory: neither XDG_CACHE_HOME nor HOME is set");
+    if (n < 0 || (size_t)n >= size)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "cache directory path too long");
+    return KVC_OK;
+}
+
+/* XXH3-64 of the whole file, read in chunks. */
+static int hash_file(int fd, const char *path, uint64_t *out, kvc_err *err)
+{
+    enum { CHUNK = 4 << 20 };
+    uint8_t *buf = malloc(CHUNK);
+    XXH3_state_t *x = XXH3_createState();
+    int rc = buf && x ? KVC_OK : kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    if (!rc)
+        XXH3_64bits_reset(x);
+    for (off_t off = 0; !rc;) {
+        ssize_t r = pread(fd, buf, CHUNK, off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            rc = kvc_fail(err, KVC_ERR_IO, "reading %s: %s", path, strerror(errno));
+        if (r <= 0)
+            break;
+        XXH3_64bits_update(x, buf, (size_t)r);
+        off += r;
+    }
+    if (!rc)
+        *out = XXH3_64bits_digest(x);
+    free(buf);
+    XXH3_freeState(x);
+    return rc;
+}
+
+/* The line remembering a fingerprint: "<fp> <size> <inode> <mtime ns> <path>". */
+static bool lookup_remembered(const char *file, const char *path, const struct stat *sb,
+                              uint64_t *out)
+{
+    FILE *f = fopen(file, "r");
+    if (!f)
+        return false;
+    char line[PATH_MAX + 128];
+    bool found = false;
+    long long mt = (long long)sb->st_mtim.tv_sec * 1000000000 + sb->st_mtim.tv_nsec;
+    while (!found && fgets(line, sizeof(line), f)) {
+        unsigned long long fp, size, ino;
+        long long mtime;
+        int at = 0;
+        line[strcspn(line, "\n")] = '\0';
+        if (sscanf(line, "%llx %llu %llu %lld %n", &fp, &size, &ino, &mtime, &at) == 4 && at > 0 &&
+            size == (unsigned long long)sb->st_size && ino == (unsigned long long)sb->st_ino &&
+            mtime == mt && strcmp(line + at, path) == 0) {
+            *out = fp;
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+int kvc_model_fingerprint(const char *path, const char *dir, uint64_t *out, kvc_err *err)
+{
+    char abs[PATH_MAX], file[PATH_MAX + 16];
+    if (!realpath(path, abs))
+        return kvc_fail(err, KVC_ERR_IO, "model %s: %s", path, strerror(errno));
+    int fd = open(abs, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return kvc_fail(err, KVC_ERR_IO, "model %s: %s", abs, strerror(e));
+    }
+    bool remember = dir && snprintf(file, sizeof(file), "%s/models", dir) < (int)sizeof(file);
+    if (remember && lookup_remembered(file, abs, &sb, out)) {
+        close(fd);
+        return KVC_OK;
+    }
+    int rc = hash_file(fd, abs, out, err);
+    close(fd);
+    if (rc || !remember)
+        return rc;
+    /* one short O_APPEND write: concurrent writers never interleave a line */
+    int wfd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (wfd >= 0) {
+        char line[PATH_MAX + 128];
+        int n = snprintf(line, sizeof(line), "%016llx %llu %llu %lld %s\n",
+                         (unsigned long long)*out, (unsigned long long)sb.st_size,
+                         (unsigned long long)sb.st_ino,
+                         (long long)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec, abs);
+        if (n > 0 && (size_t)n < sizeof(line))
+            (void)!write(wfd, line, (size_t)n);
+        close(wfd);
+    }
+    return KVC_OK;
+}

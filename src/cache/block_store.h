@@ -1,0 +1,144 @@
+/* block_store.h - the tiers below RAM (DESIGN.md §5): one small interface,
+ * several backends (a local directory now, Redis next).
+ *
+ * A store keeps KV blocks content-addressed by their chain hash (the prefix
+ * tree's kvc_pc_node.hash, which covers the model, the KV type and shape, the
+ * namespace, the parent block and the tokens). A stored block holds its tokens,
+ * its parent's chain hash and its K/V exactly as the pool stores them
+ * (kvc_kv_block_bytes of one pool block, see kv.h). A read is verified against
+ * what the caller expects, tokens and parent included: a hash alone is never
+ * trusted. A block that fails its checksum is discarded, counted, and never
+ * returned; the caller recomputes it.
+ *
+ * Stores are a cache: any block may be missing at any time, and every failure
+ * is reported but safe to ignore. Not thread-safe: one thread uses a store at
+ * a time (the writer thread, later, owns it). */
+#ifndef KVC_BLOCK_STORE_H
+#define KVC_BLOCK_STORE_H
+
+#include "common.h"
+
+/* What identifies a stored block, beside its K/V. Borrowed by every call. */
+typedef struct kvc_block_desc {
+    uint64_t       hash;      /* the chain hash: the key */
+    uint64_t       parent;    /* the parent's chain hash (depth 0: kvc_pc_ns_seed) */
+    int32_t        n_tokens;  /* tokens per block, B */
+    const int32_t *tokens;    /* [n_tokens] */
+} kvc_block_desc;
+
+typedef struct kvc_bs_stats {
+    int64_t  n_blocks;            /* blocks held now */
+    uint64_t bytes_used;          /* their size on the medium */
+    uint64_t budget;              /* the most bytes_used may reach */
+    uint64_t bytes_read;          /* K/V bytes returned by get */
+    uint64_t bytes_written;       /* bytes written by put */
+    uint64_t n_hits, n_misses;    /* get */
+    uint64_t n_puts;              /* blocks written */
+    uint64_t checksum_failures;   /* blocks discarded at get: checksum, size or header */
+    uint64_t discarded_at_load;   /* entries dropped when the index was rebuilt */
+    uint64_t evictions;           /* blocks removed to stay under the budget */
+} kvc_bs_stats;
+
+/* Called for each stored block; return false to stop. It must not change the
+ * store. */
+typedef bool (*kvc_bs_iter_fn)(void *user, uint64_t hash, uint64_t parent);
+
+typedef struct kvc_block_store kvc_block_store;
+
+/* A backend: a struct that starts with a kvc_block_store whose ops point here. */
+typedef struct kvc_block_store_ops {
+    const char *name;
+    int  (*put)(kvc_block_store *bs, const kvc_block_desc *d, const void *kv, size_t kv_bytes,
+                kvc_err *err);
+    int  (*get)(kvc_block_store *bs, const kvc_block_desc *d, void *kv, size_t kv_bytes,
+                kvc_err *err);
+    bool (*contains)(kvc_block_store *bs, uint64_t hash);
+    int  (*remove)(kvc_block_store *bs, uint64_t hash);
+    void (*iterate)(kvc_block_store *bs, kvc_bs_iter_fn fn, void *user);
+    void (*stats)(kvc_block_store *bs, kvc_bs_stats *st);
+    void (*close)(kvc_block_store *bs);
+} kvc_block_store_ops;
+
+struct kvc_block_store {
+    const kvc_block_store_ops *ops;
+};
+
+/* Store the block `d` with its K/V (kv_bytes, copied). Storing a block held
+ * already only marks it used. May evict least recently used blocks to stay
+ * under the budget. KVC_ERR_IO (the medium failed: nothing stored),
+ * KVC_ERR_INVALID_ARG (larger than the whole budget). */
+static inline int kvc_bs_put(kvc_block_store *bs, const kvc_block_desc *d, const void *kv,
+                             size_t kv_bytes, kvc_err *err)
+{
+    return bs->ops->put(bs, d, kv, kv_bytes, err);
+}
+
+/* Read the block `d` into kv (kv_bytes, caller-owned; its contents are
+ * undefined after a failure). KVC_OK only when the stored block is d exactly
+ * (hash, parent, tokens, size) and its checksum holds. KVC_ERR_NOT_FOUND when
+ * it is not stored or is another block under the same hash; KVC_ERR_FORMAT
+ * when it was corrupt (it is discarded and counted); KVC_ERR_IO. Marks it
+ * used. */
+static inline int kvc_bs_get(kvc_block_store *bs, const kvc_block_desc *d, void *kv,
+                             size_t kv_bytes, kvc_err *err)
+{
+    return bs->ops->get(bs, d, kv, kv_bytes, err);
+}
+
+/* Whether a block is stored under `hash` (by the index: a get may still fail). */
+static inline bool kvc_bs_contains(kvc_block_store *bs, uint64_t hash)
+{
+    return bs->ops->contains(bs, hash);
+}
+
+/* Forget the block under `hash`. KVC_OK, KVC_ERR_NOT_FOUND, KVC_ERR_IO. */
+static inline int kvc_bs_remove(kvc_block_store *bs, uint64_t hash)
+{
+    return bs->ops->remove(bs, hash);
+}
+
+/* Every stored block, least recently used first. */
+static inline void kvc_bs_iterate(kvc_block_store *bs, kvc_bs_iter_fn fn, void *user)
+{
+    bs->ops->iterate(bs, fn, user);
+}
+
+static inline void kvc_bs_stats_get(kvc_block_store *bs, kvc_bs_stats *st)
+{
+    bs->ops->stats(bs, st);
+}
+
+/* Close the store and free it. NULL ok. */
+static inline void kvc_bs_close(kvc_block_store *bs)
+{
+    if (bs)
+        bs->ops->close(bs);
+}
+
+/* ------------------------------------------------------------ disk backend */
+
+typedef struct kvc_disk_store_params {
+    const char *dir;          /* NULL = kvc_cache_default_dir() */
+    uint64_t    budget_bytes; /* 0 = KVC_DISK_DEFAULT_MIB MiB (kvchat.h) */
+    bool        fsync;        /* fsync each block before it becomes visible; off by default */
+} kvc_disk_store_params;
+
+/* Open (creating it and its parents, mode 0700) the directory, take its lock,
+ * remove what crashed writers left, and rebuild the index from the files.
+ * KVC_ERR_BUSY when another process holds the directory; KVC_ERR_IO. The
+ * returned store is freed by kvc_bs_close. */
+int kvc_disk_store_open(const kvc_disk_store_params *p, kvc_block_store **out, kvc_err *err);
+
+/* The default directory: $KVCHAT_CACHE/kv (the CLI's cache root), else
+ * $XDG_CACHE_HOME/kvchat/kv, else $HOME/.cache/kvchat/kv.
+ * KVC_ERR_NOT_FOUND when neither variable is set, KVC_ERR_INVALID_ARG when
+ * the path does not fit `size`. */
+int kvc_cache_default_dir(char *buf, size_t size, kvc_err *err);
+
+/* A fingerprint of a model file: XXH3 of all its bytes (metadata and tensor
+ * data), remembered in `dir`/models (0600) under the file's path, size,
+ * inode and modification time, so it is computed once per file version.
+ * `dir` NULL: computed, not remembered. KVC_ERR_IO. */
+int kvc_model_fingerprint(const char *path, const char *dir, uint64_t *out, kvc_err *err);
+
+#endif

@@ -1,0 +1,632 @@
+/* block_store_disk.c - the disk tier: one file per block in a directory.
+ *
+ * Why one file per block (not an append-only log): a block is large (the
+ * K/V of 16 tokens of every layer: 192 KiB for a Qwen2.5-0.5B shape in F16),
+ * so a file costs little beside it; the budget's LRU then frees space by
+ * unlinking one file, where a log would need compaction; and a file becomes
+ * visible all at once by rename(2), so no reader ever sees half a block.
+ *
+ * A write: the block goes to "tmp.<pid>.<n>" (O_EXCL, 0600), then rename(2)
+ * gives it its name "<hash as 16 hex>.kvb". A writer killed at any moment
+ * leaves either no block or a whole one (plus a temp file that the next open
+ * removes: the directory's lock guarantees no one else writes there).
+ *
+ * fsync policy: none by default. The tier is a cache, and a killed process
+ * loses nothing the kernel already has. After a power loss a file may come back
+ * empty or partly written: its checksum (and size) fail at read, it is
+ * discarded and recomputed. `fsync` in the params syncs each file before its
+ * rename, for a medium where that matters more than the write rate.
+ *
+ * The file: a 64-byte header (file_header), the tokens (int32), the K/V as the
+ * pool stores them. The header has its own checksum; the payload (tokens and
+ * K/V) has XXH3-64. Recency survives restarts in each file's mtime, which the
+ * store sets itself from a strictly increasing clock, so the LRU order rebuilt
+ * at open is the order it had. */
+#include "block_store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define FILE_MAGIC   0x31304b4c4243564bull   /* "KVCBLK01" */
+#define FILE_VERSION 1
+
+typedef struct file_header {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t n_tokens;
+    uint64_t hash;          /* the chain hash: also the file's name */
+    uint64_t parent;        /* the parent's chain hash */
+    uint64_t kv_bytes;
+    uint64_t payload_xxh;   /* XXH3-64 of tokens, then K/V */
+    uint64_t reserved;      /* 0 */
+    uint64_t header_xxh;    /* XXH3-64 of the 56 bytes above */
+} file_header;
+_Static_assert(sizeof(file_header) == 64, "the on-disk header is 64 bytes");
+
+typedef struct entry {
+    uint64_t      hash, parent;
+    uint64_t      bytes;        /* file size */
+    int64_t       stamp;        /* mtime in ns: the LRU key */
+    struct entry *hnext;        /* bucket chain */
+    struct entry *prev, *next;  /* LRU list, least recent first */
+} entry;
+
+typedef struct disk_store {
+    kvc_block_store base;
+    int          dir_fd;
+    int          lock_fd;       /* flock(LOCK_EX) held while open */
+    bool         fsync;
+    entry      **buckets;       /* n_buckets chains, a power of two */
+    size_t       n_buckets;
+    entry       *lru_head, *lru_tail;
+    int64_t      last_stamp;
+    uint64_t     tmp_serial;
+    kvc_bs_stats st;
+} disk_store;
+
+/* ------------------------------------------------------------- the index */
+
+static entry **bucket_of(disk_store *ds, uint64_t hash)
+{
+    return &ds->buckets[(hash ^ (hash >> 29)) & (ds->n_buckets - 1)];
+}
+
+static entry *find(disk_store *ds, uint64_t hash)
+{
+    for (entry *e = *bucket_of(ds, hash); e; e = e->hnext)
+        if (e->hash == hash)
+            return e;
+    return NULL;
+}
+
+static void lru_unlink(disk_store *ds, entry *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        ds->lru_head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        ds->lru_tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void lru_push_tail(disk_store *ds, entry *e)
+{
+    e->next = NULL;
+    e->prev = ds->lru_tail;
+    if (ds->lru_tail)
+        ds->lru_tail->next = e;
+    else
+        ds->lru_head = e;
+    ds->lru_tail = e;
+}
+
+/* Double the buckets when full; on allocation failure keep longer chains. */
+static void grow(disk_store *ds)
+{
+    if ((size_t)ds->st.n_blocks < ds->n_buckets)
+        return;
+    entry **nb = calloc(ds->n_buckets * 2, sizeof(entry *));
+    if (!nb)
+        return;
+    entry **old = ds->buckets;
+    size_t old_n = ds->n_buckets;
+    ds->buckets = nb;
+    ds->n_buckets *= 2;
+    for (size_t b = 0; b < old_n; b++)
+        for (entry *e = old[b], *nx; e; e = nx) {
+            nx = e->hnext;
+            entry **p = bucket_of(ds, e->hash);
+            e->hnext = *p;
+            *p = e;
+        }
+    free(old);
+}
+
+/* Enter e (most recent); the index takes it. */
+static void index_add(disk_store *ds, entry *e)
+{
+    entry **p = bucket_of(ds, e->hash);
+    e->hnext = *p;
+    *p = e;
+    lru_push_tail(ds, e);
+    ds->st.n_blocks++;
+    ds->st.bytes_used += e->bytes;
+    grow(ds);
+}
+
+static void index_drop(disk_store *ds, entry *e)
+{
+    entry **p = bucket_of(ds, e->hash);
+    while (*p != e)
+        p = &(*p)->hnext;
+    *p = e->hnext;
+    lru_unlink(ds, e);
+    ds->st.n_blocks--;
+    ds->st.bytes_used -= e->bytes;
+    free(e);
+}
+
+/* ---------------------------------------------------------------- files */
+
+static void name_of(uint64_t hash, char name[32])
+{
+    snprintf(name, 32, "%016llx.kvb", (unsigned long long)hash);
+}
+
+/* A strictly increasing wall-clock stamp in ns, written as a file's mtime. */
+static int64_t next_stamp(disk_store *ds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    ds->last_stamp = now > ds->last_stamp ? now : ds->last_stamp + 1;
+    return ds->last_stamp;
+}
+
+static void stamp_times(int64_t stamp, struct timespec t[2])
+{
+    t[0] = (struct timespec){ 0, UTIME_OMIT };
+    t[1] = (struct timespec){ stamp / 1000000000, stamp % 1000000000 };
+}
+
+/* Mark e used now: the most recent end of the list and of the mtimes. A
+ * failed utimensat only costs order after a restart. */
+static void touch(disk_store *ds, entry *e, int fd)
+{
+    e->stamp = next_stamp(ds);
+    struct timespec t[2];
+    stamp_times(e->stamp, t);
+    if (fd >= 0) {
+        (void)futimens(fd, t);
+    } else {
+        char name[32];
+        name_of(e->hash, name);
+        (void)utimensat(ds->dir_fd, name, t, 0);
+    }
+    lru_unlink(ds, e);
+    lru_push_tail(ds, e);
+}
+
+/* Remove e's file and entry (a failed unlink leaves a file the next open
+ * validates again). */
+static void discard(disk_store *ds, entry *e)
+{
+    char name[32];
+    name_of(e->hash, name);
+    (void)unlinkat(ds->dir_fd, name, 0);
+    index_drop(ds, e);
+}
+
+static int read_full(int fd, void *buf, size_t n, off_t off)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+        off += r;
+    }
+    return 0;
+}
+
+static int write_full(int fd, struct iovec *iov, int n_iov)
+{
+    while (n_iov > 0) {
+        ssize_t w = writev(fd, iov, n_iov);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        while (n_iov > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n_iov--;
+        }
+        if (n_iov > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+static uint64_t header_sum(const file_header *h)
+{
+    return XXH3_64bits(h, offsetof(file_header, header_xxh));
+}
+
+/* A header is whole: magic, version, its checksum, and the size it implies. */
+static bool header_ok(const file_header *h, uint64_t file_size)
+{
+    return h->magic == FILE_MAGIC && h->version == FILE_VERSION &&
+           h->header_xxh == header_sum(h) && h->n_tokens > 0 && h->n_tokens <= (1u << 20) &&
+           file_size == sizeof(*h) + (uint64_t)h->n_tokens * 4 + h->kv_bytes;
+}
+
+/* ------------------------------------------------------------ operations */
+
+static bool disk_contains(kvc_block_store *bs, uint64_t hash)
+{
+    return find((disk_store *)bs, hash) != NULL;
+}
+
+static int disk_remove(kvc_block_store *bs, uint64_t hash)
+{
+    disk_store *ds = (disk_store *)bs;
+    entry *e = find(ds, hash);
+    if (!e)
+        return KVC_ERR_NOT_FOUND;
+    discard(ds, e);
+    return KVC_OK;
+}
+
+static void disk_iterate(kvc_block_store *bs, kvc_bs_iter_fn fn, void *user)
+{
+    for (entry *e = ((disk_store *)bs)->lru_head; e; e = e->next)
+        if (!fn(user, e->hash, e->parent))
+            return;
+}
+
+static void disk_stats(kvc_block_store *bs, kvc_bs_stats *st)
+{
+    *st = ((disk_store *)bs)->st;
+}
+
+static void disk_close(kvc_block_store *bs)
+{
+    disk_store *ds = (disk_store *)bs;
+    if (ds->buckets)
+        for (size_t b = 0; b < ds->n_buckets; b++)
+            for (entry *e = ds->buckets[b], *nx; e; e = nx) {
+                nx = e->hnext;
+                free(e);
+            }
+    free(ds->buckets);
+    if (ds->lock_fd >= 0)
+        close(ds->lock_fd);            /* releases the lock */
+    if (ds->dir_fd >= 0)
+        close(ds->dir_fd);
+    free(ds);
+}
+
+/* Write the file of a block not yet stored: temp file, then rename. */
+static int write_block(disk_store *ds, const kvc_block_desc *d, const void *kv, size_t kv_bytes,
+                       uint64_t size, kvc_err *err)
+{
+    file_header h = { .magic = FILE_MAGIC, .version = FILE_VERSION,
+                      .n_tokens = (uint32_t)d->n_tokens, .hash = d->hash, .parent = d->parent,
+                      .kv_bytes = kv_bytes };
+    XXH3_state_t *x = XXH3_createState();
+    if (!x)
+        return kvc_fail(err, KVC_ERR_NOMEM, "disk cache: out of memory");
+    XXH3_64bits_reset(x);
+    XXH3_64bits_update(x, d->tokens, (size_t)d->n_tokens * sizeof(int32_t));
+    XXH3_64bits_update(x, kv, kv_bytes);
+    h.payload_xxh = XXH3_64bits_digest(x);
+    XXH3_freeState(x);
+    h.header_xxh = header_sum(&h);
+
+    char tmp[64], name[32];
+    snprintf(tmp, sizeof(tmp), "tmp.%ld.%llu", (long)getpid(),
+             (unsigned long long)++ds->tmp_serial);
+    name_of(d->hash, name);
+    int fd = openat(ds->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return kvc_fail(err, KVC_ERR_IO, "disk cache: cannot create %s: %s", tmp,
+                        strerror(errno));
+    struct iovec iov[3] = { { &h, sizeof(h) },
+                            { (void *)d->tokens, (size_t)d->n_tokens * sizeof(int32_t) },
+                            { (void *)kv, kv_bytes } };
+    struct timespec t[2];
+    int64_t stamp = next_stamp(ds);
+    stamp_times(stamp, t);
+    int bad = write_full(fd, iov, 3) || futimens(fd, t) || (ds->fsync && fsync(fd));
+    int saved = errno;
+    bad |= close(fd) != 0;
+    if (!bad && renameat(ds->dir_fd, tmp, ds->dir_fd, name) != 0) {
+        bad = 1;
+        saved = errno;
+    }
+    if (bad) {
+        (void)unlinkat(ds->dir_fd, tmp, 0);
+        return kvc_fail(err, KVC_ERR_IO, "disk cache: writing block %s: %s", name,
+                        strerror(saved));
+    }
+    if (ds->fsync)
+        (void)fsync(ds->dir_fd);
+    entry *e = calloc(1, sizeof(*e));
+    if (!e) {
+        (void)unlinkat(ds->dir_fd, name, 0);
+        return kvc_fail(err, KVC_ERR_NOMEM, "disk cache: out of memory");
+    }
+    *e = (entry){ .hash = d->hash, .parent = d->parent, .bytes = size, .stamp = stamp };
+    index_add(ds, e);
+    ds->st.n_puts++;
+    ds->st.bytes_written += size;
+    return KVC_OK;
+}
+
+static int disk_put(kvc_block_store *bs, const kvc_block_desc *d, const void *kv,
+                    size_t kv_bytes, kvc_err *err)
+{
+    disk_store *ds = (disk_store *)bs;
+    entry *e = find(ds, d->hash);
+    if (e) {
+        touch(ds, e, -1);
+        return KVC_OK;
+    }
+    uint64_t size = sizeof(file_header) + (uint64_t)d->n_tokens * 4 + kv_bytes;
+    if (size > ds->st.budget)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG,
+                        "disk cache: a block of %llu bytes exceeds the budget of %llu",
+                        (unsigned long long)size, (unsigned long long)ds->st.budget);
+    while (ds->st.bytes_used + size > ds->st.budget && ds->lru_head) {
+        discard(ds, ds->lru_head);
+        ds->st.evictions++;
+    }
+    return write_block(ds, d, kv, kv_bytes, size, err);
+}
+
+/* Read and verify e's file against d into kv. KVC_ERR_FORMAT: corrupt (the
+ * caller discards it); KVC_ERR_NOT_FOUND: another block, or the file is gone
+ * (*gone). */
+static int read_block(disk_store *ds, entry *e, const kvc_block_desc *d, void *kv,
+                      size_t kv_bytes, bool *gone, kvc_err *err)
+{
+    char name[32];
+    name_of(e->hash, name);
+    int fd = openat(ds->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    *gone = fd < 0 && errno == ENOENT;
+    if (fd < 0)
+        return *gone ? kvc_fail(err, KVC_ERR_NOT_FOUND, "disk cache: %s is gone", name)
+                     : kvc_fail(err, KVC_ERR_IO, "disk cache: opening %s: %s", name,
+                                strerror(errno));
+    size_t tok_bytes = (size_t)d->n_tokens * sizeof(int32_t);
+    int32_t *toks = malloc(tok_bytes);
+    file_header h;
+    struct stat sb;
+    int rc = KVC_OK;
+    if (!toks)
+        rc = kvc_fail(err, KVC_ERR_NOMEM, "disk cache: out of memory");
+    else if (fstat(fd, &sb) != 0 || read_full(fd, &h, sizeof(h), 0) != 0 ||
+             !header_ok(&h, (uint64_t)sb.st_size) || h.hash != e->hash)
+        rc = kvc_fail(err, KVC_ERR_FORMAT, "disk cache: block %s: bad header or size", name);
+    else if (h.parent != d->parent || h.n_tokens != (uint32_t)d->n_tokens ||
+             h.kv_bytes != kv_bytes)
+        rc = kvc_fail(err, KVC_ERR_NOT_FOUND, "disk cache: %s holds another block", name);
+    else if (read_full(fd, toks, tok_bytes, sizeof(h)) != 0 ||
+             read_full(fd, kv, kv_bytes, (off_t)(sizeof(h) + tok_bytes)) != 0)
+        rc = kvc_fail(err, KVC_ERR_FORMAT, "disk cache: block %s: short read", name);
+    if (!rc) {
+        XXH3_state_t *x = XXH3_createState();
+        if (!x) {
+            rc = kvc_fail(err, KVC_ERR_NOMEM, "disk cache: out of memory");
+        } else {
+            XXH3_64bits_reset(x);
+            XXH3_64bits_update(x, toks, tok_bytes);
+            XXH3_64bits_update(x, kv, kv_bytes);
+            if (XXH3_64bits_digest(x) != h.payload_xxh)
+                rc = kvc_fail(err, KVC_ERR_FORMAT, "disk cache: block %s: checksum mismatch",
+                              name);
+            else if (memcmp(toks, d->tokens, tok_bytes) != 0)
+                rc = kvc_fail(err, KVC_ERR_NOT_FOUND, "disk cache: %s holds other tokens", name);
+            XXH3_freeState(x);
+        }
+    }
+    if (!rc)
+        touch(ds, e, fd);
+    free(toks);
+    close(fd);
+    return rc;
+}
+
+static int disk_get(kvc_block_store *bs, const kvc_block_desc *d, void *kv, size_t kv_bytes,
+                    kvc_err *err)
+{
+    disk_store *ds = (disk_store *)bs;
+    entry *e = find(ds, d->hash);
+    bool gone = false;
+    int rc = e ? read_block(ds, e, d, kv, kv_bytes, &gone, err)
+               : kvc_fail(err, KVC_ERR_NOT_FOUND, "disk cache: no block %016llx",
+                          (unsigned long long)d->hash);
+    if (rc == KVC_ERR_FORMAT) {
+        ds->st.checksum_failures++;
+        discard(ds, e);
+    } else if (gone) {
+        index_drop(ds, e);
+    }
+    if (rc == KVC_OK) {
+        ds->st.n_hits++;
+        ds->st.bytes_read += kv_bytes;
+    } else {
+        ds->st.n_misses++;
+    }
+    return rc;
+}
+
+static const kvc_block_store_ops disk_ops = {
+    "disk", disk_put, disk_get, disk_contains, disk_remove, disk_iterate, disk_stats, disk_close,
+};
+
+/* ------------------------------------------------------------------ open */
+
+/* mkdir -p with mode 0700 for what it creates; the leaf is set to 0700 (it
+ * holds what users said). */
+static int make_dirs(const char *dir, kvc_err *err)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof(path), "%s", dir) >= (int)sizeof(path))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "disk cache: path too long: %s", dir);
+    for (char *p = path + 1; ; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(path, 0700) != 0 && errno != EEXIST)
+                return kvc_fail(err, KVC_ERR_IO, "disk cache: cannot create %s: %s", path,
+                                strerror(errno));
+            *p = c;
+            if (c == '\0')
+                break;
+        }
+    }
+    if (chmod(dir, 0700) != 0)
+        return kvc_fail(err, KVC_ERR_IO, "disk cache: chmod 0700 %s: %s", dir, strerror(errno));
+    return KVC_OK;
+}
+
+static bool is_block_name(const char *name, uint64_t *hash)
+{
+    if (strlen(name) != 20 || strcmp(name + 16, ".kvb") != 0)
+        return false;
+    char *end;
+    unsigned long long h = strtoull(name, &end, 16);
+    if (end != name + 16)
+        return false;
+    *hash = h;
+    return true;
+}
+
+/* One directory entry: a block file validated and indexed (or discarded),
+ * a temp file removed. */
+static void load_one(disk_store *ds, const char *name, entry ***all, size_t *n, size_t *cap)
+{
+    uint64_t hash;
+    if (strncmp(name, "tmp.", 4) == 0) {
+        (void)unlinkat(ds->dir_fd, name, 0);   /* we hold the lock: its writer is dead */
+        return;
+    }
+    if (!is_block_name(name, &hash))
+        return;
+    int fd = openat(ds->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    file_header h;
+    struct stat sb;
+    bool ok = fd >= 0 && fstat(fd, &sb) == 0 && read_full(fd, &h, sizeof(h), 0) == 0 &&
+              header_ok(&h, (uint64_t)sb.st_size) && h.hash == hash;
+    if (fd >= 0)
+        close(fd);
+    entry *e = ok ? calloc(1, sizeof(*e)) : NULL;
+    if (ok && *n == *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        entry **a = realloc(*all, c * sizeof(entry *));
+        if (a) {
+            *all = a;
+            *cap = c;
+        }
+    }
+    if (!e || *n == *cap) {
+        free(e);
+        if (!ok) {
+            (void)unlinkat(ds->dir_fd, name, 0);
+            ds->st.discarded_at_load++;
+        }
+        return;
+    }
+    *e = (entry){ .hash = hash, .parent = h.parent, .bytes = (uint64_t)sb.st_size,
+                  .stamp = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec };
+    (*all)[(*n)++] = e;
+}
+
+static int by_stamp(const void *a, const void *b)
+{
+    const entry *x = *(entry *const *)a, *y = *(entry *const *)b;
+    if (x->stamp != y->stamp)
+        return x->stamp < y->stamp ? -1 : 1;
+    return x->hash < y->hash ? -1 : x->hash > y->hash;
+}
+
+/* Rebuild the index from the directory, least recently used first. */
+static int load_index(disk_store *ds, kvc_err *err)
+{
+    int fd = dup(ds->dir_fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return kvc_fail(err, KVC_ERR_IO, "disk cache: cannot list the directory: %s",
+                        strerror(errno));
+    }
+    entry **all = NULL;
+    size_t n = 0, cap = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        load_one(ds, de->d_name, &all, &n, &cap);
+    closedir(d);
+    if (n)
+        qsort(all, n, sizeof(entry *), by_stamp);
+    for (size_t i = 0; i < n; i++) {
+        index_add(ds, all[i]);
+        if (all[i]->stamp > ds->last_stamp)
+            ds->last_stamp = all[i]->stamp;
+    }
+    free(all);
+    while (ds->st.bytes_used > ds->st.budget && ds->lru_head) {   /* a smaller budget now */
+        discard(ds, ds->lru_head);
+        ds->st.evictions++;
+    }
+    return KVC_OK;
+}
+
+int kvc_disk_store_open(const kvc_disk_store_params *p, kvc_block_store **out, kvc_err *err)
+{
+    *out = NULL;
+    char dir[PATH_MAX];
+    int rc = p->dir ? (snprintf(dir, sizeof(dir), "%s", p->dir) < (int)sizeof(dir)
+                           ? KVC_OK
+                           : kvc_fail(err, KVC_ERR_INVALID_ARG, "disk cache: path too long"))
+                    : kvc_cache_default_dir(dir, sizeof(dir), err);
+    if (!rc)
+        rc = make_dirs(dir, err);
+    if (rc)
+        return rc;
+    disk_store *ds = calloc(1, sizeof(*ds));
+    if (!ds)
+        return kvc_fail(err, KVC_ERR_NOMEM, "disk cache: out of memory");
+    ds->base.ops = &disk_ops;
+    ds->lock_fd = -1;
+    ds->fsync = p->fsync;
+    ds->st.budget = p->budget_bytes ? p->budget_bytes : (uint64_t)KVC_DISK_DEFAULT_MIB << 20;
+    ds->n_buckets = 1024;
+    ds->buckets = calloc(ds->n_buckets, sizeof(entry *));
+    ds->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!ds->buckets)
+        rc = kvc_fail(err, KVC_ERR_NOMEM, "disk cache: out of memory");
+    else if (ds->dir_fd < 0)
+        rc = kvc_fail(err, KVC_ERR_IO, "disk cache: cannot open %s: %s", dir, strerror(errno));
+    if (!rc) {
+        ds->lock_fd = openat(ds->dir_fd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (ds->lock_fd < 0)
+            rc = kvc_fail(err, KVC_ERR_IO, "disk cache: cannot create %s/lock: %s", dir,
+                          strerror(errno));
+        else if (flock(ds->lock_fd, LOCK_EX | LOCK_NB) != 0)
+            rc = errno == EWOULDBLOCK
+                     ? kvc_fail(err, KVC_ERR_BUSY, "disk cache: %s is in use by another process",
+                                dir)
+                     : kvc_fail(err, KVC_ERR_IO, "disk cache: locking %s: %s", dir,
+                                strerror(errno));
+    }
+    if (!rc)
+        rc = load_index(ds, err);
+    if (rc) {
+        disk_close(&ds->base);
+        return rc;
+    }
+    *out = &ds->base;
+    return KVC_OK;
+}

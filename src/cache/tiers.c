@@ -1,0 +1,393 @@
+/* tiers.c - RAM and the store below it: fetch on lookup, write on eviction
+ * and through after a turn, a writer thread fed by a queue of block copies. */
+#include "tiers.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A block on its way down: a copy, so the writer never reads the pool. */
+typedef struct slot {
+    struct slot *next;        /* in the queue, or in the spare list */
+    uint64_t hash, parent;
+    int32_t *tokens;          /* [B] */
+    uint8_t *kv;              /* [block_bytes] */
+} slot;
+
+struct kvc_tiers {
+    kvc_prefix_cache *pc;     /* borrowed */
+    kvc_kv_pool      *pool;   /* borrowed */
+    kvc_block_store  *store;  /* borrowed; used under store_mu */
+    int32_t           B;
+    size_t            block_bytes;
+    pthread_mutex_t   store_mu;
+    pthread_mutex_t   q_mu;   /* the queue, `stop` and the stats */
+    pthread_cond_t    q_cv;   /* work or stop, for the writer */
+    pthread_cond_t    done_cv;/* a slot written, for flush */
+    slot             *head, *tail;   /* the queue; the writer works on head */
+    int32_t           count;
+    slot             *spare;  /* free slots: `cap` allocated up front, kept */
+    int32_t           cap;
+    int32_t           n_slots, max_slots; /* slots that exist; beyond cap they are made
+                                             on demand (a long turn written through) and
+                                             freed when written, up to max_slots */
+    bool              stop;
+    bool              started;
+    pthread_t         writer;
+    kvc_tiers_stats   st;
+};
+
+/* ------------------------------------------------------------ the writer */
+
+static void slot_free(slot *s)
+{
+    if (s) {
+        free(s->tokens);
+        kvc_free_aligned(s->kv);
+        free(s);
+    }
+}
+
+static slot *slot_new(const kvc_tiers *t)
+{
+    slot *s = calloc(1, sizeof(*s));
+    if (s) {
+        s->tokens = malloc((size_t)t->B * sizeof(int32_t));
+        s->kv = kvc_alloc_aligned(t->block_bytes);
+        if (!s->tokens || !s->kv) {
+            slot_free(s);
+            s = NULL;
+        }
+    }
+    return s;
+}
+
+static void *writer_main(void *arg)
+{
+    kvc_tiers *t = arg;
+    pthread_mutex_lock(&t->q_mu);
+    for (;;) {
+        while (t->count == 0 && !t->stop)
+            pthread_cond_wait(&t->q_cv, &t->q_mu);
+        if (t->count == 0)
+            break;                                   /* stop, and nothing left */
+        slot *s = t->head;
+        pthread_mutex_unlock(&t->q_mu);
+        kvc_block_desc d = { s->hash, s->parent, t->B, s->tokens };
+        pthread_mutex_lock(&t->store_mu);
+        int rc = kvc_bs_put(t->store, &d, s->kv, t->block_bytes, NULL);
+        pthread_mutex_unlock(&t->store_mu);
+        pthread_mutex_lock(&t->q_mu);
+        t->st.blocks_written += rc == KVC_OK;
+        t->st.write_failures += rc != KVC_OK;
+        t->head = s->next;
+        if (!t->head)
+            t->tail = NULL;
+        t->count--;
+        if (t->n_slots > t->cap) {                   /* made on demand: let it go */
+            t->n_slots--;
+            slot_free(s);
+        } else {
+            s->next = t->spare;
+            t->spare = s;
+        }
+        pthread_cond_broadcast(&t->done_cv);
+    }
+    pthread_mutex_unlock(&t->q_mu);
+    return NULL;
+}
+
+/* Whether the queue holds `hash`; if so and kv is not NULL, copy its K/V
+ * when its parent and tokens are d's. Under q_mu. */
+static bool queued_locked(kvc_tiers *t, const kvc_block_desc *d, void *kv)
+{
+    for (const slot *s = t->head; s; s = s->next) {
+        if (s->hash != d->hash)
+            continue;
+        if (!kv)
+            return true;
+        if (s->parent != d->parent ||
+            memcmp(s->tokens, d->tokens, (size_t)t->B * sizeof(int32_t)) != 0)
+            return false;
+        memcpy(kv, s->kv, t->block_bytes);
+        return true;
+    }
+    return false;
+}
+
+static bool queued(kvc_tiers *t, const kvc_block_desc *d, void *kv)
+{
+    pthread_mutex_lock(&t->q_mu);
+    bool q = queued_locked(t, d, kv);
+    pthread_mutex_unlock(&t->q_mu);
+    return q;
+}
+
+static bool stored(kvc_tiers *t, uint64_t hash)
+{
+    pthread_mutex_lock(&t->store_mu);
+    bool c = kvc_bs_contains(t->store, hash);
+    pthread_mutex_unlock(&t->store_mu);
+    return c;
+}
+
+static void desc_of(kvc_tiers *t, const kvc_pc_node *n, kvc_block_desc *d)
+{
+    *d = (kvc_block_desc){ n->hash, kvc_pc_parent_hash(t->pc, n), t->B, n->tokens };
+}
+
+/* Copy node's block into a free slot. false when none is left. */
+static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
+{
+    kvc_block_desc d;
+    desc_of(t, n, &d);
+    pthread_mutex_lock(&t->q_mu);
+    if (queued_locked(t, &d, NULL)) {
+        pthread_mutex_unlock(&t->q_mu);
+        return true;
+    }
+    slot *s = t->spare;
+    if (s) {
+        t->spare = s->next;
+    } else if (t->n_slots < t->max_slots && (s = slot_new(t))) {
+        t->n_slots++;
+    }
+    bool ok = s != NULL;
+    if (ok) {
+        s->next = NULL;
+        s->hash = d.hash;
+        s->parent = d.parent;
+        memcpy(s->tokens, n->tokens, (size_t)t->B * sizeof(int32_t));
+        memcpy(s->kv, kvc_kv_block_data(t->pool, n->block), t->block_bytes);
+        if (t->tail)
+            t->tail->next = s;
+        else
+            t->head = s;
+        t->tail = s;
+        t->count++;
+        t->st.blocks_queued++;
+        pthread_cond_signal(&t->q_cv);
+    }
+    pthread_mutex_unlock(&t->q_mu);
+    return ok;
+}
+
+/* The tree evicts n: send it down unless the store has it; at once when the
+ * queue is full (it would be lost). */
+static void on_evict(void *user, const kvc_pc_node *n)
+{
+    kvc_tiers *t = user;
+    kvc_block_desc d;
+    desc_of(t, n, &d);
+    if (queued(t, &d, NULL) || stored(t, d.hash))
+        return;
+    pthread_mutex_lock(&t->q_mu);
+    t->st.evictions_written++;
+    pthread_mutex_unlock(&t->q_mu);
+    if (enqueue(t, n))
+        return;
+    pthread_mutex_lock(&t->store_mu);
+    int rc = kvc_bs_put(t->store, &d, kvc_kv_block_data(t->pool, n->block), t->block_bytes, NULL);
+    pthread_mutex_unlock(&t->store_mu);
+    pthread_mutex_lock(&t->q_mu);
+    t->st.blocks_written += rc == KVC_OK;
+    t->st.write_failures += rc != KVC_OK;
+    pthread_mutex_unlock(&t->q_mu);
+}
+
+/* -------------------------------------------------------------- lifetime */
+
+int kvc_tiers_new(kvc_prefix_cache *pc, kvc_kv_pool *pool, kvc_block_store *store,
+                  int32_t queue_blocks, kvc_tiers **out, kvc_err *err)
+{
+    *out = NULL;
+    kvc_tiers *t = calloc(1, sizeof(*t));
+    if (!t)
+        return kvc_fail(err, KVC_ERR_NOMEM, "tiers: out of memory");
+    t->pc = pc;
+    t->pool = pool;
+    t->store = store;
+    t->B = kvc_kv_block_tokens(pool);
+    t->block_bytes = kvc_kv_block_bytes(pool);
+    t->cap = queue_blocks > 0 ? queue_blocks : 32;
+    /* on demand up to 1 GiB of copies: a turn of a few thousand tokens is
+     * written through without waiting or dropping */
+    t->max_slots = (int32_t)KVC_MAX((size_t)t->cap, KVC_MIN((size_t)1 << 30,
+                                    (size_t)t->cap * t->block_bytes * 64) / t->block_bytes);
+    pthread_mutex_init(&t->store_mu, NULL);
+    pthread_mutex_init(&t->q_mu, NULL);
+    pthread_cond_init(&t->q_cv, NULL);
+    pthread_cond_init(&t->done_cv, NULL);
+    bool ok = true;
+    for (int32_t i = 0; ok && i < t->cap; i++) {
+        slot *sl = slot_new(t);
+        ok = sl != NULL;
+        if (ok) {
+            sl->next = t->spare;
+            t->spare = sl;
+            t->n_slots++;
+        }
+    }
+    t->started = ok && pthread_create(&t->writer, NULL, writer_main, t) == 0;
+    if (!t->started) {
+        kvc_tiers_free(t);
+        return kvc_fail(err, KVC_ERR_NOMEM, "tiers: cannot allocate a write queue of %d blocks "
+                        "of %zu bytes, or start its thread", queue_blocks, t->block_bytes);
+    }
+    kvc_pc_set_evict_hook(pc, on_evict, t);
+    *out = t;
+    return KVC_OK;
+}
+
+void kvc_tiers_free(kvc_tiers *t)
+{
+    if (!t)
+        return;
+    if (t->started) {
+        kvc_pc_set_evict_hook(t->pc, NULL, NULL);
+        pthread_mutex_lock(&t->q_mu);
+        t->stop = true;
+        pthread_cond_signal(&t->q_cv);
+        pthread_mutex_unlock(&t->q_mu);
+        pthread_join(t->writer, NULL);               /* it writes what is queued first */
+    }
+    for (slot *sl = t->spare, *nx; sl; sl = nx) {   /* the writer emptied the queue */
+        nx = sl->next;
+        slot_free(sl);
+    }
+    pthread_mutex_destroy(&t->store_mu);
+    pthread_mutex_destroy(&t->q_mu);
+    pthread_cond_destroy(&t->q_cv);
+    pthread_cond_destroy(&t->done_cv);
+    free(t);
+}
+
+void kvc_tiers_flush(kvc_tiers *t)
+{
+    pthread_mutex_lock(&t->q_mu);
+    while (t->count > 0)
+        pthread_cond_wait(&t->done_cv, &t->q_mu);
+    pthread_mutex_unlock(&t->q_mu);
+}
+
+void kvc_tiers_stats_get(kvc_tiers *t, kvc_tiers_stats *st)
+{
+    pthread_mutex_lock(&t->q_mu);
+    *st = t->st;
+    pthread_mutex_unlock(&t->q_mu);
+}
+
+void kvc_tiers_store_stats(kvc_tiers *t, kvc_bs_stats *st)
+{
+    pthread_mutex_lock(&t->store_mu);
+    kvc_bs_stats_get(t->store, st);
+    pthread_mutex_unlock(&t->store_mu);
+}
+
+/* ---------------------------------------------------------- fetch, write */
+
+static uint64_t start_hash(kvc_tiers *t, uint64_t ns, const kvc_pc_match *m)
+{
+    return m->last == kvc_pc_root(t->pc) ? kvc_pc_ns_seed(t->pc, ns) : m->last->hash;
+}
+
+int64_t kvc_tiers_probe(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                        const kvc_pc_match *m)
+{
+    if (m->pending)
+        return 0;
+    uint64_t h = start_hash(t, ns, m);
+    int64_t got = 0;
+    for (int64_t i = m->n_full; (i + 1) * t->B <= n; i++, got++) {
+        kvc_block_desc d = { kvc_pc_chain_hash(t->pc, h, tokens + i * t->B), h, t->B,
+                             tokens + i * t->B };
+        if (!queued(t, &d, NULL) && !stored(t, d.hash))
+            break;
+        h = d.hash;
+    }
+    return got;
+}
+
+/* Read block d into pool block b: from the queue, else from the store. */
+static bool read_into(kvc_tiers *t, const kvc_block_desc *d, int32_t b)
+{
+    void *kv = kvc_kv_block_data(t->pool, b);
+    if (queued(t, d, kv))
+        return true;
+    pthread_mutex_lock(&t->store_mu);
+    int rc = kvc_bs_get(t->store, d, kv, t->block_bytes, NULL);
+    pthread_mutex_unlock(&t->store_mu);
+    return rc == KVC_OK;
+}
+
+int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                        kvc_pc_match *m, int64_t max)
+{
+    if (m->pending)
+        return 0;
+    uint64_t h = start_hash(t, ns, m);
+    int64_t got = 0;
+    for (int64_t i = m->n_full; got < max && (i + 1) * t->B <= n; i++) {
+        const int32_t *bt = tokens + i * t->B;
+        kvc_block_desc d = { kvc_pc_chain_hash(t->pc, h, bt), h, t->B, bt };
+        int32_t b = kvc_kv_block_alloc(t->pool);
+        if (b < 0)
+            break;
+        bool ok = read_into(t, &d, b);
+        kvc_pc_node *node = NULL;
+        if (ok && kvc_pc_insert(t->pc, ns, m->last, bt, b, false, &node, NULL) < 0)
+            ok = false;
+        kvc_kv_block_unref(t->pool, b);              /* the tree's reference remains */
+        if (!ok) {
+            pthread_mutex_lock(&t->q_mu);
+            t->st.fetch_failures++;
+            pthread_mutex_unlock(&t->q_mu);
+            break;
+        }
+        m->last = node;
+        m->n_full++;
+        got++;
+        h = d.hash;
+    }
+    if (got > 0) {
+        m->partial = NULL;
+        m->partial_len = 0;
+        pthread_mutex_lock(&t->q_mu);
+        t->st.blocks_fetched += (uint64_t)got;
+        pthread_mutex_unlock(&t->q_mu);
+    }
+    return got;
+}
+
+int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node)
+{
+    const kvc_pc_node *root = kvc_pc_root(t->pc);
+    int64_t depth = 0;
+    for (const kvc_pc_node *n = node; n && n != root; n = n->parent)
+        depth++;
+    const kvc_pc_node **path = malloc((size_t)(depth + 1) * sizeof(*path));
+    if (!path)
+        return 0;
+    int64_t k = 0;
+    for (const kvc_pc_node *n = node; n && n != root; n = n->parent) {
+        if (n->pending)
+            continue;
+        kvc_block_desc d;
+        desc_of(t, n, &d);
+        if (queued(t, &d, NULL) || stored(t, d.hash))
+            break;
+        path[k++] = n;
+    }
+    int64_t sent = 0;
+    while (k > 0 && enqueue(t, path[k - 1])) {      /* from the top down */
+        k--;
+        sent++;
+    }
+    if (k > 0) {
+        pthread_mutex_lock(&t->q_mu);
+        t->st.writes_dropped += (uint64_t)k;
+        pthread_mutex_unlock(&t->q_mu);
+    }
+    free(path);
+    return sent;
+}

@@ -1,0 +1,76 @@
+/* tiers.h - the prefix tree continued into a block store (DESIGN.md §5).
+ *
+ * A kvc_tiers joins a tree (and its pool) to a store below RAM:
+ *   - lookup continues from RAM into the store: after kvc_pc_lookup, the
+ *     following full blocks of the tokens that the store holds are read into
+ *     free pool blocks and entered in the tree as ready nodes (never
+ *     recomputed); probe first to know how many blocks to make room for;
+ *   - blocks are written down when the tree evicts them (the evict hook), and
+ *     a finished turn's path is written through (kvc_tiers_write_path);
+ *   - writes run on a writer thread, off the engine's path: the engine copies
+ *     a block's K/V into a queue slot (a memcpy) and goes on. queue_blocks
+ *     slots are kept; more are made while the writer is behind (a turn of
+ *     thousands of tokens written through at once), up to 1 GiB of copies.
+ *     Past that a write-through is dropped (counted) and an evicted block is
+ *     written at once (it would be lost otherwise).
+ *
+ * The chain hashes are the tree's (kvc_pc_node.hash), so the model, KV type,
+ * namespace, parent and tokens all name a stored block. The engine thread
+ * calls every function; the writer thread only touches the queue and the
+ * store, under their locks. */
+#ifndef KVC_TIERS_H
+#define KVC_TIERS_H
+
+#include "block_store.h"
+#include "prefix_cache.h"
+
+typedef struct kvc_tiers kvc_tiers;
+
+typedef struct kvc_tiers_stats {
+    uint64_t blocks_fetched;       /* read from the store into the pool */
+    uint64_t blocks_written;       /* by the writer thread or at once */
+    uint64_t blocks_queued;        /* copies handed to the writer */
+    uint64_t writes_dropped;       /* write-throughs dropped: the queue was full */
+    uint64_t evictions_written;    /* evicted blocks sent down */
+    uint64_t fetch_failures;       /* blocks the store listed but could not give */
+    uint64_t write_failures;       /* puts that failed (the medium) */
+} kvc_tiers_stats;
+
+/* Join `pc` (over `pool`) to `store`; all three borrowed, and must outlive
+ * the tiers. Sets the tree's evict hook. `queue_blocks`: write queue slots
+ * kept (0 = 32), allocated up front. Starts the writer thread. KVC_ERR_NOMEM. */
+int  kvc_tiers_new(kvc_prefix_cache *pc, kvc_kv_pool *pool, kvc_block_store *store,
+                   int32_t queue_blocks, kvc_tiers **out, kvc_err *err);
+/* Write what is queued, stop the writer, unhook the tree. NULL ok. */
+void kvc_tiers_free(kvc_tiers *t);
+
+/* How many full blocks of tokens[0, n) after the match `m` (a lookup in
+ * namespace `ns` that did not stop at a pending node) the store holds in a
+ * row: the blocks kvc_tiers_fetch would read, so the caller can make room for
+ * them first. Reads nothing. */
+int64_t kvc_tiers_probe(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                        const kvc_pc_match *m);
+
+/* Read up to `max` of those blocks into free pool blocks and enter them in
+ * the tree after m->last, as ready nodes that only the tree references;
+ * m->last and m->n_full move to the end of the run (m->partial is cleared when
+ * the run is not empty). Stops at the first block the store does not give
+ * (missing, or corrupt: discarded by the store) or when no pool block is
+ * free. Returns the number of blocks entered. */
+int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                        kvc_pc_match *m, int64_t max);
+
+/* Write `node` and its ancestors through to the store in the background, up
+ * to the first one the store holds already. Ready nodes only; a pending node
+ * is skipped with its ancestors. Returns the number of blocks queued. */
+int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node);
+
+/* Wait until the writer has written everything queued. */
+void kvc_tiers_flush(kvc_tiers *t);
+
+void kvc_tiers_stats_get(kvc_tiers *t, kvc_tiers_stats *st);
+
+/* The store's own figures, read under its lock. */
+void kvc_tiers_store_stats(kvc_tiers *t, kvc_bs_stats *st);
+
+#endif

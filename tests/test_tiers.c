@@ -1,0 +1,345 @@
+/* test_tiers.c - the prefix tree continued into the disk tier (tiers.h), on a
+ * tiny generated model.
+ *
+ *  1. Restart: a sequence computed in one context, its path written through;
+ *     a second context (a new process's pool, the same directory reopened)
+ *     finds the run on disk (probe), reads it (fetch), and its blocks equal
+ *     the first context's bitwise; finishing the prompt from there gives the
+ *     logits of a cold run bitwise.
+ *  2. Apart: another namespace or another model finds nothing.
+ *  3. Eviction writes down: blocks evicted from RAM are on disk after.
+ *  4. A corrupt block on disk stops the fetch there; it is counted, and what
+ *     follows is recomputed, not read.
+ *  5. Written through, then evicted: sent once, found in the queue or on
+ *     disk.
+ *  6. Through the engine: a conversation's turn, the engine freed (its
+ *     writer finishes), a new engine on the same directory: the next turn
+ *     finds its history on disk and answers as an engine without a disk. */
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "context.h"
+#include "tiers.h"
+#include "test.h"
+
+static char tmpdir[256];
+
+static kvc_context *new_ctx(kvc_model *m, uint64_t model_id)
+{
+    kvc_context *c = test_new_context(m, 256, 64, 1, 40);
+    kvc_err e = { 0 };
+    if (c)
+        CHECK(kvc_pc_set_model(c->pc, model_id, &e) == KVC_OK);
+    return c;
+}
+
+static kvc_block_store *open_store(const char *name)
+{
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/%s", tmpdir, name);
+    kvc_disk_store_params p = { dir, 0, false };
+    kvc_block_store *bs = NULL;
+    kvc_err e = { 0 };
+    CHECKF(kvc_disk_store_open(&p, &bs, &e) == KVC_OK, "%s", e.msg);
+    return bs;
+}
+
+static kvc_tiers *new_tiers(kvc_context *c, kvc_block_store *bs, int32_t queue)
+{
+    kvc_tiers *t = NULL;
+    kvc_err e = { 0 };
+    CHECKF(kvc_tiers_new(c->pc, c->pool, bs, queue, &t, &e) == KVC_OK, "%s", e.msg);
+    return t;
+}
+
+/* Compute tokens[0, n) in seq 0 and enter its full blocks in the tree;
+ * returns the deepest node. */
+static kvc_pc_node *compute_path(kvc_context *c, uint64_t ns, const int32_t *tokens, int32_t n)
+{
+    char err[512];
+    kvc_context_seq_truncate(c, 0, 0);
+    CHECKF(kvc_context_decode(c, 0, tokens, n, false, err, sizeof(err)) == KVC_OK, "%s", err);
+    kvc_pc_node *node = kvc_pc_root(c->pc);
+    kvc_err e = { 0 };
+    for (int32_t i = 0; (i + 1) * 16 <= n; i++)
+        CHECK(kvc_pc_insert(c->pc, ns, node, tokens + i * 16, c->seqs[0].blocks[i], false, &node,
+                            &e) >= 0);
+    return node;
+}
+
+#define N_TOK 100   /* 6 full blocks and 4 tokens */
+
+static void test_restart(kvc_model *m, const int32_t *toks)
+{
+    kvc_context *a = new_ctx(m, 42), *cold = new_ctx(m, 42);
+    kvc_block_store *bs = open_store("restart");
+    if (!a || !cold || !bs)
+        return;
+    kvc_tiers *t = new_tiers(a, bs, 2);                   /* a path longer than the queue */
+    kvc_pc_node *last = compute_path(a, 0, toks, N_TOK);
+    CHECK_EQ_INT(kvc_tiers_write_path(t, last), 6);
+    CHECK_EQ_INT(kvc_tiers_write_path(t, last), 0);          /* queued or stored already */
+    kvc_tiers_flush(t);
+    kvc_tiers_stats st;
+    kvc_tiers_stats_get(t, &st);
+    CHECK_EQ_INT(st.blocks_written, 6);
+    CHECK_EQ_INT(st.writes_dropped, 0);
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+
+    /* "restart": a new context and the directory opened again */
+    kvc_context *b = new_ctx(m, 42);
+    bs = open_store("restart");
+    t = b && bs ? new_tiers(b, bs, 0) : NULL;
+    if (!t)
+        return;
+    kvc_pc_match mt;
+    kvc_pc_lookup(b->pc, 0, toks, N_TOK, &mt);
+    CHECK_EQ_INT(mt.n_full, 0);
+    CHECK_EQ_INT(kvc_tiers_probe(t, 0, toks, N_TOK, &mt), 6);
+    CHECK_EQ_INT(kvc_tiers_fetch(t, 0, toks, N_TOK, &mt, 4), 4);   /* at most max */
+    CHECK_EQ_INT(mt.n_full, 4);
+    CHECK_EQ_INT(kvc_tiers_probe(t, 0, toks, N_TOK, &mt), 2);
+    CHECK_EQ_INT(kvc_tiers_fetch(t, 0, toks, N_TOK, &mt, 100), 2);
+    CHECK_EQ_INT(mt.n_full, 6);
+    kvc_err e = { 0 };
+    CHECK(kvc_pc_check(b->pc, &e) == KVC_OK);
+    CHECK_EQ_INT(kvc_pc_evictable(b->pc), 6);
+    size_t bytes = kvc_kv_block_bytes(b->pool);
+    int same = 0;
+    int32_t blocks[6];
+    for (kvc_pc_node *n = mt.last; n != kvc_pc_root(b->pc); n = n->parent) {
+        blocks[n->depth] = n->block;
+        same += memcmp(kvc_kv_block_data(b->pool, n->block),
+                       kvc_kv_block_data(a->pool, a->seqs[0].blocks[n->depth]), bytes) == 0;
+    }
+    CHECK_EQ_INT(same, 6);
+    /* the rest of the prompt computed on top of the fetched run: a cold run's logits */
+    char err[512];
+    kvc_context_seq_truncate(b, 0, 0);
+    CHECK(kvc_kv_seq_append_blocks(b->pool, &b->seqs[0], blocks, 6, &e) == KVC_OK);
+    CHECK(kvc_context_decode(b, 0, toks + 96, N_TOK - 96, false, err, sizeof(err)) == KVC_OK);
+    CHECK(kvc_context_decode(cold, 0, toks, N_TOK, false, err, sizeof(err)) == KVC_OK);
+    CHECK(memcmp(kvc_context_logits(b, -1), kvc_context_logits(cold, -1),
+                 (size_t)m->hp.n_vocab * sizeof(float)) == 0);
+    kvc_tiers_stats_get(t, &st);
+    CHECK_EQ_INT(st.blocks_fetched, 6);
+    kvc_bs_stats bst;
+    kvc_tiers_store_stats(t, &bst);
+    CHECK_EQ_INT(bst.bytes_read, 6 * bytes);
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+
+    /* apart: another namespace, another model */
+    kvc_context *other = new_ctx(m, 43);
+    bs = open_store("restart");
+    t = other && bs ? new_tiers(other, bs, 0) : NULL;
+    if (t) {
+        kvc_pc_lookup(other->pc, 0, toks, N_TOK, &mt);
+        CHECK_EQ_INT(kvc_tiers_probe(t, 0, toks, N_TOK, &mt), 0);   /* another model id */
+        kvc_tiers_free(t);
+    }
+    kvc_context_free(other);
+    kvc_context *c = new_ctx(m, 42);
+    t = c ? new_tiers(c, bs, 0) : NULL;
+    if (t) {
+        kvc_pc_lookup(c->pc, 7, toks, N_TOK, &mt);
+        CHECK_EQ_INT(kvc_tiers_probe(t, 7, toks, N_TOK, &mt), 0);   /* another namespace */
+        kvc_pc_lookup(c->pc, 0, toks, N_TOK, &mt);
+        CHECK_EQ_INT(kvc_tiers_probe(t, 0, toks, N_TOK, &mt), 6);
+        kvc_tiers_free(t);
+    }
+    kvc_context_free(c);
+    kvc_bs_close(bs);
+    kvc_context_free(a);
+    kvc_context_free(b);
+    kvc_context_free(cold);
+}
+
+static void test_evict_and_corrupt(kvc_model *m, const int32_t *toks)
+{
+    kvc_context *a = new_ctx(m, 42);
+    kvc_block_store *bs = open_store("evict");
+    kvc_tiers *t = a && bs ? new_tiers(a, bs, 2) : NULL;   /* 2 slots kept, more made */
+    if (!t)
+        return;
+    compute_path(a, 0, toks, N_TOK);
+    kvc_context_seq_truncate(a, 0, 0);                     /* only the tree holds them */
+    CHECK_EQ_INT(kvc_pc_evictable(a->pc), 6);
+    CHECK_EQ_INT(kvc_pc_evict(a->pc, 100), 6);
+    kvc_tiers_flush(t);
+    kvc_tiers_stats st;
+    kvc_tiers_stats_get(t, &st);
+    CHECK_EQ_INT(st.evictions_written, 6);
+    CHECK_EQ_INT(st.blocks_written, 6);
+    kvc_bs_stats bst;
+    kvc_tiers_store_stats(t, &bst);
+    CHECK_EQ_INT(bst.n_blocks, 6);
+    /* flip a byte in the third block's K/V: the fetch stops before it */
+    kvc_pc_match mt;
+    kvc_pc_lookup(a->pc, 0, toks, N_TOK, &mt);
+    uint64_t h = kvc_pc_ns_seed(a->pc, 0);
+    for (int i = 0; i < 3; i++)
+        h = kvc_pc_chain_hash(a->pc, h, toks + 16 * i);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/evict/%016llx.kvb", tmpdir, (unsigned long long)h);
+    int fd = open(path, O_RDWR);
+    uint8_t byte = 0;
+    CHECK(fd >= 0 && pread(fd, &byte, 1, 4000) == 1);
+    byte ^= 1;
+    CHECK(pwrite(fd, &byte, 1, 4000) == 1);
+    close(fd);
+    CHECK_EQ_INT(kvc_tiers_probe(t, 0, toks, N_TOK, &mt), 6);   /* the index does not know */
+    CHECK_EQ_INT(kvc_tiers_fetch(t, 0, toks, N_TOK, &mt, 100), 2);
+    kvc_tiers_stats_get(t, &st);
+    kvc_tiers_store_stats(t, &bst);
+    CHECK_EQ_INT(st.fetch_failures, 1);
+    CHECK_EQ_INT(bst.checksum_failures, 1);
+    CHECK_EQ_INT(kvc_tiers_probe(t, 0, toks, N_TOK, &mt), 0);   /* discarded */
+    kvc_err e = { 0 };
+    CHECK(kvc_pc_check(a->pc, &e) == KVC_OK);
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+    kvc_context_free(a);
+}
+
+/* Written through, then evicted before (or after) the writer got to them:
+ * nothing is sent twice, and the fetch finds every block, in the queue or on
+ * disk, equal to a cold run's. */
+static void test_through_then_evict(kvc_model *m, const int32_t *toks)
+{
+    kvc_context *a = new_ctx(m, 42), *cold = new_ctx(m, 42);
+    kvc_block_store *bs = open_store("through");
+    kvc_tiers *t = a && cold && bs ? new_tiers(a, bs, 0) : NULL;
+    if (!t)
+        return;
+    kvc_pc_node *last = compute_path(a, 0, toks, N_TOK);
+    CHECK_EQ_INT(kvc_tiers_write_path(t, last), 6);
+    kvc_context_seq_truncate(a, 0, 0);
+    CHECK_EQ_INT(kvc_pc_evict(a->pc, 100), 6);
+    kvc_tiers_stats st;
+    kvc_tiers_stats_get(t, &st);
+    CHECK_EQ_INT(st.evictions_written, 0);
+    kvc_pc_match mt;
+    kvc_pc_lookup(a->pc, 0, toks, N_TOK, &mt);
+    CHECK_EQ_INT(kvc_tiers_fetch(t, 0, toks, N_TOK, &mt, 100), 6);
+    char err[512];
+    CHECK(kvc_context_decode(cold, 0, toks, N_TOK, false, err, sizeof(err)) == KVC_OK);
+    int same = 0;
+    for (kvc_pc_node *n = mt.last; n != kvc_pc_root(a->pc); n = n->parent)
+        same += memcmp(kvc_kv_block_data(a->pool, n->block),
+                       kvc_kv_block_data(cold->pool, cold->seqs[0].blocks[n->depth]),
+                       kvc_kv_block_bytes(a->pool)) == 0;
+    CHECK_EQ_INT(same, 6);
+    kvc_tiers_flush(t);
+    kvc_tiers_stats_get(t, &st);
+    CHECK_EQ_INT(st.blocks_written, 6);
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+    kvc_context_free(a);
+    kvc_context_free(cold);
+}
+
+/* One request through an engine; the reply (malloc'd) and its stats. */
+static char *ask(kvc_engine *e, const kvc_chat_message *msgs, size_t n, kvc_chat_stats *st)
+{
+    kvc_request_params rp = { .messages = msgs, .n_messages = n, .session_key = "conv" };
+    rp.chat = kvc_chat_default_params();
+    rp.chat.max_tokens = 12;
+    char err[512];
+    kvc_request *r = kvc_engine_submit(e, &rp, NULL, err, sizeof(err));
+    CHECKF(r, "%s", err);
+    char *reply = NULL;
+    kvc_event ev;
+    while (r && kvc_request_next(r, &ev, -1)) {
+        if (ev.type == KVC_EVENT_DONE) {
+            reply = strdup(ev.text ? ev.text : "");
+            *st = ev.stats;
+        }
+        CHECKF(ev.type != KVC_EVENT_ERROR, "%s", ev.message);
+        bool last = ev.type != KVC_EVENT_TEXT;
+        kvc_event_clear(&ev);
+        if (last)
+            break;
+    }
+    kvc_request_free(r);
+    return reply;
+}
+
+static void test_engine_restart(kvc_model *m, const char *model_path)
+{
+    char dir[600], user[2000];
+    snprintf(dir, sizeof(dir), "%s/engine", tmpdir);
+    int at = snprintf(user, sizeof(user), "Remember:");
+    for (int i = 0; i < 120; i++)
+        at += snprintf(user + at, sizeof(user) - (size_t)at, " %s", i % 3 ? "stone" : "river");
+    kvc_chat_message msgs[4] = { { "system", "You are terse." }, { "user", user },
+                                 { "assistant", NULL }, { "user", "And then?" } };
+    kvc_engine_params ep = kvc_engine_default_params();
+    ep.n_ctx = 512;
+    ep.n_threads = 1;
+    ep.n_parallel = 2;
+    ep.cache_disk_mib = 16;
+    ep.cache_dir = dir;
+    ep.model_path = model_path;
+    kvc_engine *e = NULL;
+    char err[512];
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    if (!e)
+        return;
+    kvc_chat_stats st;
+    char *r1 = ask(e, msgs, 2, &st);
+    kvc_engine_free(e);                                  /* the writer finishes first */
+    msgs[2].content = r1 ? r1 : "";
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    char *warm = e ? ask(e, msgs, 4, &st) : NULL;
+    kvc_engine_metrics em;
+    if (e)
+        kvc_engine_get_metrics(e, &em);
+    kvc_engine_free(e);
+    ep.cache_disk_mib = 0;
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    kvc_chat_stats cold_st;
+    char *cold = e ? ask(e, msgs, 4, &cold_st) : NULL;
+    kvc_engine_free(e);
+    CHECK(warm && cold && strcmp(warm, cold) == 0);
+    printf("  engine restart: next turn %d prompt tokens, %d cached, %d of them from disk "
+           "(cold: %d computed)\n", st.prompt_tokens, st.cached_tokens, st.cached_disk_tokens,
+           cold_st.computed_tokens);
+    CHECKF(st.cached_disk_tokens * 10 >= st.prompt_tokens * 8, "only %d of %d tokens from disk",
+           st.cached_disk_tokens, st.prompt_tokens);
+    CHECK_EQ_INT(em.disk_tokens, st.cached_disk_tokens);
+    CHECK(em.disk_blocks_read > 0 && em.disk_checksum_failures == 0);
+    free(r1);
+    free(warm);
+    free(cold);
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_tiers_XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return 1;
+    char model_path[512];
+    kvc_model *m = test_gen_model(tmpdir, "tiny", model_path, sizeof(model_path));
+    if (m) {
+        int32_t toks[N_TOK];
+        uint64_t x = 88172645463325252ull;
+        for (int i = 0; i < N_TOK; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            toks[i] = (int32_t)(x % (uint64_t)m->hp.n_vocab);
+        }
+        test_restart(m, toks);
+        test_evict_and_corrupt(m, toks);
+        test_through_then_evict(m, toks);
+        test_engine_restart(m, model_path);
+    }
+    kvc_model_free(m);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmpdir);
+    return test_done("test_tiers");
+}
