@@ -18,7 +18,8 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 let server, root, client;
 
 before(async () => {
-  ({ proc: server, root } = await startServer(['--parallel', '4', '--chat-template-file',
+  ({ proc: server, root } = await startServer(['--parallel', '4', '--cache-disk', '0',
+                                              '--chat-template-file',
                                               path.join(here, 'hermes.jinja')]));
   client = new OpenAI({ baseURL: `${root}/v1`, apiKey: 'none', maxRetries: 0, timeout: 120000 });
 });
