@@ -271,6 +271,8 @@ typedef struct kvc_chat_params {
     bool               parse_tool_calls; /* engine: parse the reply's tool calls in the
                                        template's syntax (kvc_engine_tool_format) into the
                                        DONE event */
+    bool               single_tool_call; /* ... keeping only the first (parallel_tool_calls
+                                       false) */
     bool               special_in_content; /* control-token text in message content becomes
                                        control tokens (false: content is tokenized as plain
                                        text, only the template's own markup gives them) */

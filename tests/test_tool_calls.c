@@ -13,7 +13,7 @@ static void check_parse(int f, const char *reply, int n, const char *name, const
                         const char *content)
 {
     char *calls = NULL, *text = NULL;
-    CHECK(kvc_tool_calls_parse(f, reply, strlen(reply), 7, &calls, &text) == KVC_OK);
+    CHECK(kvc_tool_calls_parse(f, reply, strlen(reply), 7, 0, &calls, &text) == KVC_OK);
     cJSON *a = calls ? cJSON_Parse(calls) : NULL;
     CHECKF(cJSON_GetArraySize(a) == n, "%s: %d calls, wanted %d", reply, cJSON_GetArraySize(a), n);
     if (n > 0 && a) {
@@ -64,6 +64,16 @@ static void test_parse(void)
     check_parse(KVC_TOOLS_MISTRAL, "[TOOL_CALLS]f[ARGS]{\"q\": 1}[TOOL_CALLS]g[ARGS]{}", 2, "f",
                 "{\"q\":1}", "");
     check_parse(KVC_TOOLS_MISTRAL, "no calls here", 0, NULL, NULL, NULL);
+    /* parallel_tool_calls false: the first call only */
+    char *calls = NULL, *text = NULL;
+    const char *two = "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>"
+                      "<tool_call>{\"name\":\"b\",\"arguments\":{}}</tool_call>";
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_HERMES, two, strlen(two), 1, 1, &calls, &text) == KVC_OK);
+    cJSON *a = calls ? cJSON_Parse(calls) : NULL;
+    CHECK(cJSON_GetArraySize(a) == 1 && text && !*text);
+    cJSON_Delete(a);
+    free(calls);
+    free(text);
     CHECK(kvc_tool_format_from_name("mistral") == KVC_TOOLS_MISTRAL);
     CHECK(kvc_tool_format_from_name("nope") == -1);
     CHECK(!strcmp(kvc_tool_format_name(KVC_TOOLS_LLAMA3), "llama3-json"));

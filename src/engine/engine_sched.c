@@ -243,7 +243,8 @@ static void end_request(kvc_engine *e, kvc_request *r)
     r->turn = NULL;
     if (!rc && reply && r->chat.parse_tool_calls &&
         kvc_tool_calls_parse(e->tool_format, reply, strlen(reply), (uint64_t)r->t_submit ^
-                             (uint64_t)(uintptr_t)r, &done.tool_calls, &done.content))
+                             (uint64_t)(uintptr_t)r, r->chat.single_tool_call ? 1 : 0,
+                             &done.tool_calls, &done.content))
         rc = kvc_fail(&err, KVC_ERR_NOMEM, "out of memory");
     if (!rc && done.tool_calls && strcmp(st.finish_reason, "stop") == 0)
         st.finish_reason = "tool_calls";

@@ -177,6 +177,7 @@ static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim,
     if (force && !have)
         return BAD(e, "tool_choice", "tool_choice requires tools");
     r->params.chat.parse_tool_calls = have;
+    r->params.chat.single_tool_call = par && cJSON_IsFalse(par);
     if (!force)
         return 0;
     if (r->grammar)

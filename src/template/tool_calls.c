@@ -202,7 +202,7 @@ static bool parse_mistral_args(const char *r, size_t len, cJSON *arr, uint64_t s
 }
 
 int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_seed,
-                         char **calls_json, char **content)
+                         int max_calls, char **calls_json, char **content)
 {
     *calls_json = *content = NULL;
     cJSON *arr = cJSON_CreateArray();
@@ -243,6 +243,8 @@ int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_
         }
     }
     int rc = KVC_OK;
+    while (max_calls > 0 && cJSON_GetArraySize(arr) > max_calls)
+        cJSON_DeleteItemFromArray(arr, cJSON_GetArraySize(arr) - 1);
     if (cJSON_GetArraySize(arr) > 0 && !oom) {
         *calls_json = cJSON_PrintUnformatted(arr);
         const char *c = text ? text : "";

@@ -30,14 +30,16 @@ int kvc_tool_format_detect(const kvc_chat_template *t);
 const char *kvc_tool_format_name(int format);       /* "hermes", "llama3-json", "mistral" */
 int kvc_tool_format_from_name(const char *name);    /* -1 when unknown */
 
-/* Parse reply (len bytes) in `format`. When it holds at least one call:
+/* Parse reply (len bytes) in `format`, keeping at most max_calls calls (0 =
+ * all; later ones are dropped, not turned into content). When it holds at
+ * least one call:
  * *calls_json gets the OpenAI tool_calls array text ([{"id": "call_...",
  * "type": "function", "function": {"name", "arguments": JSON text}}]) and
  * *content the text outside the calls (trimmed; "" when none); both
  * malloc'd. With none, both are NULL. ids are "call_" + 24 hex digits from
  * id_seed and the call's index. KVC_OK or KVC_ERR_NOMEM. */
 int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_seed,
-                         char **calls_json, char **content);
+                         int max_calls, char **calls_json, char **content);
 
 /* Bytes at the end of text[0, len) to hold back from a stream because they
  * are, or may begin, a tool call in `format` (len when a call has begun:
