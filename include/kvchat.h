@@ -449,6 +449,10 @@ typedef struct kvc_request_params {
     size_t      n_messages;
     const char *prompt;                /* ... or a raw completion prompt (messages NULL) */
     const char *session_key;           /* prompt_cache_key, else user; NULL = none */
+    const char *cache_namespace;       /* the tenant: requests of different namespaces share
+                                          no cached block (in RAM, on disk, in Redis) and no
+                                          session; NULL or "" = the default namespace. The
+                                          server makes it from the API key and cache_salt */
     kvc_chat_params chat;              /* max_tokens, sampling, stops, no_cache */
 } kvc_request_params;
 
