@@ -10,7 +10,7 @@
  * step does over a model's layers.
  *
  * Build (from the repo root; not in CMake):
- *   gcc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc bench/bench_kernels.c \
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Isrc/kernels bench/bench_kernels.c \
  *       build/libkvchat.a -lm -lpthread -o bench_kernels
  * Run: ./bench_kernels [seconds-per-case, default 0.3] [threads, default 1] [isa] [type] */
 #include "kernels.h"
@@ -123,7 +123,7 @@ int main(int argc, char **argv)
     const int64_t shapes[][2] = { { 896, 4864 }, { 4864, 896 } };
     printf("GFLOP/s, %d thread(s); decode GB/s of weights in brackets\n", n_thr);
     printf("%-7s %-5s %-11s %16s %16s %10s\n", "isa", "type", "n_in->n_out", "decode hot", "decode cold", "prefill512");
-    for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_AVX512; isa++) {
+    for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_VNNI; isa++) {
         if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK ||
             (only_isa && strcmp(only_isa, kvc_isa_name((kvc_isa)isa)) != 0))
             continue;

@@ -46,6 +46,8 @@ struct kvc_compute {
     int32_t  tile_tok;    /* tokens per attention tile at most */
     /* per-thread scratch */
     float  **mm_scratch;  /* [thread][kvc_matmul_scratch_floats(max n_in)] */
+    void    *mm_act;      /* [kvc_matmul_act_bytes(max n_in, max_batch)] quantized activations, or NULL */
+    size_t   mm_act_bytes;
     float  **scores;      /* [thread][kvc_attn_scratch_floats(tile_tok * group)] attention state */
     float  **krow;        /* [thread][2 * max_ctx * hd] K, V of a Q8_0 pool as f32, made lazily */
     const void **blk;     /* [thread][2 * max_blocks] block pointers for attention */
@@ -96,6 +98,11 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
               c->rope_cos && c->rope_sin && c->inv_freq && c->tiles && c->tp && c->mm_scratch &&
               c->scores && c->krow && c->blk;
     int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
+    c->mm_act_bytes = kvc_matmul_act_bytes(max_in, max_batch);   /* 0 on ISAs that do not use them */
+    if (ok && c->mm_act_bytes) {
+        c->mm_act = kvc_alloc_aligned(c->mm_act_bytes);
+        ok = c->mm_act != NULL;
+    }
     for (int t = 0; ok && t < n_threads; t++) {
         c->mm_scratch[t] = alloc_f(kvc_matmul_scratch_floats(max_in));
         c->scores[t] = alloc_f(kvc_attn_scratch_floats((int64_t)c->tile_tok * group));
@@ -126,6 +133,7 @@ void kvc_compute_free(kvc_compute *c)
     }
     kvc_threadpool_free(c->tp);
     free(c->mm_scratch);
+    kvc_free_aligned(c->mm_act);
     free(c->scores);
     free(c->krow);
     free(c->blk);
@@ -150,18 +158,34 @@ typedef struct mm_job {
     float            *y;
     int64_t           ldy;
     int64_t           rows_per_task;
+    const void       *act;           /* quantized x (kvc_matmul_rows_act), or NULL */
 } mm_job;
+
+#define ACT_MIN_TOK   2    /* fewer tokens: each row range quantizes its own x (no extra dispatch) */
+#define ACT_TOK_TASK  16   /* tokens per quantization task */
+
+static void act_task(void *ctx, int64_t task, int thread)
+{
+    mm_job *j = ctx;
+    int64_t t0 = task * ACT_TOK_TASK, t1 = KVC_MIN(t0 + ACT_TOK_TASK, j->n_tok);
+    kvc_matmul_act_quantize(j->w->n_in, j->x, j->ldx, j->n_tok, t0, t1, j->c->mm_act);
+}
 
 static void mm_task(void *ctx, int64_t task, int thread)
 {
     mm_job *j = ctx;
     int64_t r0 = task * j->rows_per_task;
     int64_t r1 = KVC_MIN(r0 + j->rows_per_task, j->w->n_out);
-    kvc_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
+    if (j->act)
+        kvc_matmul_rows_act(j->w, j->act, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
+    else
+        kvc_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
 }
 
 /* y[t][r] = W x[t] for t < n_tok, split by rows over the threads. Any split
- * gives the same values (kernels.h). */
+ * gives the same values (kernels.h). Kernels that quantize x (kernels.h,
+ * "prepared activations") get it quantized once, split by tokens, instead of
+ * once per row range; the values are the same. */
 static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t n_tok,
                    float *y, int64_t ldy)
 {
@@ -171,7 +195,12 @@ static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t 
     per = (per + 15) / 16 * 16;
     if (per < 16)
         per = 16;
-    mm_job j = { c, w, x, w->n_in, n_tok, y, ldy, per };
+    mm_job j = { c, w, x, w->n_in, n_tok, y, ldy, per, NULL };
+    if (n_tok >= ACT_MIN_TOK && c->mm_act && kvc_matmul_uses_act(w) &&
+        kvc_matmul_act_bytes(w->n_in, n_tok) <= c->mm_act_bytes) {
+        kvc_threadpool_run(c->tp, (n_tok + ACT_TOK_TASK - 1) / ACT_TOK_TASK, act_task, &j);
+        j.act = c->mm_act;
+    }
     kvc_threadpool_run(c->tp, (rows + per - 1) / per, mm_task, &j);
 }
 
