@@ -7,10 +7,12 @@
  *
  * Decode is measured twice: "hot" re-reads one matrix (it stays in L3) and
  * "cold" cycles through copies totalling more than the L3, as a real decode
- * step does over a model's layers.
+ * step does over a model's layers. The first line gives what one thread can
+ * read from memory (a plain sum over COLD_BYTES) to compare the bracketed
+ * decode GB/s with.
  *
  * Build (from the repo root; not in CMake):
- *   gcc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc bench/bench_kernels.c \
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Isrc/kernels bench/bench_kernels.c \
  *       build/libkvchat.a -lm -lpthread -o bench_kernels
  * Run: ./bench_kernels [seconds-per-case, default 0.3] [threads, default 1] [isa] [type] */
 #include "kernels.h"
@@ -62,6 +64,28 @@ static void matmul_all(const kvc_weight *w, const float *x, int64_t n_tok, float
     run_job(&jobs[0]);
     for (int t = 1; t < n_thr; t++)
         pthread_join(th[t], NULL);
+}
+
+/* GB/s one thread reads from memory: the best of 5 sums over COLD_BYTES. */
+static double read_bandwidth(void)
+{
+    const size_t n = COLD_BYTES / sizeof(uint64_t);
+    uint64_t *buf = kvc_alloc_aligned(COLD_BYTES), sink = 0;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = i;
+    double best = 1e30;
+    for (int trial = 0; trial < 5; trial++) {
+        int64_t t0 = cpu_us();
+        uint64_t s[8] = { 0 };
+        for (size_t i = 0; i < n; i += 8)
+            for (int j = 0; j < 8; j++)
+                s[j] += buf[i + j];
+        best = KVC_MIN(best, (double)(cpu_us() - t0) * 1e-6);
+        for (int j = 0; j < 8; j++)
+            sink += s[j];
+    }
+    kvc_free_aligned(buf);
+    return sink == 1 ? 0 : (double)COLD_BYTES / best * 1e-9;
 }
 
 static double bench_case(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok, bool cold,
@@ -119,11 +143,13 @@ int main(int argc, char **argv)
     n_thr = KVC_MAX(1, KVC_MIN(16, n_thr));
     const char *only_isa = argc > 3 ? argv[3] : NULL, *only_type = argc > 4 ? argv[4] : NULL;
     const uint32_t types[] = { KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0,
+                               KVC_TYPE_Q4_1, KVC_TYPE_Q5_0, KVC_TYPE_Q5_1,
                                KVC_TYPE_Q4_K, KVC_TYPE_Q5_K, KVC_TYPE_Q6_K };
     const int64_t shapes[][2] = { { 896, 4864 }, { 4864, 896 } };
+    printf("memory read, 1 thread: %.1f GB/s\n", read_bandwidth());
     printf("GFLOP/s, %d thread(s); decode GB/s of weights in brackets\n", n_thr);
     printf("%-7s %-5s %-11s %16s %16s %10s\n", "isa", "type", "n_in->n_out", "decode hot", "decode cold", "prefill512");
-    for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_AVX512; isa++) {
+    for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_VNNI; isa++) {
         if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK ||
             (only_isa && strcmp(only_isa, kvc_isa_name((kvc_isa)isa)) != 0))
             continue;

@@ -1,30 +1,53 @@
 #!/usr/bin/env bash
-# Prompt processing (pp512) and generation (tg128) tokens/s of kvchat and of
+# Prompt processing (ppP) and generation (tgN) tokens/s of kvchat and of
 # llama.cpp's llama-bench, on the same GGUF files and thread count, run one after
 # the other in one go, with the ratio kvchat / llama.cpp.
 #
-#   bench/compare_llama_bench.sh LLAMA_BENCH MODEL.gguf [MODEL.gguf ...]
+#   bench/compare_llama_bench.sh [-p N] [-n N] [-d N] LLAMA_BENCH MODEL.gguf [MODEL.gguf ...]
 #
+# -p, -n, -d are passed to both benches (defaults 512, 128, 0); with -d the
+# tests run after N cached tokens and the rows read "pp192 @ d4096".
 # LLAMA_BENCH is a llama-bench binary you built yourself beside the project
 # (nothing of llama.cpp is part of kvchat). Environment: THREADS (default 2),
-# REPS (default 3), KVCHAT (default build/kvchat).
+# REPS (default 3), ROUNDS (default 1: how many times the pair runs, alternating,
+# each round printed), NICE (default 0), KVCHAT (default build/kvchat).
 set -euo pipefail
-llama_bench=${1:?usage: $0 LLAMA_BENCH MODEL.gguf...}
+n_prompt=512 n_gen=128 depth=0
+while getopts p:n:d: opt; do
+  case $opt in
+    p) n_prompt=$OPTARG ;;
+    n) n_gen=$OPTARG ;;
+    d) depth=$OPTARG ;;
+    *) exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+llama_bench=${1:?usage: $0 [-p N] [-n N] [-d N] LLAMA_BENCH MODEL.gguf...}
 shift
 threads=${THREADS:-2}
 reps=${REPS:-3}
+rounds=${ROUNDS:-1}
 kvchat=${KVCHAT:-$(dirname "$0")/../build/kvchat}
+run() { nice -n "${NICE:-0}" "$@"; }
 
-# the t/s mean of the row whose test column is $2, from a markdown table in $1
+# the t/s mean of the row whose test column, spaces removed, is $2, from a markdown table in $1
 tps() { awk -F'|' -v t="$2" '{ gsub(/ /, "", $(NF-2)); if ($(NF-2) == t) { split($(NF-1), a, "±"); gsub(/ /, "", a[1]); print a[1]; exit } }' <<<"$1"; }
 
-printf '| model | test | kvchat t/s | llama.cpp t/s | kvchat / llama.cpp |\n|---|---|---:|---:|---:|\n'
+suffix=""
+[ "$depth" -gt 0 ] && suffix=" @ d$depth"
+tests=()
+[ "$n_prompt" -gt 0 ] && tests+=("pp$n_prompt$suffix")
+[ "$n_gen" -gt 0 ] && tests+=("tg$n_gen$suffix")
+printf '| model | round | test | kvchat t/s | llama.cpp t/s | kvchat / llama.cpp |\n|---|---:|---|---:|---:|---:|\n'
 for model in "$@"; do
-  ours=$("$kvchat" bench -m "$model" -t "$threads" -r "$reps" -p 512 -n 128)
-  theirs=$("$llama_bench" -m "$model" -t "$threads" -r "$reps" -p 512 -n 128 2>/dev/null)
-  for test in pp512 tg128; do
-    a=$(tps "$ours" "$test"); b=$(tps "$theirs" "$test")
-    ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }')
-    printf '| %s | %s | %s | %s | %s |\n' "$(basename "$model")" "$test" "$a" "$b" "$ratio"
+  for round in $(seq "$rounds"); do
+    ours=$(run "$kvchat" bench -m "$model" -t "$threads" -r "$reps" -p "$n_prompt" -n "$n_gen" -d "$depth")
+    theirs=$(run "$llama_bench" -m "$model" -t "$threads" -r "$reps" -p "$n_prompt" -n "$n_gen" \
+             -d "$depth" 2>/dev/null)
+    for test in "${tests[@]}"; do
+      a=$(tps "$ours" "${test// /}"); b=$(tps "$theirs" "${test// /}")
+      ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }')
+      printf '| %s | %s | %s | %s | %s | %s |\n' "$(basename "$model")" "$round" "$test" "$a" "$b" "$ratio"
+    done
   done
 done

@@ -1,7 +1,8 @@
 /* cmd_bench.c - kvchat bench: prompt processing and generation speed, printed
- * in llama-bench's table form (rows pp512 and tg128) so the two can be read
- * side by side. Like llama-bench: random-free synthetic tokens, an empty
- * cache before every repetition, the mean and standard deviation over -r runs. */
+ * in llama-bench's table form (rows pp512 and tg128, or "pp192 @ d4096" with a
+ * depth) so the two can be read side by side. Like llama-bench: random-free
+ * synthetic tokens, N cached tokens (-d, 0 by default) before every repetition,
+ * the mean and standard deviation over -r runs. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,11 +11,13 @@
 #include "cli.h"
 
 static const char help[] =
-    "usage: kvchat bench [-m MODEL.gguf] [-p N] [-n N] [-r N] [-t N] [options]\n"
+    "usage: kvchat bench [-m MODEL.gguf] [-p N] [-n N] [-d N] [-r N] [-t N] [options]\n"
     "       kvchat bench chat [...]   a growing conversation, cached and cold (--help)\n"
     "       kvchat bench sessions [...]   many conversations at once, batched and not (--help)\n\n"
     "  -p, --n-prompt N    prompt tokens processed in one go (default 512; 0 = skip)\n"
     "  -n, --n-gen N       tokens generated one at a time (default 128; 0 = skip)\n"
+    "  -d, --n-depth N     cached tokens before each test (default 0), filled once and\n"
+    "                      cut back to N between runs, not timed\n"
     "  -r, --repetitions N runs of each test (default 3)\n";
 
 static double now_s(void)
@@ -24,17 +27,53 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* n synthetic tokens, the first being number `first` of the series; NULL when
+ * out of memory. The caller frees. */
+static int32_t *synthetic_tokens(const kvc_model_info *info, int32_t first, int32_t n)
+{
+    int32_t *toks = malloc((size_t)KVC_MAX(n, 1) * sizeof(int32_t));
+    for (int32_t i = 0; toks && i < n; i++)
+        toks[i] = (int32_t)((1000003u * (uint32_t)(first + i + 1)) % (uint32_t)info->n_vocab);
+    return toks;
+}
+
+/* Sequence 0 holding exactly the first `depth` synthetic tokens. A run's test
+ * tokens continue the same series, so a longer sequence is cut back; a
+ * shorter one is filled up (not timed). */
+static int set_depth(kvc_context *ctx, const kvc_model_info *info, int32_t depth, char *err,
+                     size_t err_size)
+{
+    int32_t len = kvc_context_seq_len(ctx, 0);
+    if (len >= depth)
+        return kvc_context_seq_truncate(ctx, 0, depth);
+    int32_t *toks = synthetic_tokens(info, len, depth - len);
+    if (!toks) {
+        snprintf(err, err_size, "out of memory for %d depth tokens", depth);
+        return KVC_ERR_NOMEM;
+    }
+    int rc = kvc_context_decode(ctx, 0, toks, depth - len, false, err, err_size);
+    free(toks);
+    return rc;
+}
+
 /* One run: tokens/s of processing n tokens as a prompt (gen = false) or
- * generating n one by one (gen = true), from an empty sequence. */
-static double run_once(kvc_context *ctx, const kvc_model_info *info, int32_t n, bool gen, bool *ok)
+ * generating n one by one (gen = true), after `depth` cached tokens. */
+static double run_once(kvc_context *ctx, const kvc_model_info *info, int32_t depth, int32_t n,
+                       bool gen, bool *ok)
 {
     char err[512];
-    kvc_context_seq_truncate(ctx, 0, 0);
-    int32_t *toks = malloc((size_t)n * sizeof(int32_t));
-    for (int32_t i = 0; i < n; i++)
-        toks[i] = (int32_t)((1000003u * (uint32_t)(i + 1)) % (uint32_t)info->n_vocab);
+    int rc = set_depth(ctx, info, depth, err, sizeof(err));
+    int32_t *toks = rc ? NULL : synthetic_tokens(info, depth, n);
+    if (!rc && !toks) {
+        snprintf(err, sizeof(err), "out of memory for %d tokens", n);
+        rc = KVC_ERR_NOMEM;
+    }
+    if (rc) {
+        fprintf(stderr, "kvchat bench: %s\n", err);
+        *ok = false;
+        return 0;
+    }
     double t0 = now_s();
-    int rc = KVC_OK;
     if (!gen)
         rc = kvc_context_decode(ctx, 0, toks, n, false, err, sizeof(err));
     else
@@ -51,21 +90,24 @@ static double run_once(kvc_context *ctx, const kvc_model_info *info, int32_t n, 
 }
 
 static bool bench_row(kvc_context *ctx, const kvc_model_info *info, const char *size_s,
-                      const char *params_s, int32_t n, bool gen, int reps)
+                      const char *params_s, int32_t depth, int32_t n, bool gen, int reps)
 {
     bool ok = true;
-    run_once(ctx, info, gen ? KVC_MIN(n, 16) : KVC_MIN(n, 32), gen, &ok);   /* warm-up */
+    run_once(ctx, info, depth, gen ? KVC_MIN(n, 16) : KVC_MIN(n, 32), gen, &ok);   /* warm-up */
     double sum = 0, sum2 = 0;
     for (int r = 0; ok && r < reps; r++) {
-        double tps = run_once(ctx, info, n, gen, &ok);
+        double tps = run_once(ctx, info, depth, n, gen, &ok);
         sum += tps;
         sum2 += tps * tps;
     }
     if (!ok)
         return false;
     double mean = sum / reps, sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * sum / reps) / (reps - 1))) : 0;
-    char test[32];
-    snprintf(test, sizeof(test), "%s%d", gen ? "tg" : "pp", n);
+    char test[48];
+    if (depth > 0)
+        snprintf(test, sizeof(test), "%s%d @ d%d", gen ? "tg" : "pp", n, depth);
+    else
+        snprintf(test, sizeof(test), "%s%d", gen ? "tg" : "pp", n);
     printf("| %-24.24s | %10s | %8s | %-7s | %7d | %13s | %12.2f ± %.2f |\n", info->name, size_s,
            params_s, "CPU", kvc_context_n_threads(ctx), test, mean, sd);
     fflush(stdout);
@@ -80,7 +122,7 @@ int cmd_bench(int argc, char **argv)
         return cmd_bench_sessions(argc - 1, argv + 1);
     cli_common c;
     cli_common_init(&c);
-    int64_t n_prompt = 512, n_gen = 128, reps = 3;
+    int64_t n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -97,6 +139,8 @@ int cmd_bench(int argc, char **argv)
             dst = &n_prompt;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
             dst = &n_gen;
+        else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth"))
+            dst = &n_depth;
         else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions"))
             dst = &reps, lo = 1;
         else
@@ -106,7 +150,7 @@ int cmd_bench(int argc, char **argv)
         i++;
     }
     if (c.n_ctx == 0)
-        c.n_ctx = (int32_t)KVC_MAX(n_prompt, n_gen) + 16;
+        c.n_ctx = (int32_t)(n_depth + KVC_MAX(n_prompt, n_gen) + 16);
     if (c.n_batch == 0)
         c.n_batch = (int32_t)KVC_MAX(n_prompt, 1);
     kvc_model *m = cli_load_model(&c);
@@ -125,9 +169,11 @@ int cmd_bench(int argc, char **argv)
     printf("| ------------------------ | ---------: | -------: | ------- | ------: | ------------: | -------------------: |\n");
     bool ok = true;
     if (n_prompt > 0)
-        ok = bench_row(ctx, &info, size_s, params_s, (int32_t)n_prompt, false, (int)reps);
+        ok = bench_row(ctx, &info, size_s, params_s, (int32_t)n_depth, (int32_t)n_prompt, false,
+                       (int)reps);
     if (ok && n_gen > 0)
-        ok = bench_row(ctx, &info, size_s, params_s, (int32_t)n_gen, true, (int)reps);
+        ok = bench_row(ctx, &info, size_s, params_s, (int32_t)n_depth, (int32_t)n_gen, true,
+                       (int)reps);
     kvc_context_free(ctx);
     kvc_model_free(m);
     return ok ? 0 : 1;

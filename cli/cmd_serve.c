@@ -1,6 +1,7 @@
 /* cmd_serve.c - `kvchat serve`: the OpenAI-compatible HTTP server (src/server.c)
  * over one engine. Runs until SIGINT or SIGTERM, then stops cleanly: open
  * streams end, their requests are cancelled, the engine thread is joined. */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -24,7 +25,11 @@ static const char serve_help[] =
     "      --host ADDR         address to bind (default 127.0.0.1)\n"
     "      --port N            port (default 8080; 0 = any free port)\n"
     "      --api-key KEY       require 'Authorization: Bearer KEY' (default: $KVCHAT_API_KEY,\n"
-    "                          else none); /health stays open\n"
+    "                          else none); /health stays open. Repeat it for several keys\n"
+    "      --api-key-file F    more keys, one per line ('#' starts a comment)\n"
+    "      --share-cache-across-keys  one cache for every key (default: each key is its own\n"
+    "                          cache namespace: no cached block or session is shared, so\n"
+    "                          cached_tokens and timing tell nothing about other keys)\n"
     "      --parallel N        conversations computed at once (default 8)\n"
     "      --kv-budget MIB     KV cache size in MiB (default: N parallel full contexts)\n"
     "      --max-queue N       requests waiting beyond the running ones (default 64);\n"
@@ -49,12 +54,59 @@ static const char serve_help[] =
     "                          --host, as behind a reverse proxy; else 64; 0 = no limit)\n"
     "      --max-body MIB      request body limit (default 8)\n";
 
+/* The API keys of --api-key and --api-key-file (the process's lifetime). */
+#define MAX_KEYS 4096
+static const char *keys[MAX_KEYS];
+static int n_keys;
+
+static bool add_key(const char *k)
+{
+    if (n_keys == MAX_KEYS) {
+        fprintf(stderr, "kvchat: more than %d API keys\n", MAX_KEYS);
+        return false;
+    }
+    keys[n_keys++] = k;
+    return true;
+}
+
+/* One key per line; blank lines and '#' comments skipped. */
+static bool read_keys(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "kvchat: --api-key-file %s: %s\n", path, strerror(errno));
+        return false;
+    }
+    char line[4096];
+    bool ok = true;
+    int before = n_keys;
+    while (ok && fgets(line, sizeof(line), f)) {
+        char *p = line, *end;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        end = p + strcspn(p, "#\r\n");
+        while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+            end--;
+        *end = 0;
+        if (*p) {
+            char *k = strdup(p);
+            ok = k && add_key(k);
+        }
+    }
+    fclose(f);
+    if (ok && n_keys == before) {
+        fprintf(stderr, "kvchat: --api-key-file %s holds no key\n", path);
+        ok = false;
+    }
+    return ok;
+}
+
 /* Options of serve beyond the shared ones. Same return as cli_parse_common. */
 static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, char **argv,
                        int *i)
 {
     static const char *const names[] = {
-        "--host", "--api-key", "--context-overflow", "--port", "--parallel",
+        "--host", "--api-key", "--api-key-file", "--context-overflow", "--port", "--parallel",
         "--max-queue", "--max-sessions", "--timeout", "--kv-budget", "--max-body",
         "--request-timeout", "--max-connections", "--max-connections-per-ip",
         "--alias", "--cors-origins",
@@ -77,8 +129,13 @@ static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, c
         sp->model_name = v;
     else if (!strcmp(a, "--cors-origins"))
         sp->cors_origins = v;
-    else if (!strcmp(a, "--api-key"))
-        sp->api_key = v;
+    else if (!strcmp(a, "--api-key")) {
+        if (!add_key(v))
+            return -1;
+    } else if (!strcmp(a, "--api-key-file")) {
+        if (!read_keys(v))
+            return -1;
+    }
     else if (!strcmp(a, "--context-overflow")) {
         if (strcmp(v, "error") && strcmp(v, "shift")) {
             fprintf(stderr, "kvchat: --context-overflow must be error or shift, got '%s'\n", v);
@@ -147,6 +204,10 @@ static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
             ep->no_cache = true;
             continue;
         }
+        if (!strcmp(a, "--share-cache-across-keys")) {
+            sp->share_cache_across_keys = true;
+            continue;
+        }
         if (!strcmp(a, "--allow-special-in-content")) {
             ep->special_in_content = true;
             continue;
@@ -194,7 +255,7 @@ static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *s
     bool v6 = strchr(sp->host, ':') != NULL;
     fprintf(stderr, "kvchat: chat template: %s\n", kvc_engine_template(e));
     fprintf(stderr, "kvchat: model %s; %s; up to %d connections\nlistening on http://%s%s%s:%d\n",
-            sp->model_name, sp->api_key ? "API key required" : "no API key",
+            sp->model_name, sp->api_key || sp->n_api_keys ? "API key required" : "no API key",
             sp->max_connections > 0 ? sp->max_connections
                                     : kvc_server_default_max_connections(),
             v6 ? "[" : "", sp->host, v6 ? "]" : "", kvc_server_port(s));
@@ -236,6 +297,10 @@ int cmd_serve(int argc, char **argv)
     ep.cache_dir = cache.dir;
     ep.model_path = cli_model_path(&c);
     sp.sampling = c.sampling;
+    if (n_keys > 0)                          /* given keys replace $KVCHAT_API_KEY */
+        sp.api_key = NULL;
+    sp.api_keys = keys;
+    sp.n_api_keys = n_keys;
     if (sp.api_key && !*sp.api_key)
         sp.api_key = NULL;
 

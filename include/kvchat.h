@@ -479,6 +479,10 @@ typedef struct kvc_request_params {
     const int32_t *prompt_tokens;      /* ... or one given as token ids (prompt NULL) */
     int64_t     n_prompt_tokens;
     const char *session_key;           /* prompt_cache_key, else user; NULL = none */
+    const char *cache_namespace;       /* the tenant: requests of different namespaces share
+                                          no cached block (in RAM, on disk, in Redis) and no
+                                          session; NULL or "" = the default namespace. The
+                                          server makes it from the API key and cache_salt */
     kvc_chat_params chat;              /* max_tokens, sampling, stops, no_cache */
 } kvc_request_params;
 

@@ -99,10 +99,10 @@ static void http_resp_free(http_resp *r)
     memset(r, 0, sizeof(*r));
 }
 
-/* One request with extra header lines (each ending "\r\n"; NULL = none); the
- * answer read until the server closes (at most timeout_s). */
-static http_resp http_request_h(int port, const char *method, const char *path, const char *body,
-                                const char *headers, int timeout_s)
+/* One request with extra header lines (each ending in "\r\n"; NULL = none);
+ * the answer read until the server closes (at most timeout_s). */
+static http_resp http_request_ex(int port, const char *method, const char *path,
+                                 const char *headers, const char *body, int timeout_s)
 {
     http_resp r = { 0 };
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -117,7 +117,8 @@ static http_resp http_request_h(int port, const char *method, const char *path, 
     char head[2048];
     int hl = snprintf(head, sizeof(head), "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n"
                       "Connection: close\r\nContent-Type: application/json\r\n%s"
-                      "Content-Length: %zu\r\n\r\n", method, path, headers ? headers : "", blen);
+                      "Content-Length: %zu\r\n\r\n", method, path, headers ? headers : "",
+                      blen);
     bool ok = send(fd, head, (size_t)hl, MSG_NOSIGNAL) == hl;
     for (size_t off = 0; ok && off < blen;) {
         ssize_t k = send(fd, body + off, blen - off, MSG_NOSIGNAL);
@@ -154,14 +155,14 @@ static http_resp http_request_h(int port, const char *method, const char *path, 
     return r;
 }
 
-static http_resp http_request(int port, const char *method, const char *path, const char *body,
+static inline http_resp http_request(int port, const char *method, const char *path, const char *body,
                               int timeout_s)
 {
-    return http_request_h(port, method, path, body, NULL, timeout_s);
+    return http_request_ex(port, method, path, NULL, body, timeout_s);
 }
 
 /* The value of a Prometheus metric without labels in a /metrics text, or -1. */
-static double http_prom(const char *text, const char *name)
+static inline double http_prom(const char *text, const char *name)
 {
     size_t n = strlen(name);
     for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)

@@ -235,13 +235,13 @@ static void test_n(int port)
 
 static void test_cors_alias_tokenize(int port)
 {
-    http_resp r = http_request_h(port, "OPTIONS", "/v1/chat/completions", NULL,
-                                 "Origin: http://ok.example\r\n"
-                                 "Access-Control-Request-Method: POST\r\n", 10);
+    http_resp r = http_request_ex(port, "OPTIONS", "/v1/chat/completions",
+                                  "Origin: http://ok.example\r\n"
+                                  "Access-Control-Request-Method: POST\r\n", NULL, 10);
     CHECKF(r.status == 204, "preflight: %d", r.status);
     CHECK(r.raw && strstr(r.raw, "Access-Control-Allow-Origin: http://ok.example"));
     http_resp_free(&r);
-    r = http_request_h(port, "GET", "/v1/models", NULL, "Origin: http://bad.example\r\n", 10);
+    r = http_request_ex(port, "GET", "/v1/models", "Origin: http://bad.example\r\n", NULL, 10);
     CHECK(r.status == 200 && r.raw && !strstr(r.raw, "Access-Control-Allow-Origin"));
     CHECKF(r.body && strstr(r.body, "\"id\":\"my-alias\""), "alias: %s", r.body ? r.body : "");
     http_resp_free(&r);

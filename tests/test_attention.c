@@ -1,7 +1,10 @@
-/* test_attention.c - the attention kernel: every ISA the CPU has gives the
- * scalar reference's bits (the lanes run the same fma chains), for F16 and
- * F32 K/V, GQA groups, head sizes and lengths that end inside a block; and
- * the result is a softmax-weighted mean of V within float rounding. */
+/* test_attention.c - the tiled attention kernel: every ISA the CPU has gives
+ * the scalar reference's bits (the lanes run the same operations), for F16
+ * and F32 K/V, GQA groups, head sizes, tiles of 1 to 40 tokens and lengths
+ * that end inside a block; a tile's rows equal the same tokens run one at a
+ * time (prefill = decode); positions a token does not see may hold inf or NaN
+ * without effect; and the result is a softmax-weighted mean of V within float
+ * rounding of a float64 computation. */
 #include "attention.h"
 #include "kernels.h"
 #include "quant.h"
@@ -16,91 +19,152 @@ static float frand(void)
     return (float)((rng >> 11) * 0x1p-53 * 2.0 - 1.0);
 }
 
-static void run_case(int n_q, int hd, int64_t n_pos, bool f16)
+typedef struct kv_case {
+    int      hd;
+    int64_t  nb;
+    bool     f16;
+    uint8_t *kmem, *vmem;
+    const void **kb, **vb;
+    double  *kd, *vd;     /* [position][hd] as the kernel sees them */
+} kv_case;
+
+/* n_total positions of random K/V; the rest of the last block is poisoned. */
+static void kv_make(kv_case *c, int hd, int64_t n_total, bool f16)
 {
-    const int B = 16;
-    int64_t nb = (n_pos + B - 1) / B;
-    size_t elt = f16 ? 2 : 4;
-    uint8_t *kmem = malloc((size_t)nb * hd * B * elt), *vmem = malloc((size_t)nb * hd * B * elt);
-    const void **kb = malloc((size_t)nb * sizeof(void *)), **vb = malloc((size_t)nb * sizeof(void *));
-    double *kd = malloc((size_t)nb * B * hd * sizeof(double)), *vd = malloc((size_t)nb * B * hd * sizeof(double));
-    for (int64_t b = 0; b < nb; b++) {
-        kb[b] = kmem + (size_t)b * hd * B * elt;
-        vb[b] = vmem + (size_t)b * hd * B * elt;
+    const int B = KVC_ATTN_B;
+    c->hd = hd;
+    c->f16 = f16;
+    c->nb = (n_total + B - 1) / B;
+    size_t elt = f16 ? 2 : 4, blk = (size_t)hd * B * elt;
+    c->kmem = malloc((size_t)c->nb * blk);
+    c->vmem = malloc((size_t)c->nb * blk);
+    c->kb = malloc((size_t)c->nb * sizeof(void *));
+    c->vb = malloc((size_t)c->nb * sizeof(void *));
+    c->kd = malloc((size_t)c->nb * B * hd * sizeof(double));
+    c->vd = malloc((size_t)c->nb * B * hd * sizeof(double));
+    for (int64_t b = 0; b < c->nb; b++) {
+        c->kb[b] = c->kmem + (size_t)b * blk;
+        c->vb[b] = c->vmem + (size_t)b * blk;
         for (int r = 0; r < B; r++)
             for (int d = 0; d < hd; d++) {
                 float k = 2 * frand(), v = frand();
+                if (b * B + r >= n_total)       /* never seen: must not matter */
+                    k = (r & 1) ? INFINITY : NAN, v = (r & 1) ? NAN : INFINITY;
                 size_t ki = (size_t)d * B + r, vi = (size_t)r * hd + d;
                 if (f16) {
-                    ((kvc_fp16 *)kb[b])[ki] = kvc_fp32_to_fp16(k);
-                    ((kvc_fp16 *)vb[b])[vi] = kvc_fp32_to_fp16(v);
+                    ((kvc_fp16 *)c->kb[b])[ki] = kvc_fp32_to_fp16(k);
+                    ((kvc_fp16 *)c->vb[b])[vi] = kvc_fp32_to_fp16(v);
                     k = kvc_fp16_to_fp32(kvc_fp32_to_fp16(k));
                     v = kvc_fp16_to_fp32(kvc_fp32_to_fp16(v));
                 } else {
-                    ((float *)kb[b])[ki] = k;
-                    ((float *)vb[b])[vi] = v;
+                    ((float *)c->kb[b])[ki] = k;
+                    ((float *)c->vb[b])[vi] = v;
                 }
-                kd[(b * B + r) * hd + d] = k;
-                vd[(b * B + r) * hd + d] = v;
+                c->kd[(b * B + r) * hd + d] = k;
+                c->vd[(b * B + r) * hd + d] = v;
             }
     }
-    float *q = malloc((size_t)n_q * hd * sizeof(float));
-    for (int i = 0; i < n_q * hd; i++)
+}
+
+static void kv_free(kv_case *c)
+{
+    free(c->kmem); free(c->vmem); free(c->kb); free(c->vb); free(c->kd); free(c->vd);
+}
+
+/* The float64 attention of one query over positions [0, n_pos): worst error of out. */
+static double f64_error(const kv_case *c, const float *q, int64_t n_pos, const float *out)
+{
+    const int hd = c->hd;
+    double *s = malloc((size_t)n_pos * sizeof(double)), mx = -1e300, sum = 0, worst = 0;
+    for (int64_t j = 0; j < n_pos; j++) {
+        double t = 0;
+        for (int d = 0; d < hd; d++)
+            t += (double)q[d] * c->kd[j * hd + d];
+        s[j] = t / sqrt((double)hd);
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    for (int64_t j = 0; j < n_pos; j++)
+        sum += (s[j] = exp(s[j] - mx));
+    for (int d = 0; d < hd; d++) {
+        double o = 0;
+        for (int64_t j = 0; j < n_pos; j++)
+            o += s[j] * c->vd[j * hd + d];
+        double e = fabs(o / sum - out[d]);
+        worst = e > worst ? e : worst;
+    }
+    free(s);
+    return worst;
+}
+
+/* A tile of n_tok tokens, the first at position n_pos - 1, n_q heads each. */
+static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16)
+{
+    kv_case c;
+    kv_make(&c, hd, n_pos + n_tok - 1, f16);
+    const int64_t ld = (int64_t)n_q * hd + 3;    /* rows of a batch are wider than the tile */
+    const size_t nf = (size_t)n_tok * ld;
+    float *q = malloc(nf * sizeof(float)), *ref = calloc(nf, sizeof(float));
+    float *out = calloc(nf, sizeof(float)), *one = calloc(nf, sizeof(float));
+    float *sc = malloc(kvc_attn_scratch_floats((int64_t)n_tok * n_q) * sizeof(float));
+    for (size_t i = 0; i < nf; i++)
         q[i] = frand();
-    size_t ns = kvc_attn_scratch_floats(n_q, n_pos, B);
-    float *sc = malloc(ns * sizeof(float)), *ref = malloc((size_t)n_q * hd * sizeof(float));
-    float *out = malloc((size_t)n_q * hd * sizeof(float));
-    kvc_attn_args a = { n_q, hd, B, n_pos, f16, kb, vb, q, 1.0f / sqrtf((float)hd), ref, sc };
+    kvc_attn_args a = { .n_tok = n_tok, .n_q = n_q, .hd = hd, .n_pos = n_pos, .f16 = f16,
+                        .k = c.kb, .v = c.vb, .q = q, .ldq = ld, .scale = 1.0f / sqrtf((float)hd),
+                        .out = ref, .ldo = ld, .scratch = sc };
     kvc_attention_ref(&a);
-    a.out = out;
     for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_AVX512; isa++) {
         if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK)
             continue;
-        memset(out, 0xff, (size_t)n_q * hd * sizeof(float));
+        a.out = out;
+        memset(out, 0xff, nf * sizeof(float));
         kvc_attention(&a);
-        CHECKF(memcmp(out, ref, (size_t)n_q * hd * sizeof(float)) == 0,
-               "%s: n_q %d hd %d n_pos %lld %s differs from the reference", kvc_isa_name((kvc_isa)isa),
-               n_q, hd, (long long)n_pos, f16 ? "f16" : "f32");
-    }
-    /* against float64 */
-    double worst = 0;
-    for (int h = 0; h < n_q; h++) {
-        double *s = malloc((size_t)n_pos * sizeof(double)), mx = -1e300, sum = 0;
-        for (int64_t j = 0; j < n_pos; j++) {
-            double t = 0;
-            for (int d = 0; d < hd; d++)
-                t += (double)q[h * hd + d] * kd[j * hd + d];
-            s[j] = t / sqrt((double)hd);
-            mx = s[j] > mx ? s[j] : mx;
+        bool same = true;
+        for (int t = 0; t < n_tok; t++)
+            same = same && memcmp(out + t * ld, ref + t * ld, (size_t)n_q * hd * sizeof(float)) == 0;
+        CHECKF(same, "%s: n_q %d hd %d n_pos %lld n_tok %d %s differs from the reference",
+               kvc_isa_name((kvc_isa)isa), n_q, hd, (long long)n_pos, n_tok, f16 ? "f16" : "f32");
+        /* the same tokens one at a time, as decode steps */
+        for (int t = 0; t < n_tok; t++) {
+            kvc_attn_args d = a;
+            d.n_tok = 1;
+            d.n_pos = n_pos + t;
+            d.q = q + t * ld;
+            d.out = one + t * ld;
+            kvc_attention(&d);
         }
-        for (int64_t j = 0; j < n_pos; j++)
-            sum += (s[j] = exp(s[j] - mx));
-        for (int d = 0; d < hd; d++) {
-            double o = 0;
-            for (int64_t j = 0; j < n_pos; j++)
-                o += s[j] * vd[j * hd + d];
-            double e = fabs(o / sum - ref[h * hd + d]);
+        same = true;
+        for (int t = 0; t < n_tok; t++)
+            same = same && memcmp(one + t * ld, ref + t * ld, (size_t)n_q * hd * sizeof(float)) == 0;
+        CHECKF(same, "%s: n_q %d hd %d n_pos %lld: a tile of %d differs from its tokens one by one",
+               kvc_isa_name((kvc_isa)isa), n_q, hd, (long long)n_pos, n_tok);
+    }
+    double worst = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_q; h++) {
+            double e = f64_error(&c, q + t * ld + h * hd, n_pos + t, ref + t * ld + h * hd);
             worst = e > worst ? e : worst;
         }
-        free(s);
-    }
-    CHECKF(worst < 1e-5, "n_q %d hd %d n_pos %lld: %.3g from float64", n_q, hd, (long long)n_pos, worst);
-    free(kmem); free(vmem); free(kb); free(vb); free(kd); free(vd);
-    free(q); free(sc); free(ref); free(out);
+    CHECKF(worst < 1e-5, "n_q %d hd %d n_pos %lld n_tok %d: %.3g from float64", n_q, hd,
+           (long long)n_pos, n_tok, worst);
+    kv_free(&c);
+    free(q); free(ref); free(out); free(one); free(sc);
 }
 
 int main(void)
 {
     kvc_isa best = kvc_kernels_isa();
     const int64_t lens[] = { 1, 5, 16, 17, 100, 333 };
+    const int toks[] = { 1, 3, 16, 40 };
     for (int f16 = 0; f16 <= 1; f16++)
-        for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
-            run_case(1, 64, lens[l], f16);
-            run_case(7, 64, lens[l], f16);
-            run_case(4, 32, lens[l], f16);
-            run_case(16, 128, lens[l], f16);
-            run_case(2, 8, lens[l], f16);   /* not a multiple of 16: the scalar path everywhere */
-        }
+        for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++)
+            for (size_t t = 0; t < sizeof(toks) / sizeof(toks[0]); t++) {
+                run_case(1, 64, lens[l], toks[t], f16);
+                run_case(7, 64, lens[l], toks[t], f16);
+                run_case(4, 32, lens[l], toks[t], f16);
+                run_case(16, 128, lens[l], toks[t], f16);
+                run_case(2, 8, lens[l], toks[t], f16);   /* avx2 only; scalar on avx512 */
+                run_case(3, 12, lens[l], toks[t], f16);  /* not a multiple of 8: scalar everywhere */
+            }
     kvc_kernels_set_isa(best);
     return test_done("test_attention");
 }

@@ -4,9 +4,12 @@
  * fed `tokens` (teacher forcing), the logits at every reported step are within
  * the file's tolerance of the exact float64 logits (over the 20 reported ids),
  * with the same argmax wherever the exact margin exceeds twice the tolerance.
- * Prints, per model, our largest distance from exact beside llama.cpp's.
- * Also: greedy generation from stories260K reproduces llama.cpp's story.
- * Skips (77) when ../shared is absent. */
+ * Asserts, per model, that our largest distance from exact is below
+ * llama.cpp's (both with their default settings), except on the one model
+ * listed in kv_rounding_bound below, where both engines' F16 KV cache is
+ * what separates them from exact; there it asserts the claim with an F32 KV
+ * cache instead. Prints the table. Also: greedy generation from stories260K
+ * reproduces llama.cpp's story. Skips (77) when ../shared is absent. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 
@@ -15,7 +18,8 @@
 
 typedef struct model_result {
     char   name[96];
-    double ours;         /* our largest |logit - exact| */
+    double ours;         /* our largest |logit - exact|, default settings (F16 KV cache) */
+    double ours_f32kv;   /* the same with an F32 KV cache */
     double llama_cpp;    /* llama_cpp_deviation from the file */
     double tolerance;
     int    steps;
@@ -130,6 +134,46 @@ static void check_greedy(kvc_model *m, kvc_context *ctx, const cJSON *run, const
     free(pt);
 }
 
+/* Models where llama.cpp's default deviation comes from its F16 KV cache
+ * alone (F32 weights, tiny head dim 8: nothing else is rounded), so kvchat's
+ * default F16 cache cannot be expected to beat it; kvchat must with F32 KV. */
+static const char *const kv_rounding_bound[] = { "stories260K.gguf" };
+
+static bool is_kv_rounding_bound(const char *model)
+{
+    for (size_t i = 0; i < sizeof(kv_rounding_bound) / sizeof(kv_rounding_bound[0]); i++)
+        if (!strcmp(model, kv_rounding_bound[i]))
+            return true;
+    return false;
+}
+
+/* Largest deviation over every run of ref with the given KV cache type;
+ * *steps counts the steps checked. */
+static double check_runs(kvc_model *m, const cJSON *ref, int kv_type, model_result *res, bool greedy,
+                         int *steps)
+{
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_threads = 2;
+    cp.kv_type = kv_type;
+    kvc_context *ctx = NULL;
+    char err[512];
+    CHECKF(kvc_context_new(m, &cp, &ctx, err, sizeof(err)) == KVC_OK, "%s: context: %s", res->name, err);
+    double worst = 0;
+    if (ctx) {
+        const cJSON *run;
+        cJSON_ArrayForEach(run, cJSON_GetObjectItem(ref, "runs")) {
+            double d = check_run(m, ctx, run, res->tolerance, res->name, steps);
+            if (d > worst)
+                worst = d;
+        }
+        if (greedy)
+            check_greedy(m, ctx, cJSON_GetArrayItem(cJSON_GetObjectItem(ref, "runs"), 0), res->name);
+    }
+    kvc_context_free(ctx);
+    return worst;
+}
+
 static void check_model(const char *shared, const char *file, model_result *res)
 {
     char path[4096];
@@ -150,23 +194,18 @@ static void check_model(const char *shared, const char *file, model_result *res)
     char err[512];
     int rc = kvc_model_load(path, NULL, &m, err, sizeof(err));
     CHECKF(rc == KVC_OK, "load %s: %s", path, err);
-    kvc_context_params cp = kvc_context_default_params();
-    cp.n_ctx = 512;
-    cp.n_threads = 2;
-    kvc_context *ctx = NULL;
-    if (m)
-        CHECK(kvc_context_new(m, &cp, &ctx, err, sizeof(err)) == KVC_OK);
-    if (ctx) {
-        const cJSON *run;
-        cJSON_ArrayForEach(run, cJSON_GetObjectItem(ref, "runs")) {
-            double d = check_run(m, ctx, run, res->tolerance, model, &res->steps);
-            if (d > res->ours)
-                res->ours = d;
-        }
-        if (strstr(model, "stories260K"))
-            check_greedy(m, ctx, cJSON_GetArrayItem(cJSON_GetObjectItem(ref, "runs"), 0), model);
+    if (m) {
+        int f32_steps = 0;
+        res->ours = check_runs(m, ref, kvc_context_default_params().kv_type, res,
+                               strstr(model, "stories260K") != NULL, &res->steps);
+        res->ours_f32kv = check_runs(m, ref, KVC_KV_F32, res, false, &f32_steps);
+        if (is_kv_rounding_bound(model))
+            CHECKF(res->ours_f32kv < res->llama_cpp, "%s: F32 KV: max |dlogit| %.6f, llama.cpp %.6f",
+                   model, res->ours_f32kv, res->llama_cpp);
+        else
+            CHECKF(res->ours < res->llama_cpp, "%s: max |dlogit| %.6f, not below llama.cpp's %.6f",
+                   model, res->ours, res->llama_cpp);
     }
-    kvc_context_free(ctx);
     kvc_model_free(m);
     cJSON_Delete(ref);
 }
@@ -203,10 +242,13 @@ int main(void)
         free(ents[i]);
     }
     free(ents);
-    printf("\n| model | steps | kvchat max |dlogit| | llama.cpp max |dlogit| | tolerance | closer |\n"
-           "|---|---:|---:|---:|---:|---|\n");
+    printf("\n| model | steps | kvchat max |dlogit| | kvchat, F32 KV | llama.cpp max |dlogit| | tolerance "
+           "| closer |\n|---|---:|---:|---:|---:|---:|---|\n");
     for (int i = 0; i < nr; i++)
-        printf("| %s | %d | %.6f | %.6f | %.6f | %s |\n", res[i].name, res[i].steps, res[i].ours,
-               res[i].llama_cpp, res[i].tolerance, res[i].ours < res[i].llama_cpp ? "yes" : "no");
+        printf("| %s | %d | %.6f | %.6f | %.6f | %.6f | %s |\n", res[i].name, res[i].steps, res[i].ours,
+               res[i].ours_f32kv, res[i].llama_cpp, res[i].tolerance,
+               res[i].ours < res[i].llama_cpp         ? "yes"
+               : res[i].ours_f32kv < res[i].llama_cpp ? "with F32 KV (both engines' F16 KV dominates)"
+                                                      : "no");
     return test_done("test_fidelity");
 }

@@ -123,13 +123,13 @@ static session_slot *pick_slot(kvc_engine *e, const kvc_request *r)
     int64_t best_len = 0;
     for (int32_t i = 0; i < e->n_slots; i++) {
         session_slot *sl = &e->slots[i];
-        if (key && sl->key && strcmp(sl->key, key) == 0)
+        if (key && sl->key && sl->s->ns == r->ns && strcmp(sl->key, key) == 0)
             return sl->busy ? NULL : sl;
         if (sl->busy)
             continue;
         if (!lru || sl->last_used < lru->last_used)
             lru = sl;
-        if (key || cold || sl->key)
+        if (key || cold || sl->key || sl->s->ns != r->ns)
             continue;
         /* it continues a conversation only when it has all of its last prompt:
          * others sharing a prefix with it (a system prompt) find that in the tree */
@@ -142,6 +142,7 @@ static session_slot *pick_slot(kvc_engine *e, const kvc_request *r)
     if (best || !lru)
         return best;
     kvc_session_reset(lru->s);
+    lru->s->ns = r->ns;
     free(lru->key);
     lru->key = key ? strdup(key) : NULL;     /* out of memory: an unkeyed session */
     return lru;

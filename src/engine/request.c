@@ -175,6 +175,7 @@ kvc_request *kvc_request_new(const kvc_request_params *p)
     r->chat = p->chat;
     r->prompt = dup_or_null(p->prompt, &ok);
     r->session_key = dup_or_null(p->session_key, &ok);
+    r->ns = kvc_namespace_id(p->cache_namespace);
     r->chat.tools_json = r->tools_json = dup_or_null(p->chat.tools_json, &ok);
     r->chat.template_kwargs_json = r->kwargs_json = dup_or_null(p->chat.template_kwargs_json, &ok);
     r->chat.grammar = r->grammar = dup_or_null(p->chat.grammar, &ok);

@@ -29,6 +29,7 @@ struct kvc_request {
     size_t            n_messages;
     char             *prompt;         /* a raw completion prompt */
     char             *session_key;
+    uint64_t          ns;             /* the cache namespace (its hash; 0 = the default) */
     char             *tools_json;     /* chat.tools_json points here */
     char             *kwargs_json;    /* chat.template_kwargs_json points here */
     char             *grammar;        /* chat.grammar points here */

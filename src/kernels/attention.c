@@ -1,9 +1,6 @@
-/* attention.c - softmax attention over paged K/V: dispatch and the scalar reference.
- *
- * Two passes over the blocks, with a softmax between them. The passes are SIMD
- * (16 positions or 16 dimensions at a time); the scalar reference performs the
- * very same fused multiply-adds in the same order, so every ISA gives the same
- * bits. */
+/* attention.c - tiled online-softmax attention over paged K/V: the walk over
+ * the blocks, dispatch, and the scalar reference (attention.h gives the
+ * arithmetic every ISA follows). */
 #include "attention.h"
 #include "kernels.h"
 #include "quant.h"
@@ -11,41 +8,9 @@
 #include <math.h>
 #include <string.h>
 
-size_t kvc_attn_scratch_floats(int32_t n_q, int64_t n_pos, int32_t B)
+size_t kvc_attn_scratch_floats(int64_t n_rows)
 {
-    return (size_t)n_q * (size_t)((n_pos + B - 1) / B * B);
-}
-
-static inline float kv_at(const kvc_attn_args *a, const void *base, int64_t i)
-{
-    return a->f16 ? kvc_fp16_to_fp32(((const kvc_fp16 *)base)[i]) : ((const float *)base)[i];
-}
-
-/* scores[h][j] = scale * sum_d q[h][d] K[d][j], the sum a chain of fmaf in d order */
-static void scores_ref(const kvc_attn_args *a)
-{
-    const int64_t nb = (a->n_pos + a->B - 1) / a->B, stride = nb * a->B;
-    for (int64_t b = 0; b < nb; b++)
-        for (int32_t j = 0; j < a->B; j++)
-            for (int32_t h = 0; h < a->n_q; h++) {
-                float s = 0.0f;
-                for (int32_t d = 0; d < a->hd; d++)
-                    s = fmaf(a->q[h * a->hd + d], kv_at(a, a->k[b], (int64_t)d * a->B + j), s);
-                a->scores[h * stride + b * a->B + j] = s * a->scale;
-            }
-}
-
-/* out[h][d] = sum_j e[h][j] V[j][d], a chain of fmaf in j order (unnormalised) */
-static void output_ref(const kvc_attn_args *a)
-{
-    const int64_t nb = (a->n_pos + a->B - 1) / a->B, stride = nb * a->B;
-    for (int32_t h = 0; h < a->n_q; h++)
-        for (int32_t d = 0; d < a->hd; d++) {
-            float o = 0.0f;
-            for (int64_t j = 0; j < a->n_pos; j++)
-                o = fmaf(a->scores[h * stride + j], kv_at(a, a->v[j / a->B], (j % a->B) * a->hd + d), o);
-            a->out[h * a->hd + d] = o;
-        }
+    return (size_t)(n_rows > 0 ? n_rows : 0) * (1 + 16);
 }
 
 float kvc_exp_neg(float x)
@@ -67,66 +32,88 @@ float kvc_exp_neg(float x)
     return y * scale;
 }
 
-/* e_j = kvc_exp_neg(s_j - max) in place; inv = 1 / sum with the lane order of
- * attention.h. */
-static void softmax_ref(const kvc_attn_args *a, float *inv)
+static inline float kv_at(const kvc_attn_args *a, const void *base, int64_t i)
 {
-    const int64_t stride = (a->n_pos + a->B - 1) / a->B * a->B;
-    for (int32_t h = 0; h < a->n_q; h++) {
-        float *s = a->scores + h * stride;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < a->n_pos; j++)
-            mx = s[j] > mx ? s[j] : mx;
-        float lane[16] = { 0 };
-        for (int64_t j = 0; j < a->n_pos; j++) {
-            s[j] = kvc_exp_neg(s[j] - mx);
-            lane[j % 16] += s[j];
-        }
-        for (int w = 8; w >= 1; w /= 2)
-            for (int i = 0; i < w; i++)
-                lane[i] += lane[i + w];
-        inv[h] = 1.0f / lane[0];
+    return a->f16 ? kvc_fp16_to_fp32(((const kvc_fp16 *)base)[i]) : ((const float *)base)[i];
+}
+
+/* Block b folded into row r, the operations of attention.h one by one. */
+static void block_row_ref(const kvc_attn_args *a, int64_t b, int32_t r)
+{
+    enum { B = KVC_ATTN_B };
+    const int32_t rows = a->n_tok * a->n_q, n = kvc_attn_seen(a, b, r);
+    const float *q = kvc_attn_q_row(a, r);
+    float *o = kvc_attn_o_row(a, r), *m = a->scratch + r, *l = a->scratch + rows + 16 * r;
+    float s[B], e[B], mb = -INFINITY;
+    for (int32_t j = 0; j < B; j++) {
+        float acc = 0.0f;
+        for (int32_t d = 0; d < a->hd; d++)
+            acc = fmaf(q[d], kv_at(a, a->k[b], (int64_t)d * B + j), acc);
+        s[j] = j < n ? acc * a->scale : -INFINITY;
+        mb = s[j] > mb ? s[j] : mb;
+    }
+    const float mn = mb > *m ? mb : *m, alpha = kvc_exp_neg(*m - mn);
+    *m = mn;
+    for (int32_t j = 0; j < B; j++) {
+        e[j] = j < n ? kvc_exp_neg(s[j] - mn) : 0.0f;
+        l[j] = l[j] * alpha + e[j];
+    }
+    for (int32_t d = 0; d < a->hd; d++) {
+        float acc = o[d] * alpha;
+        for (int32_t j = 0; j < n; j++)
+            acc = fmaf(e[j], kv_at(a, a->v[b], (int64_t)j * a->hd + d), acc);
+        o[d] = acc;
     }
 }
 
-static void normalise(const kvc_attn_args *a, const float *inv)
+static void block_ref(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1)
 {
-    for (int32_t h = 0; h < a->n_q; h++)
+    for (int32_t r = r0; r < r1; r++)
+        block_row_ref(a, b, r);
+}
+
+typedef void block_fn(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
+
+/* Blocks in order; block b goes to the rows whose token sees part of it. */
+static void walk(const kvc_attn_args *a, block_fn *block)
+{
+    const int32_t rows = a->n_tok * a->n_q;
+    float *m = a->scratch, *l = a->scratch + rows;
+    for (int32_t r = 0; r < rows; r++) {
+        m[r] = -INFINITY;
+        memset(l + 16 * r, 0, 16 * sizeof(float));
+        memset(kvc_attn_o_row(a, r), 0, (size_t)a->hd * sizeof(float));
+    }
+    const int64_t nb = (a->n_pos + a->n_tok - 1 + KVC_ATTN_B - 1) / KVC_ATTN_B;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t t0 = b * KVC_ATTN_B - a->n_pos + 1;   /* the first token that sees block b */
+        block(a, b, (int32_t)(t0 > 0 ? t0 : 0) * a->n_q, rows);
+    }
+    for (int32_t r = 0; r < rows; r++) {
+        float lane[16];
+        memcpy(lane, l + 16 * r, sizeof(lane));
+        for (int w = 8; w >= 1; w /= 2)
+            for (int i = 0; i < w; i++)
+                lane[i] += lane[i + w];
+        const float inv = 1.0f / lane[0];
+        float *o = kvc_attn_o_row(a, r);
         for (int32_t d = 0; d < a->hd; d++)
-            a->out[h * a->hd + d] *= inv[h];
+            o[d] *= inv;
+    }
 }
 
 void kvc_attention_ref(const kvc_attn_args *a)
 {
-    float inv[16];
-    scores_ref(a);
-    softmax_ref(a, inv);
-    output_ref(a);
-    normalise(a, inv);
+    walk(a, block_ref);
 }
 
 void kvc_attention(const kvc_attn_args *a)
 {
-    float inv[16];
     kvc_isa isa = kvc_kernels_isa();
-    bool simd = a->hd % 16 == 0 && a->B == 16 && a->n_q <= 16;
-    if (simd && isa == KVC_ISA_AVX512)
-        kvc_attn_scores_avx512(a);
-    else if (simd && isa == KVC_ISA_AVX2)
-        kvc_attn_scores_avx2(a);
+    if (isa >= KVC_ISA_AVX512 && a->hd % 16 == 0)
+        walk(a, kvc_attn_block_avx512);
+    else if (isa >= KVC_ISA_AVX2 && a->hd % 8 == 0)
+        walk(a, kvc_attn_block_avx2);
     else
-        scores_ref(a);
-    if (simd && isa == KVC_ISA_AVX512)
-        kvc_attn_softmax_avx512(a, inv);
-    else if (simd && isa == KVC_ISA_AVX2)
-        kvc_attn_softmax_avx2(a, inv);
-    else
-        softmax_ref(a, inv);
-    if (simd && isa == KVC_ISA_AVX512)
-        kvc_attn_output_avx512(a);
-    else if (simd && isa == KVC_ISA_AVX2)
-        kvc_attn_output_avx2(a);
-    else
-        output_ref(a);
-    normalise(a, inv);
+        walk(a, block_ref);
 }

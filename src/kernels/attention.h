@@ -1,40 +1,53 @@
-/* attention.h - causal attention of one query token over a sequence's cached
- * K/V blocks, for the query heads that share one KV head (GQA).
+/* attention.h - causal attention over a sequence's cached K/V blocks, for a
+ * tile of queries: n_tok consecutive tokens of one sequence times the n_q
+ * query heads that share one KV head (GQA).
  *
- * Layout of one (block, layer, KV head) in the pool, B positions a block:
- *   K: [head_dim][B]  transposed, so 16 positions of one dimension are contiguous
- *   V: [B][head_dim]
+ * Layout of one (block, layer, KV head) in the pool, KVC_ATTN_B positions a block:
+ *   K: [head_dim][KVC_ATTN_B]  transposed, so the block's positions of one dimension are contiguous
+ *   V: [KVC_ATTN_B][head_dim]
  * in F16 or F32.
  *
- * Arithmetic, the same on every ISA (the SIMD lanes run the scalar order):
- *   s_j  = fma chain over d = 0 .. hd-1 of q[d] * K[d][j], then s_j * scale
- *   m    = max_j s_j;  e_j = kvc_exp_neg(s_j - m)  (a polynomial exp, the same fmas on every ISA)
- *   sum  = 16 partial sums, lane j % 16 adding e_j in j order, then halves added pairwise
- *   o[d] = fma chain over j = 0 .. n-1 of e_j * V[j][d];  o[d] *= (float)(1 / sum)
- * Every value depends only on the query and the positions [0, n): not on the
- * batch, the thread, or the ISA. */
+ * The kernel walks the blocks once, in order 0, 1, 2, ...; each block's K and
+ * V are read once for the whole tile (F16 converted in registers) and folded
+ * into every query row that sees part of it, with an online softmax. For one
+ * query row and block b (positions p = 16b + j, j < 16, the row seeing n of them):
+ *   s_j   = (fma chain over d = 0 .. hd-1 of q[d] * K[d][j]) * scale,  -inf for j >= n
+ *   m'    = max(m, max_j s_j);  alpha = kvc_exp_neg(m - m')   (m = -inf before block 0)
+ *   e_j   = kvc_exp_neg(s_j - m') for j < n, else 0
+ *   l[j]  = l[j] * alpha + e_j               (16 lane sums, l = 0 before block 0)
+ *   o[d]  = fma chain over j < n of e_j * V[j][d], starting from o[d] * alpha
+ * and after the last block  o[d] *= 1 / (l summed as halves added pairwise: +8, +4, +2, +1).
+ * Every ISA runs exactly these operations for every row, so a row's result
+ * depends only on its query and the positions it sees: not on the other rows
+ * of the tile, the tile size, the batch, the thread, or the ISA. Prefill (big
+ * tiles) and decode (one token) therefore agree bit for bit. */
 #ifndef KVC_ATTENTION_H
 #define KVC_ATTENTION_H
 
 #include "common.h"
 
+#define KVC_ATTN_B 16   /* positions per KV block the kernel takes (the pool's block_tokens) */
+
 typedef struct kvc_attn_args {
-    int32_t         n_q;       /* query heads sharing this KV head, <= 16 */
-    int32_t         hd;        /* head dim, a multiple of 16 */
-    int32_t         B;         /* positions per block, 16 */
-    int64_t         n_pos;     /* attend to positions [0, n_pos) */
-    bool            f16;       /* K/V are F16 (else F32) */
-    const void    *const *k;   /* per block: its K [hd][B] */
-    const void    *const *v;   /* per block: its V [B][hd] */
-    const float    *q;         /* [n_q][hd] */
-    float           scale;     /* 1/sqrt(hd) */
-    float          *out;       /* [n_q][hd] */
-    float          *scores;    /* scratch: n_q * round_up(n_pos, B) floats */
+    int32_t             n_tok;    /* tokens: consecutive positions of one sequence */
+    int32_t             n_q;      /* query heads per token sharing this KV head */
+    int32_t             hd;       /* head dim */
+    int64_t             n_pos;    /* token t attends to positions [0, n_pos + t); n_pos >= 1 */
+    bool                f16;      /* K/V are F16 (else F32) */
+    const void *const  *k;        /* per block: its K [hd][KVC_ATTN_B] */
+    const void *const  *v;        /* per block: its V [KVC_ATTN_B][hd] */
+    const float        *q;        /* query of token t, head h: q + t * ldq + h * hd */
+    int64_t             ldq;
+    float               scale;    /* 1/sqrt(hd) */
+    float              *out;      /* output of token t, head h: out + t * ldo + h * hd */
+    int64_t             ldo;
+    float              *scratch;  /* kvc_attn_scratch_floats(n_tok * n_q), owned by the caller */
 } kvc_attn_args;
 
-/* Floats of scratch for n_q heads over n_pos positions. */
-size_t kvc_attn_scratch_floats(int32_t n_q, int64_t n_pos, int32_t B);
+/* Floats of scratch for a tile of n_rows query rows (tokens times heads). */
+size_t kvc_attn_scratch_floats(int64_t n_rows);
 
+/* out = attention of every row of the tile (see above). */
 void kvc_attention(const kvc_attn_args *a);
 /* The scalar reference, for tests. */
 void kvc_attention_ref(const kvc_attn_args *a);
@@ -43,13 +56,29 @@ void kvc_attention_ref(const kvc_attn_args *a);
  * range reduction and polynomial, every step an explicit fma or multiply. */
 float kvc_exp_neg(float x);
 
-/* Internal: SIMD passes (attention_avx512.c, attention_avx2.c). The softmax
- * pass turns scores into e_j in place and returns 1 / sum per head. */
-void kvc_attn_softmax_avx512(const kvc_attn_args *a, float *inv);
-void kvc_attn_softmax_avx2(const kvc_attn_args *a, float *inv);
-void kvc_attn_scores_avx512(const kvc_attn_args *a);
-void kvc_attn_output_avx512(const kvc_attn_args *a);
-void kvc_attn_scores_avx2(const kvc_attn_args *a);
-void kvc_attn_output_avx2(const kvc_attn_args *a);
+/* ------------------------------------------------ internal: the ISA kernels
+ * The running state of row r (= t * n_q + h) lives in scratch: m[r] at
+ * scratch[r], l[r][16] at scratch[n_rows + 16 r]; o is the row's output. A
+ * block kernel folds block b into rows [r0, r1), each of which sees at least
+ * one position of it. */
+void kvc_attn_block_avx512(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
+void kvc_attn_block_avx2(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
+
+/* How many positions of block b row r sees: 1 .. KVC_ATTN_B. */
+static inline int32_t kvc_attn_seen(const kvc_attn_args *a, int64_t b, int32_t r)
+{
+    int64_t n = a->n_pos + r / a->n_q - b * KVC_ATTN_B;
+    return (int32_t)(n < KVC_ATTN_B ? n : KVC_ATTN_B);
+}
+
+static inline const float *kvc_attn_q_row(const kvc_attn_args *a, int32_t r)
+{
+    return a->q + (int64_t)(r / a->n_q) * a->ldq + (int64_t)(r % a->n_q) * a->hd;
+}
+
+static inline float *kvc_attn_o_row(const kvc_attn_args *a, int32_t r)
+{
+    return a->out + (int64_t)(r / a->n_q) * a->ldo + (int64_t)(r % a->n_q) * a->hd;
+}
 
 #endif

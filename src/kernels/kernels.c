@@ -3,7 +3,7 @@
  * The scalar kernels define the reference arithmetic every SIMD path is tested
  * against (with a tolerance: each ISA fixes its own order of float operations,
  * see kernels_avx2.c and kernels_avx512.c). */
-#include "kernels_internal.h"
+#include "kernels_int8.h"
 
 #include <cpuid.h>
 #include <pthread.h>
@@ -24,6 +24,7 @@ static int isa_from_name(const char *s)
     if (strcasecmp(s, "scalar") == 0) return KVC_ISA_SCALAR;
     if (strcasecmp(s, "avx2") == 0)   return KVC_ISA_AVX2;
     if (strcasecmp(s, "avx512") == 0) return KVC_ISA_AVX512;
+    if (strcasecmp(s, "vnni") == 0)   return KVC_ISA_VNNI;
     return -1;
 }
 
@@ -46,12 +47,17 @@ static void isa_init(void)
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq"))
         best = KVC_ISA_AVX512;
+    if (best == KVC_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
+        best = KVC_ISA_VNNI;
     isa_best = best;
 
-    kvc_isa use = best;
-    const char *env = getenv("KVC_ISA");     /* may only lower the choice; unknown names ignored */
+    /* On the CPUs measured so far (Zen 5: one VPDPBUSD port) the two-plane
+     * scheme is no faster than avx512's float path, prefill or decode
+     * (bench/bench_kernels.c), so vnni is used only when asked for. */
+    kvc_isa use = best == KVC_ISA_VNNI ? KVC_ISA_AVX512 : best;
+    const char *env = getenv("KVC_ISA");     /* any level the CPU has; unknown names ignored */
     int want = env ? isa_from_name(env) : -1;
-    if (want >= 0 && want < (int)best)
+    if (want >= 0 && want <= (int)best)
         use = (kvc_isa)want;
     atomic_store(&isa_current, (int)use);
     atomic_store(&isa_ops, kvc_kernel_ops_for(use));
@@ -66,9 +72,23 @@ static inline const kvc_kernel_ops *ops(void)
     return atomic_load(&isa_ops);
 }
 
+/* vnni: the AVX-512 vector kernels with its own matmul. Built once; read-only
+ * afterwards. */
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+static kvc_kernel_ops ops_vnni;
+
+static void tables_init(void)
+{
+    ops_vnni = kvc_kernels_avx512;
+    ops_vnni.matmul_rows = kvc_vnni_matmul_rows;
+    ops_vnni.matmul_scratch_floats = kvc_vnni_scratch_floats;
+}
+
 const kvc_kernel_ops *kvc_kernel_ops_for(kvc_isa isa)
 {
+    pthread_once(&tables_once, tables_init);
     switch (isa) {
+    case KVC_ISA_VNNI:   return &ops_vnni;
     case KVC_ISA_AVX512: return &kvc_kernels_avx512;
     case KVC_ISA_AVX2:   return &kvc_kernels_avx2;
     default:             return &kvc_kernels_scalar;
@@ -87,6 +107,7 @@ const char *kvc_isa_name(kvc_isa isa)
     case KVC_ISA_SCALAR: return "scalar";
     case KVC_ISA_AVX2:   return "avx2";
     case KVC_ISA_AVX512: return "avx512";
+    case KVC_ISA_VNNI:   return "vnni";
     }
     return "unknown";
 }
@@ -94,7 +115,7 @@ const char *kvc_isa_name(kvc_isa isa)
 int kvc_kernels_set_isa(kvc_isa isa)
 {
     pthread_once(&isa_once, isa_init);
-    if ((int)isa < KVC_ISA_SCALAR || isa > KVC_ISA_AVX512)
+    if ((int)isa < KVC_ISA_SCALAR || isa > KVC_ISA_VNNI)
         return KVC_ERR_INVALID_ARG;
     if (isa > isa_best)
         return KVC_ERR_UNSUPPORTED;
@@ -111,7 +132,8 @@ size_t kvc_matmul_scratch_floats(int64_t n_in)
     size_t a = kvc_kernels_scalar.matmul_scratch_floats(n_in);
     size_t b = kvc_kernels_avx2.matmul_scratch_floats(n_in);
     size_t c = kvc_kernels_avx512.matmul_scratch_floats(n_in);
-    return KVC_MAX(a, KVC_MAX(b, c));
+    size_t d = kvc_vnni_scratch_floats(n_in);
+    return KVC_MAX(KVC_MAX(a, b), KVC_MAX(c, d));
 }
 
 void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
@@ -120,6 +142,36 @@ void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n
     if (n_tok <= 0 || r0 >= r1 || w->n_in <= 0 || !kvc_matmul_type_ok(w->type))
         return;
     ops()->matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+}
+
+/* Prepared activations: the integer scheme's quantized rows (kernels_int8.h). */
+static bool act_isa(void) { return kvc_kernels_isa() >= KVC_ISA_VNNI; }
+
+size_t kvc_matmul_act_bytes(int64_t n_in, int64_t n_tok)
+{
+    if (n_tok <= 0 || n_in <= 0 || n_in % 32 != 0 || !act_isa())
+        return 0;
+    return (size_t)kvc_i8_tok_padded(n_tok) * kvc_i8_act_row_bytes(n_in);
+}
+
+bool kvc_matmul_uses_act(const kvc_weight *w)
+{
+    return act_isa() && kvc_vnni_type_ok(w->type) && w->n_in > 0 && w->n_in % 32 == 0;
+}
+
+void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t n_tok,
+                             int64_t t0, int64_t t1, void *act)
+{
+    if (act_isa() && n_in > 0 && n_in % 32 == 0 && 0 <= t0 && t0 < t1 && t1 <= n_tok)
+        kvc_vnni_quantize_rows(x, ldx, n_in, n_tok, t0, t1, act);
+}
+
+void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, float *y, int64_t ldy,
+                         int64_t r0, int64_t r1, float *scratch)
+{
+    if (n_tok <= 0 || r0 >= r1 || !kvc_matmul_uses_act(w))
+        return;
+    kvc_vnni_matmul_act(w, act, n_tok, y, ldy, r0, r1, scratch);
 }
 
 void kvc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)

@@ -8,9 +8,14 @@
  * in the batch the token is, or which rows a thread was given. Prefill (many
  * tokens) and decode (one token) therefore give bitwise-equal results.
  *
- * Activations are float32; quantized weights are dequantized exactly (as the
- * GGUF format defines them) to float32 and multiplied in float32. There is no
- * activation quantization, so results stay close to an exact float64 forward. */
+ * Activations are float32. On the scalar, avx2 and avx512 ISAs quantized
+ * weights are dequantized exactly (as the GGUF format defines them) to float32
+ * and multiplied in float32. On the vnni ISA the weight types kernels_int8.h's
+ * SIMD kernels cover (Q8_0, Q4_0, Q5_0) use an integer scheme instead: each
+ * activation row is quantized to two int8 planes per 32-element block (~16
+ * bits, results within ~1e-5 of float32), dot products are exact int32, and
+ * the per-block float scaling follows one fixed order, so prefill and decode
+ * kernels give the same bits. Other weight types keep the float path. */
 #ifndef KVC_KERNELS_H
 #define KVC_KERNELS_H
 
@@ -21,13 +26,18 @@ typedef enum kvc_isa {
     KVC_ISA_SCALAR = 0,
     KVC_ISA_AVX2   = 1,   /* AVX2 + FMA + F16C */
     KVC_ISA_AVX512 = 2,   /* AVX-512 F/BW/VL/DQ */
+    KVC_ISA_VNNI   = 3,   /* avx512 + AVX512-VNNI: the integer scheme (kernels_int8.h) */
 } kvc_isa;
 
-/* The ISA the kernels use: the best the CPU supports, unless the environment
- * variable KVC_ISA=scalar|avx2|avx512 asks for a lower one. Thread-safe. */
+/* The ISA the kernels use: the best the CPU supports, except that vnni is
+ * not chosen by default (it is not faster than avx512 where measured), unless
+ * the environment variable KVC_ISA=scalar|avx2|avx512|vnni asks for another
+ * level the CPU has. Vector kernels other than matmul are avx512's on vnni (test
+ * isa >= KVC_ISA_AVX512, not ==). Thread-safe. */
 kvc_isa kvc_kernels_isa(void);
 const char *kvc_isa_name(kvc_isa isa);
-/* Force an ISA (tests); returns KVC_ERR_UNSUPPORTED if the CPU lacks it. */
+/* Force an ISA (tests, benchmarks); returns KVC_ERR_UNSUPPORTED if the CPU
+ * lacks it. Not while other threads run kernels. */
 int kvc_kernels_set_isa(kvc_isa isa);
 
 /* A 2-D weight matrix as stored in the file: n_out rows of n_in elements. */
@@ -48,6 +58,31 @@ size_t kvc_matmul_scratch_floats(int64_t n_in);
  * calling thread. Writes only the y elements named. See the invariance rule above. */
 void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
                      float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
+
+/* Prepared activations (optional). On the vnni ISA kvc_matmul_rows quantizes
+ * its activations on every call, that is once per row range. A caller
+ * splitting one product into many row ranges can quantize once:
+ *
+ *   size_t n = kvc_matmul_act_bytes(n_in, n_tok);
+ *       bytes for n_tok rows of n_in; 0 when this ISA never uses them.
+ *       A buffer sized for (max n_in, max n_tok) serves any smaller call.
+ *   if (n && kvc_matmul_uses_act(w)) {
+ *       kvc_matmul_act_quantize(n_in, x, ldx, n_tok, t0, t1, act);
+ *           tokens [t0, t1); calls for disjoint ranges covering [0, n_tok)
+ *           may run on different threads at once.
+ *       kvc_matmul_rows_act(w, act, n_tok, y, ldy, r0, r1, scratch);
+ *           then any row ranges: bitwise equal to kvc_matmul_rows.
+ *   }
+ *
+ * act: 64-byte aligned, owned by the caller. It depends on x, n_in and n_tok
+ * only, so weights of equal n_in (Q, K and V; gate and up) may share one.
+ * The ISA must not change in between. */
+size_t kvc_matmul_act_bytes(int64_t n_in, int64_t n_tok);
+bool kvc_matmul_uses_act(const kvc_weight *w);
+void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t n_tok,
+                             int64_t t0, int64_t t1, void *act);
+void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, float *y, int64_t ldy,
+                         int64_t r0, int64_t r1, float *scratch);
 
 /* Dequantize n elements (a multiple of the block size) of a row to float32 with
  * the selected ISA. Bitwise equal to kvc_dequantize_row_ref. */

@@ -706,6 +706,67 @@ static void fused_q4_0(const uint8_t *const rows[MR], prefetch_plan pf, const fl
     }
 }
 
+/* Q4_1, Q5_0, Q5_1: the block's value table as dq_q4_1 / dq_q5_0 / dq_q5_1
+ * make it, the codes looked up in registers. */
+static void fused_q4_1(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
+{
+    for (int64_t ib = 0; ib < n / QK4_1; ib++) {
+        const __m512 x0 = _mm512_loadu_ps(x + ib * QK4_1), x1 = _mm512_loadu_ps(x + ib * QK4_1 + 16);
+        prefetch_block(&pf, rows, ib, (int)sizeof(block_q4_1));
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const block_q4_1 *b = (const block_q4_1 *)(const void *)rows[r] + ib;
+            const __m512 t = _mm512_add_ps(_mm512_mul_ps(iota_lo(), _mm512_set1_ps(_cvtsh_ss(b->d))),
+                                           _mm512_set1_ps(_cvtsh_ss(b->m)));
+            const __m512i v = u8x16(b->qs);
+            acc[r] = _mm512_fmadd_ps(lut16(v, t), x0, acc[r]);
+            acc[r] = _mm512_fmadd_ps(lut16(_mm512_srli_epi32(v, 4), t), x1, acc[r]);
+        }
+    }
+}
+
+AI void fused_q5(const bool with_min, const uint8_t *const rows[MR], prefetch_plan pf, const float *x,
+                 int64_t n, __m512 acc[MR])
+{
+    const int bytes = with_min ? (int)sizeof(block_q5_1) : (int)sizeof(block_q5_0);
+    const __m512 c16 = _mm512_set1_ps(16.0f);
+    const __m512 codes_lo = _mm512_sub_ps(iota_lo(), c16), codes_hi = _mm512_sub_ps(iota_hi(), c16);
+    for (int64_t ib = 0; ib < n / 32; ib++) {
+        const __m512 x0 = _mm512_loadu_ps(x + ib * 32), x1 = _mm512_loadu_ps(x + ib * 32 + 16);
+        prefetch_block(&pf, rows, ib, bytes);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            __m512 t_lo, t_hi;
+            __m512i lo, hi;
+            if (with_min) {
+                const block_q5_1 *b = (const block_q5_1 *)(const void *)rows[r] + ib;
+                const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d)), m = _mm512_set1_ps(_cvtsh_ss(b->m));
+                t_lo = _mm512_add_ps(_mm512_mul_ps(iota_lo(), d), m);
+                t_hi = _mm512_add_ps(_mm512_mul_ps(iota_hi(), d), m);
+                q5_codes(b->qs, b->qh, &lo, &hi);
+            } else {
+                const block_q5_0 *b = (const block_q5_0 *)(const void *)rows[r] + ib;
+                const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+                t_lo = _mm512_mul_ps(codes_lo, d);
+                t_hi = _mm512_mul_ps(codes_hi, d);
+                q5_codes(b->qs, b->qh, &lo, &hi);
+            }
+            acc[r] = _mm512_fmadd_ps(lut32(lo, t_lo, t_hi), x0, acc[r]);
+            acc[r] = _mm512_fmadd_ps(lut32(hi, t_lo, t_hi), x1, acc[r]);
+        }
+    }
+}
+
+static void fused_q5_0(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
+{
+    fused_q5(false, rows, pf, x, n, acc);
+}
+
+static void fused_q5_1(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
+{
+    fused_q5(true, rows, pf, x, n, acc);
+}
+
 typedef void (*fused_fn)(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n,
                          __m512 acc[MR]);
 
@@ -717,6 +778,9 @@ static fused_fn fused_for(uint32_t type)
     case KVC_TYPE_BF16: return fused_bf16;
     case KVC_TYPE_Q8_0: return fused_q8_0;
     case KVC_TYPE_Q4_0: return fused_q4_0;
+    case KVC_TYPE_Q4_1: return fused_q4_1;
+    case KVC_TYPE_Q5_0: return fused_q5_0;
+    case KVC_TYPE_Q5_1: return fused_q5_1;
     case KVC_TYPE_Q4_K: return fused_q4_K;
     case KVC_TYPE_Q5_K: return fused_q5_K;
     case KVC_TYPE_Q6_K: return fused_q6_K;

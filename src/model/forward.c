@@ -10,11 +10,12 @@
  *   h = rmsnorm(x) * ffn_norm;  x += (silu(h Wgate) * (h Wup)) Wdown
  * then logits = rmsnorm(x) * output_norm Wout for the tokens that want them.
  *
- * Batch invariance: every step is per token (norms, rope, attention) or a
- * matmul whose per-element arithmetic is fixed (kernels.h); attention reads its
- * batch-mates' K/V from the pool exactly as a later decode step would, and
- * reduces over positions in order. So a token's logits do not depend on the
- * batch, its split into chunks, or the thread count. */
+ * Batch invariance: every step is per token (norms, rope) or a matmul whose
+ * per-element arithmetic is fixed (kernels.h), or attention, which takes runs
+ * of a sequence's tokens as one tile but gives each query row the same
+ * operations whatever the tile (attention.h); it reads its batch-mates' K/V
+ * from the pool exactly as a later decode step would. So a token's logits do
+ * not depend on the batch, its split into chunks, or the thread count. */
 #include "attention.h"
 #include "model.h"
 #include "quant.h"
@@ -41,9 +42,13 @@ struct kvc_compute {
     float   *rope_cos;    /* [n][hd / 2] */
     float   *rope_sin;    /* [n][hd / 2] */
     double  *inv_freq;    /* [hd / 2] theta^(-2i/hd) */
+    int32_t *tiles;       /* [max_batch + 1] first batch index of each attention tile, then n */
+    int32_t  tile_tok;    /* tokens per attention tile at most */
     /* per-thread scratch */
     float  **mm_scratch;  /* [thread][kvc_matmul_scratch_floats(max n_in)] */
-    float  **scores;      /* [thread][n_head * max_ctx] attention scores */
+    void    *mm_act;      /* [kvc_matmul_act_bytes(max n_in, max_batch)] quantized activations, or NULL */
+    size_t   mm_act_bytes;
+    float  **scores;      /* [thread][kvc_attn_scratch_floats(tile_tok * group)] attention state */
     float  **krow;        /* [thread][2 * max_ctx * hd] K, V of a Q8_0 pool as f32, made lazily */
     const void **blk;     /* [thread][2 * max_blocks] block pointers for attention */
 };
@@ -79,18 +84,28 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->rope_cos = alloc_f(B * hd / 2);
     c->rope_sin = alloc_f(B * hd / 2);
     c->inv_freq = malloc(hd / 2 * sizeof(double));
+    c->tiles = malloc((B + 1) * sizeof(int32_t));
+    /* About 128 query rows a tile: K/V blocks are read from memory once per tile
+     * and from L1 for every 16 of its rows. */
+    const int32_t group = hp->n_head / hp->n_head_kv;
+    c->tile_tok = KVC_MAX(1, KVC_MIN(32, 128 / group));
     c->tp = kvc_threadpool_new(n_threads);
     c->mm_scratch = calloc((size_t)n_threads, sizeof(float *));
     c->scores = calloc((size_t)n_threads, sizeof(float *));
     c->krow = calloc((size_t)n_threads, sizeof(float *));
     c->blk = calloc((size_t)n_threads * 2 * ((size_t)max_ctx / 16 + 2), sizeof(void *));
     bool ok = c->x && c->h && c->q && c->k && c->v && c->att && c->gate && c->up &&
-              c->rope_cos && c->rope_sin && c->inv_freq && c->tp && c->mm_scratch &&
+              c->rope_cos && c->rope_sin && c->inv_freq && c->tiles && c->tp && c->mm_scratch &&
               c->scores && c->krow && c->blk;
     int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
+    c->mm_act_bytes = kvc_matmul_act_bytes(max_in, max_batch);   /* 0 on ISAs that do not use them */
+    if (ok && c->mm_act_bytes) {
+        c->mm_act = kvc_alloc_aligned(c->mm_act_bytes);
+        ok = c->mm_act != NULL;
+    }
     for (int t = 0; ok && t < n_threads; t++) {
         c->mm_scratch[t] = alloc_f(kvc_matmul_scratch_floats(max_in));
-        c->scores[t] = alloc_f(kvc_attn_scratch_floats(hp->n_head / hp->n_head_kv, max_ctx, 16));
+        c->scores[t] = alloc_f(kvc_attn_scratch_floats((int64_t)c->tile_tok * group));
         ok = c->mm_scratch[t] && c->scores[t];
     }
     if (!ok) {
@@ -118,6 +133,7 @@ void kvc_compute_free(kvc_compute *c)
     }
     kvc_threadpool_free(c->tp);
     free(c->mm_scratch);
+    kvc_free_aligned(c->mm_act);
     free(c->scores);
     free(c->krow);
     free(c->blk);
@@ -125,6 +141,7 @@ void kvc_compute_free(kvc_compute *c)
     for (size_t i = 0; i < KVC_ARRAY_LEN(bufs); i++)
         kvc_free_aligned(bufs[i]);
     free(c->inv_freq);
+    free(c->tiles);
     free(c);
 }
 
@@ -141,18 +158,34 @@ typedef struct mm_job {
     float            *y;
     int64_t           ldy;
     int64_t           rows_per_task;
+    const void       *act;           /* quantized x (kvc_matmul_rows_act), or NULL */
 } mm_job;
+
+#define ACT_MIN_TOK   2    /* fewer tokens: each row range quantizes its own x (no extra dispatch) */
+#define ACT_TOK_TASK  16   /* tokens per quantization task */
+
+static void act_task(void *ctx, int64_t task, int thread)
+{
+    mm_job *j = ctx;
+    int64_t t0 = task * ACT_TOK_TASK, t1 = KVC_MIN(t0 + ACT_TOK_TASK, j->n_tok);
+    kvc_matmul_act_quantize(j->w->n_in, j->x, j->ldx, j->n_tok, t0, t1, j->c->mm_act);
+}
 
 static void mm_task(void *ctx, int64_t task, int thread)
 {
     mm_job *j = ctx;
     int64_t r0 = task * j->rows_per_task;
     int64_t r1 = KVC_MIN(r0 + j->rows_per_task, j->w->n_out);
-    kvc_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
+    if (j->act)
+        kvc_matmul_rows_act(j->w, j->act, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
+    else
+        kvc_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
 }
 
 /* y[t][r] = W x[t] for t < n_tok, split by rows over the threads. Any split
- * gives the same values (kernels.h). */
+ * gives the same values (kernels.h). Kernels that quantize x (kernels.h,
+ * "prepared activations") get it quantized once, split by tokens, instead of
+ * once per row range; the values are the same. */
 static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t n_tok,
                    float *y, int64_t ldy)
 {
@@ -162,7 +195,12 @@ static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t 
     per = (per + 15) / 16 * 16;
     if (per < 16)
         per = 16;
-    mm_job j = { c, w, x, w->n_in, n_tok, y, ldy, per };
+    mm_job j = { c, w, x, w->n_in, n_tok, y, ldy, per, NULL };
+    if (n_tok >= ACT_MIN_TOK && c->mm_act && kvc_matmul_uses_act(w) &&
+        kvc_matmul_act_bytes(w->n_in, n_tok) <= c->mm_act_bytes) {
+        kvc_threadpool_run(c->tp, (n_tok + ACT_TOK_TASK - 1) / ACT_TOK_TASK, act_task, &j);
+        j.act = c->mm_act;
+    }
     kvc_threadpool_run(c->tp, (rows + per - 1) / per, mm_task, &j);
 }
 
@@ -249,6 +287,7 @@ typedef struct fwd {
     int32_t               layer;
     uint32_t              kv_type;
     int32_t               B;           /* tokens per block */
+    int32_t               n_tiles;     /* attention tiles: c->tiles[0 .. n_tiles] */
     size_t                row_bytes;   /* one head row in the pool */
     atomic_bool           failed;      /* out of memory inside a task */
 } fwd;
@@ -350,18 +389,20 @@ static float *dequant_kv(fwd *f, const kvc_batch_item *it, int32_t kvh, int64_t 
     return kt;
 }
 
-/* Attention of token i = task / n_head_kv for the query heads of KV head
- * task % n_head_kv, over positions [0, pos] of its sequence (attention.h). */
+/* Attention of tile task / n_head_kv (consecutive tokens of one sequence)
+ * for the query heads of KV head task % n_head_kv, each token over positions
+ * [0, pos] of its sequence (attention.h). */
 static void attn_task(void *ctx, int64_t task, int thread)
 {
     fwd *f = ctx;
     kvc_compute *c = f->c;
     const kvc_hparams *hp = &c->m->hp;
     const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const int64_t i = task / hp->n_head_kv;
+    const int64_t tile = task / hp->n_head_kv;
     const int32_t kvh = (int32_t)(task % hp->n_head_kv);
-    const kvc_batch_item *it = &f->items[i];
-    const int64_t n_pos = (int64_t)it->pos + 1, nb = (n_pos + f->B - 1) / f->B;
+    const int32_t i0 = c->tiles[tile], n_tok = c->tiles[tile + 1] - i0;
+    const kvc_batch_item *it = &f->items[i0];
+    const int64_t n_pos = (int64_t)it->pos + n_tok, nb = (n_pos + f->B - 1) / f->B;
     const void **kb = c->blk + (size_t)thread * 2 * ((size_t)c->max_ctx / 16 + 2), **vb = kb + nb;
     if (f->kv_type == KVC_TYPE_Q8_0) {
         if (!dequant_kv(f, it, kvh, n_pos, thread, kb, vb)) {
@@ -374,16 +415,28 @@ static void attn_task(void *ctx, int64_t task, int thread)
             vb[b] = kvc_kv_v(f->pool, it->seq->blocks[b], f->layer, kvh);
         }
     }
-    const size_t off = (size_t)i * hp->n_head * hd + (size_t)kvh * group * hd;
-    for (int32_t h0 = 0; h0 < group; h0 += 16) {
-        kvc_attn_args a = {
-            .n_q = KVC_MIN(16, group - h0), .hd = hd, .B = f->B, .n_pos = n_pos,
-            .f16 = f->kv_type == KVC_TYPE_F16, .k = kb, .v = vb,
-            .q = c->q + off + (size_t)h0 * hd, .scale = 1.0f / sqrtf((float)hd),
-            .out = c->att + off + (size_t)h0 * hd, .scores = c->scores[thread],
-        };
-        kvc_attention(&a);
-    }
+    const int64_t ld = (int64_t)hp->n_head * hd;
+    const size_t off = (size_t)i0 * ld + (size_t)kvh * group * hd;
+    kvc_attn_args a = {
+        .n_tok = n_tok, .n_q = group, .hd = hd, .n_pos = (int64_t)it->pos + 1,
+        .f16 = f->kv_type == KVC_TYPE_F16, .k = kb, .v = vb,
+        .q = c->q + off, .ldq = ld, .scale = 1.0f / sqrtf((float)hd),
+        .out = c->att + off, .ldo = ld, .scratch = c->scores[thread],
+    };
+    kvc_attention(&a);
+}
+
+/* Runs of consecutive batch items of one sequence (so consecutive positions,
+ * check_batch), at most tile_tok long: c->tiles[0 .. n_tiles]. */
+static int32_t make_tiles(kvc_compute *c, const kvc_batch_item *items, int32_t n)
+{
+    int32_t nt = 0;
+    c->tiles[0] = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (items[i].seq != items[i - 1].seq || i - c->tiles[nt] >= c->tile_tok)
+            c->tiles[++nt] = i;
+    c->tiles[++nt] = n;
+    return nt;
 }
 
 static void add_rows(float *x, const float *y, int64_t n)
@@ -411,7 +464,7 @@ static void layer_forward(fwd *f)
     matmul(c, &L->wk, c->h, n, c->k, nkv);
     matmul(c, &L->wv, c->h, n, c->v, nkv);
     kvc_threadpool_run(c->tp, n, qkv_task, f);
-    kvc_threadpool_run(c->tp, n * hp->n_head_kv, attn_task, f);
+    kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * hp->n_head_kv, attn_task, f);
     matmul(c, &L->wo, c->att, n, c->h, d);
     add_rows(c->x, c->h, n * d);
 
@@ -430,6 +483,9 @@ static int check_batch(const kvc_compute *c, const kvc_kv_pool *pool, const kvc_
 {
     const kvc_hparams *hp = &c->m->hp;
     const int64_t B = kvc_kv_block_tokens(pool);
+    if (B != KVC_ATTN_B)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool blocks of %lld tokens: attention takes %d",
+                        (long long)B, KVC_ATTN_B);
     if (n < 1 || n > c->max_batch)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "batch of %d tokens (1..%d)", n, c->max_batch);
     const kvc_kv_pool_params *pp = kvc_kv_pool_params_of(pool);
@@ -480,7 +536,7 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
         return rc;
     const kvc_hparams *hp = &c->m->hp;
     fwd f = { c, pool, items, n, 0, kvc_kv_pool_params_of(pool)->type,
-              kvc_kv_block_tokens(pool), kvc_kv_row_bytes(pool), false };
+              kvc_kv_block_tokens(pool), make_tiles(c, items, n), kvc_kv_row_bytes(pool), false };
 
     kvc_threadpool_run(c->tp, n, embed_task, &f);
     for (f.layer = 0; f.layer < hp->n_layer && !atomic_load(&f.failed); f.layer++)

@@ -86,6 +86,7 @@ void kvc_server_stop(kvc_server *s) { }
 #else
 
 #include <microhttpd.h>
+#include <xxhash.h>
 
 struct kvc_server {
     struct MHD_Daemon *daemon;
@@ -93,7 +94,10 @@ struct kvc_server {
     srv_metrics       *metrics;
     srv_guard         *guard;        /* the request deadline */
     srv_limits         lim;
-    char              *api_key;      /* NULL = no authentication */
+    char             **api_keys;     /* [n_api_keys]; none = no authentication */
+    int                n_api_keys;
+    char             **key_ns;       /* [n_api_keys]: each key's cache namespace */
+    bool               share_keys;   /* one cache namespace for every key */
     char              *model_name;
     char              *cors;         /* allowed origins ("*" or a comma list); NULL = none */
     size_t             max_body;
@@ -103,6 +107,8 @@ struct kvc_server {
     atomic_uint_least64_t next_id;   /* response ids: a counter, mixed with id_salt */
     uint64_t           id_salt;
 };
+
+#define MAX_NAMESPACE 640     /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
 
 enum route {
     ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
@@ -118,6 +124,7 @@ typedef struct conn {
     size_t discarded;    /* bytes dropped past max_body (413 follows) */
     bool   unread_body;  /* answering from the headers while a body may follow */
     bool   preflight;    /* an OPTIONS request: answered 204 with the CORS headers */
+    int    key;          /* the API key it authenticated with, -1 = none */
 } conn;
 
 /* ============================================================ responses */
@@ -561,6 +568,18 @@ static enum MHD_Result handle_apply_template(kvc_server *s, struct MHD_Connectio
     return respond_json(s, mc, json);
 }
 
+/* The request's cache namespace (DESIGN.md §5): its API key's, unless keys
+ * share the cache, and its cache_salt. Into buf; NULL for the default. */
+static const char *namespace_of(const kvc_server *s, const conn *c, const srv_request *rq,
+                                char *buf, size_t cap)
+{
+    const char *key = c->key >= 0 && !s->share_keys ? s->key_ns[c->key] : "";
+    if (!*key && !rq->cache_salt)
+        return NULL;
+    snprintf(buf, cap, "%s|salt:%s", key, rq->cache_salt ? rq->cache_salt : "");
+    return buf;
+}
+
 /* The last call for a completion POST (the whole body is in c): 413 when it
  * went past the limit, 400 when it does not validate, else run it. */
 static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *mc, conn *c)
@@ -585,6 +604,8 @@ static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *m
         return respond_error(s, mc, c, &e);
     free(c->body);   /* the parsed tree holds what is needed */
     c->body = NULL;
+    char ns[MAX_NAMESPACE];
+    rq.params.cache_namespace = namespace_of(s, c, &rq, ns, sizeof(ns));
     enum MHD_Result ret = c->route == ROUTE_APPLY_TEMPLATE ? handle_apply_template(s, mc, c, &rq)
                                                            : run_request(s, mc, c, &rq);
     srv_request_free(&rq);
@@ -645,10 +666,23 @@ static int find_route(const char *url)
     return ROUTE_NONE;
 }
 
-/* Constant-time comparison of the bearer token with the key. */
-static bool authorized(const kvc_server *s, struct MHD_Connection *mc)
+/* Whether token equals key, in time that does not depend on where they
+ * differ. */
+static bool same_key(const char *token, const char *key)
 {
-    if (!s->api_key)
+    size_t n = strlen(token), k = strlen(key);
+    unsigned char diff = n != k;
+    for (size_t i = 0; i < k; i++)
+        diff |= (unsigned char)key[i] ^ (unsigned char)(i < n ? token[i] : 0);
+    return diff == 0;
+}
+
+/* Which API key the bearer token is (every key compared), into *key (-1:
+ * none configured). Returns whether the request may go on. */
+static bool authorized(const kvc_server *s, struct MHD_Connection *mc, int *key)
+{
+    *key = -1;
+    if (s->n_api_keys == 0)
         return true;
     const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncasecmp(h, "Bearer ", 7) != 0)
@@ -656,12 +690,12 @@ static bool authorized(const kvc_server *s, struct MHD_Connection *mc)
     h += 7;
     while (*h == ' ')
         h++;
-    size_t n = strlen(h), k = strlen(s->api_key);
-    unsigned char diff = n != k;
-    for (size_t i = 0; i < k; i++)
-        diff |= (unsigned char)s->api_key[i] ^ (unsigned char)(i < n ? h[i] : 0);
-    return diff == 0;
+    for (int i = 0; i < s->n_api_keys; i++)
+        if (same_key(h, s->api_keys[i]) && *key < 0)
+            *key = i;
+    return *key >= 0;
 }
+
 
 /* The first call for a request: what can be decided from the headers, in
  * this order: the API key (before routing: without it nothing about the
@@ -689,7 +723,7 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
     c->unread_body = n > 0 || MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
                                                           MHD_HTTP_HEADER_TRANSFER_ENCODING);
     bool open = c->route == ROUTE_HEALTH && !strcmp(method, "GET");
-    if (!open && !authorized(s, mc))
+    if (!open && !authorized(s, mc, &c->key))
         srv_error_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
                       "a valid API key is required: send the header 'Authorization: Bearer KEY'");
     else if (c->route == ROUTE_NONE)
@@ -835,10 +869,39 @@ static void server_free(kvc_server *s)
 {
     srv_guard_free(s->guard);
     srv_metrics_free(s->metrics);
-    free(s->api_key);
+    for (int i = 0; i < s->n_api_keys; i++) {
+        free(s->api_keys[i]);
+        free(s->key_ns[i]);
+    }
+    free(s->api_keys);
+    free(s->key_ns);
     free(s->model_name);
     free(s->cors);
     free(s);
+}
+
+/* Copy the API keys (empty ones skipped) and name each key's namespace by a
+ * hash of the key: the key itself is never a cache or file name. false when
+ * out of memory. */
+static bool add_keys(kvc_server *s, const kvc_server_params *p)
+{
+    int n = (p->api_key && *p->api_key) + (p->n_api_keys > 0 ? p->n_api_keys : 0);
+    s->api_keys = calloc((size_t)n + 1, sizeof(char *));
+    s->key_ns = calloc((size_t)n + 1, sizeof(char *));
+    if (!s->api_keys || !s->key_ns)
+        return false;
+    for (int i = -1; i < p->n_api_keys; i++) {
+        const char *k = i < 0 ? p->api_key : p->api_keys[i];
+        if (!k || !*k)
+            continue;
+        char ns[40];
+        snprintf(ns, sizeof(ns), "key:%016llx", (unsigned long long)XXH3_64bits(k, strlen(k)));
+        s->api_keys[s->n_api_keys] = strdup(k);
+        s->key_ns[s->n_api_keys] = strdup(ns);
+        if (!s->api_keys[s->n_api_keys] || !s->key_ns[s->n_api_keys++])
+            return false;
+    }
+    return true;
 }
 
 static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
@@ -849,9 +912,10 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->engine = engine;
     s->metrics = srv_metrics_new();
     s->model_name = strdup(p->model_name && *p->model_name ? p->model_name : "kvchat");
-    s->api_key = p->api_key && *p->api_key ? strdup(p->api_key) : NULL;
+    s->share_keys = p->share_cache_across_keys;
+    bool keys_ok = add_keys(s, p);
     int64_t deadline_ms = (int64_t)(p->request_timeout_s > 0 ? p->request_timeout_s : 30) * 1000;
-    if (!s->metrics || !s->model_name || (p->api_key && *p->api_key && !s->api_key) ||
+    if (!s->metrics || !s->model_name || !keys_ok ||
         srv_guard_new(deadline_ms, &s->guard) != KVC_OK) {
         server_free(s);
         return NULL;

@@ -34,6 +34,12 @@ typedef struct kvc_server_params {
     int         port;            /* 0 = an ephemeral port (see kvc_server_port) */
     const char *api_key;         /* NULL or "" = no authentication; else every path
                                   * but /health needs "Authorization: Bearer KEY" */
+    const char *const *api_keys; /* more keys, n_api_keys of them (borrowed); any of them
+                                  * (or api_key) is accepted */
+    int         n_api_keys;
+    bool        share_cache_across_keys; /* false: each key is its own cache namespace
+                                  * (no cached block or session is shared between
+                                  * keys); true: one namespace for all */
     const char *model_name;      /* listed by /v1/models, echoed when a request has
                                   * no "model"; NULL = "kvchat" */
     size_t      max_body;        /* request body limit in bytes; 0 = 8 MiB */
@@ -133,6 +139,7 @@ typedef struct srv_request {
     int                kind;            /* enum srv_kind */
     kvc_request_params params;          /* what is submitted to the engine */
     const char        *model;           /* "model" of the request, NULL when absent */
+    const char        *cache_salt;      /* "cache_salt": a namespace of its own, NULL = none */
     bool               stream;
     bool               include_usage;   /* stream_options.include_usage */
     kvc_chat_message  *msgs;            /* [n_messages] */

@@ -39,6 +39,7 @@ static const char *const chat_fields[] = {
     "messages", "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p",
     "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n",
     "seed", "stop", "stream", "stream_options", "user", "prompt_cache_key", "cache_prompt",
+    "cache_salt",
     "tools", "tool_choice", "parallel_tool_calls", "response_format", "logit_bias", "logprobs",
     "top_logprobs", "chat_template_kwargs",
     "store", "metadata", "service_tier",                       /* ignored */
@@ -47,7 +48,8 @@ static const char *const chat_fields[] = {
 static const char *const completion_fields[] = {
     "prompt", "model", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
-    "stream", "stream_options", "user", "prompt_cache_key", "cache_prompt", "logit_bias",
+    "stream", "stream_options", "user", "prompt_cache_key", "cache_prompt", "cache_salt",
+    "logit_bias",
     "logprobs", "echo", "best_of", "suffix",
     "store", "metadata", "service_tier",                       /* ignored */
     NULL,

@@ -432,7 +432,8 @@ static int parse_stream(srv_request *r, const cJSON *root, srv_error *e)
     return 0;
 }
 
-/* model, user, prompt_cache_key (the session key), cache_prompt (extension). */
+/* model, user, prompt_cache_key (the session key), cache_prompt (extension),
+ * cache_salt (vLLM's: requests with different salts share no cache). */
 static int parse_identity(srv_request *r, const cJSON *root, srv_error *e)
 {
     const char *user, *key;
@@ -441,7 +442,8 @@ static int parse_identity(srv_request *r, const cJSON *root, srv_error *e)
     if ((rc = str_field(root, "model", MAX_KEY_LEN, &r->model, e)) ||
         (rc = str_field(root, "user", MAX_KEY_LEN, &user, e)) ||
         (rc = str_field(root, "prompt_cache_key", MAX_KEY_LEN, &key, e)) ||
-        (rc = bool_field(root, "cache_prompt", &cache, e)))
+        (rc = bool_field(root, "cache_prompt", &cache, e)) ||
+        (rc = str_field(root, "cache_salt", MAX_KEY_LEN, &r->cache_salt, e)))
         return rc;
     if (key && *key)
         r->params.session_key = key;

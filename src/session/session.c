@@ -7,6 +7,7 @@
 #include "session.h"
 
 #include <stdio.h>
+#include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,6 +136,14 @@ void kvc_session_keep(kvc_session *s, kvc_tokbuf *toks, int64_t n_prompt)
 }
 
 bool kvc_session_in_use(const kvc_session *s) { return s->toks.n > 0; }
+
+uint64_t kvc_namespace_id(const char *name)
+{
+    if (!name || !*name)
+        return 0;
+    uint64_t h = XXH3_64bits(name, strlen(name));
+    return h ? h : 1;
+}
 
 int64_t kvc_session_common(const kvc_session *s, const int32_t *tokens, int64_t n)
 {

@@ -49,6 +49,8 @@ struct kvc_session {
     kvc_tokbuf      toks;          /* the conversation's tokens: the last prompt and the
                                       reply, or their canonical continuation. The
                                       sequence holds the K/V of a prefix of them */
+    uint64_t        ns;            /* its cache namespace: every block it uses or publishes
+                                      is of this namespace (set while it holds nothing) */
     int64_t         n_prompt;      /* tokens of its last request's prompt: a request
                                       that starts with them continues it */
     uint64_t        serial;        /* counts the session's turns and resets: work
@@ -73,6 +75,10 @@ int64_t kvc_session_drop_kv(kvc_session *s);
 
 /* Whether the session holds a conversation. */
 bool kvc_session_in_use(const kvc_session *s);
+
+/* The namespace id of a cache namespace name: 0 (the default) for NULL and
+ * "", else a 64-bit hash of it that is never 0. */
+uint64_t kvc_namespace_id(const char *name);
 
 /* How many of tokens[0, n) the session's conversation starts with. */
 int64_t kvc_session_common(const kvc_session *s, const int32_t *tokens, int64_t n);

@@ -213,7 +213,7 @@ static bool enter_block(kvc_turn *t, int32_t i, bool pending)
         t->pub_off = true;
         return false;
     }
-    int rc = kvc_pc_insert(c->pc, KVC_NS_DEFAULT, parent, t->toks.v + (int64_t)i * B,
+    int rc = kvc_pc_insert(c->pc, t->s->ns, parent, t->toks.v + (int64_t)i * B,
                            SEQ(t)->blocks[i], pending, &n, &e);
     if (rc < 0)
         t->pub_off = true;
@@ -321,7 +321,7 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
     const int64_t B = kvc_kv_block_tokens(pool), kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
     const int32_t first = (int32_t)(own / B), last = (int32_t)((own + k - 1) / B);
     kvc_pc_match mo;
-    kvc_pc_lookup(c->pc, KVC_NS_DEFAULT, s->toks.v, kv_len, &mo);
+    kvc_pc_lookup(c->pc, s->ns, s->toks.v, kv_len, &mo);
     for (kvc_pc_node *nd = mo.last; nd && nd != kvc_pc_root(c->pc) && nd->depth >= first;) {
         kvc_pc_node *parent = nd->parent;
         if (nd->n_children || nd->pins || nd->pending || nd->depth >= seq->n_blocks ||
@@ -439,7 +439,7 @@ static int64_t fetch_disk(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn
 {
     kvc_context *c = t->s->ctx;
     const int64_t B = kvc_kv_block_tokens(c->pool);
-    int64_t k = kvc_tiers_probe(c->tiers, KVC_NS_DEFAULT, t->toks.v, t->n_fill, m);
+    int64_t k = kvc_tiers_probe(c->tiers, t->s->ns, t->toks.v, t->n_fill, m);
     if (k == 0 || (m->n_full + k) * B <= own)
         return 0;
     kvc_pc_node *last = m->last, *partial = m->partial;
@@ -448,7 +448,7 @@ static int64_t fetch_disk(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn
     if (kvc_kv_n_free(c->pool) - c->promised < k && room)
         room(c, c->promised + k, user);
     int64_t avail = kvc_kv_n_free(c->pool) - c->promised;
-    int64_t got = avail > 0 ? kvc_tiers_fetch(c->tiers, KVC_NS_DEFAULT, t->toks.v, t->n_fill,
+    int64_t got = avail > 0 ? kvc_tiers_fetch(c->tiers, t->s->ns, t->toks.v, t->n_fill,
                                               m, KVC_MIN(k, avail))
                             : 0;
     kvc_pc_unpin(last);
@@ -474,7 +474,7 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     int64_t own = cache ? common_prefix(t->toks.v, n, s->toks.v, kv_len) : 0;
     kvc_pc_match m = { .last = kvc_pc_root(c->pc) };
     if (cache) {
-        kvc_pc_lookup(c->pc, KVC_NS_DEFAULT, t->toks.v, n, &m);
+        kvc_pc_lookup(c->pc, t->s->ns, t->toks.v, n, &m);
         /* a block of the prompt in the works: wait for it, so that the tree
          * never has another turn's pending block on a running turn's path */
         if (m.pending)

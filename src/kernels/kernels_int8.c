@@ -1,0 +1,186 @@
+/* kernels_int8.c - the scalar reference of the integer matmul scheme
+ * (kernels_int8.h): activation quantization to two int8 planes, weights in
+ * integer form, and the matmul in the scheme's fixed order. The SIMD kernels
+ * (kernels_vnni.c) are tested bitwise against these. */
+#include "kernels_int8.h"
+
+#include <math.h>
+#include <string.h>
+
+bool kvc_i8_type_ok(uint32_t type)
+{
+    switch (type) {
+    case KVC_TYPE_Q8_0: case KVC_TYPE_Q4_0: case KVC_TYPE_Q5_0:
+    case KVC_TYPE_Q4_K: case KVC_TYPE_Q5_K: case KVC_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ------------------------------------------------------------ activations */
+
+static inline float clamp127(float v) { return fminf(fmaxf(v, -127.0f), 127.0f); }
+
+void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
+{
+    const int64_t nb = n_in / 32;
+    int8_t *hi = (int8_t *)dst, *lo = (int8_t *)dst + n_in;
+    float d[1];
+    int32_t s[1];
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(xb[i]));     /* fmaxf ignores a NaN */
+        int32_t sum = 0;
+        if (!(amax >= KVC_I8_AMIN)) {
+            memset(hi + 32 * b, 0, 32);
+            memset(lo + 32 * b, 0, 32);
+            d[0] = 0.0f;
+        } else {
+            const float dh = amax / 127.0f, id = 127.0f / amax, id2 = id * 256.0f;
+            for (int i = 0; i < 32; i++) {
+                const float h = nearbyintf(clamp127(xb[i] * id));
+                const float r = fmaf(-h, dh, xb[i]);
+                const float l = nearbyintf(clamp127(r * id2));
+                hi[32 * b + i] = (int8_t)h;
+                lo[32 * b + i] = (int8_t)l;
+                sum += 256 * (int32_t)h + (int32_t)l;
+            }
+            d[0] = dh / 256.0f;
+        }
+        s[0] = sum;
+        memcpy(dst + 2 * n_in + 4 * b, d, 4);
+        memcpy(dst + 2 * n_in + 4 * nb + 4 * b, s, 4);
+    }
+    const size_t used = (size_t)(2 * n_in + 8 * nb);
+    memset(dst + used, 0, kvc_i8_act_row_bytes(n_in) - used);
+}
+
+/* ---------------------------------------------------------------- weights */
+
+/* As quant.c's k4_scale_min: 6-bit scale and min of sub-block j. */
+static void k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m  = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4);
+        *m  = (uint8_t)((s[j + 4] >> 4) | (s[j] >> 6) << 4);
+    }
+}
+
+void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_wblock *o)
+{
+    o->n_sub = 1;
+    o->has_min = false;
+    o->d[1] = 0.0f;
+    o->m = 0.0f;
+    switch (type) {
+    case KVC_TYPE_Q8_0: {
+        const block_q8_0 *k = (const block_q8_0 *)row + b;
+        memcpy(o->q, k->qs, 32);
+        o->d[0] = kvc_fp16_to_fp32(k->d);
+        break;
+    }
+    case KVC_TYPE_Q4_0: {
+        const block_q4_0 *k = (const block_q4_0 *)row + b;
+        for (int i = 0; i < 16; i++) {
+            o->q[i] = (int8_t)((k->qs[i] & 0x0f) - 8);
+            o->q[i + 16] = (int8_t)((k->qs[i] >> 4) - 8);
+        }
+        o->d[0] = kvc_fp16_to_fp32(k->d);
+        break;
+    }
+    case KVC_TYPE_Q5_0: {
+        const block_q5_0 *k = (const block_q5_0 *)row + b;
+        const uint32_t qh = (uint32_t)k->qh[0] | (uint32_t)k->qh[1] << 8 | (uint32_t)k->qh[2] << 16 |
+                            (uint32_t)k->qh[3] << 24;
+        for (int i = 0; i < 16; i++) {
+            o->q[i] = (int8_t)(((k->qs[i] & 0x0f) | ((qh >> i) & 1) << 4) - 16);
+            o->q[i + 16] = (int8_t)(((k->qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16);
+        }
+        o->d[0] = kvc_fp16_to_fp32(k->d);
+        break;
+    }
+    case KVC_TYPE_Q4_K: case KVC_TYPE_Q5_K: {
+        const int j = (int)(b % 8), c = j / 2, half = j % 2;
+        const uint8_t *qs, *scales, *qh = NULL;
+        float d, dmin;
+        if (type == KVC_TYPE_Q4_K) {
+            const block_q4_K *k = (const block_q4_K *)row + b / 8;
+            qs = k->qs, scales = k->scales, d = kvc_fp16_to_fp32(k->d), dmin = kvc_fp16_to_fp32(k->dmin);
+        } else {
+            const block_q5_K *k = (const block_q5_K *)row + b / 8;
+            qs = k->qs, scales = k->scales, qh = k->qh;
+            d = kvc_fp16_to_fp32(k->d), dmin = kvc_fp16_to_fp32(k->dmin);
+        }
+        for (int l = 0; l < 32; l++) {
+            int q = half ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 0x0f;
+            if (qh)
+                q |= ((qh[l] >> j) & 1) << 4;
+            o->q[l] = (int8_t)q;
+        }
+        uint8_t sc, m;
+        k4_scale_min(j, scales, &sc, &m);
+        o->d[0] = d * (float)sc;
+        o->m = dmin * (float)m;
+        o->has_min = true;
+        break;
+    }
+    case KVC_TYPE_Q6_K: {
+        const block_q6_K *k = (const block_q6_K *)row + b / 8;
+        const int e0 = 32 * (int)(b % 8), h = e0 / 128, kq = (e0 % 128) / 32;
+        const uint8_t *ql = k->ql + 64 * h, *qh = k->qh + 32 * h;
+        for (int l = 0; l < 32; l++) {
+            const int nib = kq & 1 ? ql[l + 32] : ql[l];
+            const int q = (kq < 2 ? nib & 0x0f : nib >> 4) | ((qh[l] >> (2 * kq)) & 3) << 4;
+            o->q[l] = (int8_t)(q - 32);
+        }
+        const float d = kvc_fp16_to_fp32(k->d);
+        o->n_sub = 2;
+        o->d[0] = d * (float)k->scales[e0 / 16];
+        o->d[1] = d * (float)k->scales[e0 / 16 + 1];
+        break;
+    }
+    default:
+        memset(o->q, 0, 32);
+        o->d[0] = 0.0f;
+        break;
+    }
+}
+
+/* ----------------------------------------------------------------- matmul */
+
+void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1)
+{
+    const int64_t n_in = w->n_in, nb = n_in / 32;
+    const size_t as = kvc_i8_act_row_bytes(n_in);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        for (int64_t t = 0; t < n_tok; t++) {
+            const uint8_t *a = act + (size_t)t * as;
+            const int8_t *hi = kvc_i8_hi(a), *lo = kvc_i8_lo(a, n_in);
+            const float *dx = kvc_i8_d(a, n_in);
+            const int32_t *sx = kvc_i8_s(a, n_in);
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                kvc_i8_wblock wb;
+                kvc_i8_unpack_block_ref(w->type, row, b, &wb);
+                const int len = 32 / wb.n_sub;
+                for (int j = 0; j < wb.n_sub; j++) {
+                    int32_t dot = 0;
+                    for (int i = j * len; i < (j + 1) * len; i++)
+                        dot += (int32_t)wb.q[i] * (256 * (int32_t)hi[32 * b + i] + (int32_t)lo[32 * b + i]);
+                    acc = fmaf((float)dot, wb.d[j] * dx[b], acc);
+                }
+                if (wb.has_min)
+                    acc = fmaf(-(float)sx[b], wb.m * dx[b], acc);
+            }
+            y[t * ldy + r] = acc;
+        }
+    }
+}

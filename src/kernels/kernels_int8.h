@@ -1,0 +1,145 @@
+/* kernels_int8.h - the integer matmul scheme of the "vnni" ISA: activations
+ * quantized to two int8 planes, integer dot products per block, float scaling
+ * in one fixed order. Internal to the kernels.
+ *
+ * WHY. Converting quantized weights to float costs more than reading them;
+ * llama.cpp instead quantizes the activations to int8 (Q8_0) and uses VNNI,
+ * at the price of ~8 bits of activation precision. Two int8 planes keep ~16
+ * bits: results stay within ~1e-5 of the float path, and integer sums are
+ * exact in any order, so the prefill kernel (weights repacked, many tokens)
+ * and the decode kernel (weights streamed once) agree bit for bit, and so
+ * would an AMX kernel, should one be added for CPUs that have it.
+ *
+ * ACTIVATIONS (per token row of n_in floats, n_in a multiple of 32; per block
+ * of 32 elements x[0..32)). All operations are float32 and round to nearest:
+ *
+ *   amax = max |x_i|             (NaN elements count as 0)
+ *   if !(amax >= 2^-96):         hi_i = lo_i = 0, d = 0, S = 0   (also amax NaN)
+ *   else:
+ *     dh  = amax / 127           id = 127 / amax           id2 = id * 256 (exact)
+ *     hi_i = rint(clamp(x_i * id))                 clamp(v) = min(max(v, -127), 127)
+ *     r_i  = fma(-hi_i, dh, x_i)                   (the residual, one rounding)
+ *     lo_i = rint(clamp(r_i * id2))
+ *     d    = dh / 256 (exact)    S = sum_i (256 hi_i + lo_i)   (exact int32)
+ *
+ * so x_i ~= d * a_i with a_i = 256 hi_i + lo_i, |a_i| <= 32639, and
+ * |x_i - d a_i| <= ~0.5 d = amax / 65024 (at most ~1.0 d where lo is clamped).
+ * clamp(NaN) is -127 (max(NaN, -127) = -127, as fmaxf and MAXPS with NaN first).
+ * max(v, -127) then min(., 127), then rint: clamping first or rounding first
+ * agree because the bounds are integers.
+ *
+ * A token row is stored as (act_row_bytes(n_in) bytes, 64-byte aligned):
+ *   int8 hi[n_in] | int8 lo[n_in] | float d[nb] | int32 S[nb] | pad (see below)
+ *
+ * WEIGHTS. Each 32-element block b of a weight row is read in integer form:
+ * integer weights q_i and scales (kvc_i8_wblock). Per type:
+ *   Q8_0  q = qs                d0 = d
+ *   Q4_0  q = nibble - 8        d0 = d
+ *   Q5_0  q = 5-bit code - 16   d0 = d
+ *   Q4_K  (sub-block j = b % 8) q = 4-bit code, d0 = d * sc_j, min: m = dmin * m_j
+ *   Q6_K  (two sub-blocks of 16) q = 6-bit code - 32, d0 = d * sc_2j, d1 = d * sc_2j+1
+ * (the products d * sc as quant.c's reference dequantization computes them).
+ *
+ * THE ORDER OF ONE OUTPUT ELEMENT y[t][r] (every ISA that uses this scheme):
+ *
+ *   acc = 0.0f
+ *   for b = 0, 1, ..., nb - 1:                       (blocks in order)
+ *     one scale (n_sub == 1):  D  = sum_{i<32} q_i a_i          (exact int32)
+ *                              acc = fma((float)D, d0 * dx_b, acc)
+ *     two scales (Q6_K):       D0 = sum_{i<16} q_i a_i,  D1 = sum_{16<=i<32} q_i a_i
+ *                              acc = fma((float)D0, d0 * dx_b, acc)
+ *                              acc = fma((float)D1, d1 * dx_b, acc)
+ *     with a min (Q4_K):       then acc = fma(-(float)S_b, m * dx_b, acc)
+ *   y = acc
+ *
+ * where dx_b, S_b are the token's block scale and block sum, "d0 * dx_b" is
+ * one float multiply (rounded), and (float)D rounds to nearest. Integer sums
+ * cannot overflow: |q| <= 128, |a| <= 32639, 32 * 128 * 32639 < 2^31.
+ *
+ * Nothing in this sequence depends on other tokens, other rows or the way the
+ * dot products are formed, so the scalar reference and every VNNI kernel
+ * produce the same bits for every element. */
+#ifndef KVC_KERNELS_INT8_H
+#define KVC_KERNELS_INT8_H
+
+#include "kernels_internal.h"
+
+#define KVC_I8_AMIN 0x1p-96f          /* blocks with a smaller max |x| quantize to 0 */
+
+/* Bytes of one quantized token row of n_in elements (n_in % 32 == 0): a
+ * multiple of 64, but an odd one, so token rows read together do not crowd
+ * into a few L1 sets (n_in = 896 would give 2048). */
+static inline size_t kvc_i8_act_row_bytes(int64_t n_in)
+{
+    const size_t nb = (size_t)n_in / 32;
+    const size_t r = ((size_t)n_in * 2 + nb * 8 + 63) & ~(size_t)63;
+    return r % 128 ? r : r + 64;
+}
+
+/* A buffer for n_tok tokens holds act_tok_padded(n_tok) rows (groups of 16,
+ * the pad zeroed, so a kernel may read whole groups). */
+static inline int64_t kvc_i8_tok_padded(int64_t n_tok) { return (n_tok + 15) / 16 * 16; }
+
+/* Accessors of a token row. */
+static inline const int8_t *kvc_i8_hi(const uint8_t *row) { return (const int8_t *)row; }
+static inline const int8_t *kvc_i8_lo(const uint8_t *row, int64_t n_in) { return (const int8_t *)row + n_in; }
+static inline const float *kvc_i8_d(const uint8_t *row, int64_t n_in)
+{
+    return (const float *)(const void *)(row + 2 * n_in);
+}
+static inline const int32_t *kvc_i8_s(const uint8_t *row, int64_t n_in)
+{
+    return (const int32_t *)(const void *)(row + 2 * n_in + n_in / 8);
+}
+
+/* One 32-element block of a weight row in integer form (see above). */
+typedef struct kvc_i8_wblock {
+    int8_t q[32];
+    int    n_sub;       /* 1 or 2 scales (2: q[0..16) and q[16..32)) */
+    bool   has_min;     /* the min step applies */
+    float  d[2];
+    float  m;
+} kvc_i8_wblock;
+
+/* Weight types the scheme covers (the reference handles all of them; an ISA
+ * may use it for fewer, see kvc_vnni_type_ok). */
+bool kvc_i8_type_ok(uint32_t type);
+
+/* Reference quantization of one token row (n_in floats) into dst
+ * (kvc_i8_act_row_bytes(n_in) bytes; the pad is zeroed). */
+void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst);
+
+/* Block b of a weight row of `type` in integer form. */
+void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_wblock *out);
+
+/* The scalar reference of the whole scheme: y[t * ldy + r] for t < n_tok,
+ * r in [r0, r1), from quantized rows act (stride kvc_i8_act_row_bytes). */
+void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1);
+
+/* ------------------------------------------------ the AVX-512 VNNI parts
+ * kernels_vnni.c; call only when the CPU has AVX-512 VNNI (kernels.c checks). */
+
+/* Types the SIMD kernels handle with this scheme (others keep the float path). */
+bool kvc_vnni_type_ok(uint32_t type);
+
+/* Quantize token rows [t0, t1) of x (ldx floats apart) into act, bitwise as
+ * kvc_i8_quantize_row_ref. When t1 == n_tok the pad rows up to
+ * kvc_i8_tok_padded(n_tok) are zeroed too. */
+void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t n_tok, int64_t t0, int64_t t1,
+                            uint8_t *act);
+
+/* y = W x on quantized activations (any n_tok), bitwise kvc_i8_matmul_ref.
+ * scratch: kvc_vnni_scratch_floats(n_in) floats, 64-byte aligned. Few tokens
+ * stream the weights (decode); more repack 16 rows at a time so that the
+ * tokens find one row per lane (prefill). */
+void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                         int64_t r0, int64_t r1, float *scratch);
+
+/* The matmul entry of the "vnni" ISA (kernels.c puts it in a table beside
+ * the AVX-512 vector kernels): quantizes x, then kvc_vnni_matmul_act. */
+void   kvc_vnni_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                            int64_t ldy, int64_t r0, int64_t r1, float *scratch);
+size_t kvc_vnni_scratch_floats(int64_t n_in);
+
+#endif

@@ -1,0 +1,464 @@
+/* kernels_vnni.c - the integer scheme of kernels_int8.h with AVX-512 VNNI:
+ * activation quantization, the matmul for few tokens (decode), which streams
+ * the weights once and is memory-bound, and the matmul for many (prefill),
+ * which repacks 16 weight rows so that each lane holds one row.
+ *
+ * Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma
+ * -mf16c -mavx2; called only after kernels.c found AVX-512 VNNI at run time.
+ *
+ * HOW A BLOCK'S DOT PRODUCTS ARE FORMED. VPDPBUSD multiplies unsigned by
+ * signed bytes, so (as llama.cpp) we multiply |w| by x with w's sign: for
+ * w = -128, |w| = 128 fits the unsigned byte, and x never is -128 (the planes
+ * are clamped to [-127, 127]), so the negation cannot overflow. One zmm holds
+ * 32 weights of two rows; a lane holds 256 * (4 products with hi) + (4 products
+ * with lo), exact in int32. A reduction tree then sums the 8 lanes of each row,
+ * giving D for 16 rows (one lane per row), and the float step of the scheme
+ * follows, lane-wise. Integer sums are exact in any order, and the float step
+ * is the scheme's, so the results are bitwise those of kvc_i8_matmul_ref. */
+#include "kernels_int8.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+#define GR        16              /* weight rows per group: one lane each */
+#define TC        4               /* tokens per pass over a group */
+#define TB_ACT    64              /* tokens quantized at a time by kvc_vnni_matmul_rows */
+#define PF_GROUP_MAX (48 << 10)   /* group bytes up to which the next group is prefetched */
+#define PF_AHEAD  512             /* bytes ahead within each row otherwise */
+
+bool kvc_vnni_type_ok(uint32_t type)
+{
+    return type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0 || type == KVC_TYPE_Q5_0;
+}
+
+/* ------------------------------------------------------------ activations */
+
+AI __m512 clamp127(__m512 v)
+{
+    /* MAXPS returns its second operand when the first is NaN: NaN -> -127 */
+    return _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+}
+
+static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
+{
+    const int64_t nb = n_in / 32;
+    int8_t *hi = (int8_t *)dst, *lo = (int8_t *)dst + n_in;
+    float *dd = (float *)(void *)(dst + 2 * n_in);
+    int32_t *ss = (int32_t *)(void *)(dst + 2 * n_in + 4 * nb);
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+        /* max(|v|, 0) turns NaN into 0, as fmaxf in the reference */
+        const __m512 a = _mm512_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), zero), _mm512_max_ps(_mm512_abs_ps(v1), zero));
+        const float amax = _mm512_reduce_max_ps(a);
+        if (!(amax >= KVC_I8_AMIN)) {
+            memset(hi + 32 * b, 0, 32);
+            memset(lo + 32 * b, 0, 32);
+            dd[b] = 0.0f;
+            ss[b] = 0;
+            continue;
+        }
+        const float dh = amax / 127.0f, id = 127.0f / amax;
+        const __m512 vdh = _mm512_set1_ps(dh), vid = _mm512_set1_ps(id), vid2 = _mm512_set1_ps(id * 256.0f);
+        const __m512i h0 = _mm512_cvtps_epi32(clamp127(_mm512_mul_ps(v0, vid)));
+        const __m512i h1 = _mm512_cvtps_epi32(clamp127(_mm512_mul_ps(v1, vid)));
+        const __m512 r0 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(h0), vdh, v0);
+        const __m512 r1 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(h1), vdh, v1);
+        const __m512i l0 = _mm512_cvtps_epi32(clamp127(_mm512_mul_ps(r0, vid2)));
+        const __m512i l1 = _mm512_cvtps_epi32(clamp127(_mm512_mul_ps(r1, vid2)));
+        _mm_storeu_si128((__m128i *)(hi + 32 * b), _mm512_cvtepi32_epi8(h0));
+        _mm_storeu_si128((__m128i *)(hi + 32 * b + 16), _mm512_cvtepi32_epi8(h1));
+        _mm_storeu_si128((__m128i *)(lo + 32 * b), _mm512_cvtepi32_epi8(l0));
+        _mm_storeu_si128((__m128i *)(lo + 32 * b + 16), _mm512_cvtepi32_epi8(l1));
+        const __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h0, 8), l0),
+                                           _mm512_add_epi32(_mm512_slli_epi32(h1, 8), l1));
+        ss[b] = _mm512_reduce_add_epi32(s);
+        dd[b] = dh / 256.0f;
+    }
+    const size_t used = (size_t)(2 * n_in + 8 * nb);
+    memset(dst + used, 0, kvc_i8_act_row_bytes(n_in) - used);
+}
+
+void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t n_tok, int64_t t0, int64_t t1,
+                            uint8_t *act)
+{
+    const size_t as = kvc_i8_act_row_bytes(n_in);
+    for (int64_t t = t0; t < t1; t++)
+        quantize_row(x + t * ldx, n_in, act + (size_t)t * as);
+    if (t1 == n_tok)
+        memset(act + (size_t)n_tok * as, 0, (size_t)(kvc_i8_tok_padded(n_tok) - n_tok) * as);
+}
+
+/* ------------------------------------------------------------------ decode */
+
+/* Row of each half of the 8 pair vectors, chosen so that the reduction tree
+ * below leaves row l in lane l. */
+static const int pair_lo[8] = { 0, 1, 2, 3, 8, 9, 10, 11 };
+static const int pair_hi[8] = { 4, 5, 6, 7, 12, 13, 14, 15 };
+
+/* Sum the 8 lanes of each row-half of z[0..8): result lane l = row l. */
+AI __m512i reduce_rows(const __m512i z[8])
+{
+    __m512i c[4], e[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]),
+                                _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+        e[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(c[2 * i], c[2 * i + 1]),
+                                _mm512_unpackhi_epi64(c[2 * i], c[2 * i + 1]));
+    /* 128-bit lane j of e[i]: row sums over that lane for z[4i..4i+4) */
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The weights of a block as bytes, two rows per vector (32 + 32).
+ *   K_Q8_0: signed q; dotted with the sign trick (|w| times x with w's sign:
+ *           |-128| = 128 fits the unsigned byte, and x is never -128, so the
+ *           negation cannot overflow).
+ *   K_Q4_0, K_Q5_0: unsigned codes c = q + off; dotted as they are, and
+ *           off * S (S = the activation block's sum of a) subtracted after. */
+enum { K_Q8_0, K_Q4_0, K_Q5_0 };
+
+AI size_t block_bytes(const int kind)
+{
+    return kind == K_Q8_0 ? sizeof(block_q8_0) : kind == K_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
+}
+
+AI int code_offset(const int kind) { return kind == K_Q4_0 ? 8 : kind == K_Q5_0 ? 16 : 0; }
+
+/* 16 nibble bytes -> 32 codes (low nibbles, then high), for rows a and b. */
+AI __m512i nibbles2(const uint8_t *qa, const uint8_t *qb)
+{
+    const __m512i v = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qa))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qb)), 1);
+    const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004ll, 0x0004000400040004ll, 0, 0,
+                                         0x0004000400040004ll, 0x0004000400040004ll);
+    return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0f));
+}
+
+AI __m512i load_pair(const int kind, const uint8_t *ba, const uint8_t *bb)
+{
+    if (kind == K_Q8_0)
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ba + 2))),
+                                  _mm256_loadu_si256((const __m256i *)(bb + 2)), 1);
+    if (kind == K_Q4_0)
+        return nibbles2(ba + 2, bb + 2);
+    /* Q5_0: d, qh (bit j: 5th bit of element j), qs */
+    uint32_t ha, hb;
+    memcpy(&ha, ba + 2, 4);
+    memcpy(&hb, bb + 2, 4);
+    const __m512i c = nibbles2(ba + 6, bb + 6);
+    return _mm512_mask_add_epi8(c, (__mmask64)ha | (__mmask64)hb << 32, c, _mm512_set1_epi8(0x10));  /* bit 4 is clear: add = or */
+}
+
+/* 256 * (w . hi) + (w . lo) per lane for a signed pair (sign trick) ... */
+AI __m512i dot_signed(__m512i uw, __mmask64 neg, __m512i xh, __m512i xl)
+{
+    const __m512i z = _mm512_setzero_si512();
+    __m512i a = _mm512_dpbusd_epi32(z, uw, _mm512_mask_sub_epi8(xh, neg, z, xh));
+    a = _mm512_slli_epi32(a, 8);
+    return _mm512_dpbusd_epi32(a, uw, _mm512_mask_sub_epi8(xl, neg, z, xl));
+}
+
+/* ... and for unsigned codes. */
+AI __m512i dot_codes(__m512i c, __m512i xh, __m512i xl)
+{
+    __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, xh);
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(a, 8), c, xl);
+}
+
+typedef struct {
+    const uint8_t *next;          /* next group's first byte, or NULL */
+    int            ahead;         /* in-row distance in bytes, or 0 */
+} prefetch_plan;
+
+/* One group of up to 16 rows (rows[l]: row l's bytes; missing rows repeat the
+ * last) against T <= TC tokens; acc[t] lane l accumulates y[t][row l]. */
+AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR], const __m512i goff,
+                     prefetch_plan pf, const uint8_t *act, size_t as, int64_t n_in, __m512 acc[TC])
+{
+    const int64_t nb = n_in / 32;
+    const size_t bsz = block_bytes(kind);
+    const uint8_t *a[TC];
+    for (int t = 0; t < T; t++)
+        a[t] = act + (size_t)t * as;
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t off = (size_t)b * bsz;
+        if (pf.next) {
+            for (int i = 0; i < GR * (int)bsz; i += 64)
+                _mm_prefetch((const char *)pf.next + i, _MM_HINT_T1);
+            pf.next += GR * bsz;
+        } else if (pf.ahead && (kind == K_Q8_0 ? (b & 1) == 0 : (b & 3) == 0)) {
+#pragma GCC unroll 16
+            for (int l = 0; l < GR; l++)
+                _mm_prefetch((const char *)rows[l] + off + pf.ahead, _MM_HINT_T0);
+        }
+        /* the 16 rows' scales: low half of the dword at each block start */
+        const __m512i dw16 = _mm512_i32gather_epi32(goff, rows[0] + off, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw16));
+        __m512i w[8];
+        __mmask64 neg[8];
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) {
+            w[p] = load_pair(kind, rows[pair_lo[p]] + off, rows[pair_hi[p]] + off);
+            if (kind == K_Q8_0) {
+                neg[p] = _mm512_movepi8_mask(w[p]);
+                w[p] = _mm512_abs_epi8(w[p]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const __m512i xh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(kvc_i8_hi(a[t]) + 32 * b)));
+            const __m512i xl = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(kvc_i8_lo(a[t], n_in) + 32 * b)));
+            __m512i z[8];
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++)
+                z[p] = kind == K_Q8_0 ? dot_signed(w[p], neg[p], xh, xl) : dot_codes(w[p], xh, xl);
+            __m512i d = reduce_rows(z);
+            if (code_offset(kind))
+                d = _mm512_sub_epi32(d, _mm512_set1_epi32(code_offset(kind) * kvc_i8_s(a[t], n_in)[b]));
+            const __m512 ws = _mm512_mul_ps(dw, _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ws, acc[t]);
+        }
+    }
+}
+
+typedef void (*group_fn)(const uint8_t *const rows[GR], __m512i goff, prefetch_plan pf, const uint8_t *act,
+                         size_t as, int64_t n_in, __m512 acc[TC]);
+
+#define GROUP_FN(name, kind, T)                                                                       \
+    static void name##T(const uint8_t *const rows[GR], __m512i goff, prefetch_plan pf,                \
+                        const uint8_t *act, size_t as, int64_t n_in, __m512 acc[TC])                  \
+    {                                                                                                 \
+        decode_group(kind, T, rows, goff, pf, act, as, n_in, acc);                                    \
+    }
+#define GROUP_FNS(name, kind) GROUP_FN(name, kind, 1) GROUP_FN(name, kind, 2) GROUP_FN(name, kind, 3) \
+                              GROUP_FN(name, kind, 4)
+GROUP_FNS(q8_0_group, K_Q8_0)
+GROUP_FNS(q4_0_group, K_Q4_0)
+GROUP_FNS(q5_0_group, K_Q5_0)
+
+static const group_fn group_fns[3][TC] = {
+    { q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4 },
+    { q4_0_group1, q4_0_group2, q4_0_group3, q4_0_group4 },
+    { q5_0_group1, q5_0_group2, q5_0_group3, q5_0_group4 },
+};
+
+static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1)
+{
+    const int kind = w->type == KVC_TYPE_Q8_0 ? K_Q8_0 : w->type == KVC_TYPE_Q4_0 ? K_Q4_0 : K_Q5_0;
+    const size_t as = kvc_i8_act_row_bytes(w->n_in), rb = w->row_bytes;
+    const uint8_t *base = w->data;
+    for (int64_t rg = r0; rg < r1; rg += GR) {
+        const int nr = (int)KVC_MIN(GR, r1 - rg);
+        const uint8_t *rows[GR];
+        int32_t offs[GR];
+        for (int l = 0; l < GR; l++) {
+            const int lr = KVC_MIN(l, nr - 1);
+            rows[l] = base + (size_t)(rg + lr) * rb;
+            offs[l] = (int32_t)((size_t)lr * rb);
+        }
+        const __m512i goff = _mm512_loadu_si512(offs);
+        prefetch_plan pf = { NULL, 0 };   /* for the first pass, which brings the rows in */
+        if (GR * rb > PF_GROUP_MAX)
+            pf.ahead = PF_AHEAD;
+        else if (rg + GR < r1)
+            pf.next = base + (size_t)(rg + GR) * rb;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += TC) {
+            const int T = (int)KVC_MIN(TC, n_tok - t0);
+            __m512 acc[TC];
+            for (int t = 0; t < TC; t++)
+                acc[t] = _mm512_setzero_ps();
+            group_fns[kind][T - 1](rows, goff, pf, act + (size_t)t0 * as, as, w->n_in, acc);
+            for (int t = 0; t < T; t++)
+                _mm512_mask_storeu_ps(y + (t0 + t) * ldy + rg, (__mmask16)((1u << nr) - 1), acc[t]);
+            pf = (prefetch_plan){ NULL, 0 };
+        }
+    }
+}
+
+/* ----------------------------------------------------------------- prefill
+ *
+ * A group of 16 weight rows is repacked once, block by block, into unsigned
+ * codes u = q + off (Q8_0: off 128, Q4_0: 8, Q5_0: 16) laid out so that
+ * dword q of lane l holds row l's codes 4q .. 4q+3 of the block. Then every
+ * token's block dot products come out one row per lane, with no reduction:
+ *   H = sum_q VPDPBUSD(u_q, hi_q),  L = sum_q VPDPBUSD(u_q, lo_q)   (hi_q: 4 bytes broadcast)
+ *   D = 256 H + L - off * S_b  = sum_i q_i a_i                      (exact int32:
+ *       |256 H| <= 256 * 32 * 255 * 127, far below 2^31)
+ * and the float step of the scheme follows. */
+
+#define PT 8   /* tokens a pass: their accumulators stay in registers */
+
+/* 32 unsigned codes of block b of a row. */
+AI __m256i block_codes(const int kind, const uint8_t *row, int64_t b)
+{
+    const uint8_t *k = row + (size_t)b * block_bytes(kind);
+    if (kind == K_Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(k + 2)), _mm256_set1_epi8((char)0x80));
+    const uint8_t *qs = k + (kind == K_Q4_0 ? 2 : 6);
+    const __m128i nib = _mm_loadu_si128((const __m128i *)qs);
+    __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
+    if (kind == K_Q5_0) {
+        uint32_t qh;
+        memcpy(&qh, k + 2, 4);
+        c = _mm256_mask_add_epi8(c, qh, c, _mm256_set1_epi8(0x10));
+    }
+    return c;
+}
+
+/* Rows [rg, rg + nr) of W, nr <= 16, into pack (nb blocks of 8 dword
+ * vectors) and their scales into dsc (nb vectors of 16 floats); rows past nr
+ * are zero. */
+AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, __m512i *pack, float *dsc)
+{
+    const int64_t nb = w->n_in / 32;
+    const uint8_t *base = (const uint8_t *)w->data + (size_t)rg * w->row_bytes;
+    uint32_t *p = (uint32_t *)(void *)pack;
+    for (int64_t b = 0; b < nb; b++) {
+        uint32_t codes[GR][8];
+        for (int l = 0; l < GR; l++) {
+            if (l < nr) {
+                const uint8_t *row = base + (size_t)l * w->row_bytes;
+                _mm256_storeu_si256((__m256i *)codes[l], block_codes(kind, row, b));
+                uint16_t h;
+                memcpy(&h, row + (size_t)b * block_bytes(kind), 2);
+                dsc[b * GR + l] = kvc_fp16_to_fp32(h);
+            } else {
+                memset(codes[l], 0, sizeof(codes[l]));
+                dsc[b * GR + l] = 0.0f;
+            }
+        }
+        for (int q = 0; q < 8; q++)
+            for (int l = 0; l < GR; l++)
+                p[(b * 8 + q) * GR + l] = codes[l][q];
+    }
+}
+
+/* T <= PT tokens against a repacked group: acc[t] lane l = y[t][row l]. */
+AI void prefill_pass(const int kind, const int T, const __m512i *pack, const float *dsc, int64_t nb,
+                     const uint8_t *act, size_t as, int64_t n_in, __m512 acc[PT])
+{
+    const int off = kind == K_Q8_0 ? 128 : code_offset(kind);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i *u = pack + b * 8;
+        const __m512 dw = _mm512_loadu_ps(dsc + b * GR);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const uint8_t *a = act + (size_t)t * as;
+            const int32_t *hi = (const int32_t *)(const void *)(kvc_i8_hi(a) + 32 * b);
+            const int32_t *lo = (const int32_t *)(const void *)(kvc_i8_lo(a, n_in) + 32 * b);
+            __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int q = 0; q < 8; q++) {
+                h = _mm512_dpbusd_epi32(h, _mm512_load_si512(u + q), _mm512_set1_epi32(hi[q]));
+                l = _mm512_dpbusd_epi32(l, _mm512_load_si512(u + q), _mm512_set1_epi32(lo[q]));
+            }
+            __m512i d = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
+            d = _mm512_sub_epi32(d, _mm512_set1_epi32(off * kvc_i8_s(a, n_in)[b]));
+            const __m512 ws = _mm512_mul_ps(dw, _mm512_set1_ps(kvc_i8_d(a, n_in)[b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ws, acc[t]);
+        }
+    }
+}
+
+#define PASS_FN(name, kind, T)                                                                       \
+    static void name##T(const __m512i *pack, const float *dsc, int64_t nb, const uint8_t *act,       \
+                        size_t as, int64_t n_in, __m512 acc[PT])                                     \
+    {                                                                                                \
+        prefill_pass(kind, T, pack, dsc, nb, act, as, n_in, acc);                                    \
+    }
+#define PASS_FNS(name, kind) PASS_FN(name, kind, 1) PASS_FN(name, kind, 2) PASS_FN(name, kind, 3)  \
+    PASS_FN(name, kind, 4) PASS_FN(name, kind, 5) PASS_FN(name, kind, 6) PASS_FN(name, kind, 7)      \
+    PASS_FN(name, kind, 8)
+PASS_FNS(q8_0_pass, K_Q8_0)
+PASS_FNS(q4_0_pass, K_Q4_0)
+PASS_FNS(q5_0_pass, K_Q5_0)
+
+typedef void (*pass_fn)(const __m512i *pack, const float *dsc, int64_t nb, const uint8_t *act, size_t as,
+                        int64_t n_in, __m512 acc[PT]);
+static const pass_fn pass_fns[3][PT] = {
+    { q8_0_pass1, q8_0_pass2, q8_0_pass3, q8_0_pass4, q8_0_pass5, q8_0_pass6, q8_0_pass7, q8_0_pass8 },
+    { q4_0_pass1, q4_0_pass2, q4_0_pass3, q4_0_pass4, q4_0_pass5, q4_0_pass6, q4_0_pass7, q4_0_pass8 },
+    { q5_0_pass1, q5_0_pass2, q5_0_pass3, q5_0_pass4, q5_0_pass5, q5_0_pass6, q5_0_pass7, q5_0_pass8 },
+};
+
+static void repack_q8_0(const kvc_weight *w, int64_t rg, int nr, __m512i *p, float *d) { repack(K_Q8_0, w, rg, nr, p, d); }
+static void repack_q4_0(const kvc_weight *w, int64_t rg, int nr, __m512i *p, float *d) { repack(K_Q4_0, w, rg, nr, p, d); }
+static void repack_q5_0(const kvc_weight *w, int64_t rg, int nr, __m512i *p, float *d) { repack(K_Q5_0, w, rg, nr, p, d); }
+
+/* Bytes of the repacked group in scratch (the scales follow). */
+static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * 8 * 64; }
+
+static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                        int64_t r0, int64_t r1, float *scratch)
+{
+    const int kind = w->type == KVC_TYPE_Q8_0 ? K_Q8_0 : w->type == KVC_TYPE_Q4_0 ? K_Q4_0 : K_Q5_0;
+    void (*const repack_fn)(const kvc_weight *, int64_t, int, __m512i *, float *) =
+        kind == K_Q8_0 ? repack_q8_0 : kind == K_Q4_0 ? repack_q4_0 : repack_q5_0;
+    const int64_t nb = w->n_in / 32;
+    const size_t as = kvc_i8_act_row_bytes(w->n_in);
+    __m512i *pack = (__m512i *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *dsc = (float *)(void *)((uint8_t *)pack + pack_bytes(w->n_in));
+    for (int64_t rg = r0; rg < r1; rg += GR) {
+        const int nr = (int)KVC_MIN(GR, r1 - rg);
+        const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+        repack_fn(w, rg, nr, pack, dsc);
+        for (int64_t t0 = 0; t0 < n_tok; t0 += PT) {
+            const int T = (int)KVC_MIN(PT, n_tok - t0);
+            __m512 acc[PT];
+            pass_fns[kind][T - 1](pack, dsc, nb, act + (size_t)t0 * as, as, w->n_in, acc);
+            for (int t = 0; t < T; t++)
+                _mm512_mask_storeu_ps(y + (t0 + t) * ldy + rg, keep, acc[t]);
+        }
+    }
+}
+
+#define PREFILL_MIN_TOK 4   /* from this many tokens on, repacking pays */
+
+void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                         int64_t r0, int64_t r1, float *scratch)
+{
+    if (n_tok >= PREFILL_MIN_TOK)
+        prefill_act(w, act, n_tok, y, ldy, r0, r1, scratch);
+    else
+        decode_act(w, act, n_tok, y, ldy, r0, r1);
+}
+
+/* ------------------------------------------------------------ entry point */
+
+/* The repacked group and its scales, then TB_ACT quantized tokens. */
+size_t kvc_vnni_scratch_floats(int64_t n_in)
+{
+    if (n_in <= 0 || n_in % 32 != 0)
+        return 16;
+    size_t bytes = pack_bytes(n_in) + (size_t)n_in / 32 * GR * sizeof(float) +
+                   TB_ACT * kvc_i8_act_row_bytes(n_in) + 128;
+    return bytes / sizeof(float) + 16;
+}
+
+void kvc_vnni_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                          int64_t ldy, int64_t r0, int64_t r1, float *scratch)
+{
+    if (!kvc_vnni_type_ok(w->type)) {
+        kvc_kernels_avx512.matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+        return;
+    }
+    uint8_t *act = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63) + pack_bytes(w->n_in) +
+                   (size_t)w->n_in / 32 * GR * sizeof(float);
+    act = (uint8_t *)(((uintptr_t)act + 63) & ~(uintptr_t)63);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += TB_ACT) {
+        const int64_t nt = KVC_MIN(TB_ACT, n_tok - t0);
+        kvc_vnni_quantize_rows(x + t0 * ldx, ldx, w->n_in, nt, 0, nt, act);
+        kvc_vnni_matmul_act(w, act, nt, y + t0 * ldy, ldy, r0, r1, scratch);
+    }
+}
