@@ -377,7 +377,9 @@ static void test_cancel(void)
     if (ev.type == KVC_EVENT_DONE) {
         CHECKF(strcmp(ev.stats.finish_reason, "cancelled") == 0, "finish %s",
                ev.stats.finish_reason);
-        CHECKF(ev.stats.output_tokens < 200, "a cancelled request generated %d tokens",
+        /* not a count that depends on how fast the client read its events:
+         * the engine may run ahead of a slow reader; it must not finish */
+        CHECKF(ev.stats.output_tokens < 1500, "a cancelled request generated all %d tokens",
                ev.stats.output_tokens);
     }
     kvc_event_clear(&ev);
