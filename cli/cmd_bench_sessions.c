@@ -11,6 +11,7 @@
  * (p50, p99, queueing included), aggregate decode tokens/s (tokens generated
  * by all conversations / wall time), tokens per forward pass. Greedy, so the
  * two runs must give the same replies (checked). */
+#include <ftw.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,9 @@ static const char help[] =
     "  --system-tokens N   tokens of the shared system prompt (default 500)\n"
     "  --turn-tokens N     tokens of each user message (default 40)\n"
     "  --reply-tokens N    tokens per reply (default 32)\n"
-    "  --kv-budget MIB     KV budget of both runs (default: every conversation's full length)\n";
+    "  --kv-budget MIB     KV budget of both runs (default: every conversation's full length)\n"
+    "  --cache-disk MIB    a disk tier of that size for both runs (default: none; each run\n"
+    "                      starts from an empty directory, --cache-dir or a temporary one)\n";
 
 static const char *const words[] = {
     "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
@@ -72,6 +75,8 @@ typedef struct workload {
     int32_t     n_conv, turns, reply_tokens;
     char       *system;
     char      **user;          /* [n_conv * turns] */
+    cli_cache   cache;         /* the disk tier (disk_mib 0: none) */
+    const char *model_path;
 } workload;
 
 typedef struct conv_run {
@@ -141,6 +146,11 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    return remove(path);
+}
+
 static run_result run(const workload *w, const cli_common *c, int32_t n_parallel, int64_t budget)
 {
     run_result res = { 0 };
@@ -150,12 +160,22 @@ static run_result run(const workload *w, const cli_common *c, int32_t n_parallel
     ep.n_threads = c->n_threads;
     ep.kv_type = c->kv_type;
     ep.kv_budget_mib = budget;
+    char tmp[] = "/tmp/kvchat-bench-disk-XXXXXX";
+    bool own_dir = false;
+    if (w->cache.disk_mib > 0) {             /* an empty tier: nothing from earlier runs */
+        ep.cache_disk_mib = w->cache.disk_mib;
+        own_dir = !w->cache.dir && mkdtemp(tmp);
+        ep.cache_dir = w->cache.dir ? w->cache.dir : own_dir ? tmp : NULL;
+        ep.model_path = w->model_path;
+    }
     ep.n_parallel = n_parallel;
     ep.max_queue = w->n_conv + 1;
     kvc_engine *e = NULL;
     char err[512];
     if (kvc_engine_new(w->m, &ep, &e, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat bench sessions: %s\n", err);
+        if (own_dir)
+            nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
         return res;
     }
     int32_t total = w->n_conv * w->turns;
@@ -196,6 +216,8 @@ static run_result run(const workload *w, const cli_common *c, int32_t n_parallel
     free(cr);
     free(th);
     kvc_engine_free(e);
+    if (own_dir)
+        nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return res;
 }
 
@@ -227,6 +249,7 @@ int cmd_bench_sessions(int argc, char **argv)
 {
     cli_common c;
     cli_common_init(&c);
+    cli_cache cache = { NULL, 0 };           /* no disk tier unless asked */
     int64_t n_conv = 16, turns = 8, sys_tokens = 500, turn_tokens = 40, reply_tokens = 32;
     int64_t budget = 0;
     for (int i = 1; i < argc; i++) {
@@ -235,7 +258,9 @@ int cmd_bench_sessions(int argc, char **argv)
             printf("%s\nOptions:\n%s", help, cli_common_help);
             return 0;
         }
-        int r = cli_parse_common(&c, argc, argv, &i);
+        int r = cli_parse_cache(&cache, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_common(&c, argc, argv, &i);
         if (r < 0)
             return 2;
         if (r > 0)
@@ -256,7 +281,8 @@ int cmd_bench_sessions(int argc, char **argv)
     kvc_model *m = cli_load_model(&c);
     if (!m)
         return 1;
-    workload w = { m, (int32_t)n_conv, (int32_t)turns, (int32_t)reply_tokens, NULL, NULL };
+    workload w = { m, (int32_t)n_conv, (int32_t)turns, (int32_t)reply_tokens, NULL, NULL, cache,
+                   cli_model_path(&c) };
     w.system = text_of(m, sys_tokens, 0);
     w.user = calloc((size_t)(n_conv * turns), sizeof(char *));
     for (int64_t i = 0; i < n_conv * turns; i++)
