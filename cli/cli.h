@@ -39,11 +39,18 @@ extern const char cli_sampling_help[];
 bool cli_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool cli_float(const char *opt, const char *s, float *out);
 
-/* The disk tier of chat and serve: --cache-dir DIR, --cache-disk MIB. */
+/* The tiers of chat and serve: --cache-dir DIR, --cache-disk MIB, --cache-redis URL,
+ * --cache-redis-password PW, --cache-redis-timeout MS. */
 typedef struct cli_cache {
     const char *dir;            /* NULL = the library's default directory */
     int64_t     disk_mib;       /* 0 = off; default KVC_DISK_DEFAULT_MIB */
+    const char *redis;          /* --cache-redis URL; NULL = no shared tier */
+    const char *redis_password; /* --cache-redis-password; NULL = the URL's */
+    int64_t     redis_timeout_ms;  /* --cache-redis-timeout; 0 = the library's (200) */
 } cli_cache;
+
+/* Print a warning of the Redis tier on stderr (kvc_engine_params.cache_warn). */
+void cli_cache_warn(void *user, const char *msg);
 
 void cli_cache_init(cli_cache *c);
 /* Same return as cli_parse_common. */

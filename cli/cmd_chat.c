@@ -365,10 +365,13 @@ int cmd_chat(int argc, char **argv)
     kvc_model *m = cli_load_model(&o.c);
     kvc_context *ctx = m ? cli_new_context(&o.c, m, 1) : NULL;
     char err[512];
-    if (ctx && cache.disk_mib > 0 && !o.no_cache &&
-        kvc_context_enable_disk(ctx, cli_model_path(&o.c), cache.dir, cache.disk_mib, err,
-                                sizeof(err)) != KVC_OK)
-        fprintf(stderr, "kvchat chat: the disk cache is off: %s\n", err);
+    if (ctx && (cache.disk_mib > 0 || cache.redis) && !o.no_cache &&
+        (cache.redis ? kvc_context_enable_redis(ctx, cli_model_path(&o.c), cache.dir,
+                                                cache.disk_mib, cache.redis,
+                                                cache.redis_password, err, sizeof(err))
+                     : kvc_context_enable_disk(ctx, cli_model_path(&o.c), cache.dir,
+                                               cache.disk_mib, err, sizeof(err))) != KVC_OK)
+        fprintf(stderr, "kvchat chat: the cache tiers are off: %s\n", err);
     kvc_session *s = ctx ? kvc_session_new(ctx, 0, o.tmpl, err, sizeof(err)) : NULL;
     int rc = 1;
     if (ctx && !s)

@@ -295,6 +295,10 @@ int cmd_serve(int argc, char **argv)
     ep.kv_type = c.kv_type;
     ep.cache_disk_mib = cache.disk_mib;
     ep.cache_dir = cache.dir;
+    ep.cache_redis = cache.redis;
+    ep.cache_redis_password = cache.redis_password;
+    ep.cache_redis_timeout_ms = (int32_t)cache.redis_timeout_ms;
+    ep.cache_warn = cli_cache_warn;
     ep.model_path = cli_model_path(&c);
     sp.sampling = c.sampling;
     if (n_keys > 0)                          /* given keys replace $KVCHAT_API_KEY */

@@ -22,7 +22,12 @@ const char cli_cache_help[] =
     "      --cache-dir DIR     the disk tier's directory (default: $KVCHAT_CACHE/kv, else\n"
     "                          $XDG_CACHE_HOME/kvchat/kv, else ~/.cache/kvchat/kv)\n"
     "      --cache-disk MIB    the disk tier's size in MiB (default 4096; 0 = off): the KV\n"
-    "                          cache survives evictions and restarts\n";
+    "                          cache survives evictions and restarts\n"
+    "      --cache-redis URL   a shared tier in Redis behind the disk tier, so that\n"
+    "                          instances share their KV blocks:\n"
+    "                          redis://[[user]:password@]host[:port][/db]\n"
+    "      --cache-redis-password PW   Redis password (default: the URL's; env REDISCLI_AUTH)\n"
+    "      --cache-redis-timeout MS    bound on each Redis connect and command (default 200)\n";
 
 const char cli_sampling_help[] =
     "      --temp X            temperature; 0 = greedy (default 0)\n"
@@ -88,6 +93,16 @@ void cli_cache_init(cli_cache *c)
 {
     c->dir = NULL;
     c->disk_mib = KVC_DISK_DEFAULT_MIB;
+    c->redis = NULL;
+    const char *pw = getenv("REDISCLI_AUTH");     /* redis-cli's variable: not on a command line */
+    c->redis_password = pw && *pw ? pw : NULL;
+    c->redis_timeout_ms = 0;
+}
+
+void cli_cache_warn(void *user, const char *msg)
+{
+    (void)user;
+    fprintf(stderr, "kvchat: %s\n", msg);
 }
 
 int cli_parse_cache(cli_cache *c, int argc, char **argv, int *i)
@@ -102,6 +117,18 @@ int cli_parse_cache(cli_cache *c, int argc, char **argv, int *i)
         if (!(v = value(argc, argv, i)) || !cli_int(a, v, 0, INT64_MAX / (1 << 20), &n))
             return -1;
         c->disk_mib = n;
+    } else if (is(a, "--cache-redis", NULL)) {
+        if (!(v = value(argc, argv, i)))
+            return -1;
+        c->redis = v;
+    } else if (is(a, "--cache-redis-password", NULL)) {
+        if (!(v = value(argc, argv, i)))
+            return -1;
+        c->redis_password = v;
+    } else if (is(a, "--cache-redis-timeout", NULL)) {
+        if (!(v = value(argc, argv, i)) || !cli_int(a, v, 1, 600000, &n))
+            return -1;
+        c->redis_timeout_ms = n;
     } else {
         return 0;
     }

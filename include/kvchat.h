@@ -154,7 +154,14 @@ int  kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_con
  * fingerprint keeps other models' blocks apart). Call before the first
  * request. KVC_ERR_BUSY when another process uses the directory, KVC_ERR_IO. */
 int  kvc_context_enable_disk(kvc_context *ctx, const char *model_path, const char *dir,
-                             int64_t mib, char *err, size_t err_size);void kvc_context_free(kvc_context *ctx);
+                             int64_t mib, char *err, size_t err_size);
+/* The same (mib 0: no disk tier) with the shared tier in Redis behind it
+ * (DESIGN.md §5): `url` redis://[[user]:password@]host[:port][/db],
+ * `password` NULL = the URL's. Redis being down is no error: the tier is
+ * skipped until it is back. KVC_ERR_INVALID_ARG for a bad URL. */
+int  kvc_context_enable_redis(kvc_context *ctx, const char *model_path, const char *dir,
+                              int64_t mib, const char *url, const char *password,
+                              char *err, size_t err_size);void kvc_context_free(kvc_context *ctx);
 
 int32_t kvc_context_n_ctx(const kvc_context *ctx);
 int32_t kvc_context_n_batch(const kvc_context *ctx);
@@ -457,6 +464,14 @@ typedef struct kvc_engine_params {
                                    else ~/.cache/kvchat/kv */
     const char *model_path;     /* the model's file, fingerprinted so that no other model
                                    (or KV type) ever reads its blocks; needed with the tier */
+    /* the shared tier (DESIGN.md §5): the same blocks in Redis, behind the
+     * disk tier (or alone), for several instances */
+    const char *cache_redis;    /* redis://[[user]:password@]host[:port][/db]; NULL = none */
+    const char *cache_redis_password;   /* NULL = the URL's */
+    int32_t     cache_redis_timeout_ms; /* each connect and command; 0 = 200 */
+    /* told when the Redis tier is lost (once an outage) and back; NULL = nobody */
+    void      (*cache_warn)(void *user, const char *msg);
+    void       *cache_warn_user;
 } kvc_engine_params;
 
 kvc_engine_params kvc_engine_default_params(void);
@@ -573,6 +588,14 @@ typedef struct kvc_engine_metrics {
     int64_t  disk_bytes_budget;
     uint64_t disk_checksum_failures;   /* blocks found corrupt: discarded, recomputed */
     uint64_t disk_writes_dropped;      /* write-throughs dropped: the writer was behind */
+    /* the shared tier in Redis (issue 14); all 0 without one */
+    int32_t  redis_up;                 /* 1: connected now */
+    uint64_t redis_blocks_read;        /* blocks served from Redis (verified) */
+    uint64_t redis_blocks_written;
+    uint64_t redis_bytes_read, redis_bytes_written;
+    uint64_t redis_round_trips;
+    uint64_t redis_failures;           /* calls that failed: down, timeout, garbage */
+    uint64_t redis_checksum_failures;  /* values discarded and recomputed */
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);

@@ -184,26 +184,34 @@ void kvc_context_free(kvc_context *c)
     free(c);
 }
 
-int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
-                         kvc_err *err)
+int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
+                          const kvc_redis_store_params *redis, kvc_err *err)
 {
-    if (c->tiers || kvc_pc_n_nodes(c->pc) > 0 || mib < 0 || !model_path)
-        return kvc_fail(err, KVC_ERR_INVALID_ARG, "disk tier: %s",
+    if (c->tiers || kvc_pc_n_nodes(c->pc) > 0 || mib < 0 || !model_path || (!mib && !redis))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "cache tiers: %s",
                         !model_path ? "no model file to fingerprint"
                         : mib < 0   ? "negative size"
+                        : !mib && !redis ? "neither disk nor Redis"
                                     : "the context's cache is in use already");
     kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false };
     kvc_block_store *store = NULL;
     kvc_tiers *tiers = NULL;
     uint64_t fp = 0;
     char dirbuf[4096];
-    int rc = kvc_disk_store_open(&dp, &store, err);
-    if (!rc && !dir)
+    int rc = mib ? kvc_disk_store_open(&dp, &store, err) : KVC_OK;
+    if (!rc && mib && !dir)
         rc = kvc_cache_default_dir(dirbuf, sizeof(dirbuf), err);
-    if (!rc)
-        rc = kvc_model_fingerprint(model_path, dir ? dir : dirbuf, &fp, err);
+    if (!rc)   /* without a disk tier: computed at each start, not remembered */
+        rc = kvc_model_fingerprint(model_path, !mib ? NULL : dir ? dir : dirbuf, &fp, err);
     if (!rc)
         rc = kvc_pc_set_model(c->pc, fp, err);
+    if (!rc && redis) {                              /* Redis behind the disk */
+        kvc_redis_store_params rp = *redis;
+        rp.model_fp = fp;
+        kvc_block_store *local = store;
+        store = NULL;
+        rc = kvc_redis_store_open(&rp, local, &store, err);
+    }
     if (!rc)
         rc = kvc_tiers_new(c->pc, c->pool, store, 0, &tiers, err);
     if (rc) {
@@ -213,6 +221,24 @@ int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir
     c->store = store;
     c->tiers = tiers;
     return KVC_OK;
+}
+
+int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
+                         kvc_err *err)
+{
+    return kvc_context_set_tiers(c, model_path, dir, mib, NULL, err);
+}
+
+int kvc_context_enable_redis(kvc_context *c, const char *model_path, const char *dir,
+                             int64_t mib, const char *url, const char *password,
+                             char *err, size_t err_size)
+{
+    kvc_err e = { 0 };
+    kvc_redis_store_params rp = { .url = url, .password = password };
+    int rc = kvc_context_set_tiers(c, model_path, dir, mib, &rp, &e);
+    if (rc)
+        copy_err(&e, err, err_size);
+    return rc;
 }
 
 int kvc_context_enable_disk(kvc_context *c, const char *model_path, const char *dir,

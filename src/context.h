@@ -10,6 +10,7 @@
 #include "model.h"
 #include "prefix_cache.h"
 #include "tiers.h"
+#include "block_store_redis.h"
 
 struct kvc_context {
     kvc_model   *model;
@@ -31,7 +32,8 @@ struct kvc_context {
     int64_t      growth_reserve;/* blocks a turn's admission leaves free beside the
                                    promised ones, for running replies to grow into
                                    (the engine: one per running request) */
-    kvc_block_store *store;     /* the disk tier, or NULL (kvc_context_set_disk) */
+    kvc_block_store *store;     /* the disk tier (maybe continued into Redis), or NULL
+                                   (kvc_context_set_tiers) */
     kvc_tiers   *tiers;         /* the tree joined to it, or NULL */
     uint64_t     room_refused;  /* kvc_context_make_room calls that evicted nothing
                                    because eviction could not make the room */
@@ -46,6 +48,12 @@ struct kvc_context {
  * process holds the directory; KVC_ERR_IO), KVC_ERR_INVALID_ARG, NOMEM. */
 int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                          kvc_err *err);
+
+/* The same, with the disk tier optional (mib 0: none) and the shared tier in
+ * Redis behind it (redis NULL: none; its model_fp is filled in here). Redis
+ * being down is no error (block_store_redis.h). */
+int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
+                          const kvc_redis_store_params *redis, kvc_err *err);
 
 /* Evict least recently used unreferenced blocks from the prefix tree until
  * n_free blocks are free, only when that is enough (the tree knows how many it

@@ -49,7 +49,7 @@ static void make_blk(blk *b, uint64_t hash)
 {
     for (int i = 0; i < B; i++)
         b->tokens[i] = (int32_t)(mix(hash + (uint64_t)i) % 150000);
-    b->d = (kvc_block_desc){ hash, mix(hash ^ 0xabcdef), B, b->tokens };
+    b->d = (kvc_block_desc){ hash, mix(hash ^ 0xabcdef), B, b->tokens, 0 };
     uint64_t x = hash | 1;
     for (size_t i = 0; i < KV_BYTES; i += 8) {
         x = mix(x);

@@ -120,3 +120,62 @@ int kvc_model_fingerprint(const char *path, const char *dir, uint64_t *out, kvc_
     }
     return KVC_OK;
 }
+
+/* ------------------------------------------------------------ the record */
+
+#define RECORD_MAGIC   0x31304b4c4243564bull   /* "KVCBLK01", as the disk files */
+#define RECORD_VERSION 1
+
+typedef struct record_header {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t n_tokens;
+    uint64_t hash;
+    uint64_t parent;
+    uint64_t kv_bytes;
+    uint64_t payload_xxh;   /* XXH3-64 of tokens, then K/V */
+    uint64_t reserved;      /* 0 */
+    uint64_t header_xxh;    /* XXH3-64 of the 56 bytes above */
+} record_header;
+_Static_assert(sizeof(record_header) == KVC_BLOCK_RECORD_HEADER, "the record header is 64 bytes");
+
+void kvc_block_record_write(const kvc_block_desc *d, const void *kv, size_t kv_bytes, void *out)
+{
+    uint8_t *p = out;
+    size_t tok_bytes = (size_t)d->n_tokens * sizeof(int32_t);
+    record_header h = { .magic = RECORD_MAGIC, .version = RECORD_VERSION,
+                        .n_tokens = (uint32_t)d->n_tokens, .hash = d->hash, .parent = d->parent,
+                        .kv_bytes = kv_bytes };
+    memcpy(p + sizeof(h), d->tokens, tok_bytes);
+    memcpy(p + sizeof(h) + tok_bytes, kv, kv_bytes);
+    h.payload_xxh = XXH3_64bits(p + sizeof(h), tok_bytes + kv_bytes);
+    h.header_xxh = XXH3_64bits(&h, offsetof(record_header, header_xxh));
+    memcpy(p, &h, sizeof(h));
+}
+
+int kvc_block_record_read(const void *rec, size_t size, const kvc_block_desc *d, void *kv,
+                          size_t kv_bytes, kvc_err *err)
+{
+    const uint8_t *p = rec;
+    record_header h;
+    if (size < sizeof(h))
+        return kvc_fail(err, KVC_ERR_FORMAT, "block record: %zu bytes, shorter than a header",
+                        size);
+    memcpy(&h, p, sizeof(h));
+    if (h.magic != RECORD_MAGIC || h.version != RECORD_VERSION ||
+        h.header_xxh != XXH3_64bits(&h, offsetof(record_header, header_xxh)) ||
+        h.n_tokens == 0 || h.n_tokens > (1u << 20) ||
+        size != sizeof(h) + (uint64_t)h.n_tokens * 4 + h.kv_bytes)
+        return kvc_fail(err, KVC_ERR_FORMAT, "block record: bad header or size");
+    size_t tok_bytes = (size_t)h.n_tokens * sizeof(int32_t);
+    if (XXH3_64bits(p + sizeof(h), tok_bytes + h.kv_bytes) != h.payload_xxh)
+        return kvc_fail(err, KVC_ERR_FORMAT, "block record %016llx: checksum mismatch",
+                        (unsigned long long)h.hash);
+    if (h.hash != d->hash || h.parent != d->parent || h.n_tokens != (uint32_t)d->n_tokens ||
+        (kv && h.kv_bytes != kv_bytes) || memcmp(p + sizeof(h), d->tokens, tok_bytes) != 0)
+        return kvc_fail(err, KVC_ERR_NOT_FOUND, "block record %016llx: another block",
+                        (unsigned long long)h.hash);
+    if (kv)
+        memcpy(kv, p + sizeof(h) + tok_bytes, kv_bytes);
+    return KVC_OK;
+}

@@ -24,6 +24,8 @@ typedef struct kvc_block_desc {
     uint64_t       parent;    /* the parent's chain hash (depth 0: kvc_pc_ns_seed) */
     int32_t        n_tokens;  /* tokens per block, B */
     const int32_t *tokens;    /* [n_tokens] */
+    uint64_t       ns;        /* its cache namespace (covered by hash; named in shared
+                                 keys); 0 = the default */
 } kvc_block_desc;
 
 typedef struct kvc_bs_stats {
@@ -37,6 +39,15 @@ typedef struct kvc_bs_stats {
     uint64_t checksum_failures;   /* blocks discarded at get: checksum, size or header */
     uint64_t discarded_at_load;   /* entries dropped when the index was rebuilt */
     uint64_t evictions;           /* blocks removed to stay under the budget */
+    /* a shared tier behind this store (Redis, block_store_redis.h); all 0
+     * without one */
+    int32_t  shared_up;           /* 1: connected now; 0: not (down, or never tried) */
+    uint64_t shared_blocks_read;  /* blocks it served (verified) */
+    uint64_t shared_blocks_written;
+    uint64_t shared_bytes_read, shared_bytes_written;
+    uint64_t shared_round_trips;  /* pipelines sent (one per call) */
+    uint64_t shared_failures;     /* calls that failed: refused, timed out, garbage */
+    uint64_t shared_checksum_failures;   /* values discarded: bad checksum or header */
 } kvc_bs_stats;
 
 /* Called for each stored block; return false to stop. It must not change the
@@ -57,6 +68,9 @@ typedef struct kvc_block_store_ops {
     void (*iterate)(kvc_block_store *bs, kvc_bs_iter_fn fn, void *user);
     void (*stats)(kvc_block_store *bs, kvc_bs_stats *st);
     void (*close)(kvc_block_store *bs);
+    /* optional (NULL: none): make a run of blocks ready to get, e.g. fetched
+     * from a remote tier in one round trip; see kvc_bs_prefetch */
+    int64_t (*prefetch)(kvc_block_store *bs, const kvc_block_desc *run, int64_t n);
 } kvc_block_store_ops;
 
 struct kvc_block_store {
@@ -108,12 +122,49 @@ static inline void kvc_bs_stats_get(kvc_block_store *bs, kvc_bs_stats *st)
     bs->ops->stats(bs, st);
 }
 
+/* How many leading blocks of run[0, n) (a chain: each one's parent is the
+ * previous one's hash) the store can give now, after readying them where that
+ * helps (a remote store fetches the run in one round trip and keeps what it
+ * got until the next prefetch). A store without the op: those it contains. */
+static inline int64_t kvc_bs_prefetch(kvc_block_store *bs, const kvc_block_desc *run, int64_t n)
+{
+    if (bs->ops->prefetch)
+        return bs->ops->prefetch(bs, run, n);
+    int64_t k = 0;
+    while (k < n && kvc_bs_contains(bs, run[k].hash))
+        k++;
+    return k;
+}
+
 /* Close the store and free it. NULL ok. */
 static inline void kvc_bs_close(kvc_block_store *bs)
 {
     if (bs)
         bs->ops->close(bs);
 }
+
+/* ------------------------------------------------------------ the record */
+
+/* A stored block as every backend keeps it (a disk file, a Redis value): a
+ * 64-byte header (magic "KVCBLK01", the hash, parent, sizes, the payload's
+ * XXH3-64 and the header's own), the tokens (int32), the K/V. */
+#define KVC_BLOCK_RECORD_HEADER 64
+
+static inline size_t kvc_block_record_size(int32_t n_tokens, size_t kv_bytes)
+{
+    return KVC_BLOCK_RECORD_HEADER + (size_t)n_tokens * sizeof(int32_t) + kv_bytes;
+}
+
+/* Write d's record with its K/V into out (kvc_block_record_size bytes). */
+void kvc_block_record_write(const kvc_block_desc *d, const void *kv, size_t kv_bytes, void *out);
+
+/* Check the record rec[0, size) against d and copy its K/V into kv
+ * (kv_bytes); kv NULL: only check it (kv_bytes is then not compared).
+ * KVC_OK; KVC_ERR_FORMAT when it is not a whole record or its checksums fail
+ * (corrupt); KVC_ERR_NOT_FOUND when it is a sound record of another block
+ * (parent, tokens or sizes differ). kv is undefined after a failure. */
+int  kvc_block_record_read(const void *rec, size_t size, const kvc_block_desc *d, void *kv,
+                           size_t kv_bytes, kvc_err *err);
 
 /* ------------------------------------------------------------ disk backend */
 

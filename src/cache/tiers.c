@@ -9,7 +9,7 @@
 /* A block on its way down: a copy, so the writer never reads the pool. */
 typedef struct slot {
     struct slot *next;        /* in the queue, or in the spare list */
-    uint64_t hash, parent;
+    uint64_t hash, parent, ns;
     int32_t *tokens;          /* [B] */
     uint8_t *kv;              /* [block_bytes] */
 } slot;
@@ -73,7 +73,7 @@ static void *writer_main(void *arg)
             break;                                   /* stop, and nothing left */
         slot *s = t->head;
         pthread_mutex_unlock(&t->q_mu);
-        kvc_block_desc d = { s->hash, s->parent, t->B, s->tokens };
+        kvc_block_desc d = { s->hash, s->parent, t->B, s->tokens, s->ns };
         pthread_mutex_lock(&t->store_mu);
         int rc = kvc_bs_put(t->store, &d, s->kv, t->block_bytes, NULL);
         pthread_mutex_unlock(&t->store_mu);
@@ -133,7 +133,7 @@ static bool stored(kvc_tiers *t, uint64_t hash)
 
 static void desc_of(kvc_tiers *t, const kvc_pc_node *n, kvc_block_desc *d)
 {
-    *d = (kvc_block_desc){ n->hash, kvc_pc_parent_hash(t->pc, n), t->B, n->tokens };
+    *d = (kvc_block_desc){ n->hash, kvc_pc_parent_hash(t->pc, n), t->B, n->tokens, n->ns };
 }
 
 /* Copy node's block into a free slot. false when none is left. */
@@ -157,6 +157,7 @@ static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
         s->next = NULL;
         s->hash = d.hash;
         s->parent = d.parent;
+        s->ns = d.ns;
         memcpy(s->tokens, n->tokens, (size_t)t->B * sizeof(int32_t));
         memcpy(s->kv, kvc_kv_block_data(t->pool, n->block), t->block_bytes);
         if (t->tail)
@@ -291,21 +292,45 @@ static uint64_t start_hash(kvc_tiers *t, uint64_t ns, const kvc_pc_match *m)
     return m->last == kvc_pc_root(t->pc) ? kvc_pc_ns_seed(t->pc, ns) : m->last->hash;
 }
 
+/* The store's part of a probe: the run of blocks i = from.. of tokens
+ * (chain hash h before it) that it can give, readied in one go (a remote
+ * store fetches them in one round trip: kvc_bs_prefetch). */
+static int64_t probe_store(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                           int64_t from, uint64_t h)
+{
+    int64_t len = n / t->B - from;
+    kvc_block_desc *run = len > 0 ? malloc((size_t)len * sizeof(*run)) : NULL;
+    if (!run)
+        return 0;
+    for (int64_t i = 0; i < len; i++) {
+        const int32_t *bt = tokens + (from + i) * t->B;
+        run[i] = (kvc_block_desc){ kvc_pc_chain_hash(t->pc, h, bt), h, t->B, bt, ns };
+        h = run[i].hash;
+    }
+    pthread_mutex_lock(&t->store_mu);
+    int64_t got = kvc_bs_prefetch(t->store, run, len);
+    pthread_mutex_unlock(&t->store_mu);
+    free(run);
+    return got;
+}
+
 int64_t kvc_tiers_probe(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
                         const kvc_pc_match *m)
 {
     if (m->pending)
         return 0;
     uint64_t h = start_hash(t, ns, m);
-    int64_t got = 0;
-    for (int64_t i = m->n_full; (i + 1) * t->B <= n; i++, got++) {
+    int64_t got = 0, i = m->n_full;
+    for (; (i + 1) * t->B <= n; i++, got++) {
         kvc_block_desc d = { kvc_pc_chain_hash(t->pc, h, tokens + i * t->B), h, t->B,
-                             tokens + i * t->B };
+                             tokens + i * t->B, ns };
         if (!queued(t, &d, NULL) && !stored(t, d.hash))
             break;
         h = d.hash;
     }
-    return got;
+    /* what neither the queue nor the store's index holds may still be
+     * fetched ahead (the shared tier: one round trip for the run) */
+    return got + probe_store(t, ns, tokens, n, i, h);
 }
 
 /* Read block d into pool block b: from the queue, else from the store. */
@@ -329,7 +354,7 @@ int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
     int64_t got = 0;
     for (int64_t i = m->n_full; got < max && (i + 1) * t->B <= n; i++) {
         const int32_t *bt = tokens + i * t->B;
-        kvc_block_desc d = { kvc_pc_chain_hash(t->pc, h, bt), h, t->B, bt };
+        kvc_block_desc d = { kvc_pc_chain_hash(t->pc, h, bt), h, t->B, bt, ns };
         int32_t b = kvc_kv_block_alloc(t->pool);
         if (b < 0)
             break;

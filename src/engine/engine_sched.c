@@ -107,6 +107,14 @@ void kvc_engine_update_gauges(kvc_engine *e)
         e->m.disk_bytes_used = (int64_t)bs.bytes_used;
         e->m.disk_bytes_budget = (int64_t)bs.budget;
         e->m.disk_checksum_failures = bs.checksum_failures + bs.discarded_at_load;
+        e->m.redis_up = bs.shared_up;
+        e->m.redis_blocks_read = bs.shared_blocks_read;
+        e->m.redis_blocks_written = bs.shared_blocks_written;
+        e->m.redis_bytes_read = bs.shared_bytes_read;
+        e->m.redis_bytes_written = bs.shared_bytes_written;
+        e->m.redis_round_trips = bs.shared_round_trips;
+        e->m.redis_failures = bs.shared_failures;
+        e->m.redis_checksum_failures = bs.shared_checksum_failures;
     }
     pthread_mutex_unlock(&e->mu);
 }

@@ -228,6 +228,32 @@ static void put_tiers(text *t, const kvc_engine_metrics *e)
            (double)e->disk_writes_dropped);
 }
 
+/* The shared tier in Redis (issue 14). */
+static void put_redis(text *t, const kvc_engine_metrics *e)
+{
+    metric(t, "kvchat_redis_up", "gauge", "1 while the Redis tier is connected.",
+           (double)e->redis_up);
+    metric(t, "kvchat_redis_tokens_total", "counter",
+           "Cached tokens served from the Redis tier (verified blocks x block size).",
+           (double)e->redis_blocks_read * (double)e->block_tokens);
+    metric(t, "kvchat_redis_blocks_read_total", "counter", "KV blocks read from Redis.",
+           (double)e->redis_blocks_read);
+    metric(t, "kvchat_redis_blocks_written_total", "counter", "KV blocks written to Redis.",
+           (double)e->redis_blocks_written);
+    metric(t, "kvchat_redis_read_bytes_total", "counter", "Bytes read from Redis.",
+           (double)e->redis_bytes_read);
+    metric(t, "kvchat_redis_written_bytes_total", "counter", "Bytes written to Redis.",
+           (double)e->redis_bytes_written);
+    metric(t, "kvchat_redis_round_trips_total", "counter",
+           "Commands or pipelines sent to Redis.", (double)e->redis_round_trips);
+    metric(t, "kvchat_redis_failures_total", "counter",
+           "Redis calls that failed (down, timed out, garbage): served without the tier.",
+           (double)e->redis_failures);
+    metric(t, "kvchat_redis_checksum_failures_total", "counter",
+           "Redis values found corrupt: deleted and recomputed, never used.",
+           (double)e->redis_checksum_failures);
+}
+
 char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
 {
     text t = { 0 };
@@ -246,6 +272,7 @@ char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
     if (e) {
         put_engine(&t, e);
         put_tiers(&t, e);
+        put_redis(&t, e);
     }
     put_histogram(&t, &c);
     put(&t, "# HELP kvchat_decode_tokens_per_second Decode speed: of the last request, "
