@@ -5,8 +5,10 @@ set -euo pipefail
 
 pkgs=(gcc clang cmake ninja-build pkg-config libpcre2-dev libxxhash-dev libcjson-dev
       libmicrohttpd-dev libedit-dev
-      python3-jinja2        # the reference renderer of test_jinja (run with /usr/bin/python3)
-      python3-jsonschema)   # test_grammar_schema checks its outputs with it too
+      python3-jinja2                 # the reference renderer of test_jinja (/usr/bin/python3)
+      python3-jsonschema             # test_grammar_schema checks its outputs with it too
+      libhiredis-dev                 # the shared KV tier in Redis
+      redis-server haproxy curl)     # its tests, and deploy/cluster.sh
 
 missing=()
 for p in "${pkgs[@]}"; do
