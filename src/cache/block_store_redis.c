@@ -56,6 +56,8 @@ static void tell(redis_store *rs, const char *fmt, ...)
 /* A call failed: drop the connection, leave Redis alone for retry_us, count. */
 static void failed(redis_store *rs, const char *what)
 {
+    char why[160];
+    snprintf(why, sizeof(why), "%s", what);       /* it may be rs->c's, freed next */
     if (rs->c)
         redisFree(rs->c);
     rs->c = NULL;
@@ -64,22 +66,41 @@ static void failed(redis_store *rs, const char *what)
     rs->next_try_us = kvc_time_us() + rs->retry_us;
     if (!rs->warned)
         tell(rs, "the Redis tier at %s is unavailable (%s): serving without it, retrying "
-                 "every %lld ms", rs->url, what, (long long)(rs->retry_us / 1000));
+                 "every %lld ms", rs->url, why, (long long)(rs->retry_us / 1000));
     rs->warned = true;
+}
+
+static redisContext *conn(redis_store *rs);
+
+/* The connection broke (EOF or an I/O error), as it does on its first use
+ * after Redis restarted: reconnect at once, so that the caller may try its
+ * call once more (a timeout may so cost twice the bound, no more). */
+static bool reconnect_now(redis_store *rs)
+{
+    if (!rs->c || (rs->c->err != REDIS_ERR_EOF && rs->c->err != REDIS_ERR_IO))
+        return false;
+    redisFree(rs->c);
+    rs->c = NULL;
+    rs->next_try_us = 0;
+    return conn(rs) != NULL;
 }
 
 /* One command on the connection; a reply of the wrong kind is a failure.
  * NULL when it failed (already counted). */
 static redisReply *command(redis_store *rs, int want, const char *fmt, ...)
 {
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     redisReply *r = redisvCommand(rs->c, fmt, ap);
+    if (!r && reconnect_now(rs))
+        r = redisvCommand(rs->c, fmt, again);
+    va_end(again);
     va_end(ap);
     rs->st.shared_round_trips++;
     if (!r || r->type != want) {
         char what[160];
-        snprintf(what, sizeof(what), "%s", !r ? rs->c->errstr
+        snprintf(what, sizeof(what), "%s", !r ? (rs->c ? rs->c->errstr : "connection lost")
                                           : r->type == REDIS_REPLY_ERROR ? r->str
                                                                          : "unexpected reply");
         if (r)
@@ -243,6 +264,48 @@ static int redis_get(kvc_block_store *bs, const kvc_block_desc *d, void *kv, siz
     return rc;
 }
 
+/* GET every block of run[0, n) in one pipeline (every command sent, then
+ * every reply read); the leading run of sound values is staged. Returns its
+ * length, or -1 when the connection broke or answered garbage (nothing
+ * staged). *bad: the index of a corrupt value that ended the run, or -1. */
+static int64_t pipeline_get(redis_store *rs, const kvc_block_desc *run, int64_t n, int64_t *bad)
+{
+    char key[64];
+    for (int64_t i = 0; i < n; i++) {
+        key_of(rs, &run[i], key);
+        redisAppendCommand(rs->c, "GET %s", key);
+    }
+    rs->st.shared_round_trips++;
+    int64_t got = 0;
+    bool broken = false;
+    *bad = -1;
+    for (int64_t i = 0; i < n; i++) {
+        void *rv = NULL;
+        if (redisGetReply(rs->c, &rv) != REDIS_OK || !rv) {
+            broken = true;                 /* the rest of the replies are lost with it */
+            break;
+        }
+        redisReply *r = rv;
+        bool more = got == i && *bad < 0;  /* a run ends at its first gap */
+        if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_NIL)
+            broken = true;
+        int rc = more && r->type == REDIS_REPLY_STRING
+                     ? kvc_block_record_read(r->str, r->len, &run[i], NULL, 0, NULL)
+                     : KVC_ERR_NOT_FOUND;
+        if (more && rc == KVC_OK) {
+            rs->stage[rs->n_stage++] = (staged){ run[i].hash, r };
+            got++;
+            continue;
+        }
+        if (more && rc == KVC_ERR_FORMAT)
+            *bad = i;
+        freeReplyObject(r);
+    }
+    if (broken)
+        unstage(rs);
+    return broken ? -1 : got;
+}
+
 /* The run's blocks that the local store lacks, fetched with one pipeline
  * (every GET sent, then every reply read) and kept for their get until the
  * next prefetch. Returns how many leading blocks of the run can be given. */
@@ -256,40 +319,12 @@ static int64_t redis_prefetch(kvc_block_store *bs, const kvc_block_desc *run, in
     int64_t want = KVC_MIN(n - k, (int64_t)rs->max_run);
     if (want <= 0 || !conn(rs))
         return k;
-    char key[64];
-    for (int64_t i = 0; i < want; i++) {
-        key_of(rs, &run[k + i], key);
-        redisAppendCommand(rs->c, "GET %s", key);
-    }
-    rs->st.shared_round_trips++;
-    int64_t got = 0, bad = -1;                 /* bad: a corrupt value, deleted below */
-    bool broken = false;
-    for (int64_t i = 0; i < want; i++) {
-        void *rv = NULL;
-        if (redisGetReply(rs->c, &rv) != REDIS_OK || !rv) {
-            broken = true;                 /* the rest of the replies are lost with it */
-            break;
-        }
-        redisReply *r = rv;
-        const kvc_block_desc *d = &run[k + i];
-        bool more = got == i && bad < 0;   /* a run ends at its first gap */
-        if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_NIL)
-            broken = true;
-        int rc = more && r->type == REDIS_REPLY_STRING
-                     ? kvc_block_record_read(r->str, r->len, d, NULL, 0, NULL)
-                     : KVC_ERR_NOT_FOUND;
-        if (more && rc == KVC_OK) {
-            rs->stage[rs->n_stage++] = (staged){ d->hash, r };
-            got++;
-            continue;
-        }
-        if (more && rc == KVC_ERR_FORMAT)
-            bad = i;
-        freeReplyObject(r);
-    }
-    if (broken) {
+    int64_t bad = -1;                          /* a corrupt value, deleted below */
+    int64_t got = pipeline_get(rs, run + k, want, &bad);
+    if (got < 0 && reconnect_now(rs))
+        got = pipeline_get(rs, run + k, want, &bad);
+    if (got < 0) {
         failed(rs, rs->c && rs->c->err ? rs->c->errstr : "unexpected reply to GET");
-        unstage(rs);
         return k;
     }
     if (bad >= 0)
