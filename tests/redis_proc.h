@@ -85,6 +85,7 @@ static bool redis_proc_start(redis_proc *r, int port, bool *absent)
         return false;
     char ports[16];
     snprintf(ports, sizeof(ports), "%d", r->port);
+    fflush(NULL);                          /* the child must not write our buffers again */
     pid_t pid = fork();
     if (pid == 0) {
         freopen("/dev/null", "w", stdout);
