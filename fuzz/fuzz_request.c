@@ -106,7 +106,7 @@ static void check_output(const srv_request *r, const char *text)
     kvc_event done = { .type = KVC_EVENT_DONE, .text = (char *)text, .len = strlen(text) };
     done.stats.finish_reason = "stop";
     bool chat = r->kind == SRV_CHAT;
-    check_json(srv_response_json(r->kind, &id, &done), "choices",
+    check_json(srv_response_json(r->kind, &id, &done, 1, 1, NULL, false), "choices",
                chat ? "message\0content\0" : "text\0", text);
     check_json(srv_sse_text(r->kind, &id, text, strlen(text), r->include_usage), "choices",
                chat ? "delta\0content\0" : "text\0", text);
