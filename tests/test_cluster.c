@@ -70,20 +70,19 @@ static double metric(int port, const char *name)
     return v;
 }
 
-/* Wait until the instance has finished its background work and its writes
- * to Redis have stopped (3 polls 50 ms apart without change; at most 20 s):
- * a conversation's next turn comes after that in the tests. */
+/* Wait until the instance has finished its background work and written down
+ * what it queued (both read live; 3 polls in a row, 50 ms apart; at most
+ * 20 s): a conversation's next turn comes after that in the tests. A reply's
+ * blocks are queued, and its canonicalization counted, before its answer. */
 static bool settle(int port)
 {
     struct timespec nap = { 0, 50 * 1000 * 1000 };
-    double last = -2;
-    for (int i = 0, same = 0; i < 400; i++) {
-        double w = metric(port, "kvchat_redis_blocks_written_total");
-        bool idle = metric(port, "kvchat_background_pending") == 0;
-        same = idle && w == last ? same + 1 : 0;
-        if (same >= 3)
+    for (int i = 0, idle = 0; i < 400; i++) {
+        bool now = metric(port, "kvchat_background_pending") == 0 &&
+                   metric(port, "kvchat_tier_writes_pending") == 0;
+        idle = now ? idle + 1 : 0;
+        if (idle >= 3)
             return true;
-        last = w;
         nanosleep(&nap, NULL);
     }
     return false;

@@ -275,6 +275,7 @@ void kvc_tiers_stats_get(kvc_tiers *t, kvc_tiers_stats *st)
 {
     pthread_mutex_lock(&t->q_mu);
     *st = t->st;
+    st->writes_pending = (int32_t)t->count;
     pthread_mutex_unlock(&t->q_mu);
 }
 

@@ -34,6 +34,7 @@ typedef struct kvc_tiers_stats {
     uint64_t evictions_written;    /* evicted blocks sent down */
     uint64_t fetch_failures;       /* blocks the store listed but could not give */
     uint64_t write_failures;       /* puts that failed (the medium) */
+    int32_t  writes_pending;       /* blocks queued or being written, now */
 } kvc_tiers_stats;
 
 /* Join `pc` (over `pool`) to `store`; all three borrowed, and must outlive

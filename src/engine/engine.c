@@ -234,6 +234,7 @@ void kvc_engine_get_metrics(kvc_engine *e, kvc_engine_metrics *out)
     *out = e->m;
     out->queue_depth = e->queued;
     pthread_mutex_unlock(&e->mu);
+    kvc_engine_tier_gauges(e, out);
 }
 
 const char *kvc_engine_template(const kvc_engine *e) { return kvc_chat_template_describe(e->tmpl); }

@@ -81,6 +81,9 @@ void *kvc_engine_main(void *engine);
 int  kvc_engine_sessions_new(kvc_engine *e, kvc_err *err);
 void kvc_engine_sessions_free(kvc_engine *e);
 void kvc_engine_update_gauges(kvc_engine *e);
+/* The tiers' counters and gauges (disk, Redis) into m, read now: the tiers'
+ * writer moves them while the engine thread sleeps. Any thread. */
+void kvc_engine_tier_gauges(kvc_engine *e, kvc_engine_metrics *m);
 
 /* ------------------------------------------------------- background.c */
 

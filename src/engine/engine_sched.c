@@ -93,30 +93,36 @@ void kvc_engine_update_gauges(kvc_engine *e)
     e->m.block_tokens = kvc_kv_block_tokens(pool);
     e->m.block_bytes = (int64_t)e->block_bytes;
     e->m.room_refused = e->ctx->room_refused;
-    if (e->ctx->tiers) {
-        kvc_tiers_stats ts;
-        kvc_bs_stats bs;
-        kvc_tiers_stats_get(e->ctx->tiers, &ts);
-        kvc_tiers_store_stats(e->ctx->tiers, &bs);
-        e->m.disk_blocks_read = ts.blocks_fetched;
-        e->m.disk_blocks_written = ts.blocks_written;
-        e->m.disk_writes_dropped = ts.writes_dropped;
-        e->m.disk_bytes_read = bs.bytes_read;
-        e->m.disk_bytes_written = bs.bytes_written;
-        e->m.disk_blocks = bs.n_blocks;
-        e->m.disk_bytes_used = (int64_t)bs.bytes_used;
-        e->m.disk_bytes_budget = (int64_t)bs.budget;
-        e->m.disk_checksum_failures = bs.checksum_failures + bs.discarded_at_load;
-        e->m.redis_up = bs.shared_up;
-        e->m.redis_blocks_read = bs.shared_blocks_read;
-        e->m.redis_blocks_written = bs.shared_blocks_written;
-        e->m.redis_bytes_read = bs.shared_bytes_read;
-        e->m.redis_bytes_written = bs.shared_bytes_written;
-        e->m.redis_round_trips = bs.shared_round_trips;
-        e->m.redis_failures = bs.shared_failures;
-        e->m.redis_checksum_failures = bs.shared_checksum_failures;
-    }
     pthread_mutex_unlock(&e->mu);
+}
+
+void kvc_engine_tier_gauges(kvc_engine *e, kvc_engine_metrics *m)
+{
+    kvc_tiers *t = e->ctx->tiers;
+    if (!t)
+        return;
+    kvc_tiers_stats ts;
+    kvc_bs_stats bs;
+    kvc_tiers_stats_get(t, &ts);
+    kvc_tiers_store_stats(t, &bs);
+    m->disk_blocks_read = ts.blocks_fetched;
+    m->disk_blocks_written = ts.blocks_written;
+    m->disk_writes_dropped = ts.writes_dropped;
+    m->tier_writes_pending = ts.writes_pending;
+    m->disk_bytes_read = bs.bytes_read;
+    m->disk_bytes_written = bs.bytes_written;
+    m->disk_blocks = bs.n_blocks;
+    m->disk_bytes_used = (int64_t)bs.bytes_used;
+    m->disk_bytes_budget = (int64_t)bs.budget;
+    m->disk_checksum_failures = bs.checksum_failures + bs.discarded_at_load;
+    m->redis_up = bs.shared_up;
+    m->redis_blocks_read = bs.shared_blocks_read;
+    m->redis_blocks_written = bs.shared_blocks_written;
+    m->redis_bytes_read = bs.shared_bytes_read;
+    m->redis_bytes_written = bs.shared_bytes_written;
+    m->redis_round_trips = bs.shared_round_trips;
+    m->redis_failures = bs.shared_failures;
+    m->redis_checksum_failures = bs.shared_checksum_failures;
 }
 
 /* The session for a request: its key's (NULL while another request of that

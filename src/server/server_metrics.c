@@ -223,6 +223,9 @@ static void put_tiers(text *t, const kvc_engine_metrics *e)
     metric(t, "kvchat_disk_checksum_failures_total", "counter",
            "Disk blocks found corrupt: discarded and recomputed, never used.",
            (double)e->disk_checksum_failures);
+    metric(t, "kvchat_tier_writes_pending", "gauge",
+           "KV blocks queued to be written down (disk, Redis), not yet written.",
+           (double)e->tier_writes_pending);
     metric(t, "kvchat_disk_writes_dropped_total", "counter",
            "Write-throughs dropped because the disk writer was behind.",
            (double)e->disk_writes_dropped);
