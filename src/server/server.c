@@ -34,6 +34,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,9 +107,11 @@ struct kvc_server {
     atomic_bool        stopping;
     atomic_uint_least64_t next_id;   /* response ids: a counter, mixed with id_salt */
     uint64_t           id_salt;
+    pthread_mutex_t    large_mu;     /* one large body rendered and tokenized at a time */
 };
 
-#define MAX_NAMESPACE 640     /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
+#define MAX_NAMESPACE 640
+#define LARGE_BODY    (1u << 20)  /* bytes: a body this large is tokenized one at a time */     /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
 
 enum route {
     ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
@@ -479,6 +482,23 @@ static kvc_request_params choice_params(const srv_request *rq, int i)
     return p;
 }
 
+
+/* Submit to the engine, which renders and tokenizes the prompt in this
+ * thread. A large body (over LARGE_BODY) waits for the others' turn first:
+ * tokenizing megabytes takes a core for a while, and several at once would
+ * take the cores the engine computes on (a stream's tokens would stall). */
+static kvc_request *submit(kvc_server *s, const conn *c, const kvc_request_params *p,
+                           int *status, char *err, size_t err_size)
+{
+    bool large = c->len > LARGE_BODY;
+    if (large)
+        pthread_mutex_lock(&s->large_mu);
+    kvc_request *r = kvc_engine_submit(s->engine, p, status, err, err_size);
+    if (large)
+        pthread_mutex_unlock(&s->large_mu);
+    return r;
+}
+
 /* n > 1 or a list of prompts: every choice submitted at once (they share the
  * prompt through the prefix tree), answered whole. */
 static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, const conn *c,
@@ -494,7 +514,7 @@ static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, con
         char err[512] = "";
         int status = KVC_ERR_NOMEM;
         kvc_request_params p = choice_params(rq, i);
-        if (!(r[i] = kvc_engine_submit(s->engine, &p, &status, err, sizeof(err))))
+        if (!(r[i] = submit(s, c, &p, &status, err, sizeof(err))))
             srv_error_from_status(&e, status, err);
     }
     for (; got < n && !e.http_status; got++) {
@@ -525,7 +545,7 @@ static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, con
     srv_error e;
     char err[512] = "";
     int status = KVC_ERR_NOMEM;
-    kvc_request *r = kvc_engine_submit(s->engine, &rq->params, &status, err, sizeof(err));
+    kvc_request *r = submit(s, c, &rq->params, &status, err, sizeof(err));
     if (!r) {
         srv_error_from_status(&e, status, err);
         return respond_error(s, mc, c, &e);
@@ -877,6 +897,7 @@ static void server_free(kvc_server *s)
     free(s->key_ns);
     free(s->model_name);
     free(s->cors);
+    pthread_mutex_destroy(&s->large_mu);
     free(s);
 }
 
@@ -912,6 +933,7 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->engine = engine;
     s->metrics = srv_metrics_new();
     s->model_name = strdup(p->model_name && *p->model_name ? p->model_name : "kvchat");
+    pthread_mutex_init(&s->large_mu, NULL);
     s->share_keys = p->share_cache_across_keys;
     bool keys_ok = add_keys(s, p);
     int64_t deadline_ms = (int64_t)(p->request_timeout_s > 0 ? p->request_timeout_s : 30) * 1000;
