@@ -79,7 +79,7 @@ static int tokenize_rendered(const kvc_model *m, const kvc_rendered *r, size_t l
         bool content = span < r->n_content && r->content[span].off <= pos;
         size_t end = content ? r->content[span].off + r->content[span].len
                    : span < r->n_content ? r->content[span].off : r->len;
-        end = KVC_MIN(end, len);
+        end = KVC_MAX(KVC_MIN(end, len), pos);   /* spans are sorted; never step back */
         bool after_special = first || (out->n > 0 && kvc_tokenizer_token_type(
             m->tok, out->v[out->n - 1]) != KVC_TOKEN_NORMAL);
         bool parse = !content || special_in_content;
