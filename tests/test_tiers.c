@@ -14,7 +14,12 @@
  *     disk.
  *  6. Through the engine: a conversation's turn, the engine freed (its
  *     writer finishes), a new engine on the same directory: the next turn
- *     finds its history on disk and answers as an engine without a disk. */
+ *     finds its history on disk and answers as an engine without a disk.
+ *  7. Tails: two sessions, three conversations taking turns. A session is
+ *     reset for the third; its full blocks stay in the tree, its last
+ *     partial block goes down (kvc_tiers_write_tail) and comes back: its next
+ *     turn has as many tokens cached as with a slot of its own, the tail's
+ *     from disk, and answers as a cold engine. */
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -240,10 +245,12 @@ static void test_through_then_evict(kvc_model *m, const int32_t *toks)
     kvc_context_free(cold);
 }
 
-/* One request through an engine; the reply (malloc'd) and its stats. */
-static char *ask(kvc_engine *e, const kvc_chat_message *msgs, size_t n, kvc_chat_stats *st)
+/* One request through an engine, of the conversation `key`; the reply
+ * (malloc'd) and its stats. */
+static char *ask_key(kvc_engine *e, const char *key, const kvc_chat_message *msgs, size_t n,
+                     kvc_chat_stats *st)
 {
-    kvc_request_params rp = { .messages = msgs, .n_messages = n, .session_key = "conv" };
+    kvc_request_params rp = { .messages = msgs, .n_messages = n, .session_key = key };
     rp.chat = kvc_chat_default_params();
     rp.chat.max_tokens = 12;
     char err[512];
@@ -264,6 +271,25 @@ static char *ask(kvc_engine *e, const kvc_chat_message *msgs, size_t n, kvc_chat
     }
     kvc_request_free(r);
     return reply;
+}
+
+static char *ask(kvc_engine *e, const kvc_chat_message *msgs, size_t n, kvc_chat_stats *st)
+{
+    return ask_key(e, "conv", msgs, n, st);
+}
+
+/* Wait until the engine has no background work left: the canonical tokens
+ * of the last reply are computed. */
+static bool wait_background(kvc_engine *e)
+{
+    for (int i = 0; i < 5000; i++) {
+        kvc_engine_metrics em;
+        kvc_engine_get_metrics(e, &em);
+        if (em.bg_pending == 0)
+            return true;
+        usleep(2000);
+    }
+    return false;
 }
 
 static void test_engine_restart(kvc_model *m, const char *model_path)
@@ -315,6 +341,68 @@ static void test_engine_restart(kvc_model *m, const char *model_path)
     free(cold);
 }
 
+/* Conversations A, B and C take turns (A1, B1, C1, A2) on an engine of one
+ * slot and `idle` sessions kept beside it (disk tier on when `disk`); A2's
+ * reply and stats. */
+static char *a_b_a(kvc_model *m, const char *model_path, int32_t idle, bool disk,
+                   kvc_chat_stats *st)
+{
+    char dir[600];
+    snprintf(dir, sizeof(dir), "%s/tails%d%d", tmpdir, idle, disk);
+    kvc_chat_message a[4] = { { "user", "Tell me about rivers and the stones they carry." },
+                              { "assistant", NULL }, { "user", "And the sea?" } };
+    kvc_chat_message b[1] = { { "user", "Something else entirely, about mountains." } };
+    kvc_chat_message c[1] = { { "user", "And now about the weather in the hills." } };
+    kvc_engine_params ep = kvc_engine_default_params();
+    ep.n_ctx = 512;
+    ep.n_threads = 1;
+    ep.n_parallel = 1;
+    ep.max_sessions = idle;
+    ep.cache_disk_mib = disk ? 16 : 0;
+    ep.cache_dir = dir;
+    ep.model_path = model_path;
+    kvc_engine *e = NULL;
+    char err[512];
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    if (!e)
+        return NULL;
+    kvc_chat_stats s1, s2;
+    char *r1 = ask_key(e, "A", a, 1, &s1);
+    CHECK(wait_background(e));
+    char *rb = ask_key(e, "B", b, 1, &s2);
+    CHECK(wait_background(e));
+    char *rc = ask_key(e, "C", c, 1, &s2);
+    CHECK(wait_background(e));
+    a[1].content = r1 ? r1 : "";
+    char *r2 = ask_key(e, "A", a, 3, st);
+    kvc_engine_free(e);
+    free(r1);
+    free(rb);
+    free(rc);
+    return r2;
+}
+
+static void test_engine_tails(kvc_model *m, const char *model_path)
+{
+    kvc_chat_stats own, spilled, cold;
+    char *r_own = a_b_a(m, model_path, 4, false, &own);     /* A keeps its session */
+    char *r_spill = a_b_a(m, model_path, 1, true, &spilled); /* C takes A's */
+    char *r_cold = a_b_a(m, model_path, 1, false, &cold);   /* A's tail is lost */
+    printf("  tails: A's next turn %d prompt tokens; cached %d with a slot of its own, %d "
+           "(%d from disk) reset with a disk tier, %d reset without\n", own.prompt_tokens,
+           own.cached_tokens, spilled.cached_tokens, spilled.cached_disk_tokens,
+           cold.cached_tokens);
+    CHECK(r_own && r_spill && r_cold && !strcmp(r_own, r_spill) && !strcmp(r_own, r_cold));
+    CHECKF(own.cached_tokens % 16 != 0, "the conversation ends on a block boundary (%d tokens): "
+           "no tail to test", own.cached_tokens);
+    CHECK_EQ_INT(spilled.cached_tokens, own.cached_tokens);
+    CHECK(spilled.cached_disk_tokens >= own.cached_tokens % 16);
+    CHECK(cold.cached_tokens < own.cached_tokens);
+    free(r_own);
+    free(r_spill);
+    free(r_cold);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_tiers_XXXXXX");
@@ -335,6 +423,7 @@ int main(void)
         test_evict_and_corrupt(m, toks);
         test_through_then_evict(m, toks);
         test_engine_restart(m, model_path);
+        test_engine_tails(m, model_path);
     }
     kvc_model_free(m);
     char cmd[300];

@@ -5,11 +5,13 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* A block on its way down: a copy, so the writer never reads the pool. */
 typedef struct slot {
     struct slot *next;        /* in the queue, or in the spare list */
     uint64_t hash, parent, ns;
+    int32_t  n_tokens;        /* B; fewer for a sequence's tail (kvc_tiers_write_tail) */
     int32_t *tokens;          /* [B] */
     uint8_t *kv;              /* [block_bytes] */
 } slot;
@@ -73,7 +75,7 @@ static void *writer_main(void *arg)
             break;                                   /* stop, and nothing left */
         slot *s = t->head;
         pthread_mutex_unlock(&t->q_mu);
-        kvc_block_desc d = { s->hash, s->parent, t->B, s->tokens, s->ns };
+        kvc_block_desc d = { s->hash, s->parent, s->n_tokens, s->tokens, s->ns };
         pthread_mutex_lock(&t->store_mu);
         int rc = kvc_bs_put(t->store, &d, s->kv, t->block_bytes, NULL);
         pthread_mutex_unlock(&t->store_mu);
@@ -106,8 +108,8 @@ static bool queued_locked(kvc_tiers *t, const kvc_block_desc *d, void *kv)
             continue;
         if (!kv)
             return true;
-        if (s->parent != d->parent ||
-            memcmp(s->tokens, d->tokens, (size_t)t->B * sizeof(int32_t)) != 0)
+        if (s->parent != d->parent || s->n_tokens != d->n_tokens ||
+            memcmp(s->tokens, d->tokens, (size_t)d->n_tokens * sizeof(int32_t)) != 0)
             return false;
         memcpy(kv, s->kv, t->block_bytes);
         return true;
@@ -136,11 +138,11 @@ static void desc_of(kvc_tiers *t, const kvc_pc_node *n, kvc_block_desc *d)
     *d = (kvc_block_desc){ n->hash, kvc_pc_parent_hash(t->pc, n), t->B, n->tokens, n->ns };
 }
 
-/* Copy node's block into a free slot. false when none is left. */
-static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
+/* Copy block d (its K/V in pool block `block`) into a free slot. false when
+ * none is left. */
+static bool enqueue_desc(kvc_tiers *t, const kvc_block_desc *dp, int32_t block)
 {
-    kvc_block_desc d;
-    desc_of(t, n, &d);
+    const kvc_block_desc d = *dp;
     pthread_mutex_lock(&t->q_mu);
     if (queued_locked(t, &d, NULL)) {
         pthread_mutex_unlock(&t->q_mu);
@@ -158,8 +160,9 @@ static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
         s->hash = d.hash;
         s->parent = d.parent;
         s->ns = d.ns;
-        memcpy(s->tokens, n->tokens, (size_t)t->B * sizeof(int32_t));
-        memcpy(s->kv, kvc_kv_block_data(t->pool, n->block), t->block_bytes);
+        s->n_tokens = d.n_tokens;
+        memcpy(s->tokens, d.tokens, (size_t)d.n_tokens * sizeof(int32_t));
+        memcpy(s->kv, kvc_kv_block_data(t->pool, block), t->block_bytes);
         if (t->tail)
             t->tail->next = s;
         else
@@ -171,6 +174,25 @@ static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
     }
     pthread_mutex_unlock(&t->q_mu);
     return ok;
+}
+
+static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
+{
+    kvc_block_desc d;
+    desc_of(t, n, &d);
+    return enqueue_desc(t, &d, n->block);
+}
+
+/* Write d at once (the queue is full and it would be lost otherwise). */
+static void put_now(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
+{
+    pthread_mutex_lock(&t->store_mu);
+    int rc = kvc_bs_put(t->store, d, kvc_kv_block_data(t->pool, block), t->block_bytes, NULL);
+    pthread_mutex_unlock(&t->store_mu);
+    pthread_mutex_lock(&t->q_mu);
+    t->st.blocks_written += rc == KVC_OK;
+    t->st.write_failures += rc != KVC_OK;
+    pthread_mutex_unlock(&t->q_mu);
 }
 
 /* The tree evicts n: send it down unless the store has it; at once when the
@@ -185,15 +207,8 @@ static void on_evict(void *user, const kvc_pc_node *n)
     pthread_mutex_lock(&t->q_mu);
     t->st.evictions_written++;
     pthread_mutex_unlock(&t->q_mu);
-    if (enqueue(t, n))
-        return;
-    pthread_mutex_lock(&t->store_mu);
-    int rc = kvc_bs_put(t->store, &d, kvc_kv_block_data(t->pool, n->block), t->block_bytes, NULL);
-    pthread_mutex_unlock(&t->store_mu);
-    pthread_mutex_lock(&t->q_mu);
-    t->st.blocks_written += rc == KVC_OK;
-    t->st.write_failures += rc != KVC_OK;
-    pthread_mutex_unlock(&t->q_mu);
+    if (!enqueue(t, n))
+        put_now(t, &d, n->block);
 }
 
 /* -------------------------------------------------------------- lifetime */
@@ -416,4 +431,67 @@ int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node)
     }
     free(path);
     return sent;
+}
+
+/* ------------------------------------------------------------------ tails */
+
+/* A tail's key: its tokens' hash seeded with the parent's, apart from every
+ * full block's (a salted seed, and fewer than B tokens). */
+#define TAIL_SALT 0x7461696c5f6b7663ull              /* "tail_kvc" */
+
+static uint64_t tail_hash(uint64_t parent, const int32_t *tokens, int32_t k)
+{
+    return XXH3_64bits_withSeed(tokens, (size_t)k * sizeof(int32_t), parent ^ TAIL_SALT);
+}
+
+void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                          int32_t block)
+{
+    const int32_t k = (int32_t)(n % t->B);
+    if (k == 0)
+        return;
+    uint64_t h = kvc_pc_ns_seed(t->pc, ns);
+    for (int64_t i = 0; (i + 1) * t->B <= n; i++)
+        h = kvc_pc_chain_hash(t->pc, h, tokens + i * t->B);
+    const int32_t *tt = tokens + n - k;
+    kvc_block_desc d = { tail_hash(h, tt, k), h, k, tt, ns };
+    if (queued(t, &d, NULL) || stored(t, d.hash))
+        return;
+    pthread_mutex_lock(&t->q_mu);
+    t->st.tails_written++;
+    pthread_mutex_unlock(&t->q_mu);
+    if (!enqueue_desc(t, &d, block))
+        put_now(t, &d, block);
+}
+
+int32_t kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                             const kvc_pc_match *m, int32_t min_len, int32_t *block)
+{
+    *block = -1;
+    if (m->pending)
+        return 0;
+    const int64_t from = (int64_t)m->n_full * t->B;
+    const uint64_t h = start_hash(t, ns, m);
+    const int32_t *tt = tokens + from;
+    for (int32_t k = (int32_t)KVC_MIN(t->B - 1, n - from); k > min_len; k--) {
+        kvc_block_desc d = { tail_hash(h, tt, k), h, k, tt, ns };
+        if (!queued(t, &d, NULL) && !stored(t, d.hash))
+            continue;
+        int32_t b = kvc_kv_block_alloc(t->pool);
+        if (b < 0)
+            return 0;
+        if (!read_into(t, &d, b)) {
+            kvc_kv_block_unref(t->pool, b);
+            pthread_mutex_lock(&t->q_mu);
+            t->st.fetch_failures++;
+            pthread_mutex_unlock(&t->q_mu);
+            continue;                                /* a shorter one may still be there */
+        }
+        pthread_mutex_lock(&t->q_mu);
+        t->st.tails_fetched++;
+        pthread_mutex_unlock(&t->q_mu);
+        *block = b;
+        return k;
+    }
+    return 0;
 }

@@ -34,6 +34,8 @@ typedef struct kvc_tiers_stats {
     uint64_t evictions_written;    /* evicted blocks sent down */
     uint64_t fetch_failures;       /* blocks the store listed but could not give */
     uint64_t write_failures;       /* puts that failed (the medium) */
+    uint64_t tails_written;        /* sequences' tails sent down (kvc_tiers_write_tail) */
+    uint64_t tails_fetched;        /* and read back into the pool */
     int32_t  writes_pending;       /* blocks queued or being written, now */
 } kvc_tiers_stats;
 
@@ -65,6 +67,24 @@ int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
  * to the first one the store holds already. Ready nodes only; a pending node
  * is skipped with its ancestors. Returns the number of blocks queued. */
 int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node);
+
+/* Tails. The tree holds full blocks only; the last, partial block of a
+ * sequence is its owner's. When an idle session lets its K/V go under
+ * pressure, its tail goes down as a block of its own, keyed by the chain hash
+ * before it and its k < B tokens (a key no full block has), so the next turn
+ * of that conversation reads it back instead of computing up to B - 1 tokens
+ * again.
+ *
+ * Send down the tail of tokens[0, n) (n % B of them; nothing when 0), whose
+ * K/V is in pool block `block` (copied now), in namespace ns. */
+void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                          int32_t block);
+/* The longest tail the store holds for tokens[0, n) after the match `m` (the
+ * full blocks before it: m->n_full of them), longer than min_len tokens: read
+ * into a newly allocated pool block, *block (the caller owns its reference;
+ * -1 when none). Returns its length in tokens, 0 when none. */
+int32_t kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                             const kvc_pc_match *m, int32_t min_len, int32_t *block);
 
 /* Wait until the writer has written everything queued. */
 void kvc_tiers_flush(kvc_tiers *t);

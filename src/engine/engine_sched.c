@@ -155,6 +155,7 @@ static session_slot *pick_slot(kvc_engine *e, const kvc_request *r)
     }
     if (best || !lru)
         return best;
+    kvc_session_spill_tail(lru->s);
     kvc_session_reset(lru->s);
     lru->s->ns = r->ns;
     free(lru->key);
@@ -204,6 +205,7 @@ static bool make_room(kvc_context *c, int64_t n_free, void *user)
         }
         if (!lru)
             return false;
+        kvc_session_spill_tail(lru->s);
         e->dropped += (uint64_t)kvc_session_drop_kv(lru->s);
     }
     return true;

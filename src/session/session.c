@@ -96,6 +96,16 @@ int64_t kvc_session_drop_kv(kvc_session *s)
     return kvc_kv_n_free(pool) - before;
 }
 
+void kvc_session_spill_tail(kvc_session *s)
+{
+    kvc_context *c = s->ctx;
+    const kvc_kv_seq *seq = &c->seqs[s->seq];
+    const int64_t B = kvc_kv_block_tokens(c->pool), kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
+    if (!c->tiers || s->cold || kv_len % B == 0 || (s->shifted >= 0 && s->shifted < kv_len))
+        return;
+    kvc_tiers_write_tail(c->tiers, s->ns, s->toks.v, kv_len, seq->blocks[kv_len / B]);
+}
+
 void kvc_session_reset(kvc_session *s)
 {
     kvc_session_drop_kv(s);

@@ -59,6 +59,8 @@ struct kvc_session {
                                       that was computed after one): blocks from
                                       shifted / B on differ from a cold run and never
                                       enter the prefix tree; -1 = none */
+    bool            cold;          /* its last turn was a cold run (no_cache): what it
+                                      holds is published nowhere */
 };
 
 /* ------------------------------------------------------------ session.c */
@@ -72,6 +74,13 @@ void kvc_session_keep(kvc_session *s, kvc_tokbuf *toks, int64_t n_prompt);
  * evicted) but keep its conversation: its next turn finds in the tree what is
  * still there. Returns the blocks freed. */
 int64_t kvc_session_drop_kv(kvc_session *s);
+
+/* Before its K/V goes (kvc_session_drop_kv, kvc_session_reset): send the
+ * sequence's last, partial block down to the tiers below RAM, where the tree's
+ * full blocks go too, so the conversation's next turn reads it back
+ * (kvc_tiers_write_tail). Nothing without tiers, after a cold turn, or where a
+ * context shift made the K/V differ from a cold run. */
+void kvc_session_spill_tail(kvc_session *s);
 
 /* Whether the session holds a conversation. */
 bool kvc_session_in_use(const kvc_session *s);

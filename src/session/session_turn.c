@@ -259,20 +259,24 @@ static void drop_pending(kvc_turn *t)
 }
 
 /* Give the sequence (which holds `own` tokens of its own, all matching) the
- * tree's blocks of the match m, up to `len` tokens. */
-static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int64_t own, int64_t len, kvc_err *err)
+ * tree's blocks of the match m, up to `len` tokens; its last block `tail` (a
+ * tail read from the store, fetch_tail) when not -1, else m's partial one. */
+static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int32_t tail, int64_t own, int64_t len,
+                       kvc_err *err)
 {
     kvc_context *c = t->s->ctx;
     kvc_kv_seq *seq = SEQ(t);
     const int64_t B = kvc_kv_block_tokens(c->pool);
     int32_t keep = (int32_t)(KVC_MIN(own, (int64_t)m->n_full * B) / B);
-    int32_t nb = m->n_full - keep + (m->partial ? 1 : 0);
+    int32_t nb = m->n_full - keep + (m->partial || tail >= 0 ? 1 : 0);
     int32_t *blocks = malloc((size_t)KVC_MAX(nb, 1) * sizeof(int32_t));
     if (!blocks)
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
     for (const kvc_pc_node *n = m->last; n->depth >= keep; n = n->parent)
         blocks[n->depth - keep] = n->block;
-    if (m->partial)
+    if (tail >= 0)
+        blocks[nb - 1] = tail;
+    else if (m->partial)
         blocks[nb - 1] = m->partial->block;
     kvc_kv_seq_truncate(c->pool, seq, (int64_t)keep * B);
     int rc = kvc_kv_seq_append_blocks(c->pool, seq, blocks, nb, err);
@@ -456,6 +460,36 @@ static int64_t fetch_disk(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn
     return got;
 }
 
+/* The conversation's tail, where it went down with its session's K/V
+ * (kvc_tiers_write_tail): read into a block of its own when it is longer than
+ * both the session's own match and the tree's partial one. Its length, its
+ * block in *block (a reference the caller owns; -1 when none). */
+static int32_t fetch_tail(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn room,
+                          void *user, int32_t *block)
+{
+    kvc_context *c = t->s->ctx;
+    const int64_t B = kvc_kv_block_tokens(c->pool), base = (int64_t)m->n_full * B;
+    const int64_t min_len = KVC_MAX(m->partial_len, own - base);
+    *block = -1;
+    if (min_len >= B - 1 || base + min_len >= t->n_fill)
+        return 0;
+    kvc_pc_pin(m->last);
+    kvc_pc_pin(m->partial);
+    if (kvc_kv_n_free(c->pool) - c->promised < 1 && room)
+        room(c, c->promised + 1, user);
+    int32_t k = kvc_kv_n_free(c->pool) - c->promised >= 1
+                    ? kvc_tiers_fetch_tail(c->tiers, t->s->ns, t->toks.v, t->n_fill, m,
+                                           (int32_t)KVC_MAX(min_len, 0), block)
+                    : 0;
+    kvc_pc_unpin(m->last);
+    kvc_pc_unpin(m->partial);
+    if (k > 0) {
+        m->partial = NULL;                   /* the tail is the longer */
+        m->partial_len = 0;
+    }
+    return k;
+}
+
 int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 {
     if (t->phase != KVC_TURN_NEW)
@@ -480,10 +514,14 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         if (m.pending)
             return KVC_TURN_WAIT_PREFIX;
     }
+    s->cold = !cache;                        /* what it will hold is not to be spilled */
     int64_t ram_end = (int64_t)m.n_full * B, disk = 0;
-    if (cache && c->tiers)
+    int32_t tail = -1, tail_len = 0;
+    if (cache && c->tiers) {
         disk = fetch_disk(t, &m, own, room, user);
-    int64_t tree = (int64_t)m.n_full * B + m.partial_len;
+        tail_len = fetch_tail(t, &m, own, room, user, &tail);
+    }
+    int64_t tree = (int64_t)m.n_full * B + KVC_MAX(m.partial_len, tail_len);
     int64_t matched = KVC_MAX(own, tree);
     if (matched >= n && t->kind != KVC_TURN_BACKGROUND)
         matched = n - 1;                     /* logits are needed: run the last token again */
@@ -510,6 +548,10 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
             matched = own + sh_k;
             m.partial = NULL;                /* the tree's partial block is of no use now */
             m.partial_len = 0;
+            if (tail >= 0)                   /* nor the tail */
+                kvc_kv_block_unref(c->pool, tail);
+            tail = -1;
+            tail_len = 0;
             /* what was shifted differs from a cold run: kept from the tree */
             s->shifted = s->shifted >= 0 && s->shifted < own ? s->shifted : own;
         }
@@ -537,6 +579,8 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
             if (s->shifted >= own)
                 s->shifted = -1;
         }
+        if (tail >= 0)                       /* still in the store for the next try */
+            kvc_kv_block_unref(c->pool, tail);
         kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: this request needs %lld more blocks of "
                  "%lld tokens; %lld are free, %lld promised to running requests",
                  (long long)need, (long long)B, (long long)kvc_kv_n_free(c->pool),
@@ -549,12 +593,14 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         t->moved = sh_k;
         kept_own = seq->n_tokens;
     } else if (tree > own) {
-        rc = attach_tree(t, &m, own, matched, &t->err);
+        rc = attach_tree(t, &m, tail, own, matched, &t->err);
         kept_own = KVC_MIN(own, (int64_t)m.n_full * B) / B * B;
     } else {
         kvc_kv_seq_truncate(c->pool, seq, matched);
         kept_own = matched;
     }
+    if (tail >= 0)                           /* the sequence holds it now, or let it go */
+        kvc_kv_block_unref(c->pool, tail);
     if (s->shifted >= kept_own)
         s->shifted = -1;
     if (s->shifted >= 0)
@@ -565,8 +611,8 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     if (t->n_preempted == 0)                 /* a resumed turn's stats are its first match's */
         t->matched = matched;
     /* what of the match the disk gave: past the session's own and RAM's */
-    if (disk > 0 && !sh_k && t->n_preempted == 0)
-        t->from_disk = KVC_MAX(0, KVC_MIN(matched, (int64_t)m.n_full * B) -
+    if ((disk > 0 || tail_len > 0) && !sh_k && t->n_preempted == 0)
+        t->from_disk = KVC_MAX(0, KVC_MIN(matched, (int64_t)m.n_full * B + tail_len) -
                                   KVC_MAX(own, ram_end));
     t->pub_off = !cache;
     t->phase = matched < n ? KVC_TURN_PREFILL : KVC_TURN_DONE;   /* DONE: a background
