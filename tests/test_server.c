@@ -540,6 +540,17 @@ static void test_hostile(void)
     strcpy(bigf + k + (1 << 20), "\"}");
     expect_error("1 MB model", post("/v1/chat/completions", bigf), 400, NULL, "model", "model");
     free(bigf);
+    /* A 1.5 MB prompt: parsed, rendered and tokenized on the bulk thread, and
+     * too long for the context */
+    size_t bn = 3 << 19;
+    char *bigp = malloc(bn + 128);
+    k = sprintf(bigp, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    while ((size_t)k < bn)
+        k += sprintf(bigp + k, "word%d ", k % 997);
+    strcpy(bigp + k, "\"}],\"max_tokens\":4}");
+    expect_error("1.5 MB prompt", post("/v1/chat/completions", bigp), 400,
+                 "context_length_exceeded", NULL, NULL);
+    free(bigp);
     unsigned seed = 1234;
     char junk[4096];
     for (int i = 0; i < 200; i++) {

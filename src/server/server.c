@@ -107,11 +107,12 @@ struct kvc_server {
     atomic_bool        stopping;
     atomic_uint_least64_t next_id;   /* response ids: a counter, mixed with id_salt */
     uint64_t           id_salt;
-    pthread_mutex_t    large_mu;     /* one large body rendered and tokenized at a time */
+    srv_bulk          *bulk;         /* where large bodies are parsed and tokenized */
 };
 
 #define MAX_NAMESPACE 640
-#define LARGE_BODY    (1u << 20)  /* bytes: a body this large is tokenized one at a time */     /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
+#define LARGE_BODY    (1u << 20)  /* bytes: a body this large is parsed and tokenized on the
+                                     bulk thread (server_bulk.c) */     /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
 
 enum route {
     ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
@@ -483,20 +484,33 @@ static kvc_request_params choice_params(const srv_request *rq, int i)
 }
 
 
-/* Submit to the engine, which renders and tokenizes the prompt in this
- * thread. A large body (over LARGE_BODY) waits for the others' turn first:
- * tokenizing megabytes takes a core for a while, and several at once would
- * take the cores the engine computes on (a stream's tokens would stall). */
+typedef struct submit_job {
+    kvc_server               *s;
+    const kvc_request_params *p;
+    int                      *status;
+    char                     *err;
+    size_t                    err_size;
+    kvc_request              *r;
+} submit_job;
+
+static void submit_now(void *arg)
+{
+    submit_job *j = arg;
+    j->r = kvc_engine_submit(j->s->engine, j->p, j->status, j->err, j->err_size);
+}
+
+/* Submit to the engine, which renders and tokenizes the prompt in the calling
+ * thread: a large body's on the bulk thread, whose work never takes a core
+ * the engine wants (a running stream's tokens would stall). */
 static kvc_request *submit(kvc_server *s, const conn *c, const kvc_request_params *p,
                            int *status, char *err, size_t err_size)
 {
-    bool large = c->len > LARGE_BODY;
-    if (large)
-        pthread_mutex_lock(&s->large_mu);
-    kvc_request *r = kvc_engine_submit(s->engine, p, status, err, err_size);
-    if (large)
-        pthread_mutex_unlock(&s->large_mu);
-    return r;
+    submit_job j = { s, p, status, err, err_size, NULL };
+    if (c->len > LARGE_BODY)
+        srv_bulk_run(s->bulk, submit_now, &j);
+    else
+        submit_now(&j);
+    return j.r;
 }
 
 /* n > 1 or a list of prompts: every choice submitted at once (they share the
@@ -600,8 +614,25 @@ static const char *namespace_of(const kvc_server *s, const conn *c, const srv_re
     return buf;
 }
 
+typedef struct parse_job {
+    kvc_server  *s;
+    const conn  *c;
+    int          kind;
+    srv_request *rq;
+    srv_error   *e;
+    int          rc;
+} parse_job;
+
+static void parse_now(void *arg)
+{
+    parse_job *j = arg;
+    j->rc = srv_request_parse(j->kind, j->c->body ? j->c->body : "", j->c->len, &j->s->lim,
+                              j->rq, j->e);
+}
+
 /* The last call for a completion POST (the whole body is in c): 413 when it
- * went past the limit, 400 when it does not validate, else run it. */
+ * went past the limit, 400 when it does not validate, else run it. A large
+ * body is parsed on the bulk thread. */
 static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *mc, conn *c)
 {
     srv_error e;
@@ -620,7 +651,12 @@ static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *m
     }
     srv_request rq;
     int kind = c->route == ROUTE_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT;
-    if (srv_request_parse(kind, c->body ? c->body : "", c->len, &s->lim, &rq, &e) != 0)
+    parse_job pj = { s, c, kind, &rq, &e, 0 };
+    if (c->len > LARGE_BODY)
+        srv_bulk_run(s->bulk, parse_now, &pj);
+    else
+        parse_now(&pj);
+    if (pj.rc != 0)
         return respond_error(s, mc, c, &e);
     free(c->body);   /* the parsed tree holds what is needed */
     c->body = NULL;
@@ -897,7 +933,7 @@ static void server_free(kvc_server *s)
     free(s->key_ns);
     free(s->model_name);
     free(s->cors);
-    pthread_mutex_destroy(&s->large_mu);
+    srv_bulk_free(s->bulk);
     free(s);
 }
 
@@ -933,7 +969,7 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->engine = engine;
     s->metrics = srv_metrics_new();
     s->model_name = strdup(p->model_name && *p->model_name ? p->model_name : "kvchat");
-    pthread_mutex_init(&s->large_mu, NULL);
+    s->bulk = srv_bulk_new();                /* NULL: large bodies on their own threads */
     s->share_keys = p->share_cache_across_keys;
     bool keys_ok = add_keys(s, p);
     int64_t deadline_ms = (int64_t)(p->request_timeout_s > 0 ? p->request_timeout_s : 30) * 1000;

@@ -104,6 +104,22 @@ void srv_guard_disarm(srv_conn *c);
 /* Connections open, and dropped for their deadline since the start. */
 void srv_guard_counts(srv_guard *g, int64_t *open, uint64_t *dropped);
 
+/* ==================================================== bulk (server_bulk.c) */
+
+/* One thread of the lowest CPU priority (SCHED_IDLE) that runs the heavy work
+ * of large bodies (parse, render, tokenize) one job at a time, so that it
+ * never takes a core the engine wants. */
+typedef struct srv_bulk srv_bulk;
+
+/* Start the thread. NULL when it cannot be started (srv_bulk_run then runs
+ * jobs on the caller's thread). */
+srv_bulk *srv_bulk_new(void);
+/* Run fn(arg) on the bulk thread, after the jobs queued before it, and wait
+ * until it is done. */
+void srv_bulk_run(srv_bulk *b, void (*fn)(void *), void *arg);
+/* Run what is queued, stop and join the thread, free. NULL ok. */
+void srv_bulk_free(srv_bulk *b);
+
 /* ============================================== requests (server_json.c) */
 
 enum srv_kind {
