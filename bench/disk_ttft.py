@@ -1,6 +1,7 @@
 # TTFT of the next turn from RAM, from disk (after kill -9 and a restart) and
 # recomputed, through `kvchat serve`, and whether the three replies agree.
-#   python3 bench/disk_ttft.py build/kvchat MODEL.gguf WORDS... (e.g. 270 1080: ~1k, ~4k tokens)
+#   python3 bench/disk_ttft.py build/kvchat MODEL.gguf WORDS... (e.g. 270 1080 4320: ~1k, ~4k,
+#   ~16k tokens; the context is sized to the history)
 import json, os, signal, subprocess, sys, time, urllib.request, shutil, random
 
 BIN = sys.argv[1]
@@ -9,8 +10,10 @@ PORT = 18231
 WORDS = ("river stone garden lamp quiet market silver window bread north candle forest "
          "letter harbor violet engine paper summer clock salt").split()
 
+CTX = 6144
+
 def start(cache_mib, cache_dir, extra=()):
-    args = [BIN, "serve", "-m", MODEL, "--port", str(PORT), "--parallel", "1", "-c", "6144",
+    args = [BIN, "serve", "-m", MODEL, "--port", str(PORT), "--parallel", "1", "-c", str(CTX),
             "-t", "2", "--cache-disk", str(cache_mib), "--cache-dir", cache_dir, *extra]
     log = open(os.environ.get("TMPDIR", "/tmp") + "/kvchat-disk-ttft.log", "a")
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
@@ -29,7 +32,7 @@ def chat(msgs, key="conv1"):
                        "prompt_cache_key": key}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{PORT}/v1/chat/completions", body,
                                  {"Content-Type": "application/json"})
-    r = json.loads(urllib.request.urlopen(req, timeout=600).read())
+    r = json.loads(urllib.request.urlopen(req, timeout=1800).read())
     return r["choices"][0]["message"]["content"], r["usage"], r["timings"]
 
 def metrics():
@@ -57,6 +60,8 @@ def stop(p, sig=signal.SIGTERM):
     p.wait()
 
 def run(n_words, seed):
+    global CTX
+    CTX = max(6144, (n_words * 4 + 2048) // 1024 * 1024)
     d = f"{os.environ.get('TMPDIR', '/tmp')}/kvchat-disk-ttft-{n_words}"
     shutil.rmtree(d, ignore_errors=True)
     c1 = conv(n_words, seed)
