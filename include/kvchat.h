@@ -517,8 +517,13 @@ typedef struct kvc_event {
     int            status;      /* ERROR: a KVC_ERR_* */
     char           message[512];/* ERROR: what went wrong */
     kvc_chat_stats stats;       /* DONE */
-    kvc_token_logprob *logprobs;/* DONE with chat.logprobs >= 0: one per reply token
-                                   (n_logprobs; malloc'd, freed by kvc_event_clear) */
+    kvc_token_logprob *logprobs;/* with chat.logprobs >= 0 (n_logprobs; malloc'd, freed
+                                   by kvc_event_clear): DONE, one per reply token; TEXT,
+                                   those of the tokens the piece carries: a piece ends
+                                   where a token ends, and the last one carries every
+                                   token it shows a part of. The pieces' lists are a
+                                   prefix of DONE's; what they lack (a stop string's
+                                   tokens) is only there */
     int32_t        n_logprobs;
     char          *tool_calls;  /* DONE with chat.parse_tool_calls and calls found: the
                                    OpenAI tool_calls array as JSON text ... */

@@ -204,7 +204,8 @@ typedef struct pieces {
     bool   valid;           /* every piece valid UTF-8 */
 } pieces;
 
-static bool collect(const char *text, size_t len, void *user)
+static bool collect(const char *text, size_t len, const kvc_token_logprob *lp, int32_t n_lp,
+                    void *user)
 {
     pieces *p = user;
     p->valid = p->valid && kvc_utf8_valid(text, len);

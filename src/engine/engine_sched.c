@@ -213,12 +213,13 @@ static bool make_room(kvc_context *c, int64_t n_free, void *user)
 
 /* ------------------------------------------------------------- requests */
 
-static bool on_text(const char *text, size_t len, void *user)
+static bool on_text(const char *text, size_t len, const kvc_token_logprob *lp, int32_t n_lp,
+                    void *user)
 {
     kvc_request *r = user;
     if (atomic_load(&r->cancelled))
         return false;
-    kvc_request_push(r, KVC_EVENT_TEXT, text, len, 0, NULL, NULL);
+    kvc_request_push_text(r, text, len, lp, n_lp);
     return true;
 }
 

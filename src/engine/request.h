@@ -63,6 +63,11 @@ kvc_request *kvc_request_new(const kvc_request_params *p);
 void kvc_request_push(kvc_request *r, int type, const char *text, size_t len, int status,
                       const char *message, const kvc_chat_stats *stats);
 
+/* A TEXT event: the piece text[0, len) and a copy of the logprobs lp[0, n_lp)
+ * of the tokens it carries (none when out of memory: DONE has them all). */
+void kvc_request_push_text(kvc_request *r, const char *text, size_t len,
+                           const kvc_token_logprob *lp, int32_t n_lp);
+
 /* kvc_request_push whose event also takes done's logprobs, tool_calls and
  * content (done may be NULL; its pointers are taken, or freed when out of
  * memory). */

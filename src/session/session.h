@@ -119,18 +119,29 @@ enum {
  * returns whether they are. */
 typedef bool (*kvc_room_fn)(kvc_context *ctx, int64_t n_free, void *user);
 
+/* A turn's stream: a piece of reply text and, when logprobs are asked for
+ * (params->logprobs >= 0), the logprobs of the reply tokens the piece carries
+ * (lp[0, n_lp), borrowed for the call; lp NULL when they are off). Such a
+ * piece ends where a token ends, and carries the tokens that end in it; the
+ * reply's last piece carries every token whose text it shows a part of. What
+ * no piece carries (a stop string's tokens, a separator before any text) is
+ * only in kvc_turn_take_logprobs's list, which has every token. Returns false
+ * to stop generating. */
+typedef bool (*kvc_turn_stream_fn)(const char *text, size_t len, const kvc_token_logprob *lp,
+                                   int32_t n_lp, void *user);
+
 /* A turn of session s on tokens[0, n) (copied). params are copied, but
  * params->stop is borrowed until kvc_turn_end. stream (may be NULL) gets the
  * reply text as it is generated, from kvc_turns_step, always valid UTF-8 (a
  * character split across tokens is held back; bytes that cannot form one
- * become U+FFFD); it returns false to stop. t_start: when the request arrived
+ * become U+FFFD). t_start: when the request arrived
  * (kvc_time_us). The session must have no other turn until kvc_turn_end.
  * Errors (nothing changed, *out NULL): KVC_ERR_INVALID_ARG (sampling, negative
  * max_tokens, no tokens), KVC_ERR_CONTEXT_LENGTH (prompt + max_tokens over the
  * context, with the sizes), KVC_ERR_KV_FULL (more than the whole KV pool could
  * ever hold), KVC_ERR_NOMEM. */
 int  kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n, int kind,
-                  const kvc_chat_params *params, kvc_chat_stream_fn stream, void *user,
+                  const kvc_chat_params *params, kvc_turn_stream_fn stream, void *user,
                   int64_t t_start, kvc_turn **out, kvc_err *err);
 
 /* Match, attach, reserve (phase NEW -> PREFILL). KVC_OK; KVC_TURN_WAIT_PREFIX

@@ -14,13 +14,28 @@ static bool evict_only(kvc_context *c, int64_t n_free, void *user)
     return kvc_context_make_room(c, n_free);
 }
 
+/* The caller's stream callback: the public one takes the text alone. */
+typedef struct text_stream {
+    kvc_chat_stream_fn fn;
+    void              *user;
+} text_stream;
+
+static bool stream_text(const char *text, size_t len, const kvc_token_logprob *lp, int32_t n_lp,
+                        void *user)
+{
+    const text_stream *ts = user;
+    return ts->fn(text, len, ts->user);
+}
+
 /* A turn alone: the engine's steps with one turn in every batch. */
 static int run_alone(kvc_session *s, const kvc_tokbuf *toks, int kind, int32_t dropped,
                      const kvc_chat_params *p, kvc_chat_stream_fn stream, void *user,
                      char **reply, kvc_chat_stats *stats, int64_t t_start, kvc_err *e)
 {
     kvc_turn *t = NULL;
-    int rc = kvc_turn_new(s, toks->v, toks->n, kind, p, stream, user, t_start, &t, e);
+    text_stream ts = { stream, user };
+    int rc = kvc_turn_new(s, toks->v, toks->n, kind, p, stream ? stream_text : NULL, &ts,
+                          t_start, &t, e);
     if (!rc) {
         kvc_turn_set_dropped(t, dropped);
         rc = kvc_turn_prepare(t, evict_only, NULL, e);

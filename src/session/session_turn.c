@@ -22,7 +22,7 @@ typedef struct stops {
 struct kvc_turn {
     kvc_session    *s;
     kvc_chat_params p;              /* p.stop borrowed */
-    kvc_chat_stream_fn stream;
+    kvc_turn_stream_fn stream;
     void           *user;
     int             kind;           /* enum kvc_turn_kind */
     int             phase;          /* enum kvc_turn_phase */
@@ -44,6 +44,10 @@ struct kvc_turn {
     char           *gen;            /* generated text (the raw bytes of the pieces) */
     size_t          gen_len, gen_cap;
     size_t          sent;           /* bytes of gen passed to stream */
+    size_t         *tok_end;        /* logprobs asked for: where each reply token's text
+                                       ends in gen (n_tok_end of cap_tok_end) */
+    size_t          n_tok_end, cap_tok_end;
+    int32_t         lp_sent;        /* reply tokens whose logprobs went with a piece */
     int64_t         reply_end;      /* where the reply ends in gen (a stop string), -1 */
     int32_t         n_out;
     bool            cancelled;
@@ -106,8 +110,10 @@ static size_t stop_holdback(const stops *st, const char *text, size_t len)
     return hold;
 }
 
-/* text[0, len) made valid UTF-8 (unicode.h), passed to the stream callback. */
-static bool stream_repaired(kvc_turn *t, const char *text, size_t len)
+/* text[0, len) made valid UTF-8 (unicode.h), passed to the stream callback
+ * with the logprobs lp[0, n_lp) (on its last part, when it is cut in parts). */
+static bool stream_repaired(kvc_turn *t, const char *text, size_t len,
+                            const kvc_token_logprob *lp, int32_t n_lp)
 {
     char buf[1024];
     size_t done = 0;
@@ -118,7 +124,8 @@ static bool stream_repaired(kvc_turn *t, const char *text, size_t len)
             k -= kvc_utf8_incomplete_tail(text + done, k);
         }
         size_t m = kvc_utf8_repair(text + done, k, buf);
-        if (!t->stream(buf, m, t->user))
+        bool last = done + k == len;
+        if (!t->stream(buf, m, last ? lp : NULL, last ? n_lp : 0, t->user))
             return false;
         done += k;
     }
@@ -161,11 +168,31 @@ static int gen_append(kvc_turn *t, const char *piece, int n)
     return KVC_OK;
 }
 
+/* With logprobs, a piece carries the logprobs of the tokens whose text it
+ * holds, so text that may go out up to *end is cut back to where the last
+ * token ending by then ends; the final piece takes every token it shows a
+ * part of (one cut by a stop string too). Returns how many reply tokens'
+ * logprobs go with text up to *end (0 without logprobs). */
+static int32_t cut_at_token(const kvc_turn *t, size_t *end, bool final)
+{
+    int32_t k = t->lp_sent, n = (int32_t)KVC_MIN(t->n_tok_end, (size_t)t->ts.n_lp);
+    if (final)
+        while (k < n && (k == 0 ? 0 : t->tok_end[k - 1]) < *end)
+            k++;
+    else
+        while (k < n && t->tok_end[k] <= *end)
+            k++;
+    if (!final && t->ts.top >= 0)
+        *end = k > 0 ? KVC_MAX(t->tok_end[k - 1], t->sent) : t->sent;
+    return k;
+}
+
 /* Pass newly safe reply text to the stream callback. `final`: all of it.
  * Not final, text that may begin a stop string and an incomplete character
- * are held back; pieces are cut only between whole characters, so repairing
- * each (a byte that cannot be part of a character becomes U+FFFD) gives the
- * repaired whole reply. */
+ * are held back, and with logprobs a token's text that is not whole; pieces
+ * are cut only between whole characters, so repairing each (a byte that
+ * cannot be part of a character becomes U+FFFD) gives the repaired whole
+ * reply. */
 static void flush_stream(kvc_turn *t, bool final)
 {
     size_t end = t->reply_end >= 0 ? (size_t)t->reply_end : t->gen_len;
@@ -173,10 +200,14 @@ static void flush_stream(kvc_turn *t, bool final)
         end = t->gen_len - stop_holdback(&t->st, t->gen, t->gen_len);
         end -= kvc_utf8_incomplete_tail(t->gen, end);
     }
+    int32_t upto = cut_at_token(t, &end, final);
     size_t from = KVC_MAX(t->sent, t->sep_len);
-    if (end > from && t->stream && !t->cancelled)
-        if (!stream_repaired(t, t->gen + from, end - from))
+    if (end > from && t->stream && !t->cancelled) {
+        const kvc_token_logprob *lp = t->ts.lp ? t->ts.lp + t->lp_sent : NULL;
+        if (!stream_repaired(t, t->gen + from, end - from, lp, upto - t->lp_sent))
             t->cancelled = true;
+        t->lp_sent = upto;
+    }
     if (end > t->sent)
         t->sent = end;
 }
@@ -359,7 +390,7 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
 /* ----------------------------------------------------------------- new */
 
 int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int kind,
-                 const kvc_chat_params *params, kvc_chat_stream_fn stream, void *user,
+                 const kvc_chat_params *params, kvc_turn_stream_fn stream, void *user,
                  int64_t t_start, kvc_turn **out, kvc_err *err)
 {
     *out = NULL;
@@ -660,6 +691,16 @@ static void to_finish(kvc_turn *t, const char *reason)
     t->phase = KVC_TURN_DONE;
 }
 
+/* With logprobs, remember where the reply token just added ends in gen: the
+ * stream cuts its pieces there (cut_at_token). */
+static int note_token_end(kvc_turn *t)
+{
+    if (!kvc_grow((void **)&t->tok_end, &t->cap_tok_end, t->n_tok_end, sizeof(*t->tok_end)))
+        return KVC_ERR_NOMEM;
+    t->tok_end[t->n_tok_end++] = t->gen_len;
+    return KVC_OK;
+}
+
 /* A token that ends the reply: end of generation, or any control token (the
  * template's markup, "<|im_start|>"): its text is not shown in a reply. */
 static bool ends_reply(const kvc_tokenizer *tok, int32_t id)
@@ -697,6 +738,8 @@ static void on_logits(kvc_turn *t, const float *logits)
     int rc = k > 0 && (k <= (int)sizeof(piece) || big) ? gen_append(t, big ? big : piece, k)
                                                        : k > 0 ? KVC_ERR_NOMEM : KVC_OK;
     free(big);
+    if (!rc && t->ts.top >= 0)
+        rc = note_token_end(t);
     if (rc) {
         fail(t, KVC_ERR_NOMEM);
         return;
@@ -986,6 +1029,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     free(t->pend);
     kvc_tokbuf_free(&t->toks);
     free(t->gen);
+    free(t->tok_end);
     free(t);
     return rc;
 }
