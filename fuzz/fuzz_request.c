@@ -108,12 +108,13 @@ static void check_output(const srv_request *r, const char *text)
     bool chat = r->kind == SRV_CHAT;
     check_json(srv_response_json(r->kind, &id, &done, 1, 1, NULL, false), "choices",
                chat ? "message\0content\0" : "text\0", text);
-    check_json(srv_sse_text(r->kind, &id, text, strlen(text), r->include_usage), "choices",
+    srv_chunk_head h = { r->kind, &id, 0, r->include_usage };
+    check_json(srv_sse_text(&h, text, strlen(text), NULL), "choices",
                chat ? "delta\0content\0" : "text\0", text);
-    check_json(srv_sse_finish(r->kind, &id, "length", r->include_usage), NULL, NULL, NULL);
-    check_json(srv_sse_usage(r->kind, &id, &done.stats), NULL, NULL, NULL);
+    check_json(srv_sse_finish(&h, "length", NULL), NULL, NULL, NULL);
+    check_json(srv_sse_usage(r->kind, &id, &done.stats, 1, 1), NULL, NULL, NULL);
     if (chat)
-        check_json(srv_sse_role(&id, r->include_usage), NULL, NULL, NULL);
+        check_json(srv_sse_role(&h), NULL, NULL, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -2,7 +2,8 @@
  * nothing silently ignored (unknown fields, bad response_format, schema
  * features, logit_bias, tool_choice: 400s naming them), logit_bias steering
  * greedy decoding, logprobs equal to `kvchat eval`'s for the same tokens,
- * completions with token ids and lists of prompts, content parts joined with
+ * completions with token ids and lists of prompts, streams with logprobs in
+ * every chunk and with several choices, content parts joined with
  * "\n", CORS preflight and headers, --alias, /tokenize and /detokenize, and
  * `kvchat tokenize` on a vocab-only GGUF.
  *
@@ -63,8 +64,6 @@ static void test_rejects(int port)
               "{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}", "tool_choice", "'g'");
     check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
               "\"top_logprobs\":3}", "top_logprobs", "logprobs");
-    check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2,"
-              "\"stream\":true}", "n", "stream");
     check_400(port, "/v1/completions", "{\"prompt\":[1,2,99999999]}", "prompt", "token ids");
     check_400(port, "/v1/completions", "{\"prompt\":\"x\",\"echo\":true}", "echo", "echo");
     /* text is fine */
@@ -233,6 +232,244 @@ static void test_n(int port)
     http_resp_free(&m1);
 }
 
+/* ------------------------------------------------------------- streaming */
+
+#define MAX_CHOICES 16
+
+/* A stream read back: per choice, the text, the logprobs of every chunk
+ * joined (chat: the "content" entries; completions: the four lists), the
+ * finish chunks; the usage chunks; and the order of the text chunks' choices. */
+typedef struct streamed {
+    char  *text[MAX_CHOICES];
+    cJSON *lp[MAX_CHOICES];
+    int    n_finish[MAX_CHOICES];
+    int    n_usage, prompt_tokens, completion_tokens;
+    int    order[512], n_order;
+    bool   done_last;
+} streamed;
+
+static void streamed_free(streamed *s)
+{
+    for (int i = 0; i < MAX_CHOICES; i++) {
+        free(s->text[i]);
+        cJSON_Delete(s->lp[i]);
+    }
+}
+
+static void append(char **dst, const char *s, size_t n)
+{
+    size_t k = *dst ? strlen(*dst) : 0;
+    *dst = realloc(*dst, k + n + 1);
+    memcpy(*dst + k, s, n);
+    (*dst)[k + n] = 0;
+}
+
+/* The text the tokens of a chunk's logprobs stand for (chat: their bytes;
+ * completions: their token strings). */
+static char *logprobs_text(bool chat, const cJSON *lp)
+{
+    char *t = calloc(1, 1);
+    const cJSON *x, *b;
+    if (!chat) {
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(lp, "tokens"))
+            append(&t, x->valuestring, strlen(x->valuestring));
+        return t;
+    }
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(lp, "content"))
+        cJSON_ArrayForEach(b, cJSON_GetObjectItem(x, "bytes")) {
+            char c = (char)b->valueint;
+            append(&t, &c, 1);
+        }
+    return t;
+}
+
+/* Join a chunk's logprobs onto what the choice has. */
+static void join_logprobs(bool chat, cJSON **acc, const cJSON *lp)
+{
+    if (!*acc)
+        *acc = chat ? cJSON_CreateArray() : cJSON_CreateObject();
+    const char *lists[] = { "tokens", "token_logprobs", "top_logprobs", "text_offset" };
+    const cJSON *x;
+    if (chat) {
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(lp, "content"))
+            cJSON_AddItemToArray(*acc, cJSON_Duplicate(x, true));
+        return;
+    }
+    for (int k = 0; k < 4; k++) {
+        cJSON *to = cJSON_GetObjectItem(*acc, lists[k]);
+        if (!to)
+            to = cJSON_AddArrayToObject(*acc, lists[k]);
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(lp, lists[k]))
+            cJSON_AddItemToArray(to, cJSON_Duplicate(x, true));
+    }
+}
+
+/* Read an SSE body. Every text chunk must carry logprobs whose tokens are
+ * its text when `exact` (with a stop string, the last may show part of one). */
+static void read_stream(char *body, bool chat, bool logprobs, bool exact, streamed *s)
+{
+    memset(s, 0, sizeof(*s));
+    char *save = NULL;
+    for (char *ev = strtok_r(body, "\n", &save); ev; ev = strtok_r(NULL, "\n", &save)) {
+        s->done_last = !strcmp(ev, "data: [DONE]");
+        cJSON *c = s->done_last ? NULL : cJSON_Parse(ev + 6);
+        cJSON *ch = cJSON_GetObjectItem(c, "choices"), *x;
+        if (c && cJSON_GetArraySize(ch) == 0 && cJSON_IsObject(cJSON_GetObjectItem(c, "usage"))) {
+            cJSON *u = cJSON_GetObjectItem(c, "usage");
+            s->n_usage++;
+            s->prompt_tokens = cJSON_GetObjectItem(u, "prompt_tokens")->valueint;
+            s->completion_tokens = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+        }
+        cJSON_ArrayForEach(x, ch) {
+            int i = cJSON_GetObjectItem(x, "index")->valueint;
+            CHECKF(i >= 0 && i < MAX_CHOICES && cJSON_GetArraySize(ch) == 1, "chunk %.200s", ev);
+            if (i < 0 || i >= MAX_CHOICES)
+                continue;
+            cJSON *d = chat ? cJSON_GetObjectItem(x, "delta") : x;
+            const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(d, chat ? "content" : "text"));
+            cJSON *lp = cJSON_GetObjectItem(x, "logprobs");
+            if (!s->text[i])
+                s->text[i] = calloc(1, 1);
+            if (t && *t) {
+                append(&s->text[i], t, strlen(t));
+                if (s->n_order < 512)
+                    s->order[s->n_order++] = i;
+                char *lt = logprobs ? logprobs_text(chat, lp) : NULL;
+                CHECKF(!logprobs || (exact ? !strcmp(lt, t) : !strncmp(lt, t, strlen(t))),
+                       "chunk text '%s', its tokens '%s'", t, lt ? lt : "");
+                CHECKF(logprobs || cJSON_IsNull(lp), "logprobs not asked for: %.200s", ev);
+                free(lt);
+            }
+            if (logprobs && cJSON_IsObject(lp))
+                join_logprobs(chat, &s->lp[i], lp);
+            if (cJSON_IsString(cJSON_GetObjectItem(x, "finish_reason")))
+                s->n_finish[i]++;
+        }
+        cJSON_Delete(c);
+    }
+}
+
+/* The whole response's choice i: its text and its logprobs list. */
+static const char *whole_text(cJSON *j, bool chat, int i)
+{
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), i);
+    return cJSON_GetStringValue(chat ? cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"),
+                                                           "content")
+                                     : cJSON_GetObjectItem(c, "text"));
+}
+
+static cJSON *whole_logprobs(cJSON *j, bool chat, int i)
+{
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), i);
+    cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
+    return chat ? cJSON_GetObjectItem(lp, "content") : lp;
+}
+
+/* `body` with "stream": true (and include_usage) added before its closing brace. */
+static char *streamed_body(const char *body)
+{
+    size_t n = strlen(body);
+    char *s = malloc(n + 80);
+    snprintf(s, n + 80, "%.*s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+             (int)n - 1, body);
+    return s;
+}
+
+/* The same request whole and streamed: per choice the same text, and with
+ * logprobs the streamed chunks' lists joined are the whole response's. */
+static void check_stream_matches(int port, const char *path, const char *body, int n_choices,
+                                 bool logprobs, bool exact, streamed *s)
+{
+    bool chat = strstr(path, "chat") != NULL;
+    http_resp w = post(port, path, body);
+    char *sb = streamed_body(body);
+    http_resp r = post(port, path, sb);
+    cJSON *j = w.body ? cJSON_Parse(w.body) : NULL;
+    CHECKF(w.status == 200 && r.status == 200, "%s: %d, streamed %d (%s)", body, w.status,
+           r.status, r.body ? r.body : "");
+    CHECKF(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")) == n_choices, "%s", w.body);
+    read_stream(r.body ? r.body : (char[]){ 0 }, chat, logprobs, exact, s);
+    CHECK(s->done_last && s->n_usage == 1);
+    cJSON *u = cJSON_GetObjectItem(j, "usage");
+    CHECK_EQ_INT(s->prompt_tokens, cJSON_GetObjectItem(u, "prompt_tokens")->valueint);
+    CHECK_EQ_INT(s->completion_tokens, cJSON_GetObjectItem(u, "completion_tokens")->valueint);
+    for (int i = 0; i < n_choices; i++) {
+        const char *t = whole_text(j, chat, i);
+        CHECKF(t && s->text[i] && !strcmp(t, s->text[i]), "%s choice %d: streamed '%s', whole "
+               "'%s'", body, i, s->text[i] ? s->text[i] : "(none)", t ? t : "(none)");
+        CHECK_EQ_INT(s->n_finish[i], 1);
+        if (!logprobs)
+            continue;
+        cJSON *want = whole_logprobs(j, chat, i);
+        CHECKF(want && s->lp[i] && cJSON_Compare(want, s->lp[i], true),
+               "%s choice %d: streamed logprobs differ from the whole response's", body, i);
+        int nw = chat ? cJSON_GetArraySize(want)
+                      : cJSON_GetArraySize(cJSON_GetObjectItem(want, "tokens"));
+        printf("streamed %s: choice %d, %d tokens' logprobs as the whole response's\n",
+               chat ? "chat" : "completion", i, nw);
+    }
+    free(sb);
+    cJSON_Delete(j);
+    http_resp_free(&w);
+    http_resp_free(&r);
+}
+
+/* Streamed logprobs: each chunk carries its own tokens', and together they
+ * are the whole response's (seeded sampling and greedy; a stop string, whose
+ * tokens the whole response lists too). */
+static void test_stream_logprobs(int port)
+{
+    streamed s;
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],"
+                       "\"max_tokens\":24,\"temperature\":1,\"seed\":42,\"logprobs\":true,"
+                       "\"top_logprobs\":2}";
+    check_stream_matches(port, "/v1/chat/completions", chat, 1, true, true, &s);
+    streamed_free(&s);
+    const char *cmpl = "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                       "\"logprobs\":3}";
+    check_stream_matches(port, "/v1/completions", cmpl, 1, true, true, &s);
+    /* a stop string from the middle of that text: its tokens are not shown */
+    const char *t = s.text[0] ? s.text[0] : "";
+    size_t n = strlen(t);
+    char stop[8] = "", body[512];
+    for (size_t k = n / 2; k + 3 <= n && !stop[0]; k++)
+        if ((t[k] & 0xC0) != 0x80 && (t[k + 1] & 0xC0) != 0x80 && (t[k + 2] & 0xC0) != 0x80 &&
+            t[k] != '"' && t[k] != '\\' && t[k + 1] != '"' && t[k + 1] != '\\' &&
+            (unsigned char)t[k] >= ' ' && (unsigned char)t[k + 1] >= ' ')
+            memcpy(stop, t + k, 2);
+    streamed_free(&s);
+    CHECKF(stop[0], "no stop string found in '%s'", t);
+    snprintf(body, sizeof(body), "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+             "\"temperature\":0,\"logprobs\":3,\"stop\":\"%s\"}", stop);
+    check_stream_matches(port, "/v1/completions", body, 1, true, false, &s);
+    streamed_free(&s);
+}
+
+/* stream with n = 3 (chat) and with two prompts times n = 2 (completions):
+ * interleaved choices, each the text the whole response gives (the same
+ * seeds), a finish chunk each, one usage chunk counting them all. */
+static void test_stream_n(int port)
+{
+    streamed s;
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],"
+                       "\"max_tokens\":16,\"temperature\":1,\"seed\":11,\"n\":3}";
+    check_stream_matches(port, "/v1/chat/completions", chat, 3, false, true, &s);
+    int last0 = -1;                       /* choice 0's last text chunk */
+    for (int k = 0; k < s.n_order; k++)
+        if (s.order[k] == 0)
+            last0 = k;
+    bool interleaved = false;             /* another choice's text before it */
+    for (int k = 0; k < last0; k++)
+        interleaved |= s.order[k] > 0;
+    printf("stream n=3: %d text chunks, interleaved %d\n", s.n_order, interleaved);
+    CHECKF(interleaved, "the choices' chunks are not interleaved");
+    streamed_free(&s);
+    const char *cmpl = "{\"prompt\":[\"Once upon a time\",[1,2,3]],\"max_tokens\":8,"
+                       "\"temperature\":1,\"seed\":5,\"n\":2,\"logprobs\":1}";
+    check_stream_matches(port, "/v1/completions", cmpl, 4, true, true, &s);
+    streamed_free(&s);
+}
+
 static void test_cors_alias_tokenize(int port)
 {
     http_resp r = http_request_ex(port, "OPTIONS", "/v1/chat/completions",
@@ -304,6 +541,8 @@ int main(void)
         test_logprobs(s.port, info.n_vocab);
         test_prompts_and_parts(s.port);
         test_n(s.port);
+        test_stream_logprobs(s.port);
+        test_stream_n(s.port);
         test_cors_alias_tokenize(s.port);
     }
     http_server_stop(&s);

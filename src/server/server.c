@@ -23,12 +23,17 @@
  * (answering from the headers makes libmicrohttpd close it); only an error
  * with a body still to come that will not be read closes the connection.
  *
+ * Several choices (n, a list of prompts) are submitted at once, streamed or
+ * not: they share the prompt through the prefix tree.
+ *
  * Streaming: the first event is awaited before any byte is sent, so an error
  * known by then (context length, queue full) is a plain JSON error with its
  * status. After that, an MHD callback response reads events (the reader
- * blocks on the engine, which is fine in a connection's own thread) and its
- * free callback releases - and so cancels - the request: a client that
- * disconnects mid-stream stops its generation. */
+ * blocks on the engine, which is fine in a connection's own thread; with
+ * several choices it takes their events in turns, so their chunks interleave,
+ * server_stream.c formatting each) and its free callback releases - and so
+ * cancels - every choice's request: a client that disconnects mid-stream
+ * stops its generation. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -262,145 +267,21 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
     }
 }
 
-/* The next event of r into *ev (TEXT events skipped when skip_text). false
+/* The end of r (DONE or ERROR) into *ev, its TEXT events dropped. false
  * when the client went away or the server is stopping (nothing in *ev). */
-static bool wait_event(kvc_server *s, int fd, kvc_request *r, kvc_event *ev, bool skip_text)
+static bool wait_end(kvc_server *s, int fd, kvc_request *r, kvc_event *ev)
 {
     for (;;) {
         if (kvc_request_next(r, ev, TICK_MS)) {
-            if (!(skip_text && ev->type == KVC_EVENT_TEXT))
+            if (ev->type != KVC_EVENT_TEXT)
                 return true;
             kvc_event_clear(ev);
         }
-        /* after a skipped event too: a request answered whole gets an event
+        /* after a dropped event too: a request answered whole gets an event
          * per token and would otherwise never look (a poll is a microsecond) */
         if (atomic_load(&s->stopping) || peer_gone(fd))
             return false;
     }
-}
-
-/* ============================================================ streaming */
-
-/* A streamed response: the request, and SSE text waiting to be sent. */
-typedef struct stream {
-    kvc_server   *srv;
-    kvc_request  *req;
-    int           fd;
-    int           kind;          /* enum srv_kind */
-    bool          include_usage;
-    bool          finished;      /* DONE or ERROR formatted; nothing more to wait for */
-    srv_reply_id  id;
-    char         *model;         /* id.model's storage */
-    char         *buf;           /* [len] bytes of [cap]; sent up to pos */
-    size_t        len, pos, cap;
-    /* tool calls: the reply so far, of which [0, acc_sent) went out as content */
-    bool          tools;         /* parse tool calls: hold back what may begin one */
-    int           tool_format;
-    char         *acc;
-    size_t        acc_len, acc_cap, acc_sent;
-    bool          logprobs;
-} stream;
-
-/* Append a formatted SSE string (taken). false when out of memory. */
-static bool stream_put(stream *st, char *s)
-{
-    if (!s)
-        return false;
-    size_t n = strlen(s);
-    if (st->len + n > st->cap) {
-        size_t cap = (st->len + n) * 2;
-        char *b = realloc(st->buf, cap);
-        if (!b) {
-            free(s);
-            return false;
-        }
-        st->buf = b;
-        st->cap = cap;
-    }
-    memcpy(st->buf + st->len, s, n);
-    st->len += n;
-    free(s);
-    return true;
-}
-
-/* Format one event. */
-static bool stream_event(stream *st, const kvc_event *ev)
-{
-    kvc_server *s = st->srv;
-    if (ev->type == KVC_EVENT_TEXT && !st->tools)
-        return stream_put(st, srv_sse_text(st->kind, &st->id, ev->text ? ev->text : "", ev->len,
-                                           st->include_usage));
-    if (ev->type == KVC_EVENT_TEXT) {          /* content up to what may be a tool call */
-        bool oom = false;
-        kvc_text_append(&st->acc, &st->acc_len, &st->acc_cap, &oom, ev->text ? ev->text : "",
-                        ev->len);
-        size_t hold = kvc_tool_calls_holdback(st->tool_format, st->acc, st->acc_len);
-        size_t upto = st->acc_len - hold;
-        if (oom || upto <= st->acc_sent)
-            return !oom;
-        size_t from = st->acc_sent;
-        st->acc_sent = upto;
-        return stream_put(st, srv_sse_text(st->kind, &st->id, st->acc + from, upto - from,
-                                           st->include_usage));
-    }
-    st->finished = true;
-    if (ev->type == KVC_EVENT_ERROR) {
-        srv_error e;
-        srv_error_from_status(&e, ev->status, ev->message);
-        srv_metrics_failed(s->metrics);
-        return stream_put(st, srv_sse_error(&e));
-    }
-    srv_metrics_done(s->metrics, &ev->stats);
-    bool ok = true;
-    if (st->tools && ev->tool_calls)
-        ok = stream_put(st, srv_sse_tool_calls(&st->id, ev->tool_calls, st->include_usage));
-    else if (st->tools && st->acc_len > st->acc_sent)   /* held back, and no call after all */
-        ok = stream_put(st, srv_sse_text(st->kind, &st->id, st->acc + st->acc_sent,
-                                         st->acc_len - st->acc_sent, st->include_usage));
-    ok = ok && stream_put(st, srv_sse_finish_lp(st->kind, &st->id, ev, s->lim.model, st->logprobs,
-                                                st->include_usage));
-    if (ok && st->include_usage)
-        ok = stream_put(st, srv_sse_usage(st->kind, &st->id, &ev->stats));
-    return ok && stream_put(st, strdup("data: [DONE]\n\n"));
-}
-
-/* MHD content reader: copy what is pending; when nothing is, wait for the
- * next event (then gather the ones already there, up to STREAM_BATCH). */
-static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
-{
-    stream *st = cls;
-    while (st->pos == st->len) {
-        if (st->finished)
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        st->pos = st->len = 0;
-        kvc_event ev;
-        if (!wait_event(st->srv, st->fd, st->req, &ev, false))
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        bool ok = stream_event(st, &ev);
-        kvc_event_clear(&ev);
-        while (ok && !st->finished && st->len < STREAM_BATCH && kvc_request_next(st->req, &ev, 0)) {
-            ok = stream_event(st, &ev);
-            kvc_event_clear(&ev);
-        }
-        if (!ok)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-    size_t n = st->len - st->pos < max ? st->len - st->pos : max;
-    memcpy(out, st->buf + st->pos, n);
-    st->pos += n;
-    return (ssize_t)n;
-}
-
-/* MHD free callback: the response is done with (sent, or the client went
- * away). Releasing the request cancels it if it is still generating. */
-static void stream_free(void *cls)
-{
-    stream *st = cls;
-    kvc_request_free(st->req);
-    free(st->model);
-    free(st->buf);
-    free(st->acc);
-    free(st);
 }
 
 /* ========================================================== completions */
@@ -415,52 +296,6 @@ static void make_id(kvc_server *s, int kind, srv_reply_id *id, const char *model
              (unsigned long long)x);
     id->created = time(NULL);
     id->model = model;
-}
-
-/* Start the SSE response with the first event (TEXT or DONE). Takes r. */
-static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, int fd,
-                                    const srv_request *rq, kvc_request *r, const kvc_event *first)
-{
-    stream *st = calloc(1, sizeof(*st));
-    char *model = strdup(rq->model ? rq->model : s->model_name);
-    if (!st || !model) {
-        free(st);
-        free(model);
-        kvc_request_free(r);
-        return respond(s, mc, 500, NULL, NULL, NULL);
-    }
-    *st = (stream){ .srv = s, .req = r, .fd = fd, .kind = rq->kind,
-                    .include_usage = rq->include_usage, .model = model,
-                    .tools = rq->params.chat.parse_tool_calls, .tool_format = s->lim.tool_format,
-                    .logprobs = rq->logprobs >= 0 };
-    make_id(s, rq->kind, &st->id, st->model);
-    bool ok = rq->kind != SRV_CHAT || stream_put(st, srv_sse_role(&st->id, st->include_usage));
-    ok = ok && stream_event(st, first);
-    struct MHD_Response *resp = ok ? MHD_create_response_from_callback(
-        MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
-    if (!resp) {
-        stream_free(st);
-        return respond(s, mc, 500, NULL, NULL, NULL);
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    add_cors(s, mc, resp);
-    enum MHD_Result ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    return ret;
-}
-
-/* The complete (non-streamed) answer, from the DONE events of its choices. */
-static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
-                                    const srv_request *rq, const kvc_event *done, int n)
-{
-    srv_reply_id id;
-    make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
-    for (int i = 0; i < n; i++)
-        srv_metrics_done(s->metrics, &done[i].stats);
-    return respond_json(s, mc, srv_response_json(rq->kind, &id, done, n, rq->n, s->lim.model,
-                                                 rq->logprobs >= 0));
 }
 
 /* The parameters of choice i: its prompt (a completion's list: n choices
@@ -513,8 +348,250 @@ static kvc_request *submit(kvc_server *s, const conn *c, const kvc_request_param
     return j.r;
 }
 
-/* n > 1 or a list of prompts: every choice submitted at once (they share the
- * prompt through the prefix tree), answered whole. */
+/* Submit every choice of rq at once into r[0, n) (they share the prompt
+ * through the prefix tree). false with *e set when one could not be: the
+ * ones submitted are in r, for the caller to free. */
+static bool submit_choices(kvc_server *s, const conn *c, const srv_request *rq,
+                           kvc_request **r, int n, srv_error *e)
+{
+    for (int i = 0; i < n; i++) {
+        char err[512] = "";
+        int status = KVC_ERR_NOMEM;
+        kvc_request_params p = choice_params(rq, i);
+        if (!(r[i] = submit(s, c, &p, &status, err, sizeof(err)))) {
+            srv_error_from_status(e, status, err);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ============================================================ streaming */
+
+#define ANY_SLICE_MS 5   /* several choices: the wait on one before looking at all again */
+
+/* A streamed response: its choices' requests and chunk state, and SSE text
+ * waiting to be sent. */
+typedef struct stream {
+    kvc_server   *srv;
+    int           fd;
+    int           kind;          /* enum srv_kind */
+    bool          include_usage;
+    bool          finished;      /* the end or an error formatted: nothing more to wait for */
+    srv_reply_id  id;
+    char         *model;         /* id.model's storage */
+    char         *buf;           /* [len] bytes of [cap]; sent up to pos */
+    size_t        len, pos, cap;
+    int           n, per_prompt; /* choices, of which per_prompt for each prompt */
+    int           open;          /* choices without their DONE yet */
+    int           next;          /* the choice to look at first: they take turns */
+    kvc_request  *req[SRV_MAX_CHOICES];
+    srv_stream_choice choice[SRV_MAX_CHOICES];
+} stream;
+
+/* Append a formatted SSE string (taken). false when out of memory. */
+static bool stream_put(stream *st, char *s)
+{
+    return srv_sse_put(&st->buf, &st->len, &st->cap, s);
+}
+
+/* The next event of any choice still open into *ev; its index. They are
+ * looked at in turns, so that the choices' chunks interleave as they come.
+ * With none ready: -1 at once unless `wait`, else wait (a slice on one
+ * choice, then all are looked at again) until one is ready, or -1 when the
+ * client went away or the server is stopping (nothing in *ev). */
+static int next_event(stream *st, kvc_event *ev, bool wait)
+{
+    for (;;) {
+        int first = -1;
+        for (int k = 0; k < st->n; k++) {
+            int i = (st->next + k) % st->n;
+            if (st->choice[i].done)
+                continue;
+            if (kvc_request_next(st->req[i], ev, 0)) {
+                st->next = (i + 1) % st->n;
+                return i;
+            }
+            if (first < 0)
+                first = i;
+        }
+        if (!wait || first < 0)
+            return -1;
+        if (kvc_request_next(st->req[first], ev, st->n > 1 ? ANY_SLICE_MS : TICK_MS)) {
+            st->next = (first + 1) % st->n;
+            return first;
+        }
+        if (atomic_load(&st->srv->stopping) || peer_gone(st->fd))
+            return -1;
+    }
+}
+
+/* Format event ev of choice i; after the last choice's DONE, the usage chunk
+ * (include_usage) and [DONE]. false when out of memory. */
+static bool stream_event(stream *st, int i, const kvc_event *ev)
+{
+    kvc_server *s = st->srv;
+    if (ev->type == KVC_EVENT_ERROR) {
+        srv_error e;
+        srv_error_from_status(&e, ev->status, ev->message);
+        srv_metrics_failed(s->metrics);
+        st->finished = true;
+        return stream_put(st, srv_sse_error(&e));
+    }
+    if (ev->type == KVC_EVENT_DONE) {
+        srv_metrics_done(s->metrics, &ev->stats);
+        st->open--;
+    }
+    if (!srv_stream_choice_event(&st->choice[i], ev, &st->buf, &st->len, &st->cap))
+        return false;
+    if (st->open > 0)
+        return true;
+    st->finished = true;
+    if (st->include_usage) {
+        kvc_chat_stats stats[SRV_MAX_CHOICES];
+        for (int k = 0; k < st->n; k++)
+            stats[k] = st->choice[k].stats;
+        if (!stream_put(st, srv_sse_usage(st->kind, &st->id, stats, st->n, st->per_prompt)))
+            return false;
+    }
+    return stream_put(st, strdup("data: [DONE]\n\n"));
+}
+
+/* MHD content reader: copy what is pending; when nothing is, wait for the
+ * next event (then gather the ones already there, up to STREAM_BATCH). */
+static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+    stream *st = cls;
+    while (st->pos == st->len) {
+        if (st->finished)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        st->pos = st->len = 0;
+        kvc_event ev;
+        int i = next_event(st, &ev, true);
+        if (i < 0)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        bool ok = stream_event(st, i, &ev);
+        kvc_event_clear(&ev);
+        while (ok && !st->finished && st->len < STREAM_BATCH &&
+               (i = next_event(st, &ev, false)) >= 0) {
+            ok = stream_event(st, i, &ev);
+            kvc_event_clear(&ev);
+        }
+        if (!ok)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = st->len - st->pos < max ? st->len - st->pos : max;
+    memcpy(out, st->buf + st->pos, n);
+    st->pos += n;
+    return (ssize_t)n;
+}
+
+/* MHD free callback: the response is done with (sent, or the client went
+ * away). Releasing the requests cancels those still generating. */
+static void stream_free(void *cls)
+{
+    stream *st = cls;
+    for (int i = 0; i < st->n; i++) {
+        kvc_request_free(st->req[i]);
+        srv_stream_choice_free(&st->choice[i]);
+    }
+    free(st->model);
+    free(st->buf);
+    free(st);
+}
+
+/* A stream for the choices of rq, their requests not yet submitted. NULL
+ * when out of memory. */
+static stream *stream_new(kvc_server *s, int fd, const srv_request *rq)
+{
+    stream *st = calloc(1, sizeof(*st));
+    char *model = strdup(rq->model ? rq->model : s->model_name);
+    if (!st || !model) {
+        free(st);
+        free(model);
+        return NULL;
+    }
+    *st = (stream){ .srv = s, .fd = fd, .kind = rq->kind, .include_usage = rq->include_usage,
+                    .model = model, .n = rq->n * rq->n_prompts, .per_prompt = rq->n };
+    st->open = st->n;
+    make_id(s, rq->kind, &st->id, st->model);
+    for (int i = 0; i < st->n; i++)
+        srv_stream_choice_init(&st->choice[i], (srv_chunk_head){ rq->kind, &st->id, i,
+                                                                 rq->include_usage },
+                               rq->logprobs >= 0 ? s->lim.model : NULL,
+                               rq->params.chat.parse_tool_calls, s->lim.tool_format);
+    return st;
+}
+
+/* Start the SSE response (taking st) with the first event, of choice i. */
+static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, stream *st, int i,
+                                    const kvc_event *first)
+{
+    bool ok = true;
+    for (int k = 0; ok && st->kind == SRV_CHAT && k < st->n; k++)
+        ok = stream_put(st, srv_sse_role(&st->choice[k].head));
+    ok = ok && stream_event(st, i, first);
+    struct MHD_Response *resp = ok ? MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
+    if (!resp) {
+        stream_free(st);
+        return respond(s, mc, 500, NULL, NULL, NULL);
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    add_cors(s, mc, resp);
+    enum MHD_Result ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* stream: true. Every choice is submitted at once; the first event of any
+ * is awaited before a byte is sent, so an error known by then is a plain
+ * JSON error. MHD_NO when the client left or the server is stopping. */
+static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+                                  const srv_request *rq)
+{
+    stream *st = stream_new(s, conn_fd(mc), rq);
+    if (!st)
+        return respond(s, mc, 500, NULL, NULL, NULL);
+    srv_error e = { 0 };
+    kvc_event ev;
+    int i = -1;
+    if (submit_choices(s, c, rq, st->req, st->n, &e) && (i = next_event(st, &ev, true)) >= 0 &&
+        ev.type == KVC_EVENT_ERROR)
+        srv_error_from_status(&e, ev.status, ev.message);
+    enum MHD_Result ret = MHD_NO;             /* gone or stopping: no answer */
+    if (e.http_status) {
+        stream_free(st);                      /* cancels the others */
+        ret = respond_error(s, mc, c, &e);
+    } else if (i >= 0) {
+        ret = start_stream(s, mc, st, i, &ev);
+    } else {
+        stream_free(st);
+    }
+    if (i >= 0)
+        kvc_event_clear(&ev);
+    return ret;
+}
+
+/* ======================================================= whole answers */
+
+/* The complete (non-streamed) answer, from the DONE events of its choices. */
+static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
+                                    const srv_request *rq, const kvc_event *done, int n)
+{
+    srv_reply_id id;
+    make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
+    for (int i = 0; i < n; i++)
+        srv_metrics_done(s->metrics, &done[i].stats);
+    return respond_json(s, mc, srv_response_json(rq->kind, &id, done, n, rq->n, s->lim.model,
+                                                 rq->logprobs >= 0));
+}
+
+/* Every choice submitted at once (they share the prompt through the prefix
+ * tree), answered whole. MHD_NO when the client left or the server is
+ * stopping. */
 static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                    const srv_request *rq)
 {
@@ -524,15 +601,9 @@ static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, con
     memset(ev, 0, sizeof(ev));
     srv_error e = { 0 };
     enum MHD_Result ret = MHD_NO;
-    for (int i = 0; i < n && !e.http_status; i++) {
-        char err[512] = "";
-        int status = KVC_ERR_NOMEM;
-        kvc_request_params p = choice_params(rq, i);
-        if (!(r[i] = submit(s, c, &p, &status, err, sizeof(err))))
-            srv_error_from_status(&e, status, err);
-    }
+    submit_choices(s, c, rq, r, n, &e);
     for (; got < n && !e.http_status; got++) {
-        if (!wait_event(s, fd, r[got], &ev[got], true))
+        if (!wait_end(s, fd, r[got], &ev[got]))
             break;                             /* gone or stopping: MHD_NO */
         if (ev[got].type == KVC_EVENT_ERROR)
             srv_error_from_status(&e, ev[got].status, ev[got].message);
@@ -548,41 +619,11 @@ static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, con
     return ret;
 }
 
-/* Submit a parsed request and answer it (streamed or whole). An error known
- * before the first event is a JSON error even for a stream. MHD_NO (close the
- * connection, no answer) when the client left or the server is stopping. */
+/* Submit a parsed request and answer it, streamed or whole. */
 static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                    const srv_request *rq)
 {
-    if (rq->n * rq->n_prompts > 1)
-        return run_choices(s, mc, c, rq);
-    srv_error e;
-    char err[512] = "";
-    int status = KVC_ERR_NOMEM;
-    kvc_request *r = submit(s, c, &rq->params, &status, err, sizeof(err));
-    if (!r) {
-        srv_error_from_status(&e, status, err);
-        return respond_error(s, mc, c, &e);
-    }
-    int fd = conn_fd(mc);
-    kvc_event ev;
-    if (!wait_event(s, fd, r, &ev, !rq->stream)) {
-        kvc_request_free(r);   /* cancels: the client is gone or we are stopping */
-        return MHD_NO;
-    }
-    enum MHD_Result ret;
-    if (ev.type == KVC_EVENT_ERROR) {
-        srv_error_from_status(&e, ev.status, ev.message);
-        kvc_request_free(r);
-        ret = respond_error(s, mc, c, &e);
-    } else if (rq->stream) {
-        ret = start_stream(s, mc, fd, rq, r, &ev);
-    } else {
-        kvc_request_free(r);
-        ret = respond_done(s, mc, rq, &ev, 1);
-    }
-    kvc_event_clear(&ev);
-    return ret;
+    return rq->stream ? run_stream(s, mc, c, rq) : run_choices(s, mc, c, rq);
 }
 
 /* POST /apply-template (as llama-server has it): the prompt a chat request

@@ -1,12 +1,17 @@
 /* server.h - the OpenAI-compatible HTTP server over a kvc_engine (DESIGN.md §4, §6).
  *
- * Four parts, one file each:
+ * The parts, one file each:
  *   server.c          the HTTP layer (libmicrohttpd, one thread per connection):
  *                     routing, API key, body limits, waiting on the engine,
  *                     streaming (SSE) with client hang-up detection;
  *   server_json.c     request bodies -> kvc_request_params (validated, with
  *                     OpenAI-style errors naming the field), and the response,
  *                     chunk and error JSON;
+ *   server_agent.c    the agent API's fields (tools, response_format, logprobs,
+ *                     n, ...) and their parts of a response;
+ *   server_stream.c   one streamed choice: engine events -> SSE chunks, text
+ *                     held back for tool calls, logprobs sent with their text;
+ *   server_bulk.c     the thread that parses and tokenizes large bodies;
  *   server_metrics.c  the server's own counters (TTFT histogram, decode speed)
  *                     and the Prometheus text of /metrics;
  *   server_guard.c    the deadline for receiving a request (a watchdog that
@@ -200,6 +205,14 @@ typedef struct srv_reply_id {
     const char *model;
 } srv_reply_id;
 
+/* What every chunk of one streamed choice repeats. */
+typedef struct srv_chunk_head {
+    int                 kind;           /* enum srv_kind */
+    const srv_reply_id *id;             /* borrowed */
+    int                 index;          /* the choice's */
+    bool                include_usage;  /* "usage": null in every chunk */
+} srv_chunk_head;
+
 /* ======================================= the agent API (server_agent.c) */
 
 #define SRV_MAX_CHOICES 16
@@ -215,14 +228,12 @@ void srv_agent_free(srv_request *r);
  * text), tool_calls, logprobs and finish_reason, as cJSON (a cJSON *). */
 void *srv_choice_json(int kind, int index, const kvc_event *done, const kvc_model *model,
                       bool logprobs);
-/* The logprobs object of a choice ({"content": [...]} for chat; the
- * completions' {tokens, token_logprobs, top_logprobs, text_offset}). */
-void *srv_logprobs_json(int kind, const kvc_event *done, const kvc_model *model);
-/* SSE chunks of a stream's end: the tool calls (one delta per call, as
- * OpenAI streams them), then logprobs (if any) with the finish chunk. */
-char *srv_sse_tool_calls(const srv_reply_id *id, const char *calls_json, bool include_usage);
-char *srv_sse_finish_lp(int kind, const srv_reply_id *id, const kvc_event *done,
-                        const kvc_model *model, bool logprobs, bool include_usage);
+/* The logprobs object of the tokens lp[0, n) as cJSON ({"content": [...]}
+ * for chat; the completions' {tokens, token_logprobs, top_logprobs,
+ * text_offset}, whose offsets start at *text_offset, advanced past the
+ * tokens' text: a stream's chunks count on from the one before). */
+void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
+                        const kvc_model *model, size_t *text_offset);
 
 /* POST /tokenize {"content", "add_special"?, "with_pieces"?} -> {"tokens": [...]}
  * and POST /detokenize {"tokens": [...]} -> {"content"}, as llama-server.
@@ -245,23 +256,64 @@ char *srv_prompt_json(const char *prompt);
  * timings (summed). */
 char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
                         int per_prompt, const kvc_model *model, bool logprobs);
-/* One SSE event "data: {...}\n\n" of a stream:
- *   srv_sse_role     chat only: the first chunk, delta {role, content ""};
- *   srv_sse_text     a piece of text (len bytes);
- *   srv_sse_finish   the empty delta / text with finish_reason;
- *   srv_sse_usage    choices [] with usage and timings (include_usage);
- *   srv_sse_error    {"error": {...}} for a failure after the stream began.
+/* One SSE event "data: {...}\n\n" of a stream (several for tool calls), for
+ * the choice h names:
+ *   srv_sse_role       chat only: the first chunk, delta {role, content ""};
+ *   srv_sse_text       a piece of text (len bytes);
+ *   srv_sse_tool_calls the tool calls, one delta per call (as OpenAI streams them);
+ *   srv_sse_finish     the empty delta / text with finish_reason;
+ *   srv_sse_usage      choices [] with the usage and timings of the n choices
+ *                      in stats[0, n) (per_prompt per prompt, whose prompt
+ *                      counts once), after the last choice (include_usage);
+ *   srv_sse_error      {"error": {...}} for a failure after the stream began.
+ * logprobs: a srv_logprobs_json object (taken), NULL for "logprobs": null.
  * include_usage adds "usage": null to the chunks before the last, as OpenAI does. */
-char *srv_sse_role(const srv_reply_id *id, bool include_usage);
-char *srv_sse_text(int kind, const srv_reply_id *id, const char *text, size_t len,
-                   bool include_usage);
-char *srv_sse_finish(int kind, const srv_reply_id *id, const char *finish_reason,
-                     bool include_usage);
-char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats);
+char *srv_sse_role(const srv_chunk_head *h);
+char *srv_sse_text(const srv_chunk_head *h, const char *text, size_t len, void *logprobs);
+char *srv_sse_tool_calls(const srv_chunk_head *h, const char *calls_json);
+char *srv_sse_finish(const srv_chunk_head *h, const char *finish_reason, void *logprobs);
+char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats, int n,
+                    int per_prompt);
 char *srv_sse_error(const srv_error *e);
 /* {"object": "list", "data": [{"id": model, "object": "model", ...}]}; and
  * the one model object when `one`. */
 char *srv_models_json(const char *model, time_t created, bool one);
+
+/* =========================================== streams (server_stream.c) */
+
+/* One choice of a streamed response: its engine events turned into SSE
+ * chunks. With tools, text that is or may begin a tool call is held back
+ * (content only if no call follows). With logprobs, each text chunk carries
+ * those of the tokens its text shows (the engine's TEXT events end where a
+ * token ends and carry them), and the finish chunk those no text showed (a
+ * stop string's, a tool call's): every token's once, in order, as the whole
+ * response lists them. */
+typedef struct srv_stream_choice {   /* the fields are private to server_stream.c */
+    srv_chunk_head     head;
+    const kvc_model   *model;          /* logprobs asked for (the tokens' text); NULL = not */
+    bool               tools;          /* parse tool calls ... */
+    int                tool_format;    /* ... in this enum kvc_tool_format */
+    char              *text;           /* the reply so far: [0, len) of cap ... */
+    size_t             len, cap, sent; /* ... of which [0, sent) went out as content */
+    kvc_token_logprob *lp;             /* logprobs that came with the text ... */
+    size_t            *lp_at;          /* ... and len when each one's piece had come */
+    size_t             n_lp, cap_lp, cap_at, lp_sent;   /* [0, lp_sent) went out */
+    size_t             text_offset;    /* completions: the text_offset of token lp_sent */
+    kvc_chat_stats     stats;          /* DONE's */
+    bool               done;           /* DONE came */
+} srv_stream_choice;
+
+/* Set c up (zeroed first) for the choice head names. */
+void srv_stream_choice_init(srv_stream_choice *c, srv_chunk_head head, const kvc_model *model,
+                            bool tools, int tool_format);
+/* The chunks of event ev (TEXT or DONE) of c, appended to *out ([*len] of
+ * [*cap], grown as needed). false when memory ran out. */
+bool srv_stream_choice_event(srv_stream_choice *c, const kvc_event *ev, char **out,
+                             size_t *len, size_t *cap);
+void srv_stream_choice_free(srv_stream_choice *c);   /* what c holds; NULL ok */
+/* Append the SSE text sse (taken; NULL, out of memory, appends nothing) to
+ * *out ([*len] of [*cap], grown as needed). false when memory ran out. */
+bool srv_sse_put(char **out, size_t *len, size_t *cap, char *sse);
 
 /* ======================================== metrics (server_metrics.c) */
 

@@ -334,8 +334,6 @@ int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim
     if (r->n * r->n_prompts > SRV_MAX_CHOICES)
         return BAD(e, "n", "n times the prompts is %d; at most %d choices", r->n * r->n_prompts,
                    SRV_MAX_CHOICES);
-    if (r->n * r->n_prompts > 1 && r->stream)
-        return BAD(e, "n", "more than one choice is not supported with stream: true");
     if (r->grammar) {                          /* check it compiles: the engine parses it */
         kvc_grammar *g = NULL;
         kvc_err ke = { 0 };
@@ -391,13 +389,14 @@ static cJSON *token_entry(const kvc_model *m, int32_t id, float lp, bool bytes)
     return o;
 }
 
-void *srv_logprobs_json(int kind, const kvc_event *done, const kvc_model *model)
+void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
+                        const kvc_model *model, size_t *text_offset)
 {
     cJSON *o = cJSON_CreateObject();
     if (kind == SRV_CHAT) {
         cJSON *c = cJSON_AddArrayToObject(o, "content");
-        for (int32_t i = 0; i < done->n_logprobs; i++) {
-            const kvc_token_logprob *t = &done->logprobs[i];
+        for (int32_t i = 0; i < n; i++) {
+            const kvc_token_logprob *t = &lp[i];
             cJSON *x = token_entry(model, t->token, t->logprob, true);
             cJSON *top = cJSON_AddArrayToObject(x, "top_logprobs");
             for (int32_t j = 0; j < t->n_top; j++)
@@ -412,15 +411,14 @@ void *srv_logprobs_json(int kind, const kvc_event *done, const kvc_model *model)
     cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
     cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
-    size_t off = 0;
-    for (int32_t i = 0; i < done->n_logprobs; i++) {
-        const kvc_token_logprob *t = &done->logprobs[i];
+    for (int32_t i = 0; i < n; i++) {
+        const kvc_token_logprob *t = &lp[i];
         char buf[256];
         int k = piece(model, t->token, buf, sizeof(buf));
         cJSON_AddItemToArray(toks, cJSON_CreateString(buf));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->logprob));
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        off += (size_t)k;
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*text_offset));
+        *text_offset += (size_t)k;
         cJSON *top = cJSON_CreateObject();
         for (int32_t j = 0; j < t->n_top; j++) {
             piece(model, t->top_token[j], buf, sizeof(buf));
@@ -454,96 +452,15 @@ void *srv_choice_json(int kind, int index, const kvc_event *done, const kvc_mode
     } else {
         cJSON_AddStringToObject(c, "text", text);
     }
+    size_t offset = 0;
     if (logprobs && model)
-        cJSON_AddItemToObject(c, "logprobs", srv_logprobs_json(kind, done, model));
+        cJSON_AddItemToObject(c, "logprobs", srv_logprobs_json(kind, done->logprobs,
+                                                               done->n_logprobs, model, &offset));
     else
         cJSON_AddNullToObject(c, "logprobs");
     const char *f = done->stats.finish_reason;
     cJSON_AddStringToObject(c, "finish_reason", f && *f ? f : "stop");
     return c;
-}
-
-/* A chat chunk envelope with one choice and its delta. */
-static cJSON *chunk(const srv_reply_id *id, bool include_usage, cJSON **choice, cJSON **delta)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", id->id);
-    cJSON_AddStringToObject(o, "object", "chat.completion.chunk");
-    cJSON_AddNumberToObject(o, "created", (double)id->created);
-    cJSON_AddStringToObject(o, "model", id->model ? id->model : "");
-    cJSON_AddStringToObject(o, "system_fingerprint", "kvchat");
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    *choice = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, *choice);
-    cJSON_AddNumberToObject(*choice, "index", 0);
-    *delta = cJSON_AddObjectToObject(*choice, "delta");
-    if (include_usage)
-        cJSON_AddNullToObject(o, "usage");
-    return o;
-}
-
-/* "data: JSON\n\n" appended to *out (false when out of memory). */
-static bool add_sse(char **out, size_t *len, size_t *cap, cJSON *o)
-{
-    char *j = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    bool oom = !j;
-    kvc_text_append(out, len, cap, &oom, "data: ", 6);
-    if (j)
-        kvc_text_append(out, len, cap, &oom, j, strlen(j));
-    kvc_text_append(out, len, cap, &oom, "\n\n", 2);
-    free(j);
-    return !oom;
-}
-
-char *srv_sse_tool_calls(const srv_reply_id *id, const char *calls_json, bool include_usage)
-{
-    cJSON *calls = cJSON_Parse(calls_json), *c;
-    char *out = NULL;
-    size_t len = 0, cap = 0;
-    bool ok = calls != NULL;
-    int i = 0;
-    cJSON_ArrayForEach(c, calls) {
-        cJSON *choice, *delta;
-        cJSON *o = chunk(id, include_usage, &choice, &delta);
-        cJSON_AddNullToObject(choice, "logprobs");
-        cJSON_AddNullToObject(choice, "finish_reason");
-        cJSON *arr = cJSON_AddArrayToObject(delta, "tool_calls");
-        cJSON *x = cJSON_Duplicate(c, true);
-        cJSON_AddNumberToObject(x, "index", i++);
-        cJSON_AddItemToArray(arr, x);
-        ok = ok && add_sse(&out, &len, &cap, o);
-    }
-    cJSON_Delete(calls);
-    if (!ok || !out) {
-        free(out);
-        return ok ? strdup("") : NULL;
-    }
-    return out;
-}
-
-char *srv_sse_finish_lp(int kind, const srv_reply_id *id, const kvc_event *done,
-                        const kvc_model *model, bool logprobs, bool include_usage)
-{
-    if (!logprobs || !done->n_logprobs)
-        return srv_sse_finish(kind, id, done->stats.finish_reason, include_usage);
-    cJSON *choice, *delta;
-    cJSON *o = chunk(id, include_usage, &choice, &delta);
-    if (kind != SRV_CHAT) {                    /* a text_completion chunk: text, no delta */
-        cJSON_ReplaceItemInObject(o, "object", cJSON_CreateString("text_completion"));
-        cJSON_DeleteItemFromObject(choice, "delta");
-        cJSON_AddStringToObject(choice, "text", "");
-    }
-    cJSON_AddItemToObject(choice, "logprobs", srv_logprobs_json(kind, done, model));
-    const char *f = done->stats.finish_reason;
-    cJSON_AddStringToObject(choice, "finish_reason", f && *f ? f : "stop");
-    char *out = NULL;
-    size_t len = 0, cap = 0;
-    if (!add_sse(&out, &len, &cap, o)) {
-        free(out);
-        return NULL;
-    }
-    return out;
 }
 
 /* ---------------------------------------------------------------- tokenize */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_template.h"
 #include "sampler.h"
 #include "server.h"
 #include "unicode.h"
@@ -662,93 +663,134 @@ static cJSON *envelope(const srv_reply_id *id, const char *object)
     return o;
 }
 
+/* Add choice i's stats to the usage *sum (stats of choice 0 first): the
+ * prompt counted once per prompt (per_prompt choices each). */
+static void add_choice_stats(kvc_chat_stats *sum, const kvc_chat_stats *s, int i, int per_prompt)
+{
+    if (i == 0) {
+        *sum = *s;
+        return;
+    }
+    if (per_prompt > 0 && i % per_prompt == 0)
+        sum->prompt_tokens += s->prompt_tokens;
+    sum->output_tokens += s->output_tokens;
+    sum->computed_tokens += s->computed_tokens;
+    sum->cached_tokens += s->cached_tokens;
+    sum->grammar_masks += s->grammar_masks;
+    sum->grammar_mask_ms += s->grammar_mask_ms;
+}
+
 char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
                         int per_prompt, const kvc_model *model, bool logprobs)
 {
     bool chat = kind == SRV_CHAT;
     cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    kvc_chat_stats sum = done[0].stats;      /* usage: the prompt counted once per prompt */
+    kvc_chat_stats sum = { 0 };
     for (int i = 0; i < n_done; i++) {
         cJSON_AddItemToArray(ch, srv_choice_json(kind, i, &done[i], model, logprobs));
-        if (i == 0)
-            continue;
-        const kvc_chat_stats *s = &done[i].stats;
-        if (per_prompt > 0 && i % per_prompt == 0)
-            sum.prompt_tokens += s->prompt_tokens;
-        sum.output_tokens += s->output_tokens;
-        sum.computed_tokens += s->computed_tokens;
-        sum.cached_tokens += s->cached_tokens;
-        sum.grammar_masks += s->grammar_masks;
-        sum.grammar_mask_ms += s->grammar_mask_ms;
+        add_choice_stats(&sum, &done[i].stats, i, per_prompt);
     }
     add_usage(o, &sum);
     add_timings(o, &sum);
     return print(o);
 }
 
-/* A chunk with one choice; `delta` (chat) or `text` (completion) is filled by
- * the caller through *choice. */
-static cJSON *chunk(int kind, const srv_reply_id *id, const char *finish, bool include_usage,
-                    cJSON **choice)
+/* A chunk of the choice h names, with its logprobs (taken; NULL = null);
+ * *choice gets its delta (chat) or the choice itself (completion, for its
+ * text), to be filled by the caller. */
+static cJSON *chunk(const srv_chunk_head *h, const char *finish, cJSON *logprobs, cJSON **choice)
 {
-    bool chat = kind == SRV_CHAT;
-    cJSON *o = envelope(id, chat ? "chat.completion.chunk" : "text_completion");
+    bool chat = h->kind == SRV_CHAT;
+    cJSON *o = envelope(h->id, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(o, "choices");
     cJSON *c = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", h->index);
     *choice = chat ? cJSON_AddObjectToObject(c, "delta") : c;
-    cJSON_AddNullToObject(c, "logprobs");
+    if (logprobs)
+        cJSON_AddItemToObject(c, "logprobs", logprobs);
+    else
+        cJSON_AddNullToObject(c, "logprobs");
     if (finish)
         cJSON_AddStringToObject(c, "finish_reason", finish);
     else
         cJSON_AddNullToObject(c, "finish_reason");
-    if (include_usage)
+    if (h->include_usage)
         cJSON_AddNullToObject(o, "usage");
     return o;
 }
 
-char *srv_sse_role(const srv_reply_id *id, bool include_usage)
+char *srv_sse_role(const srv_chunk_head *h)
 {
     cJSON *d;
-    cJSON *o = chunk(SRV_CHAT, id, NULL, include_usage, &d);
+    cJSON *o = chunk(h, NULL, NULL, &d);
     cJSON_AddStringToObject(d, "role", "assistant");
     cJSON_AddStringToObject(d, "content", "");
     return sse(o);
 }
 
-char *srv_sse_text(int kind, const srv_reply_id *id, const char *text, size_t len,
-                   bool include_usage)
+char *srv_sse_text(const srv_chunk_head *h, const char *text, size_t len, void *logprobs)
 {
     char *t = malloc(len + 1);
-    if (!t)
+    if (!t) {
+        cJSON_Delete(logprobs);
         return NULL;
+    }
     memcpy(t, text, len);
     t[len] = 0;
     cJSON *d;
-    cJSON *o = chunk(kind, id, NULL, include_usage, &d);
-    cJSON_AddStringToObject(d, kind == SRV_CHAT ? "content" : "text", t);
+    cJSON *o = chunk(h, NULL, logprobs, &d);
+    cJSON_AddStringToObject(d, h->kind == SRV_CHAT ? "content" : "text", t);
     free(t);
     return sse(o);
 }
 
-char *srv_sse_finish(int kind, const srv_reply_id *id, const char *finish_reason,
-                     bool include_usage)
+char *srv_sse_tool_calls(const srv_chunk_head *h, const char *calls_json)
+{
+    cJSON *calls = cJSON_Parse(calls_json), *c;
+    char *out = NULL;
+    size_t len = 0, cap = 0;
+    bool oom = !calls;
+    int i = 0;
+    cJSON_ArrayForEach(c, calls) {
+        cJSON *d;
+        cJSON *o = chunk(h, NULL, NULL, &d);
+        cJSON *x = cJSON_Duplicate(c, true);
+        cJSON_AddNumberToObject(x, "index", i++);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), x);
+        char *e = sse(o);
+        kvc_text_append(&out, &len, &cap, &oom, e ? e : "", e ? strlen(e) : 0);
+        oom = oom || !e;
+        free(e);
+    }
+    cJSON_Delete(calls);
+    if (oom) {
+        free(out);
+        return NULL;
+    }
+    return out ? out : strdup("");
+}
+
+char *srv_sse_finish(const srv_chunk_head *h, const char *finish_reason, void *logprobs)
 {
     cJSON *d;
-    cJSON *o = chunk(kind, id, finish_name(finish_reason), include_usage, &d);
-    if (kind != SRV_CHAT)
+    cJSON *o = chunk(h, finish_name(finish_reason), logprobs, &d);
+    if (h->kind != SRV_CHAT)
         cJSON_AddStringToObject(d, "text", "");
     return sse(o);
 }
 
-char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats)
+char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats, int n,
+                    int per_prompt)
 {
     cJSON *o = envelope(id, kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
     cJSON_AddArrayToObject(o, "choices");
-    add_usage(o, stats);
-    add_timings(o, stats);
+    kvc_chat_stats sum = { 0 };
+    for (int i = 0; i < n; i++)
+        add_choice_stats(&sum, &stats[i], i, per_prompt);
+    add_usage(o, &sum);
+    add_timings(o, &sum);
     return sse(o);
 }
 
