@@ -2,7 +2,8 @@
 // client: forced tool calls valid against their schema (ajv), streamed tool
 // calls assembled by the client, a 30-step agent loop whose turns compute
 // only their new tokens, 20 json_schema response formats on a random-weight
-// model, and n = 4 computing the prompt once (/metrics).
+// model, n = 4 computing the prompt once (/metrics), stream: true with n = 2
+// assembled per choice by the client, and streamed logprobs in every chunk.
 //
 // The server runs the generated demo model with tests/node/hermes.jinja, a
 // Hermes/Qwen-style template that renders tools and tool calls.
@@ -246,4 +247,43 @@ test('n = 4 computes the prompt once', async () => {
   console.log(`n=4: prompt ${prompt} tokens, computed ${done}`);
   // once, plus at most the last partial block (< 16 tokens) for each other choice
   assert.ok(done < prompt + 3 * 16, `computed ${done} for a prompt of ${prompt}`);
+});
+
+test('stream: true with n = 2: the client assembles each choice as the whole answer', async () => {
+  const req = { messages: [{ role: 'user', content: 'Tell me about the sea.' }], n: 2,
+                max_tokens: 16, temperature: 1, seed: 9 };
+  const whole = await client.chat.completions.create(req);
+  const stream = client.chat.completions.stream({ ...req, stream: true });
+  const final = await stream.finalChatCompletion();
+  assert.equal(final.choices.length, 2);
+  for (const c of whole.choices) {
+    const s = final.choices.find((x) => x.index === c.index);
+    assert.equal(s.message.content, c.message.content, `choice ${c.index}`);
+    assert.equal(s.finish_reason, c.finish_reason);
+  }
+});
+
+test('streamed logprobs come in each chunk with its text', async () => {
+  const req = { messages: [{ role: 'user', content: 'Tell me about the sea.' }], max_tokens: 16,
+                temperature: 1, seed: 4, logprobs: true, top_logprobs: 2 };
+  const whole = await client.chat.completions.create(req);
+  const stream = await client.chat.completions.create({ ...req, stream: true });
+  const got = [];
+  let text = '';
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (!c)
+      continue;
+    const content = c.delta.content ?? '';
+    if (content) {
+      const lp = c.logprobs?.content ?? [];
+      assert.ok(lp.length > 0, `chunk '${content}' without logprobs`);
+      const bytes = Buffer.from(lp.flatMap((t) => t.bytes));
+      assert.equal(bytes.toString('utf8'), content);
+      text += content;
+    }
+    got.push(...(c.logprobs?.content ?? []));
+  }
+  assert.equal(text, whole.choices[0].message.content);
+  assert.deepEqual(got, whole.choices[0].logprobs.content);
 });
