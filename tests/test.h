@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kvchat.h"
 
@@ -104,6 +105,20 @@ static inline kvc_model *test_gen_model(const char *dir, const char *preset, cha
     CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "%s", err);
     CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
     return m;
+}
+
+/* Wait until engine e has no background work left (the canonical tokens of
+ * the last reply computed); false after 10 s. */
+static inline bool test_wait_background(kvc_engine *e)
+{
+    for (int i = 0; i < 5000; i++) {
+        kvc_engine_metrics m;
+        kvc_engine_get_metrics(e, &m);
+        if (m.bg_pending == 0)
+            return true;
+        usleep(2000);
+    }
+    return false;
 }
 
 #endif

@@ -142,18 +142,6 @@ static char *cold_reply(kvc_model *m, const conv *c, const kvc_chat_params *p)
     return reply;
 }
 
-static bool wait_background(kvc_engine *e)
-{
-    for (int i = 0; i < 2000; i++) {
-        kvc_engine_metrics m;
-        kvc_engine_get_metrics(e, &m);
-        if (m.bg_pending == 0)
-            return true;
-        usleep(2000);
-    }
-    return false;
-}
-
 typedef struct totals {
     int requests, equal, utf8_ok, bg_waits;
     uint64_t bg_jobs, bg_tokens;
@@ -254,7 +242,7 @@ static void run(kvc_model *m, const char *name, totals *t)
         }
         if (rint_(3)) {
             t->bg_waits++;
-            CHECKF(wait_background(e), "%s: background work never finished", name);
+            CHECKF(test_wait_background(e), "%s: background work never finished", name);
         }
     }
     kvc_engine_metrics mt;

@@ -278,18 +278,19 @@ static char *ask(kvc_engine *e, const kvc_chat_message *msgs, size_t n, kvc_chat
     return ask_key(e, "conv", msgs, n, st);
 }
 
-/* Wait until the engine has no background work left: the canonical tokens
- * of the last reply are computed. */
-static bool wait_background(kvc_engine *e)
+/* An engine on a 512-token context, one thread, a disk tier of disk_mib in
+ * dir (0: none). */
+static kvc_engine_params engine_params(const char *dir, const char *model_path,
+                                       int32_t n_parallel, int64_t disk_mib)
 {
-    for (int i = 0; i < 5000; i++) {
-        kvc_engine_metrics em;
-        kvc_engine_get_metrics(e, &em);
-        if (em.bg_pending == 0)
-            return true;
-        usleep(2000);
-    }
-    return false;
+    kvc_engine_params ep = kvc_engine_default_params();
+    ep.n_ctx = 512;
+    ep.n_threads = 1;
+    ep.n_parallel = n_parallel;
+    ep.cache_disk_mib = disk_mib;
+    ep.cache_dir = dir;
+    ep.model_path = model_path;
+    return ep;
 }
 
 static void test_engine_restart(kvc_model *m, const char *model_path)
@@ -301,13 +302,7 @@ static void test_engine_restart(kvc_model *m, const char *model_path)
         at += snprintf(user + at, sizeof(user) - (size_t)at, " %s", i % 3 ? "stone" : "river");
     kvc_chat_message msgs[4] = { { "system", "You are terse." }, { "user", user },
                                  { "assistant", NULL }, { "user", "And then?" } };
-    kvc_engine_params ep = kvc_engine_default_params();
-    ep.n_ctx = 512;
-    ep.n_threads = 1;
-    ep.n_parallel = 2;
-    ep.cache_disk_mib = 16;
-    ep.cache_dir = dir;
-    ep.model_path = model_path;
+    kvc_engine_params ep = engine_params(dir, model_path, 2, 16);
     kvc_engine *e = NULL;
     char err[512];
     CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
@@ -353,14 +348,8 @@ static char *a_b_a(kvc_model *m, const char *model_path, int32_t idle, bool disk
                               { "assistant", NULL }, { "user", "And the sea?" } };
     kvc_chat_message b[1] = { { "user", "Something else entirely, about mountains." } };
     kvc_chat_message c[1] = { { "user", "And now about the weather in the hills." } };
-    kvc_engine_params ep = kvc_engine_default_params();
-    ep.n_ctx = 512;
-    ep.n_threads = 1;
-    ep.n_parallel = 1;
+    kvc_engine_params ep = engine_params(dir, model_path, 1, disk ? 16 : 0);
     ep.max_sessions = idle;
-    ep.cache_disk_mib = disk ? 16 : 0;
-    ep.cache_dir = dir;
-    ep.model_path = model_path;
     kvc_engine *e = NULL;
     char err[512];
     CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
@@ -368,11 +357,11 @@ static char *a_b_a(kvc_model *m, const char *model_path, int32_t idle, bool disk
         return NULL;
     kvc_chat_stats s1, s2;
     char *r1 = ask_key(e, "A", a, 1, &s1);
-    CHECK(wait_background(e));
+    CHECK(test_wait_background(e));
     char *rb = ask_key(e, "B", b, 1, &s2);
-    CHECK(wait_background(e));
+    CHECK(test_wait_background(e));
     char *rc = ask_key(e, "C", c, 1, &s2);
-    CHECK(wait_background(e));
+    CHECK(test_wait_background(e));
     a[1].content = r1 ? r1 : "";
     char *r2 = ask_key(e, "A", a, 3, st);
     kvc_engine_free(e);
