@@ -464,34 +464,45 @@ void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int6
         put_now(t, &d, block);
 }
 
-int32_t kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
-                             const kvc_pc_match *m, int32_t min_len, int32_t *block)
+/* The tail of k tokens after the match m: its key and where it is. */
+static kvc_block_desc tail_desc(kvc_tiers *t, uint64_t ns, const int32_t *tokens,
+                                const kvc_pc_match *m, int32_t k)
 {
-    *block = -1;
+    const uint64_t h = start_hash(t, ns, m);
+    const int32_t *tt = tokens + (int64_t)m->n_full * t->B;
+    return (kvc_block_desc){ tail_hash(h, tt, k), h, k, tt, ns };
+}
+
+int32_t kvc_tiers_probe_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                             const kvc_pc_match *m, int32_t min_len)
+{
     if (m->pending)
         return 0;
-    const int64_t from = (int64_t)m->n_full * t->B;
-    const uint64_t h = start_hash(t, ns, m);
-    const int32_t *tt = tokens + from;
-    for (int32_t k = (int32_t)KVC_MIN(t->B - 1, n - from); k > min_len; k--) {
-        kvc_block_desc d = { tail_hash(h, tt, k), h, k, tt, ns };
-        if (!queued(t, &d, NULL) && !stored(t, d.hash))
-            continue;
-        int32_t b = kvc_kv_block_alloc(t->pool);
-        if (b < 0)
-            return 0;
-        if (!read_into(t, &d, b)) {
-            kvc_kv_block_unref(t->pool, b);
-            pthread_mutex_lock(&t->q_mu);
-            t->st.fetch_failures++;
-            pthread_mutex_unlock(&t->q_mu);
-            continue;                                /* a shorter one may still be there */
-        }
-        pthread_mutex_lock(&t->q_mu);
-        t->st.tails_fetched++;
-        pthread_mutex_unlock(&t->q_mu);
-        *block = b;
-        return k;
+    for (int32_t k = (int32_t)KVC_MIN(t->B - 1, n - (int64_t)m->n_full * t->B); k > min_len; k--) {
+        kvc_block_desc d = tail_desc(t, ns, tokens, m, k);
+        if (queued(t, &d, NULL) || stored(t, d.hash))
+            return k;
     }
     return 0;
+}
+
+bool kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens,
+                          const kvc_pc_match *m, int32_t k, int32_t *block)
+{
+    *block = -1;
+    kvc_block_desc d = tail_desc(t, ns, tokens, m, k);
+    int32_t b = kvc_kv_block_alloc(t->pool);
+    if (b < 0)
+        return false;
+    bool ok = read_into(t, &d, b);
+    pthread_mutex_lock(&t->q_mu);
+    t->st.tails_fetched += ok;
+    t->st.fetch_failures += !ok;
+    pthread_mutex_unlock(&t->q_mu);
+    if (!ok) {
+        kvc_kv_block_unref(t->pool, b);
+        return false;
+    }
+    *block = b;
+    return true;
 }

@@ -79,12 +79,18 @@ int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node);
  * K/V is in pool block `block` (copied now), in namespace ns. */
 void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
                           int32_t block);
-/* The longest tail the store holds for tokens[0, n) after the match `m` (the
- * full blocks before it: m->n_full of them), longer than min_len tokens: read
- * into a newly allocated pool block, *block (the caller owns its reference;
- * -1 when none). Returns its length in tokens, 0 when none. */
-int32_t kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
-                             const kvc_pc_match *m, int32_t min_len, int32_t *block);
+/* The length of the longest tail the store holds for tokens[0, n) after the
+ * match `m` (the full blocks before it: m->n_full of them), longer than
+ * min_len tokens; 0 when none. Reads nothing, so the caller can make room
+ * first. */
+int32_t kvc_tiers_probe_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                             const kvc_pc_match *m, int32_t min_len);
+/* Read that tail, k tokens long (kvc_tiers_probe_tail), into a newly
+ * allocated pool block, *block (the caller owns its reference). false, with
+ * *block -1, when no block is free or the store does not give it (missing,
+ * or corrupt: discarded). */
+bool kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens,
+                          const kvc_pc_match *m, int32_t k, int32_t *block);
 
 /* Wait until the writer has written everything queued. */
 void kvc_tiers_flush(kvc_tiers *t);

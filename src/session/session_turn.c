@@ -464,9 +464,24 @@ int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int ki
 
 /* ------------------------------------------------------------- prepare */
 
+/* Free blocks beyond those promised to running turns, after asking `room`
+ * for k when fewer are free (m's nodes pinned meanwhile: room evicts). */
+static int64_t free_for(kvc_context *c, kvc_pc_match *m, int64_t k, kvc_room_fn room,
+                        void *user)
+{
+    if (kvc_kv_n_free(c->pool) - c->promised < k && room) {
+        kvc_pc_pin(m->last);
+        kvc_pc_pin(m->partial);
+        room(c, c->promised + k, user);
+        kvc_pc_unpin(m->last);
+        kvc_pc_unpin(m->partial);
+    }
+    return kvc_kv_n_free(c->pool) - c->promised;
+}
+
 /* Continue the tree's match `m` into the disk tier (DESIGN.md §5): the run of
  * following blocks the store holds is read into the pool (room made for it
- * first, the match kept pinned) and entered in the tree, so the longest prefix
+ * first) and entered in the tree, so the longest prefix
  * across both tiers is used and never recomputed. Only when the run reaches
  * past what the session holds itself (`own`). Returns the blocks read. */
 static int64_t fetch_disk(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn room,
@@ -477,18 +492,10 @@ static int64_t fetch_disk(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn
     int64_t k = kvc_tiers_probe(c->tiers, t->s->ns, t->toks.v, t->n_fill, m);
     if (k == 0 || (m->n_full + k) * B <= own)
         return 0;
-    kvc_pc_node *last = m->last, *partial = m->partial;
-    kvc_pc_pin(last);
-    kvc_pc_pin(partial);
-    if (kvc_kv_n_free(c->pool) - c->promised < k && room)
-        room(c, c->promised + k, user);
-    int64_t avail = kvc_kv_n_free(c->pool) - c->promised;
-    int64_t got = avail > 0 ? kvc_tiers_fetch(c->tiers, t->s->ns, t->toks.v, t->n_fill,
-                                              m, KVC_MIN(k, avail))
-                            : 0;
-    kvc_pc_unpin(last);
-    kvc_pc_unpin(partial);
-    return got;
+    int64_t avail = free_for(c, m, k, room, user);
+    return avail > 0 ? kvc_tiers_fetch(c->tiers, t->s->ns, t->toks.v, t->n_fill, m,
+                                       KVC_MIN(k, avail))
+                     : 0;
 }
 
 /* The conversation's tail, where it went down with its session's K/V
@@ -504,20 +511,13 @@ static int32_t fetch_tail(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn
     *block = -1;
     if (min_len >= B - 1 || base + min_len >= t->n_fill)
         return 0;
-    kvc_pc_pin(m->last);
-    kvc_pc_pin(m->partial);
-    if (kvc_kv_n_free(c->pool) - c->promised < 1 && room)
-        room(c, c->promised + 1, user);
-    int32_t k = kvc_kv_n_free(c->pool) - c->promised >= 1
-                    ? kvc_tiers_fetch_tail(c->tiers, t->s->ns, t->toks.v, t->n_fill, m,
-                                           (int32_t)KVC_MAX(min_len, 0), block)
-                    : 0;
-    kvc_pc_unpin(m->last);
-    kvc_pc_unpin(m->partial);
-    if (k > 0) {
-        m->partial = NULL;                   /* the tail is the longer */
-        m->partial_len = 0;
-    }
+    int32_t k = kvc_tiers_probe_tail(c->tiers, t->s->ns, t->toks.v, t->n_fill, m,
+                                     (int32_t)KVC_MAX(min_len, 0));
+    if (k == 0 || free_for(c, m, 1, room, user) < 1 ||
+        !kvc_tiers_fetch_tail(c->tiers, t->s->ns, t->toks.v, m, k, block))
+        return 0;
+    m->partial = NULL;                       /* the tail is the longer */
+    m->partial_len = 0;
     return k;
 }
 
