@@ -115,9 +115,9 @@ struct kvc_server {
     srv_bulk          *bulk;         /* where large bodies are parsed and tokenized */
 };
 
-#define MAX_NAMESPACE 640
+#define MAX_NAMESPACE 640         /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
 #define LARGE_BODY    (1u << 20)  /* bytes: a body this large is parsed and tokenized on the
-                                     bulk thread (server_bulk.c) */     /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
+                                     bulk thread (server_bulk.c) */
 
 enum route {
     ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
@@ -318,7 +318,6 @@ static kvc_request_params choice_params(const srv_request *rq, int i)
     return p;
 }
 
-
 typedef struct submit_job {
     kvc_server               *s;
     const kvc_request_params *p;
@@ -334,17 +333,24 @@ static void submit_now(void *arg)
     j->r = kvc_engine_submit(j->s->engine, j->p, j->status, j->err, j->err_size);
 }
 
+/* Run fn(arg), the heavy work of c's body (parsing, rendering, tokenizing):
+ * a large body's on the bulk thread, whose work never takes a core the
+ * engine wants (a running stream's tokens would stall), others' here. */
+static void run_for_body(kvc_server *s, const conn *c, void (*fn)(void *), void *arg)
+{
+    if (c->len > LARGE_BODY)
+        srv_bulk_run(s->bulk, fn, arg);
+    else
+        fn(arg);
+}
+
 /* Submit to the engine, which renders and tokenizes the prompt in the calling
- * thread: a large body's on the bulk thread, whose work never takes a core
- * the engine wants (a running stream's tokens would stall). */
+ * thread (run_for_body). */
 static kvc_request *submit(kvc_server *s, const conn *c, const kvc_request_params *p,
                            int *status, char *err, size_t err_size)
 {
     submit_job j = { s, p, status, err, err_size, NULL };
-    if (c->len > LARGE_BODY)
-        srv_bulk_run(s->bulk, submit_now, &j);
-    else
-        submit_now(&j);
+    run_for_body(s, c, submit_now, &j);
     return j.r;
 }
 
@@ -672,8 +678,8 @@ static void parse_now(void *arg)
 }
 
 /* The last call for a completion POST (the whole body is in c): 413 when it
- * went past the limit, 400 when it does not validate, else run it. A large
- * body is parsed on the bulk thread. */
+ * went past the limit, 400 when it does not validate, else run it. Parsed
+ * through run_for_body. */
 static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *mc, conn *c)
 {
     srv_error e;
@@ -693,10 +699,7 @@ static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *m
     srv_request rq;
     int kind = c->route == ROUTE_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT;
     parse_job pj = { s, c, kind, &rq, &e, 0 };
-    if (c->len > LARGE_BODY)
-        srv_bulk_run(s->bulk, parse_now, &pj);
-    else
-        parse_now(&pj);
+    run_for_body(s, c, parse_now, &pj);
     if (pj.rc != 0)
         return respond_error(s, mc, c, &e);
     free(c->body);   /* the parsed tree holds what is needed */
