@@ -759,10 +759,8 @@ char *srv_sse_tool_calls(const srv_chunk_head *h, const char *calls_json)
         cJSON *x = cJSON_Duplicate(c, true);
         cJSON_AddNumberToObject(x, "index", i++);
         cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), x);
-        char *e = sse(o);
-        kvc_text_append(&out, &len, &cap, &oom, e ? e : "", e ? strlen(e) : 0);
-        oom = oom || !e;
-        free(e);
+        if (!srv_sse_put(&out, &len, &cap, sse(o)))
+            oom = true;
     }
     cJSON_Delete(calls);
     if (oom) {
