@@ -10,9 +10,9 @@
  *
  * Waiting never blocks forever: kvc_request_next runs with a short tick, and
  * after every event and every tick the wait checks whether the client hung
- * up (POLLRDHUP on its socket) and whether the server is stopping; either
- * ends the request, and releasing the kvc_request cancels its generation -
- * as promptly for a request answered whole as for a stream.
+ * up (POLLRDHUP on its socket: srv_peer_gone) and whether the server is
+ * stopping; either ends the request, and releasing the kvc_request cancels
+ * its generation - as promptly for a request answered whole as for a stream.
  *
  * Connections (a thread each) are limited in number, in total and per client
  * address, and each request must arrive whole within a deadline that bytes
@@ -28,17 +28,16 @@
  *
  * Streaming: the first event is awaited before any byte is sent, so an error
  * known by then (context length, queue full) is a plain JSON error with its
- * status. After that, an MHD callback response reads events (the reader
- * blocks on the engine, which is fine in a connection's own thread; with
- * several choices it takes their events in turns, so their chunks interleave,
- * server_stream.c formatting each) and its free callback releases - and so
- * cancels - every choice's request: a client that disconnects mid-stream
- * stops its generation. */
+ * status. After that, an MHD callback response reads the stream
+ * (server_stream.c: its reader blocks on the engine, which is fine in a
+ * connection's own thread; with several choices it takes their events in
+ * turns, so their chunks interleave) and its free callback frees it, which
+ * releases - and so cancels - every choice's request: a client that
+ * disconnects mid-stream stops its generation. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -53,9 +52,6 @@
 #include "sampler.h"
 #include "server.h"
 #include "tool_calls.h"
-
-#define TICK_MS          200          /* engine wait slice between hang-up checks */
-#define STREAM_BATCH     (16 << 10)   /* SSE bytes gathered from ready events per write */
 
 kvc_server_params kvc_server_default_params(void)
 {
@@ -229,15 +225,6 @@ static enum MHD_Result respond_json(const kvc_server *s, struct MHD_Connection *
 
 /* ============================================================== waiting */
 
-/* Whether the client closed its side (or the socket failed). A client that
- * half-closes after its request is taken as gone; HTTP clients do not. */
-static bool peer_gone(int fd)
-{
-    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
-    return fd >= 0 && poll(&p, 1, 0) > 0 &&
-           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
 static int conn_fd(struct MHD_Connection *mc)
 {
     const union MHD_ConnectionInfo *ci =
@@ -272,14 +259,14 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 static bool wait_end(kvc_server *s, int fd, kvc_request *r, kvc_event *ev)
 {
     for (;;) {
-        if (kvc_request_next(r, ev, TICK_MS)) {
+        if (kvc_request_next(r, ev, SRV_TICK_MS)) {
             if (ev->type != KVC_EVENT_TEXT)
                 return true;
             kvc_event_clear(ev);
         }
         /* after a dropped event too: a request answered whole gets an event
          * per token and would otherwise never look (a poll is a microsecond) */
-        if (atomic_load(&s->stopping) || peer_gone(fd))
+        if (atomic_load(&s->stopping) || srv_peer_gone(fd))
             return false;
     }
 }
@@ -374,173 +361,28 @@ static bool submit_choices(kvc_server *s, const conn *c, const srv_request *rq,
 
 /* ============================================================ streaming */
 
-#define ANY_SLICE_MS 5   /* several choices: the wait on one before looking at all again */
-
-/* A streamed response: its choices' requests and chunk state, and SSE text
- * waiting to be sent. */
-typedef struct stream {
-    kvc_server   *srv;
-    int           fd;
-    int           kind;          /* enum srv_kind */
-    bool          include_usage;
-    bool          finished;      /* the end or an error formatted: nothing more to wait for */
-    srv_reply_id  id;
-    char         *model;         /* id.model's storage */
-    char         *buf;           /* [len] bytes of [cap]; sent up to pos */
-    size_t        len, pos, cap;
-    int           n, per_prompt; /* choices, of which per_prompt for each prompt */
-    int           open;          /* choices without their DONE yet */
-    int           next;          /* the choice to look at first: they take turns */
-    kvc_request  *req[SRV_MAX_CHOICES];
-    srv_stream_choice choice[SRV_MAX_CHOICES];
-} stream;
-
-/* Append a formatted SSE string (taken). false when out of memory. */
-static bool stream_put(stream *st, char *s)
-{
-    return srv_sse_put(&st->buf, &st->len, &st->cap, s);
-}
-
-/* The next event of any choice still open into *ev; its index. They are
- * looked at in turns, so that the choices' chunks interleave as they come.
- * With none ready: -1 at once unless `wait`, else wait (a slice on one
- * choice, then all are looked at again) until one is ready, or -1 when the
- * client went away or the server is stopping (nothing in *ev). */
-static int next_event(stream *st, kvc_event *ev, bool wait)
-{
-    for (;;) {
-        int first = -1;
-        for (int k = 0; k < st->n; k++) {
-            int i = (st->next + k) % st->n;
-            if (st->choice[i].done)
-                continue;
-            if (kvc_request_next(st->req[i], ev, 0)) {
-                st->next = (i + 1) % st->n;
-                return i;
-            }
-            if (first < 0)
-                first = i;
-        }
-        if (!wait || first < 0)
-            return -1;
-        if (kvc_request_next(st->req[first], ev, st->n > 1 ? ANY_SLICE_MS : TICK_MS)) {
-            st->next = (first + 1) % st->n;
-            return first;
-        }
-        if (atomic_load(&st->srv->stopping) || peer_gone(st->fd))
-            return -1;
-    }
-}
-
-/* Format event ev of choice i; after the last choice's DONE, the usage chunk
- * (include_usage) and [DONE]. false when out of memory. */
-static bool stream_event(stream *st, int i, const kvc_event *ev)
-{
-    kvc_server *s = st->srv;
-    if (ev->type == KVC_EVENT_ERROR) {
-        srv_error e;
-        srv_error_from_status(&e, ev->status, ev->message);
-        srv_metrics_failed(s->metrics);
-        st->finished = true;
-        return stream_put(st, srv_sse_error(&e));
-    }
-    if (ev->type == KVC_EVENT_DONE) {
-        srv_metrics_done(s->metrics, &ev->stats);
-        st->open--;
-    }
-    if (!srv_stream_choice_event(&st->choice[i], ev, &st->buf, &st->len, &st->cap))
-        return false;
-    if (st->open > 0)
-        return true;
-    st->finished = true;
-    if (st->include_usage) {
-        kvc_chat_stats stats[SRV_MAX_CHOICES];
-        for (int k = 0; k < st->n; k++)
-            stats[k] = st->choice[k].stats;
-        if (!stream_put(st, srv_sse_usage(st->kind, &st->id, stats, st->n, st->per_prompt)))
-            return false;
-    }
-    return stream_put(st, strdup("data: [DONE]\n\n"));
-}
-
-/* MHD content reader: copy what is pending; when nothing is, wait for the
- * next event (then gather the ones already there, up to STREAM_BATCH). */
+/* MHD's content reader and free callback over the stream (server_stream.c). */
 static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
 {
-    stream *st = cls;
-    while (st->pos == st->len) {
-        if (st->finished)
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        st->pos = st->len = 0;
-        kvc_event ev;
-        int i = next_event(st, &ev, true);
-        if (i < 0)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        bool ok = stream_event(st, i, &ev);
-        kvc_event_clear(&ev);
-        while (ok && !st->finished && st->len < STREAM_BATCH &&
-               (i = next_event(st, &ev, false)) >= 0) {
-            ok = stream_event(st, i, &ev);
-            kvc_event_clear(&ev);
-        }
-        if (!ok)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-    size_t n = st->len - st->pos < max ? st->len - st->pos : max;
-    memcpy(out, st->buf + st->pos, n);
-    st->pos += n;
-    return (ssize_t)n;
+    ssize_t n = srv_stream_read(cls, out, max);
+    return n == SRV_STREAM_END     ? MHD_CONTENT_READER_END_OF_STREAM
+           : n == SRV_STREAM_ERROR ? MHD_CONTENT_READER_END_WITH_ERROR
+                                   : n;
 }
 
-/* MHD free callback: the response is done with (sent, or the client went
- * away). Releasing the requests cancels those still generating. */
 static void stream_free(void *cls)
 {
-    stream *st = cls;
-    for (int i = 0; i < st->n; i++) {
-        kvc_request_free(st->req[i]);
-        srv_stream_choice_free(&st->choice[i]);
-    }
-    free(st->model);
-    free(st->buf);
-    free(st);
-}
-
-/* A stream for the choices of rq, their requests not yet submitted. NULL
- * when out of memory. */
-static stream *stream_new(kvc_server *s, int fd, const srv_request *rq)
-{
-    stream *st = calloc(1, sizeof(*st));
-    char *model = strdup(rq->model ? rq->model : s->model_name);
-    if (!st || !model) {
-        free(st);
-        free(model);
-        return NULL;
-    }
-    *st = (stream){ .srv = s, .fd = fd, .kind = rq->kind, .include_usage = rq->include_usage,
-                    .model = model, .n = rq->n * rq->n_prompts, .per_prompt = rq->n };
-    st->open = st->n;
-    make_id(s, rq->kind, &st->id, st->model);
-    for (int i = 0; i < st->n; i++)
-        srv_stream_choice_init(&st->choice[i], (srv_chunk_head){ rq->kind, &st->id, i,
-                                                                 rq->include_usage },
-                               rq->logprobs >= 0 ? s->lim.model : NULL,
-                               rq->params.chat.parse_tool_calls, s->lim.tool_format);
-    return st;
+    srv_stream_free(cls);
 }
 
 /* Start the SSE response (taking st) with the first event, of choice i. */
-static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, stream *st, int i,
-                                    const kvc_event *first)
+static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, srv_stream *st,
+                                    int i, const kvc_event *first)
 {
-    bool ok = true;
-    for (int k = 0; ok && st->kind == SRV_CHAT && k < st->n; k++)
-        ok = stream_put(st, srv_sse_role(&st->choice[k].head));
-    ok = ok && stream_event(st, i, first);
-    struct MHD_Response *resp = ok ? MHD_create_response_from_callback(
+    struct MHD_Response *resp = srv_stream_begin(st, i, first) ? MHD_create_response_from_callback(
         MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
     if (!resp) {
-        stream_free(st);
+        srv_stream_free(st);
         return respond(s, mc, 500, NULL, NULL, NULL);
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -558,23 +400,27 @@ static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, st
 static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                   const srv_request *rq)
 {
-    stream *st = stream_new(s, conn_fd(mc), rq);
+    srv_reply_id id;
+    make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
+    srv_stream *st = srv_stream_new(rq, &id, &s->lim, s->metrics, &s->stopping, conn_fd(mc));
     if (!st)
         return respond(s, mc, 500, NULL, NULL, NULL);
+    int n;
+    kvc_request **req = srv_stream_requests(st, &n);
     srv_error e = { 0 };
     kvc_event ev;
     int i = -1;
-    if (submit_choices(s, c, rq, st->req, st->n, &e) && (i = next_event(st, &ev, true)) >= 0 &&
+    if (submit_choices(s, c, rq, req, n, &e) && (i = srv_stream_next(st, &ev, true)) >= 0 &&
         ev.type == KVC_EVENT_ERROR)
         srv_error_from_status(&e, ev.status, ev.message);
     enum MHD_Result ret = MHD_NO;             /* gone or stopping: no answer */
     if (e.http_status) {
-        stream_free(st);                      /* cancels the others */
+        srv_stream_free(st);                  /* cancels the others */
         ret = respond_error(s, mc, c, &e);
     } else if (i >= 0) {
         ret = start_stream(s, mc, st, i, &ev);
     } else {
-        stream_free(st);
+        srv_stream_free(st);
     }
     if (i >= 0)
         kvc_event_clear(&ev);
@@ -1091,7 +937,7 @@ void kvc_server_stop(kvc_server *s)
 {
     if (!s)
         return;
-    atomic_store(&s->stopping, true);   /* waits end within TICK_MS */
+    atomic_store(&s->stopping, true);   /* waits end within SRV_TICK_MS */
     MHD_stop_daemon(s->daemon);         /* closes the sockets, joins the threads */
     server_free(s);                     /* the guard's watchdog last: no socket is left */
 }

@@ -3,19 +3,22 @@
  * The parts, one file each:
  *   server.c          the HTTP layer (libmicrohttpd, one thread per connection):
  *                     routing, API key, body limits, waiting on the engine,
- *                     streaming (SSE) with client hang-up detection;
+ *                     the streamed (SSE) response;
  *   server_json.c     request bodies -> kvc_request_params (validated, with
  *                     OpenAI-style errors naming the field), and the response,
  *                     chunk and error JSON;
  *   server_agent.c    the agent API's fields (tools, response_format, logprobs,
  *                     n, ...) and their parts of a response;
- *   server_stream.c   one streamed choice: engine events -> SSE chunks, text
- *                     held back for tool calls, logprobs sent with their text;
+ *   server_stream.c   a streamed response: its reader, taking its choices'
+ *                     events in turns, and one choice's engine events -> SSE
+ *                     chunks, text held back for tool calls, logprobs sent
+ *                     with their text;
  *   server_bulk.c     the thread that parses and tokenizes large bodies;
  *   server_metrics.c  the server's own counters (TTFT histogram, decode speed)
  *                     and the Prometheus text of /metrics;
  *   server_guard.c    the deadline for receiving a request (a watchdog that
- *                     drops connections whose request has not arrived in time).
+ *                     drops connections whose request has not arrived in time),
+ *                     and whether a client hung up.
  *
  * Threads: every HTTP connection has its own thread; a request blocks that
  * thread only (kvc_request_next with a short tick, checking for a client that
@@ -23,9 +26,11 @@
 #ifndef KVC_SERVER_H
 #define KVC_SERVER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "kvchat.h"
@@ -108,6 +113,13 @@ void srv_guard_arm(srv_guard *g, srv_conn *c);
 void srv_guard_disarm(srv_conn *c);
 /* Connections open, and dropped for their deadline since the start. */
 void srv_guard_counts(srv_guard *g, int64_t *open, uint64_t *dropped);
+
+#define SRV_TICK_MS 200   /* engine wait slice between hang-up checks */
+
+/* Whether the client on socket fd closed its side (or the socket failed;
+ * false for fd < 0). A client that half-closes after its request is taken as
+ * gone; HTTP clients do not. A poll that does not wait. */
+bool srv_peer_gone(int fd);
 
 /* ==================================================== bulk (server_bulk.c) */
 
@@ -279,6 +291,30 @@ char *srv_sse_error(const srv_error *e);
  * the one model object when `one`. */
 char *srv_models_json(const char *model, time_t created, bool one);
 
+/* ======================================== metrics (server_metrics.c) */
+
+#define SRV_TTFT_BUCKETS 14
+
+/* The server's own counters; thread-safe (a mutex inside). */
+typedef struct srv_metrics srv_metrics;
+
+srv_metrics *srv_metrics_new(void);                 /* NULL: out of memory */
+void srv_metrics_free(srv_metrics *m);              /* NULL ok */
+/* A completion request arrived (counted in kvchat_requests_total). */
+void srv_metrics_request(srv_metrics *m);
+/* A completion request was answered with an error (HTTP status >= 400, or
+ * an error event in a stream). */
+void srv_metrics_failed(srv_metrics *m);
+/* A request finished: its TTFT and decode speed enter the histogram. */
+void srv_metrics_done(srv_metrics *m, const kvc_chat_stats *stats);
+/* The Prometheus text exposition (version 0.0.4) of the server counters and
+ * the engine's (e may be NULL: engine gauges are then left out). Malloc'd;
+ * NULL when memory ran out. */
+char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e);
+/* Connection gauges for the next srv_metrics_text: open now, and dropped for
+ * missing the request deadline. */
+void srv_metrics_connections(srv_metrics *m, int64_t open, uint64_t dropped);
+
 /* =========================================== streams (server_stream.c) */
 
 /* One choice of a streamed response: its engine events turned into SSE
@@ -315,28 +351,40 @@ void srv_stream_choice_free(srv_stream_choice *c);   /* what c holds; NULL ok */
  * *out ([*len] of [*cap], grown as needed). false when memory ran out. */
 bool srv_sse_put(char **out, size_t *len, size_t *cap, char *sse);
 
-/* ======================================== metrics (server_metrics.c) */
+/* A streamed response: the requests of its choices (n per prompt, at most
+ * SRV_MAX_CHOICES), a srv_stream_choice each, and the SSE text not yet read.
+ * Its reader waits on the engine (in the connection's own thread) and takes
+ * the choices' events in turns, so that their chunks interleave as they come.
+ * Freeing it releases - and so cancels - every choice's request. */
+typedef struct srv_stream srv_stream;
 
-#define SRV_TTFT_BUCKETS 14
+/* A stream for the choices of rq, their requests not yet submitted (see
+ * srv_stream_requests). id is copied (its model too); lim gives the model
+ * (logprobs' text) and tool format; metrics count each choice's end and an
+ * error. A wait for an event ends when *stopping is set or the client on
+ * socket fd hung up. lim, metrics and stopping are borrowed: they outlive the
+ * stream. NULL when out of memory. */
+srv_stream *srv_stream_new(const srv_request *rq, const srv_reply_id *id, const srv_limits *lim,
+                           srv_metrics *metrics, const atomic_bool *stopping, int fd);
+/* The stream's requests [*n], NULL each, to submit the choices into (the
+ * stream frees those it holds). */
+kvc_request **srv_stream_requests(srv_stream *st, int *n);
+/* The next event of any choice still open into *ev; its index. With none
+ * ready: -1 at once unless `wait`, else wait until one is, or -1 when the
+ * client went away or the server is stopping (nothing in *ev). */
+int  srv_stream_next(srv_stream *st, kvc_event *ev, bool wait);
+/* The first chunks: chat's role chunk of every choice, then event `first`
+ * (of choice i; not taken). false when out of memory. */
+bool srv_stream_begin(srv_stream *st, int i, const kvc_event *first);
 
-/* The server's own counters; thread-safe (a mutex inside). */
-typedef struct srv_metrics srv_metrics;
+#define SRV_STREAM_END   (-1)   /* srv_stream_read: the stream is over */
+#define SRV_STREAM_ERROR (-2)   /* ... it was cut: client gone, stopping, out of memory */
 
-srv_metrics *srv_metrics_new(void);                 /* NULL: out of memory */
-void srv_metrics_free(srv_metrics *m);              /* NULL ok */
-/* A completion request arrived (counted in kvchat_requests_total). */
-void srv_metrics_request(srv_metrics *m);
-/* A completion request was answered with an error (HTTP status >= 400, or
- * an error event in a stream). */
-void srv_metrics_failed(srv_metrics *m);
-/* A request finished: its TTFT and decode speed enter the histogram. */
-void srv_metrics_done(srv_metrics *m, const kvc_chat_stats *stats);
-/* The Prometheus text exposition (version 0.0.4) of the server counters and
- * the engine's (e may be NULL: engine gauges are then left out). Malloc'd;
- * NULL when memory ran out. */
-char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e);
-/* Connection gauges for the next srv_metrics_text: open now, and dropped for
- * missing the request deadline. */
-void srv_metrics_connections(srv_metrics *m, int64_t open, uint64_t dropped);
+/* Copy up to max bytes of SSE text into out: what is pending, or when nothing
+ * is, what the next event makes (waiting for it; then the events already
+ * there are gathered too). Returns the bytes copied (> 0), SRV_STREAM_END or
+ * SRV_STREAM_ERROR. */
+ssize_t srv_stream_read(srv_stream *st, char *out, size_t max);
+void srv_stream_free(srv_stream *st);   /* NULL ok */
 
 #endif

@@ -1,5 +1,6 @@
-/* server_guard.c - a deadline for receiving each request, that bytes do not
- * extend (see server.h).
+/* server_guard.c - watching connections' sockets (see server.h): a deadline
+ * for receiving each request, that bytes do not extend, and whether a client
+ * hung up.
  *
  * libmicrohttpd's connection time-out restarts with every byte, so a client
  * sending one byte every few seconds holds a connection (and its thread)
@@ -14,6 +15,7 @@
  * (srv_guard_close) takes the same mutex the watchdog holds while it shuts
  * sockets down, so a descriptor number reused by a new connection is never
  * touched. */
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -169,4 +171,11 @@ void srv_guard_counts(srv_guard *g, int64_t *open, uint64_t *dropped)
     *open = g->n_open;
     *dropped = g->n_dropped;
     pthread_mutex_unlock(&g->mu);
+}
+
+bool srv_peer_gone(int fd)
+{
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    return fd >= 0 && poll(&p, 1, 0) > 0 &&
+           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }

@@ -1,19 +1,29 @@
-/* server_stream.c - one choice of a streamed response (server.h): its engine
- * events turned into SSE chunks.
+/* server_stream.c - a streamed response (server.h): its choices' engine
+ * events turned into SSE chunks, and the reader the HTTP layer sends them
+ * from.
  *
- * The text that came is kept whole: with tools, what may begin a tool call
- * is held back until the reply ends (content only if no call came). With
- * logprobs, a TEXT event ends where a token ends and carries the logprobs of
- * the tokens it shows (engine: kvc_event); a chunk goes out only up to the
- * end of such an event, so its logprobs are exactly those of its text. At
- * DONE, whose list has every token, the finish chunk carries what no text
- * chunk did: the concatenation of a stream's lists is the whole response's. */
+ * One choice: the text that came is kept whole: with tools, what may begin a
+ * tool call is held back until the reply ends (content only if no call
+ * came). With logprobs, a TEXT event ends where a token ends and carries the
+ * logprobs of the tokens it shows (engine: kvc_event); a chunk goes out only
+ * up to the end of such an event, so its logprobs are exactly those of its
+ * text. At DONE, whose list has every token, the finish chunk carries what no
+ * text chunk did: the concatenation of a stream's lists is the whole
+ * response's.
+ *
+ * The stream: its reader blocks on the engine, which is fine in a
+ * connection's own thread; with several choices it takes their events in
+ * turns (a short wait on one, then all are looked at again), so their chunks
+ * interleave. Every wait is a slice, after which it checks whether the
+ * client hung up and whether the server is stopping. */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "server.h"
 #include "tool_calls.h"
+
+/* ================================================================ choice */
 
 void srv_stream_choice_init(srv_stream_choice *c, srv_chunk_head head, const kvc_model *model,
                             bool tools, int tool_format)
@@ -122,4 +132,166 @@ bool srv_stream_choice_event(srv_stream_choice *c, const kvc_event *ev, char **o
     c->done = true;
     c->stats = ev->stats;
     return send_end(c, ev, out, len, cap);
+}
+
+/* ================================================================ stream */
+
+#define ANY_SLICE_MS 5            /* several choices: the wait on one before looking at all again */
+#define STREAM_BATCH (16 << 10)   /* SSE bytes gathered from ready events per read */
+
+struct srv_stream {
+    srv_metrics       *metrics;       /* borrowed */
+    const atomic_bool *stopping;      /* borrowed: the server's; set = end the waits */
+    int                fd;            /* the client's socket, polled for a hang-up */
+    int                kind;          /* enum srv_kind */
+    bool               include_usage;
+    bool               finished;      /* the end or an error formatted: nothing more to
+                                       * wait for */
+    srv_reply_id       id;
+    char              *model;         /* id.model's storage */
+    char              *buf;           /* [len] bytes of [cap]; sent up to pos */
+    size_t             len, pos, cap;
+    int                n, per_prompt; /* choices, of which per_prompt for each prompt */
+    int                open;          /* choices without their DONE yet */
+    int                next;          /* the choice to look at first: they take turns */
+    kvc_request       *req[SRV_MAX_CHOICES];
+    srv_stream_choice  choice[SRV_MAX_CHOICES];
+};
+
+/* Append a formatted SSE string (taken). false when out of memory. */
+static bool stream_put(srv_stream *st, char *s)
+{
+    return srv_sse_put(&st->buf, &st->len, &st->cap, s);
+}
+
+int srv_stream_next(srv_stream *st, kvc_event *ev, bool wait)
+{
+    for (;;) {
+        int first = -1;
+        for (int k = 0; k < st->n; k++) {
+            int i = (st->next + k) % st->n;
+            if (st->choice[i].done)
+                continue;
+            if (kvc_request_next(st->req[i], ev, 0)) {
+                st->next = (i + 1) % st->n;
+                return i;
+            }
+            if (first < 0)
+                first = i;
+        }
+        if (!wait || first < 0)
+            return -1;
+        if (kvc_request_next(st->req[first], ev, st->n > 1 ? ANY_SLICE_MS : SRV_TICK_MS)) {
+            st->next = (first + 1) % st->n;
+            return first;
+        }
+        if (atomic_load(st->stopping) || srv_peer_gone(st->fd))
+            return -1;
+    }
+}
+
+/* Format event ev of choice i; after the last choice's DONE, the usage chunk
+ * (include_usage) and [DONE]. false when out of memory. */
+static bool stream_event(srv_stream *st, int i, const kvc_event *ev)
+{
+    if (ev->type == KVC_EVENT_ERROR) {
+        srv_error e;
+        srv_error_from_status(&e, ev->status, ev->message);
+        srv_metrics_failed(st->metrics);
+        st->finished = true;
+        return stream_put(st, srv_sse_error(&e));
+    }
+    if (ev->type == KVC_EVENT_DONE) {
+        srv_metrics_done(st->metrics, &ev->stats);
+        st->open--;
+    }
+    if (!srv_stream_choice_event(&st->choice[i], ev, &st->buf, &st->len, &st->cap))
+        return false;
+    if (st->open > 0)
+        return true;
+    st->finished = true;
+    if (st->include_usage) {
+        kvc_chat_stats stats[SRV_MAX_CHOICES];
+        for (int k = 0; k < st->n; k++)
+            stats[k] = st->choice[k].stats;
+        if (!stream_put(st, srv_sse_usage(st->kind, &st->id, stats, st->n, st->per_prompt)))
+            return false;
+    }
+    return stream_put(st, strdup("data: [DONE]\n\n"));
+}
+
+ssize_t srv_stream_read(srv_stream *st, char *out, size_t max)
+{
+    while (st->pos == st->len) {
+        if (st->finished)
+            return SRV_STREAM_END;
+        st->pos = st->len = 0;
+        kvc_event ev;
+        int i = srv_stream_next(st, &ev, true);
+        if (i < 0)
+            return SRV_STREAM_ERROR;
+        bool ok = stream_event(st, i, &ev);
+        kvc_event_clear(&ev);
+        while (ok && !st->finished && st->len < STREAM_BATCH &&
+               (i = srv_stream_next(st, &ev, false)) >= 0) {
+            ok = stream_event(st, i, &ev);
+            kvc_event_clear(&ev);
+        }
+        if (!ok)
+            return SRV_STREAM_ERROR;
+    }
+    size_t n = st->len - st->pos < max ? st->len - st->pos : max;
+    memcpy(out, st->buf + st->pos, n);
+    st->pos += n;
+    return (ssize_t)n;
+}
+
+void srv_stream_free(srv_stream *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < st->n; i++) {
+        kvc_request_free(st->req[i]);
+        srv_stream_choice_free(&st->choice[i]);
+    }
+    free(st->model);
+    free(st->buf);
+    free(st);
+}
+
+srv_stream *srv_stream_new(const srv_request *rq, const srv_reply_id *id, const srv_limits *lim,
+                           srv_metrics *metrics, const atomic_bool *stopping, int fd)
+{
+    srv_stream *st = calloc(1, sizeof(*st));
+    char *model = strdup(id->model);
+    if (!st || !model) {
+        free(st);
+        free(model);
+        return NULL;
+    }
+    *st = (srv_stream){ .metrics = metrics, .stopping = stopping, .fd = fd, .kind = rq->kind,
+                        .include_usage = rq->include_usage, .id = *id, .model = model,
+                        .n = rq->n * rq->n_prompts, .per_prompt = rq->n };
+    st->id.model = model;
+    st->open = st->n;
+    for (int i = 0; i < st->n; i++)
+        srv_stream_choice_init(&st->choice[i], (srv_chunk_head){ rq->kind, &st->id, i,
+                                                                 rq->include_usage },
+                               rq->logprobs >= 0 ? lim->model : NULL,
+                               rq->params.chat.parse_tool_calls, lim->tool_format);
+    return st;
+}
+
+kvc_request **srv_stream_requests(srv_stream *st, int *n)
+{
+    *n = st->n;
+    return st->req;
+}
+
+bool srv_stream_begin(srv_stream *st, int i, const kvc_event *first)
+{
+    bool ok = true;
+    for (int k = 0; ok && st->kind == SRV_CHAT && k < st->n; k++)
+        ok = stream_put(st, srv_sse_role(&st->choice[k].head));
+    return ok && stream_event(st, i, first);
 }
