@@ -206,4 +206,28 @@ kvc_session *kvc_turn_session(const kvc_turn *t);
  * malloc'd (NULL when none), call before kvc_turn_end. */
 void kvc_turn_take_logprobs(kvc_turn *t, kvc_token_logprob **out, int32_t *n);
 
+/* ------------------------------------------------------ session_fetch.c */
+
+/* kvc_turn_prepare's reads from the tiers below RAM (DESIGN.md §5), for
+ * session s's prompt tokens[0, n) whose match in the prefix tree is *m, of
+ * which s's sequence holds `own` tokens itself. s->ctx->tiers must be set.
+ * room (may be NULL) is asked for the blocks to be read first, m's nodes
+ * pinned meanwhile. */
+
+/* Continue the match *m into the disk tier: the run of following blocks the
+ * store holds is read into the pool (as much of it as there is room for) and
+ * entered in the tree, *m moved to its end (kvc_tiers_fetch), so the longest
+ * prefix across both tiers is used and never recomputed. Only when the run
+ * reaches past `own`. Returns the blocks read. */
+int64_t kvc_session_fetch_disk(kvc_session *s, const int32_t *tokens, int64_t n, kvc_pc_match *m,
+                               int64_t own, kvc_room_fn room, void *user);
+
+/* The conversation's tail, where it went down with its session's K/V
+ * (kvc_tiers_write_tail): read into a block of its own when it is longer than
+ * both the session's own match and m's partial one (m->partial is then
+ * cleared: the tail is the longer). Returns its length, its block in *block
+ * (a reference the caller owns; -1 when none). */
+int32_t kvc_session_fetch_tail(kvc_session *s, const int32_t *tokens, int64_t n, kvc_pc_match *m,
+                               int64_t own, kvc_room_fn room, void *user, int32_t *block);
+
 #endif

@@ -1,7 +1,8 @@
 /* session_turn.c - one turn of a session as steps (session.h): matching the
- * prompt against the session and the prefix tree, prefill in chunks, decoding
- * with stop strings and streaming, entering computed blocks in the tree, and
- * the batched step that runs many turns through one forward pass. */
+ * prompt against the session and the prefix tree (and the tiers below it,
+ * session_fetch.c), prefill in chunks, decoding with stop strings and
+ * streaming, entering computed blocks in the tree, and the batched step that
+ * runs many turns through one forward pass. */
 #include "chat_template.h"
 #include "sampler.h"
 #include "session.h"
@@ -291,7 +292,8 @@ static void drop_pending(kvc_turn *t)
 
 /* Give the sequence (which holds `own` tokens of its own, all matching) the
  * tree's blocks of the match m, up to `len` tokens; its last block `tail` (a
- * tail read from the store, fetch_tail) when not -1, else m's partial one. */
+ * tail read from the store, kvc_session_fetch_tail) when not -1, else m's
+ * partial one. */
 static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int32_t tail, int64_t own, int64_t len,
                        kvc_err *err)
 {
@@ -464,63 +466,6 @@ int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int ki
 
 /* ------------------------------------------------------------- prepare */
 
-/* Free blocks beyond those promised to running turns, after asking `room`
- * for k when fewer are free (m's nodes pinned meanwhile: room evicts). */
-static int64_t free_for(kvc_context *c, kvc_pc_match *m, int64_t k, kvc_room_fn room,
-                        void *user)
-{
-    if (kvc_kv_n_free(c->pool) - c->promised < k && room) {
-        kvc_pc_pin(m->last);
-        kvc_pc_pin(m->partial);
-        room(c, c->promised + k, user);
-        kvc_pc_unpin(m->last);
-        kvc_pc_unpin(m->partial);
-    }
-    return kvc_kv_n_free(c->pool) - c->promised;
-}
-
-/* Continue the tree's match `m` into the disk tier (DESIGN.md §5): the run of
- * following blocks the store holds is read into the pool (room made for it
- * first) and entered in the tree, so the longest prefix
- * across both tiers is used and never recomputed. Only when the run reaches
- * past what the session holds itself (`own`). Returns the blocks read. */
-static int64_t fetch_disk(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn room,
-                          void *user)
-{
-    kvc_context *c = t->s->ctx;
-    const int64_t B = kvc_kv_block_tokens(c->pool);
-    int64_t k = kvc_tiers_probe(c->tiers, t->s->ns, t->toks.v, t->n_fill, m);
-    if (k == 0 || (m->n_full + k) * B <= own)
-        return 0;
-    int64_t avail = free_for(c, m, k, room, user);
-    return avail > 0 ? kvc_tiers_fetch(c->tiers, t->s->ns, t->toks.v, t->n_fill, m,
-                                       KVC_MIN(k, avail))
-                     : 0;
-}
-
-/* The conversation's tail, where it went down with its session's K/V
- * (kvc_tiers_write_tail): read into a block of its own when it is longer than
- * both the session's own match and the tree's partial one. Its length, its
- * block in *block (a reference the caller owns; -1 when none). */
-static int32_t fetch_tail(kvc_turn *t, kvc_pc_match *m, int64_t own, kvc_room_fn room,
-                          void *user, int32_t *block)
-{
-    kvc_context *c = t->s->ctx;
-    const int64_t B = kvc_kv_block_tokens(c->pool), base = (int64_t)m->n_full * B;
-    const int64_t min_len = KVC_MAX(m->partial_len, own - base);
-    *block = -1;
-    if (min_len >= B - 1 || base + min_len >= t->n_fill)
-        return 0;
-    int32_t k = kvc_tiers_probe_tail(c->tiers, t->s->ns, t->toks.v, t->n_fill, m,
-                                     (int32_t)KVC_MAX(min_len, 0));
-    if (k == 0 || free_for(c, m, 1, room, user) < 1 ||
-        !kvc_tiers_fetch_tail(c->tiers, t->s->ns, t->toks.v, m, k, block))
-        return 0;
-    m->partial = NULL;                       /* the tail is the longer */
-    m->partial_len = 0;
-    return k;
-}
-
 int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 {
     if (t->phase != KVC_TURN_NEW)
@@ -549,8 +494,8 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     int64_t ram_end = (int64_t)m.n_full * B, disk = 0;
     int32_t tail = -1, tail_len = 0;
     if (cache && c->tiers) {
-        disk = fetch_disk(t, &m, own, room, user);
-        tail_len = fetch_tail(t, &m, own, room, user, &tail);
+        disk = kvc_session_fetch_disk(s, t->toks.v, n, &m, own, room, user);
+        tail_len = kvc_session_fetch_tail(s, t->toks.v, n, &m, own, room, user, &tail);
     }
     int64_t tree = (int64_t)m.n_full * B + KVC_MAX(m.partial_len, tail_len);
     int64_t matched = KVC_MAX(own, tree);
