@@ -17,6 +17,7 @@
  * kvc_dot_f32 and kvc_dot_f16_f32 follow it too. The structure mirrors
  * kernels_avx512.c, with 4-row tiles for the 16 ymm registers. */
 #include "kernels_internal.h"
+#include "kernels_simd.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -180,30 +181,12 @@ static void dq_q8_0(const block_q8_0 *b, float *y, int64_t nb)
     }
 }
 
-/* The 8 sub-block scales and mins of a Q4_K/Q5_K block: the 6-bit codes
- * unpacked 4 at a time in 32-bit words, then d * (float)sc and dmin * (float)m
- * as the reference computes them. */
-AI void k4_scales(const uint8_t *s, float d, float dmin, float ds[8], float dm[8])
-{
-    uint32_t u0, u1, u2;
-    memcpy(&u0, s, 4);
-    memcpy(&u1, s + 4, 4);
-    memcpy(&u2, s + 8, 4);
-    const uint32_t sc_lo = u0 & 0x3f3f3f3f, m_lo = u1 & 0x3f3f3f3f;
-    const uint32_t sc_hi = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4;
-    const uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4;
-    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
-    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo)));
-    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_set1_ps(d), sc));
-    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(dmin), m));
-}
-
 /* Q4_K / Q5_K; qh NULL for Q4_K. */
 AI void dq_k4(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, float d, float dmin, float *y)
 {
     const __m256i c15 = _mm256_set1_epi32(15), c1 = _mm256_set1_epi32(1);
     float ds[8], dm[8];
-    k4_scales(scales, d, dmin, ds, dm);
+    kvc_k4_scales(scales, d, dmin, ds, dm);
     for (int c = 0; c < 4; c++, y += 64) {
         const __m256 d1 = _mm256_set1_ps(ds[2 * c]), m1 = _mm256_set1_ps(dm[2 * c]);
         const __m256 d2 = _mm256_set1_ps(ds[2 * c + 1]), m2 = _mm256_set1_ps(dm[2 * c + 1]);
@@ -587,7 +570,7 @@ static void fused_q4_K(const uint8_t *const rows[FR], prefetch_plan pf, const fl
         float ds[FR][8], dm[FR][8];
         for (int r = 0; r < FR; r++) {
             b[r] = (const block_q4_K *)(const void *)rows[r] + ib;
-            k4_scales(b[r]->scales, _cvtsh_ss(b[r]->d), _cvtsh_ss(b[r]->dmin), ds[r], dm[r]);
+            kvc_k4_scales(b[r]->scales, _cvtsh_ss(b[r]->d), _cvtsh_ss(b[r]->dmin), ds[r], dm[r]);
         }
         /* sub-block j = 2c + hi: elements 32j .. 32j + 31, in k order; rows
          * innermost, so FR independent chains are in flight */

@@ -19,6 +19,7 @@
  * results do not depend on its batch, its place in it, or the row split.
  * kvc_dot_f32 and kvc_dot_f16_f32 follow the same order. */
 #include "kernels_internal.h"
+#include "kernels_simd.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -195,25 +196,6 @@ static void dq_q8_0(const block_q8_0 *b, float *y, int64_t nb)
     }
 }
 
-/* The 8 sub-block scales and mins of a Q4_K/Q5_K block: the 6-bit codes
- * unpacked 4 at a time in 32-bit words, then d * (float)sc and dmin * (float)m
- * as the reference computes them (in memory, so the table code broadcasts
- * them with plain loads). */
-AI void k4_scales(const uint8_t *s, float d, float dmin, float ds[8], float dm[8])
-{
-    uint32_t u0, u1, u2;
-    memcpy(&u0, s, 4);
-    memcpy(&u1, s + 4, 4);
-    memcpy(&u2, s + 8, 4);
-    const uint32_t sc_lo = u0 & 0x3f3f3f3f, m_lo = u1 & 0x3f3f3f3f;
-    const uint32_t sc_hi = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4;
-    const uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4;
-    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
-    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo)));
-    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_set1_ps(d), sc));
-    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(dmin), m));
-}
-
 /* The table of sub-block values d1 * q - m1 for codes q = 0..15 (or 16..31). */
 AI __m512 k4_table(__m512 codes, float ds, float dm)
 {
@@ -224,7 +206,7 @@ static void dq_q4_K(const block_q4_K *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, b++) {
         float ds[8], dm[8];
-        k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, dm);
+        kvc_k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, dm);
         for (int c = 0; c < 4; c++, y += 64) {
             const __m512 t1 = k4_table(iota_lo(), ds[2 * c], dm[2 * c]);
             const __m512 t2 = k4_table(iota_lo(), ds[2 * c + 1], dm[2 * c + 1]);
@@ -261,7 +243,7 @@ static void dq_q5_K(const block_q5_K *b, float *y, int64_t nb)
     for (int64_t i = 0; i < nb; i++, b++, y += QK_K) {
         float ds[8], dm[8];
         uint8_t q[QK_K];
-        k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, dm);
+        kvc_k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds, dm);
         q5k_codes(b, q);
         for (int g = 0; g < QK_K / 16; g++)
             _mm512_storeu_ps(y + 16 * g, _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(ds[g / 2]), i32f(u8x16(q + 16 * g))),
@@ -617,7 +599,7 @@ static void fused_q4_K(const uint8_t *const rows[MR], prefetch_plan pf, const fl
         float ds[MR][8], dm[MR][8];
         for (int r = 0; r < MR; r++) {
             b[r] = (const block_q4_K *)(const void *)rows[r] + ib;
-            k4_scales(b[r]->scales, _cvtsh_ss(b[r]->d), _cvtsh_ss(b[r]->dmin), ds[r], dm[r]);
+            kvc_k4_scales(b[r]->scales, _cvtsh_ss(b[r]->d), _cvtsh_ss(b[r]->dmin), ds[r], dm[r]);
         }
         /* rows innermost: MR independent FMA chains in flight */
         for (int c = 0; c < 4; c++) {
@@ -649,7 +631,7 @@ static void fused_q5_K(const uint8_t *const rows[MR], prefetch_plan pf, const fl
         uint8_t q[MR][QK_K];
         for (int r = 0; r < MR; r++) {
             const block_q5_K *b = (const block_q5_K *)(const void *)rows[r] + ib;
-            k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds[r], dm[r]);
+            kvc_k4_scales(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), ds[r], dm[r]);
             q5k_codes(b, q[r]);
         }
         for (int g = 0; g < QK_K / 16; g++) {       /* rows innermost: MR chains in flight */
