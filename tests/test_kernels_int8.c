@@ -371,13 +371,20 @@ int main(void)
     const int64_t shapes[][3] = { { 32, 9, 1 },     { 32, 40, 17 },   { 896, 37, 1 },   { 896, 37, 3 },
                                   { 896, 33, 16 },  { 896, 100, 37 }, { 4864, 19, 2 },  { 4864, 48, 20 },
                                   { 2048, 67, 130 }, { 896, 64, 512 } };
-    const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0 };
+    const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_K };
     for (size_t ti = 0; ti < KVC_ARRAY_LEN(types); ti++) {
+        const int64_t bs = kvc_type_info(types[ti])->block_size;
         CHECK(kvc_vnni_type_ok(types[ti]));
         for (size_t s = 0; s < KVC_ARRAY_LEN(shapes); s++)
-            check_matmul(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], false);
-        check_matmul(types[ti], 896, 40, 5, true);
-        check_matmul(types[ti], 896, 40, 2, true);
+            if (shapes[s][0] % bs == 0)
+                check_matmul(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], false);
+        if (bs > 32) {                        /* shapes of its own: 256-element blocks */
+            check_matmul(types[ti], 256, 21, 1, false);
+            check_matmul(types[ti], 768, 53, 7, false);
+            check_matmul(types[ti], 1536, 70, 64, false);
+        }
+        check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 5, true);
+        check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 2, true);
         check_matmul(types[ti], 4864, 17, 33, true);
     }
     check_accuracy();

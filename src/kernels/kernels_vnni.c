@@ -16,6 +16,7 @@
  * follows, lane-wise. Integer sums are exact in any order, and the float step
  * is the scheme's, so the results are bitwise those of kvc_i8_matmul_ref. */
 #include "kernels_int8.h"
+#include "kernels_simd.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -26,11 +27,11 @@
 #define TC        4               /* tokens per pass over a group */
 #define TB_ACT    64              /* tokens quantized at a time by kvc_vnni_matmul_rows */
 #define PF_GROUP_MAX (48 << 10)   /* group bytes up to which the next group is prefetched */
-#define PF_AHEAD  512             /* bytes ahead within each row otherwise */
+#define PF_AHEAD  512
 
 bool kvc_vnni_type_ok(uint32_t type)
 {
-    return type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0 || type == KVC_TYPE_Q5_0;
+    return type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0 || type == KVC_TYPE_Q5_0 || type == KVC_TYPE_Q4_K;
 }
 
 /* ------------------------------------------------------------ activations */
@@ -120,12 +121,46 @@ AI __m512i reduce_rows(const __m512i z[8])
  *           |-128| = 128 fits the unsigned byte, and x is never -128, so the
  *           negation cannot overflow).
  *   K_Q4_0, K_Q5_0: unsigned codes c = q + off; dotted as they are, and
- *           off * S (S = the activation block's sum of a) subtracted after. */
-enum { K_Q8_0, K_Q4_0, K_Q5_0 };
+ *           off * S (S = the activation block's sum of a) subtracted after.
+ *   K_Q4_K: unsigned codes (off 0); the scales d * sc_j and mins dmin * m_j
+ *           come from the super-block (8 blocks of 32), and the min step
+ *           follows the block's dot product. */
+enum { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_K, N_KINDS };
 
+AI int kind_of(uint32_t type)
+{
+    return type == KVC_TYPE_Q8_0 ? K_Q8_0 : type == KVC_TYPE_Q4_0 ? K_Q4_0 : type == KVC_TYPE_Q5_0 ? K_Q5_0 : K_Q4_K;
+}
+
+/* Bytes a block of 32 weights takes (Q4_K: an eighth of its super-block, for
+ * prefetching; its blocks are addressed through k4_codes). */
 AI size_t block_bytes(const int kind)
 {
-    return kind == K_Q8_0 ? sizeof(block_q8_0) : kind == K_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
+    return kind == K_Q8_0   ? sizeof(block_q8_0)
+           : kind == K_Q4_0 ? sizeof(block_q4_0)
+           : kind == K_Q5_0 ? sizeof(block_q5_0)
+                            : sizeof(block_q4_K) / 8;
+}
+
+/* The 32 nibble bytes of Q4_K block b of a row, and the shift of its nibble. */
+AI const uint8_t *k4_codes(const uint8_t *row, int64_t b)
+{
+    return row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * (size_t)((b % 8) / 2);
+}
+
+/* Scales and mins of Q4_K super-block s of 16 rows: ds[j][l], dm[j][l] for
+ * sub-block j of row l. */
+AI void k4_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR], float dm[8][GR])
+{
+    for (int l = 0; l < GR; l++) {
+        const block_q4_K *k = (const block_q4_K *)(const void *)rows[l] + s;
+        float a[8], m[8];
+        kvc_k4_scales(k->scales, kvc_fp16_to_fp32(k->d), kvc_fp16_to_fp32(k->dmin), a, m);
+        for (int j = 0; j < 8; j++) {
+            ds[j][l] = a[j];
+            dm[j][l] = m[j];
+        }
+    }
 }
 
 AI int code_offset(const int kind) { return kind == K_Q4_0 ? 8 : kind == K_Q5_0 ? 16 : 0; }
@@ -143,6 +178,9 @@ AI __m512i nibbles2(const uint8_t *qa, const uint8_t *qb)
 
 AI __m512i load_pair(const int kind, const uint8_t *ba, const uint8_t *bb)
 {
+    if (kind == K_Q4_K)      /* ba, bb: k4_codes; the odd blocks' nibbles are shifted down by the caller */
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)ba)),
+                                  _mm256_loadu_si256((const __m256i *)bb), 1);
     if (kind == K_Q8_0)
         return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ba + 2))),
                                   _mm256_loadu_si256((const __m256i *)(bb + 2)), 1);
@@ -187,25 +225,38 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
     const uint8_t *a[TC];
     for (int t = 0; t < T; t++)
         a[t] = act + (size_t)t * as;
+    float ks[8][GR], km[8][GR];          /* Q4_K: the current super-block's scales */
     for (int64_t b = 0; b < nb; b++) {
         const size_t off = (size_t)b * bsz;
+        if (kind == K_Q4_K && b % 8 == 0)
+            k4_group_scales(rows, b / 8, ks, km);
         if (pf.next) {
             for (int i = 0; i < GR * (int)bsz; i += 64)
                 _mm_prefetch((const char *)pf.next + i, _MM_HINT_T1);
             pf.next += GR * bsz;
-        } else if (pf.ahead && (kind == K_Q8_0 ? (b & 1) == 0 : (b & 3) == 0)) {
+        } else if (pf.ahead) {
 #pragma GCC unroll 16
             for (int l = 0; l < GR; l++)
                 _mm_prefetch((const char *)rows[l] + off + pf.ahead, _MM_HINT_T0);
         }
         /* the 16 rows' scales: low half of the dword at each block start */
-        const __m512i dw16 = _mm512_i32gather_epi32(goff, rows[0] + off, 1);
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw16));
+        __m512 dw, dm = _mm512_setzero_ps();
+        if (kind == K_Q4_K) {
+            dw = _mm512_loadu_ps(ks[b % 8]);
+            dm = _mm512_loadu_ps(km[b % 8]);
+        } else {
+            dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(goff, rows[0] + off, 1)));
+        }
         __m512i w[8];
         __mmask64 neg[8];
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
-            w[p] = load_pair(kind, rows[pair_lo[p]] + off, rows[pair_hi[p]] + off);
+            if (kind == K_Q4_K) {
+                const __m512i c = load_pair(kind, k4_codes(rows[pair_lo[p]], b), k4_codes(rows[pair_hi[p]], b));
+                w[p] = _mm512_and_si512(b & 1 ? _mm512_srli_epi16(c, 4) : c, _mm512_set1_epi8(0x0f));
+            } else {
+                w[p] = load_pair(kind, rows[pair_lo[p]] + off, rows[pair_hi[p]] + off);
+            }
             if (kind == K_Q8_0) {
                 neg[p] = _mm512_movepi8_mask(w[p]);
                 w[p] = _mm512_abs_epi8(w[p]);
@@ -222,8 +273,10 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             __m512i d = reduce_rows(z);
             if (code_offset(kind))
                 d = _mm512_sub_epi32(d, _mm512_set1_epi32(code_offset(kind) * kvc_i8_s(a[t], n_in)[b]));
-            const __m512 ws = _mm512_mul_ps(dw, _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ws, acc[t]);
+            const __m512 xs = _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(dw, xs), acc[t]);
+            if (kind == K_Q4_K)
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)kvc_i8_s(a[t], n_in)[b]), _mm512_mul_ps(dm, xs), acc[t]);
         }
     }
 }
@@ -242,17 +295,19 @@ typedef void (*group_fn)(const uint8_t *const rows[GR], __m512i goff, prefetch_p
 GROUP_FNS(q8_0_group, K_Q8_0)
 GROUP_FNS(q4_0_group, K_Q4_0)
 GROUP_FNS(q5_0_group, K_Q5_0)
+GROUP_FNS(q4_K_group, K_Q4_K)
 
-static const group_fn group_fns[3][TC] = {
+static const group_fn group_fns[N_KINDS][TC] = {
     { q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4 },
     { q4_0_group1, q4_0_group2, q4_0_group3, q4_0_group4 },
     { q5_0_group1, q5_0_group2, q5_0_group3, q5_0_group4 },
+    { q4_K_group1, q4_K_group2, q4_K_group3, q4_K_group4 },
 };
 
 static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                        int64_t r0, int64_t r1)
 {
-    const int kind = w->type == KVC_TYPE_Q8_0 ? K_Q8_0 : w->type == KVC_TYPE_Q4_0 ? K_Q4_0 : K_Q5_0;
+    const int kind = kind_of(w->type);
     const size_t as = kvc_i8_act_row_bytes(w->n_in), rb = w->row_bytes;
     const uint8_t *base = w->data;
     for (int64_t rg = r0; rg < r1; rg += GR) {
@@ -285,20 +340,28 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
 
 /* ----------------------------------------------------------------- prefill
  *
- * A group of 16 weight rows is repacked once, block by block, into unsigned
- * codes u = q + off (Q8_0: off 128, Q4_0: 8, Q5_0: 16) laid out so that
- * dword q of lane l holds row l's codes 4q .. 4q+3 of the block. Then every
+ * The weights of a group of up to 32 rows (two "row vectors" of 16) are
+ * repacked once per call, block by block, into unsigned codes u = q + off
+ * (Q8_0: off 128, Q4_0: 8, Q5_0: 16) laid out so that dword q of lane l of
+ * vector (b, v, q) holds codes 4q .. 4q+3 of block b of row 16v + l. Then a
  * token's block dot products come out one row per lane, with no reduction:
- *   H = sum_q VPDPBUSD(u_q, hi_q),  L = sum_q VPDPBUSD(u_q, lo_q)   (hi_q: 4 bytes broadcast)
- *   D = 256 H + L - off * S_b  = sum_i q_i a_i                      (exact int32:
- *       |256 H| <= 256 * 32 * 255 * 127, far below 2^31)
- * and the float step of the scheme follows. */
+ *   H = sum_q VPDPBUSD(u_q, hi_q)         (hi_q: the token's 4 bytes, broadcast)
+ *   D = 256 H + sum_q VPDPBUSD(u_q, lo_q) - off * S_b  = sum_i q_i a_i
+ * in one int32 accumulator (|256 H| <= 256 * 32 * 255 * 127 < 2^31), and the
+ * float step of the scheme follows. A pass keeps PT tokens x 2 row vectors
+ * of accumulators in registers: per 4-byte step, 2 weight vectors and PT
+ * broadcasts feed 2 PT VPDPBUSD, so loads stay below the multiplies. */
 
-#define PT 8   /* tokens a pass: their accumulators stay in registers */
+#define PT 6    /* tokens a pass */
+#define RV 2    /* row vectors a group */
 
 /* 32 unsigned codes of block b of a row. */
 AI __m256i block_codes(const int kind, const uint8_t *row, int64_t b)
 {
+    if (kind == K_Q4_K) {
+        const __m256i c = _mm256_loadu_si256((const __m256i *)k4_codes(row, b));
+        return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
+    }
     const uint8_t *k = row + (size_t)b * block_bytes(kind);
     if (kind == K_Q8_0)
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(k + 2)), _mm256_set1_epi8((char)0x80));
@@ -313,114 +376,225 @@ AI __m256i block_codes(const int kind, const uint8_t *row, int64_t b)
     return c;
 }
 
-/* Rows [rg, rg + nr) of W, nr <= 16, into pack (nb blocks of 8 dword
- * vectors) and their scales into dsc (nb vectors of 16 floats); rows past nr
- * are zero. */
-AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, __m512i *pack, float *dsc)
+/* p[q] lane l = dword q of r[l], for 16 vectors r of 8 dwords: an 8 x 8
+ * dword transpose in each 256-bit half (rows l and l + 8 share a vector). */
+AI void transpose_16x8(const __m256i r[GR], __m512i *p)
+{
+    __m512i z[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; l++)
+        z[l] = _mm512_inserti64x4(_mm512_castsi256_si512(r[l]), r[l + 8], 1);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {          /* u[4i + k]: dwords k (low 128) and k + 4 (high) */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        _mm512_store_si512(p + k, _mm512_permutex2var_epi64(u[k], lo, u[k + 4]));
+        _mm512_store_si512(p + k + 4, _mm512_permutex2var_epi64(u[k], hi, u[k + 4]));
+    }
+}
+
+/* Rows [rg, rg + nr) of W, nr <= 16 nv, into pack (per block: nv x 8 dword
+ * vectors) and their scales into dsc (per block: nv x 16 floats; Q4_K: its
+ * mins into msc likewise); rows past nr are zero. */
+AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, __m512i *pack, float *dsc,
+               float *msc)
 {
     const int64_t nb = w->n_in / 32;
-    const uint8_t *base = (const uint8_t *)w->data + (size_t)rg * w->row_bytes;
-    uint32_t *p = (uint32_t *)(void *)pack;
-    for (int64_t b = 0; b < nb; b++) {
-        uint32_t codes[GR][8];
-        for (int l = 0; l < GR; l++) {
-            if (l < nr) {
-                const uint8_t *row = base + (size_t)l * w->row_bytes;
-                _mm256_storeu_si256((__m256i *)codes[l], block_codes(kind, row, b));
-                uint16_t h;
-                memcpy(&h, row + (size_t)b * block_bytes(kind), 2);
-                dsc[b * GR + l] = kvc_fp16_to_fp32(h);
-            } else {
-                memset(codes[l], 0, sizeof(codes[l]));
-                dsc[b * GR + l] = 0.0f;
-            }
-        }
-        for (int q = 0; q < 8; q++)
+    const size_t rb = w->row_bytes;
+    const uint8_t *base = (const uint8_t *)w->data + (size_t)rg * rb;
+    int32_t offs[GR];
+    for (int l = 0; l < GR; l++)
+        offs[l] = (int32_t)((size_t)l * rb);
+    const __m512i goff = _mm512_loadu_si512(offs);
+    for (int v = 0; v < nv; v++) {
+        const int n = KVC_MIN(GR, nr - v * GR);
+        const __mmask16 have = (__mmask16)(n >= GR ? 0xffff : (1u << n) - 1);
+        const uint8_t *vb = base + (size_t)(v * GR) * rb;
+        float ks[8][GR], km[8][GR];
+        for (int64_t b = 0; b < nb; b++) {
+            const size_t off = (size_t)b * block_bytes(kind);
+            __m256i r[GR];
+#pragma GCC unroll 16
             for (int l = 0; l < GR; l++)
-                p[(b * 8 + q) * GR + l] = codes[l][q];
+                r[l] = l < n ? block_codes(kind, vb + (size_t)l * rb, b) : _mm256_setzero_si256();
+            transpose_16x8(r, pack + (b * nv + v) * 8);
+            if (kind == K_Q4_K) {
+                if (b % 8 == 0) {
+                    const uint8_t *rows[GR];
+                    for (int l = 0; l < GR; l++)
+                        rows[l] = vb + (size_t)KVC_MIN(l, n - 1) * rb;
+                    k4_group_scales(rows, b / 8, ks, km);
+                }
+                _mm512_store_ps(dsc + (b * nv + v) * GR, _mm512_maskz_loadu_ps(have, ks[b % 8]));
+                _mm512_store_ps(msc + (b * nv + v) * GR, _mm512_maskz_loadu_ps(have, km[b % 8]));
+                continue;
+            }
+            const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), have, goff, vb + off, 1);
+            _mm512_store_ps(dsc + (b * nv + v) * GR, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+        }
     }
 }
 
-/* T <= PT tokens against a repacked group: acc[t] lane l = y[t][row l]. */
-AI void prefill_pass(const int kind, const int T, const __m512i *pack, const float *dsc, int64_t nb,
-                     const uint8_t *act, size_t as, int64_t n_in, __m512 acc[PT])
+/* T <= PT tokens against a repacked group of NV row vectors: acc[v][t]
+ * lane l = y[t][row 16v + l]. */
+AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *pack, const float *dsc,
+                     const float *msc, int64_t nb, const uint8_t *act, size_t as, int64_t n_in,
+                     __m512 acc[RV][PT])
 {
-    const int off = kind == K_Q8_0 ? 128 : code_offset(kind);
+    const int shift = kind == K_Q8_0 ? 7 : kind == K_Q4_0 ? 3 : 4;    /* off = 2^shift (not Q4_K) */
+    const int8_t *hi[PT];
+    const float *dx[PT];
+    const int32_t *sx[PT];
 #pragma GCC unroll 8
-    for (int t = 0; t < T; t++)
-        acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < T; t++) {
+        hi[t] = kvc_i8_hi(act + (size_t)t * as);
+        dx[t] = kvc_i8_d(act + (size_t)t * as, n_in);
+        sx[t] = kvc_i8_s(act + (size_t)t * as, n_in);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++)
+            acc[v][t] = _mm512_setzero_ps();
+    }
     for (int64_t b = 0; b < nb; b++) {
-        const __m512i *u = pack + b * 8;
-        const __m512 dw = _mm512_loadu_ps(dsc + b * GR);
+        const __m512i *u = pack + b * NV * 8;
+        __m512i d[RV][PT];
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const uint8_t *a = act + (size_t)t * as;
-            const int32_t *hi = (const int32_t *)(const void *)(kvc_i8_hi(a) + 32 * b);
-            const int32_t *lo = (const int32_t *)(const void *)(kvc_i8_lo(a, n_in) + 32 * b);
-            __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++)
+                d[v][t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int plane = 0; plane < 2; plane++) {
+            const int64_t po = plane ? n_in + 32 * b : 32 * b;
 #pragma GCC unroll 8
             for (int q = 0; q < 8; q++) {
-                h = _mm512_dpbusd_epi32(h, _mm512_load_si512(u + q), _mm512_set1_epi32(hi[q]));
-                l = _mm512_dpbusd_epi32(l, _mm512_load_si512(u + q), _mm512_set1_epi32(lo[q]));
+                __m512i wv[RV];
+#pragma GCC unroll 2
+                for (int v = 0; v < NV; v++)
+                    wv[v] = _mm512_load_si512(u + v * 8 + q);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    int32_t x4;
+                    memcpy(&x4, hi[t] + po + 4 * q, 4);
+                    const __m512i x = _mm512_set1_epi32(x4);
+#pragma GCC unroll 2
+                    for (int v = 0; v < NV; v++)
+                        d[v][t] = _mm512_dpbusd_epi32(d[v][t], wv[v], x);
+                }
             }
-            __m512i d = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
-            d = _mm512_sub_epi32(d, _mm512_set1_epi32(off * kvc_i8_s(a, n_in)[b]));
-            const __m512 ws = _mm512_mul_ps(dw, _mm512_set1_ps(kvc_i8_d(a, n_in)[b]));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ws, acc[t]);
+            if (plane == 0) {
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+                    for (int v = 0; v < NV; v++)
+                        d[v][t] = _mm512_slli_epi32(d[v][t], 8);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m512 xs = _mm512_set1_ps(dx[t][b]);
+            if (kind == K_Q4_K) {
+                const __m512 ns = _mm512_set1_ps(-(float)sx[t][b]);
+#pragma GCC unroll 2
+                for (int v = 0; v < NV; v++) {
+                    const __m512 ws = _mm512_mul_ps(_mm512_load_ps(dsc + (b * NV + v) * GR), xs);
+                    const __m512 ms = _mm512_mul_ps(_mm512_load_ps(msc + (b * NV + v) * GR), xs);
+                    acc[v][t] = _mm512_fmadd_ps(ns, ms, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[v][t]), ws, acc[v][t]));
+                }
+                continue;
+            }
+            const __m512i c = _mm512_slli_epi32(_mm512_set1_epi32(sx[t][b]), shift);
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) {
+                const __m512 ws = _mm512_mul_ps(_mm512_load_ps(dsc + (b * NV + v) * GR), xs);
+                acc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[v][t], c)), ws, acc[v][t]);
+            }
         }
     }
 }
 
-#define PASS_FN(name, kind, T)                                                                       \
-    static void name##T(const __m512i *pack, const float *dsc, int64_t nb, const uint8_t *act,       \
-                        size_t as, int64_t n_in, __m512 acc[PT])                                     \
+typedef void (*pass_fn)(const __m512i *pack, const float *dsc, const float *msc, int64_t nb, const uint8_t *act,
+                        size_t as, int64_t n_in, __m512 acc[RV][PT]);
+
+#define PASS_FN(name, kind, NV, T)                                                                   \
+    static void name##_##NV##_##T(const __m512i *pack, const float *dsc, const float *msc, int64_t nb, \
+                                  const uint8_t *act, size_t as, int64_t n_in, __m512 acc[RV][PT])   \
     {                                                                                                \
-        prefill_pass(kind, T, pack, dsc, nb, act, as, n_in, acc);                                    \
+        prefill_pass(kind, NV, T, pack, dsc, msc, nb, act, as, n_in, acc);                           \
     }
-#define PASS_FNS(name, kind) PASS_FN(name, kind, 1) PASS_FN(name, kind, 2) PASS_FN(name, kind, 3)  \
-    PASS_FN(name, kind, 4) PASS_FN(name, kind, 5) PASS_FN(name, kind, 6) PASS_FN(name, kind, 7)      \
-    PASS_FN(name, kind, 8)
+#define PASS_FNS_NV(name, kind, NV) PASS_FN(name, kind, NV, 1) PASS_FN(name, kind, NV, 2)              \
+    PASS_FN(name, kind, NV, 3) PASS_FN(name, kind, NV, 4) PASS_FN(name, kind, NV, 5)                 \
+    PASS_FN(name, kind, NV, 6)
+#define PASS_FNS(name, kind) PASS_FNS_NV(name, kind, 1) PASS_FNS_NV(name, kind, 2)
+#define PASS_ROW(name, NV) { name##_##NV##_1, name##_##NV##_2, name##_##NV##_3, name##_##NV##_4,      \
+                             name##_##NV##_5, name##_##NV##_6 }
 PASS_FNS(q8_0_pass, K_Q8_0)
 PASS_FNS(q4_0_pass, K_Q4_0)
 PASS_FNS(q5_0_pass, K_Q5_0)
+PASS_FNS(q4_K_pass, K_Q4_K)
 
-typedef void (*pass_fn)(const __m512i *pack, const float *dsc, int64_t nb, const uint8_t *act, size_t as,
-                        int64_t n_in, __m512 acc[PT]);
-static const pass_fn pass_fns[3][PT] = {
-    { q8_0_pass1, q8_0_pass2, q8_0_pass3, q8_0_pass4, q8_0_pass5, q8_0_pass6, q8_0_pass7, q8_0_pass8 },
-    { q4_0_pass1, q4_0_pass2, q4_0_pass3, q4_0_pass4, q4_0_pass5, q4_0_pass6, q4_0_pass7, q4_0_pass8 },
-    { q5_0_pass1, q5_0_pass2, q5_0_pass3, q5_0_pass4, q5_0_pass5, q5_0_pass6, q5_0_pass7, q5_0_pass8 },
+_Static_assert(PT == 6, "pass_fns lists PT functions per row");
+static const pass_fn pass_fns[N_KINDS][RV][PT] = {
+    { PASS_ROW(q8_0_pass, 1), PASS_ROW(q8_0_pass, 2) },
+    { PASS_ROW(q4_0_pass, 1), PASS_ROW(q4_0_pass, 2) },
+    { PASS_ROW(q5_0_pass, 1), PASS_ROW(q5_0_pass, 2) },
+    { PASS_ROW(q4_K_pass, 1), PASS_ROW(q4_K_pass, 2) },
 };
 
-static void repack_q8_0(const kvc_weight *w, int64_t rg, int nr, __m512i *p, float *d) { repack(K_Q8_0, w, rg, nr, p, d); }
-static void repack_q4_0(const kvc_weight *w, int64_t rg, int nr, __m512i *p, float *d) { repack(K_Q4_0, w, rg, nr, p, d); }
-static void repack_q5_0(const kvc_weight *w, int64_t rg, int nr, __m512i *p, float *d) { repack(K_Q5_0, w, rg, nr, p, d); }
+typedef void (*repack_fn)(const kvc_weight *w, int64_t rg, int nr, int nv, __m512i *p, float *d, float *m);
+#define REPACK_FN(name, kind)                                                                        \
+    static void name(const kvc_weight *w, int64_t rg, int nr, int nv, __m512i *p, float *d, float *m) \
+    {                                                                                                \
+        repack(kind, w, rg, nr, nv, p, d, m);                                                        \
+    }
+REPACK_FN(repack_q8_0, K_Q8_0)
+REPACK_FN(repack_q4_0, K_Q4_0)
+REPACK_FN(repack_q5_0, K_Q5_0)
+REPACK_FN(repack_q4_K, K_Q4_K)
+static const repack_fn repack_fns[N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K };
 
-/* Bytes of the repacked group in scratch (the scales follow). */
-static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * 8 * 64; }
+/* Bytes of a repacked group in scratch (the scales follow). */
+static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * 8 * 64; }
 
 static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                         int64_t r0, int64_t r1, float *scratch)
 {
-    const int kind = w->type == KVC_TYPE_Q8_0 ? K_Q8_0 : w->type == KVC_TYPE_Q4_0 ? K_Q4_0 : K_Q5_0;
-    void (*const repack_fn)(const kvc_weight *, int64_t, int, __m512i *, float *) =
-        kind == K_Q8_0 ? repack_q8_0 : kind == K_Q4_0 ? repack_q4_0 : repack_q5_0;
+    const int kind = kind_of(w->type);
     const int64_t nb = w->n_in / 32;
     const size_t as = kvc_i8_act_row_bytes(w->n_in);
     __m512i *pack = (__m512i *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    float *dsc = (float *)(void *)((uint8_t *)pack + pack_bytes(w->n_in));
-    for (int64_t rg = r0; rg < r1; rg += GR) {
-        const int nr = (int)KVC_MIN(GR, r1 - rg);
-        const __mmask16 keep = (__mmask16)((1u << nr) - 1);
-        repack_fn(w, rg, nr, pack, dsc);
+    float *dsc = (float *)(void *)((uint8_t *)pack + pack_bytes(w->n_in)), *msc = dsc + nb * RV * GR;
+    for (int64_t rg = r0; rg < r1; rg += RV * GR) {
+        const int nr = (int)KVC_MIN(RV * GR, r1 - rg), nv = (nr + GR - 1) / GR;
+        repack_fns[kind](w, rg, nr, nv, pack, dsc, msc);
         for (int64_t t0 = 0; t0 < n_tok; t0 += PT) {
             const int T = (int)KVC_MIN(PT, n_tok - t0);
-            __m512 acc[PT];
-            pass_fns[kind][T - 1](pack, dsc, nb, act + (size_t)t0 * as, as, w->n_in, acc);
-            for (int t = 0; t < T; t++)
-                _mm512_mask_storeu_ps(y + (t0 + t) * ldy + rg, keep, acc[t]);
+            __m512 acc[RV][PT];
+            pass_fns[kind][nv - 1][T - 1](pack, dsc, msc, nb, act + (size_t)t0 * as, as, w->n_in, acc);
+            for (int v = 0; v < nv; v++) {
+                const int left = nr - v * GR;
+                const __mmask16 keep = (__mmask16)(left >= GR ? 0xffff : (1u << left) - 1);
+                for (int t = 0; t < T; t++)
+                    _mm512_mask_storeu_ps(y + (t0 + t) * ldy + rg + v * GR, keep, acc[v][t]);
+            }
         }
     }
+}
+
+/* The repacked group, its scales and (Q4_K) mins. */
+static size_t prefill_scratch_bytes(int64_t n_in)
+{
+    return pack_bytes(n_in) + (size_t)n_in / 32 * RV * GR * 2 * sizeof(float);
 }
 
 #define PREFILL_MIN_TOK 4   /* from this many tokens on, repacking pays */
@@ -441,8 +615,7 @@ size_t kvc_vnni_scratch_floats(int64_t n_in)
 {
     if (n_in <= 0 || n_in % 32 != 0)
         return 16;
-    size_t bytes = pack_bytes(n_in) + (size_t)n_in / 32 * GR * sizeof(float) +
-                   TB_ACT * kvc_i8_act_row_bytes(n_in) + 128;
+    size_t bytes = prefill_scratch_bytes(n_in) + TB_ACT * kvc_i8_act_row_bytes(n_in) + 128;
     return bytes / sizeof(float) + 16;
 }
 
@@ -453,8 +626,7 @@ void kvc_vnni_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int6
         kvc_kernels_avx512.matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
         return;
     }
-    uint8_t *act = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63) + pack_bytes(w->n_in) +
-                   (size_t)w->n_in / 32 * GR * sizeof(float);
+    uint8_t *act = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63) + prefill_scratch_bytes(w->n_in);
     act = (uint8_t *)(((uintptr_t)act + 63) & ~(uintptr_t)63);
     for (int64_t t0 = 0; t0 < n_tok; t0 += TB_ACT) {
         const int64_t nt = KVC_MIN(TB_ACT, n_tok - t0);
