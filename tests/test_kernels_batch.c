@@ -3,8 +3,8 @@
  * of 300 tokens (19 KV blocks, many attention tiles, prefill and decode
  * matmul kernels) fed in one batch, in chunks of 64, 7 and 1 (decode), with
  * 1 and 2 threads, gives bitwise-equal logits at every position. GQA group
- * 7 (as Qwen2.5-0.5B), F16 and Q8_0 KV caches, Q8_0 and Q4_0 weights (the
- * vnni ISA's integer path) and Q4_K (its float path). */
+ * 7 (as Qwen2.5-0.5B), F16 and Q8_0 KV caches, Q8_0, Q4_0 and Q4_K weights
+ * (the vnni ISA's integer path) and Q6_K (its float path). */
 #include <unistd.h>
 
 #include "kernels.h"
@@ -117,6 +117,7 @@ int main(void)
     check_model("q8_0");
     check_model("q4_0");
     check_model("q4_k");
+    check_model("q6_k");
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0)
