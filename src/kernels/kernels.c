@@ -51,10 +51,9 @@ static void isa_init(void)
         best = KVC_ISA_VNNI;
     isa_best = best;
 
-    /* On the CPUs measured so far (Zen 5: one VPDPBUSD port) the two-plane
-     * scheme is no faster than avx512's float path, prefill or decode
-     * (bench/bench_kernels.c), so vnni is used only when asked for. */
-    kvc_isa use = best == KVC_ISA_VNNI ? KVC_ISA_AVX512 : best;
+    /* The best level the CPU has; vnni's integer prefill is ~1.5x avx512's
+     * float one on Zen 5 (bench/bench_kernels.c), its decode as fast. */
+    kvc_isa use = best;
     const char *env = getenv("KVC_ISA");     /* any level the CPU has; unknown names ignored */
     int want = env ? isa_from_name(env) : -1;
     if (want >= 0 && want <= (int)best)
