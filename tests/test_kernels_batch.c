@@ -3,8 +3,8 @@
  * of 300 tokens (19 KV blocks, many attention tiles, prefill and decode
  * matmul kernels) fed in one batch, in chunks of 64, 7 and 1 (decode), with
  * 1 and 2 threads, gives bitwise-equal logits at every position. GQA group
- * 7 (as Qwen2.5-0.5B), F16 and Q8_0 KV caches, Q8_0, Q4_0 and Q4_K weights
- * (the vnni ISA's integer path) and Q6_K (its float path). */
+ * 7 (as Qwen2.5-0.5B), F16 and Q8_0 KV caches, Q8_0, Q4_0, Q4_K and Q6_K
+ * weights (the vnni ISA's integer path; the float path on the others). */
 #include <unistd.h>
 
 #include "kernels.h"

@@ -145,16 +145,17 @@ static void check_quantize(void)
                     amax = fmax(amax, fabs(xb[i]));
                 }
                 const double d = kvc_i8_d(q, n)[b];
-                int32_t s = 0;
+                int32_t s = 0, h[2] = { 0, 0 };
                 for (int i = 0; i < 32; i++) {
                     const int32_t ai = 256 * kvc_i8_hi(q)[32 * b + i] + kvc_i8_lo(q, n)[32 * b + i];
                     s += ai;
+                    h[i / 16] += ai;
                     if (finite && amax >= 0x1p-96 && fabs(xb[i] - d * ai) > d * 1.01)
                         bad++;
                     if (finite && amax < 0x1p-96 && (ai != 0 || d != 0))
                         bad++;
                 }
-                if (s != kvc_i8_s(q, n)[b])
+                if (s != kvc_i8_s(q, n)[b] || h[0] != kvc_i8_h(q, n)[2 * b] || h[1] != kvc_i8_h(q, n)[2 * b + 1])
                     bad++;
                 if (finite && amax >= 0x1p-96 && !same_bits((float)d, (float)(amax / 127.0f) / 256.0f))
                     bad++;
@@ -371,7 +372,7 @@ int main(void)
     const int64_t shapes[][3] = { { 32, 9, 1 },     { 32, 40, 17 },   { 896, 37, 1 },   { 896, 37, 3 },
                                   { 896, 33, 16 },  { 896, 100, 37 }, { 4864, 19, 2 },  { 4864, 48, 20 },
                                   { 2048, 67, 130 }, { 896, 64, 512 } };
-    const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_K };
+    const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_K, KVC_TYPE_Q6_K };
     for (size_t ti = 0; ti < KVC_ARRAY_LEN(types); ti++) {
         const int64_t bs = kvc_type_info(types[ti])->block_size;
         CHECK(kvc_vnni_type_ok(types[ti]));

@@ -27,13 +27,13 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
     const int64_t nb = n_in / 32;
     int8_t *hi = (int8_t *)dst, *lo = (int8_t *)dst + n_in;
     float d[1];
-    int32_t s[1];
+    int32_t s[1], h2[2];
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int i = 0; i < 32; i++)
             amax = fmaxf(amax, fabsf(xb[i]));     /* fmaxf ignores a NaN */
-        int32_t sum = 0;
+        int32_t sum = 0, half[2] = { 0, 0 };
         if (!(amax >= KVC_I8_AMIN)) {
             memset(hi + 32 * b, 0, 32);
             memset(lo + 32 * b, 0, 32);
@@ -47,14 +47,18 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
                 hi[32 * b + i] = (int8_t)h;
                 lo[32 * b + i] = (int8_t)l;
                 sum += 256 * (int32_t)h + (int32_t)l;
+                half[i / 16] += 256 * (int32_t)h + (int32_t)l;
             }
             d[0] = dh / 256.0f;
         }
         s[0] = sum;
+        h2[0] = half[0];
+        h2[1] = half[1];
         memcpy(dst + 2 * n_in + 4 * b, d, 4);
         memcpy(dst + 2 * n_in + 4 * nb + 4 * b, s, 4);
+        memcpy(dst + 2 * n_in + 8 * nb + 8 * b, h2, 8);
     }
-    const size_t used = (size_t)(2 * n_in + 8 * nb);
+    const size_t used = (size_t)(2 * n_in + 16 * nb);
     memset(dst + used, 0, kvc_i8_act_row_bytes(n_in) - used);
 }
 

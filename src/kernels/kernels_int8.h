@@ -29,7 +29,9 @@
  * agree because the bounds are integers.
  *
  * A token row is stored as (act_row_bytes(n_in) bytes, 64-byte aligned):
- *   int8 hi[n_in] | int8 lo[n_in] | float d[nb] | int32 S[nb] | pad (see below)
+ *   int8 hi[n_in] | int8 lo[n_in] | float d[nb] | int32 S[nb] | int32 H[2 nb] | pad
+ * where H[2b], H[2b + 1] are the sums of a over the halves of block b (S_b =
+ * their sum; kernels that offset the codes of 16-element sub-blocks need them).
  *
  * WEIGHTS. Each 32-element block b of a weight row is read in integer form:
  * integer weights q_i and scales (kvc_i8_wblock). Per type:
@@ -72,7 +74,7 @@
 static inline size_t kvc_i8_act_row_bytes(int64_t n_in)
 {
     const size_t nb = (size_t)n_in / 32;
-    const size_t r = ((size_t)n_in * 2 + nb * 8 + 63) & ~(size_t)63;
+    const size_t r = ((size_t)n_in * 2 + nb * 16 + 63) & ~(size_t)63;
     return r % 128 ? r : r + 64;
 }
 
@@ -90,6 +92,10 @@ static inline const float *kvc_i8_d(const uint8_t *row, int64_t n_in)
 static inline const int32_t *kvc_i8_s(const uint8_t *row, int64_t n_in)
 {
     return (const int32_t *)(const void *)(row + 2 * n_in + n_in / 8);
+}
+static inline const int32_t *kvc_i8_h(const uint8_t *row, int64_t n_in)
+{
+    return (const int32_t *)(const void *)(row + 2 * n_in + n_in / 4);
 }
 
 /* One 32-element block of a weight row in integer form (see above). */

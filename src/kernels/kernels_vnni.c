@@ -29,7 +29,8 @@
 
 bool kvc_vnni_type_ok(uint32_t type)
 {
-    return type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0 || type == KVC_TYPE_Q5_0 || type == KVC_TYPE_Q4_K;
+    return type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0 || type == KVC_TYPE_Q5_0 || type == KVC_TYPE_Q4_K ||
+           type == KVC_TYPE_Q6_K;
 }
 
 /* ------------------------------------------------------------ activations */
@@ -45,7 +46,7 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
     const int64_t nb = n_in / 32;
     int8_t *hi = (int8_t *)dst, *lo = (int8_t *)dst + n_in;
     float *dd = (float *)(void *)(dst + 2 * n_in);
-    int32_t *ss = (int32_t *)(void *)(dst + 2 * n_in + 4 * nb);
+    int32_t *ss = (int32_t *)(void *)(dst + 2 * n_in + 4 * nb), *hs = ss + nb;
     const __m512 zero = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
@@ -56,7 +57,7 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
             memset(hi + 32 * b, 0, 32);
             memset(lo + 32 * b, 0, 32);
             dd[b] = 0.0f;
-            ss[b] = 0;
+            ss[b] = hs[2 * b] = hs[2 * b + 1] = 0;
             continue;
         }
         const float dh = amax / 127.0f, id = 127.0f / amax;
@@ -71,12 +72,12 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
         _mm_storeu_si128((__m128i *)(hi + 32 * b + 16), _mm512_cvtepi32_epi8(h1));
         _mm_storeu_si128((__m128i *)(lo + 32 * b), _mm512_cvtepi32_epi8(l0));
         _mm_storeu_si128((__m128i *)(lo + 32 * b + 16), _mm512_cvtepi32_epi8(l1));
-        const __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h0, 8), l0),
-                                           _mm512_add_epi32(_mm512_slli_epi32(h1, 8), l1));
-        ss[b] = _mm512_reduce_add_epi32(s);
+        hs[2 * b] = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h0, 8), l0));
+        hs[2 * b + 1] = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h1, 8), l1));
+        ss[b] = hs[2 * b] + hs[2 * b + 1];
         dd[b] = dh / 256.0f;
     }
-    const size_t used = (size_t)(2 * n_in + 8 * nb);
+    const size_t used = (size_t)(2 * n_in + 16 * nb);
     memset(dst + used, 0, kvc_i8_act_row_bytes(n_in) - used);
 }
 
@@ -122,22 +123,65 @@ AI __m512i reduce_rows(const __m512i z[8])
  *           off * S (S = the activation block's sum of a) subtracted after.
  *   K_Q4_K: unsigned codes (off 0); the scales d * sc_j and mins dmin * m_j
  *           come from the super-block (8 blocks of 32), and the min step
- *           follows the block's dot product. */
-enum { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_K, N_KINDS };
+ *           follows the block's dot product.
+ *   K_Q6_K: unsigned codes c = q + 32, two dot products per block (halves
+ *           of 16 with scales of their own), each less 32 H (the half's sum
+ *           of a, kernels_int8.h). */
+enum { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_K, K_Q6_K, N_KINDS };
 
 AI int kind_of(uint32_t type)
 {
-    return type == KVC_TYPE_Q8_0 ? K_Q8_0 : type == KVC_TYPE_Q4_0 ? K_Q4_0 : type == KVC_TYPE_Q5_0 ? K_Q5_0 : K_Q4_K;
+    switch (type) {
+    case KVC_TYPE_Q8_0: return K_Q8_0;
+    case KVC_TYPE_Q4_0: return K_Q4_0;
+    case KVC_TYPE_Q5_0: return K_Q5_0;
+    case KVC_TYPE_Q4_K: return K_Q4_K;
+    default:            return K_Q6_K;
+    }
 }
 
-/* Bytes a block of 32 weights takes (Q4_K: an eighth of its super-block, for
- * prefetching; its blocks are addressed through k4_codes). */
+AI bool k_quant(const int kind) { return kind == K_Q4_K || kind == K_Q6_K; }
+
+/* Bytes a block of 32 weights takes (K-quants: an eighth of the super-block,
+ * rounded up, for prefetching; their blocks are addressed through
+ * k4_codes / k6_codes). */
 AI size_t block_bytes(const int kind)
 {
     return kind == K_Q8_0   ? sizeof(block_q8_0)
            : kind == K_Q4_0 ? sizeof(block_q4_0)
            : kind == K_Q5_0 ? sizeof(block_q5_0)
-                            : sizeof(block_q4_K) / 8;
+           : kind == K_Q4_K ? sizeof(block_q4_K) / 8
+                            : (sizeof(block_q6_K) + 7) / 8;
+}
+
+/* The 32 codes q + 32 of Q6_K block b of a row: 4 low bits from ql, 2 high
+ * from qh, as quant.c lays them out (blocks 4h + kq of the super-block's
+ * half h). */
+AI __m256i k6_codes(const uint8_t *row, int64_t b)
+{
+    const block_q6_K *k = (const block_q6_K *)(const void *)row + b / 8;
+    const int j = (int)(b % 8), h = j / 4, kq = j % 4;
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32 * (kq & 1)));
+    if (kq >= 2)
+        lo = _mm256_srli_epi16(lo, 4);
+    lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0f));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
+    hb = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * kq), _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+}
+
+/* Scales of the halves of Q6_K super-block s of 16 rows: ds[j][l], dm[j][l]
+ * for the first and second half of block j of row l (d * sc, as the reference). */
+AI void k6_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR], float dm[8][GR])
+{
+    for (int l = 0; l < GR; l++) {
+        const block_q6_K *k = (const block_q6_K *)(const void *)rows[l] + s;
+        const float d = kvc_fp16_to_fp32(k->d);
+        for (int j = 0; j < 8; j++) {
+            ds[j][l] = d * (float)k->scales[2 * j];
+            dm[j][l] = d * (float)k->scales[2 * j + 1];
+        }
+    }
 }
 
 /* The 32 nibble bytes of Q4_K block b of a row, and the shift of its nibble. */
@@ -232,6 +276,8 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         const size_t off = (size_t)b * bsz;
         if (kind == K_Q4_K && b % 8 == 0)
             k4_group_scales(rows, b / 8, ks, km);
+        if (kind == K_Q6_K && b % 8 == 0)
+            k6_group_scales(rows, b / 8, ks, km);
         if (pf.next) {
             for (int i = 0; i < GR * (int)bsz; i += 64)
                 _mm_prefetch((const char *)pf.next + i, _MM_HINT_T1);
@@ -239,7 +285,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         }
         /* the 16 rows' scales: low half of the dword at each block start */
         __m512 dw, dm = _mm512_setzero_ps();
-        if (kind == K_Q4_K) {
+        if (k_quant(kind)) {
             dw = _mm512_loadu_ps(ks[b % 8]);
             dm = _mm512_loadu_ps(km[b % 8]);
         } else {
@@ -252,6 +298,9 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             if (kind == K_Q4_K) {
                 const __m512i c = load_pair(kind, k4_codes(rows[pair_lo[p]], b), k4_codes(rows[pair_hi[p]], b));
                 w[p] = _mm512_and_si512(b & 1 ? _mm512_srli_epi16(c, 4) : c, _mm512_set1_epi8(0x0f));
+            } else if (kind == K_Q6_K) {
+                w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(k6_codes(rows[pair_lo[p]], b)),
+                                          k6_codes(rows[pair_hi[p]], b), 1);
             } else {
                 w[p] = load_pair(kind, rows[pair_lo[p]] + off, rows[pair_hi[p]] + off);
             }
@@ -268,6 +317,21 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
 #pragma GCC unroll 8
             for (int p = 0; p < 8; p++)
                 z[p] = kind == K_Q8_0 ? dot_signed(w[p], neg[p], xh, xl) : dot_codes(w[p], xh, xl);
+            if (kind == K_Q6_K) {      /* lanes 0-3 of each row hold the first half */
+                __m512i z1[8];
+#pragma GCC unroll 8
+                for (int p = 0; p < 8; p++) {
+                    z1[p] = _mm512_maskz_mov_epi32(0xf0f0, z[p]);
+                    z[p] = _mm512_maskz_mov_epi32(0x0f0f, z[p]);
+                }
+                const int32_t *hx = kvc_i8_h(a[t], n_in) + 2 * b;
+                const __m512i d0 = _mm512_sub_epi32(reduce_rows(z), _mm512_set1_epi32(32 * hx[0]));
+                const __m512i d1 = _mm512_sub_epi32(reduce_rows(z1), _mm512_set1_epi32(32 * hx[1]));
+                const __m512 xs = _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(dw, xs), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(dm, xs), acc[t]);
+                continue;
+            }
             __m512i d = reduce_rows(z);
             if (code_offset(kind))
                 d = _mm512_sub_epi32(d, _mm512_set1_epi32(code_offset(kind) * kvc_i8_s(a[t], n_in)[b]));
@@ -294,12 +358,14 @@ GROUP_FNS(q8_0_group, K_Q8_0)
 GROUP_FNS(q4_0_group, K_Q4_0)
 GROUP_FNS(q5_0_group, K_Q5_0)
 GROUP_FNS(q4_K_group, K_Q4_K)
+GROUP_FNS(q6_K_group, K_Q6_K)
 
 static const group_fn group_fns[N_KINDS][TC] = {
     { q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4 },
     { q4_0_group1, q4_0_group2, q4_0_group3, q4_0_group4 },
     { q5_0_group1, q5_0_group2, q5_0_group3, q5_0_group4 },
     { q4_K_group1, q4_K_group2, q4_K_group3, q4_K_group4 },
+    { q6_K_group1, q6_K_group2, q6_K_group3, q6_K_group4 },
 };
 
 static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
@@ -354,6 +420,8 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
 /* 32 unsigned codes of block b of a row. */
 AI __m256i block_codes(const int kind, const uint8_t *row, int64_t b)
 {
+    if (kind == K_Q6_K)
+        return k6_codes(row, b);
     if (kind == K_Q4_K) {
         const __m256i c = _mm256_loadu_si256((const __m256i *)k4_codes(row, b));
         return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
@@ -425,12 +493,15 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
             for (int l = 0; l < GR; l++)
                 r[l] = l < n ? block_codes(kind, vb + (size_t)l * rb, b) : _mm256_setzero_si256();
             transpose_16x8(r, pack + (b * nv + v) * 8);
-            if (kind == K_Q4_K) {
+            if (k_quant(kind)) {
                 if (b % 8 == 0) {
                     const uint8_t *rows[GR];
                     for (int l = 0; l < GR; l++)
                         rows[l] = vb + (size_t)KVC_MIN(l, n - 1) * rb;
-                    k4_group_scales(rows, b / 8, ks, km);
+                    if (kind == K_Q4_K)
+                        k4_group_scales(rows, b / 8, ks, km);
+                    else
+                        k6_group_scales(rows, b / 8, ks, km);
                 }
                 _mm512_store_ps(dsc + (b * nv + v) * GR, _mm512_maskz_loadu_ps(have, ks[b % 8]));
                 _mm512_store_ps(msc + (b * nv + v) * GR, _mm512_maskz_loadu_ps(have, km[b % 8]));
@@ -442,13 +513,54 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
     }
 }
 
+/* d[v][t] = 256 H + L over the 4-byte steps [q0, q0 + nq) of a block: the
+ * dot products of those codes with the token's two planes (po: the block's
+ * offset in the hi plane; the lo plane follows n_in later). */
+AI void block_dots(const int NV, const int T, const int q0, const int nq, const __m512i *u,
+                   const int8_t *const hi[PT], int64_t po, int64_t n_in, __m512i d[RV][PT])
+{
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++)
+            d[v][t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int plane = 0; plane < 2; plane++) {
+        const int64_t o = plane ? po + n_in : po;
+#pragma GCC unroll 8
+        for (int q = q0; q < q0 + nq; q++) {
+            __m512i wv[RV];
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++)
+                wv[v] = _mm512_load_si512(u + v * 8 + q);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                int32_t x4;
+                memcpy(&x4, hi[t] + o + 4 * q, 4);
+                const __m512i x = _mm512_set1_epi32(x4);
+#pragma GCC unroll 2
+                for (int v = 0; v < NV; v++)
+                    d[v][t] = _mm512_dpbusd_epi32(d[v][t], wv[v], x);
+            }
+        }
+        if (plane == 0)
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+                for (int v = 0; v < NV; v++)
+                    d[v][t] = _mm512_slli_epi32(d[v][t], 8);
+    }
+}
+
 /* T <= PT tokens against a repacked group of NV row vectors: acc[v][t]
- * lane l = y[t][row 16v + l]. */
+ * lane l = y[t][row 16v + l]. dsc: the blocks' scales (Q6_K: of the first
+ * halves); msc: Q4_K's mins, Q6_K's scales of the second halves. */
 AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *pack, const float *dsc,
                      const float *msc, int64_t nb, const uint8_t *act, size_t as, int64_t n_in,
                      __m512 acc[RV][PT])
 {
-    const int shift = kind == K_Q8_0 ? 7 : kind == K_Q4_0 ? 3 : 4;    /* off = 2^shift (not Q4_K) */
+    const int shift = kind == K_Q8_0 ? 7 : kind == K_Q4_0 ? 3 : kind == K_Q5_0 ? 4 : 5;   /* off = 2^shift */
+    const int n_sub = kind == K_Q6_K ? 2 : 1;
     const int8_t *hi[PT];
     const float *dx[PT];
     const int32_t *sx[PT];
@@ -456,64 +568,33 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *p
     for (int t = 0; t < T; t++) {
         hi[t] = kvc_i8_hi(act + (size_t)t * as);
         dx[t] = kvc_i8_d(act + (size_t)t * as, n_in);
-        sx[t] = kvc_i8_s(act + (size_t)t * as, n_in);
+        sx[t] = kind == K_Q6_K ? kvc_i8_h(act + (size_t)t * as, n_in) : kvc_i8_s(act + (size_t)t * as, n_in);
 #pragma GCC unroll 2
         for (int v = 0; v < NV; v++)
             acc[v][t] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
         const __m512i *u = pack + b * NV * 8;
-        __m512i d[RV][PT];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++)
 #pragma GCC unroll 2
-            for (int v = 0; v < NV; v++)
-                d[v][t] = _mm512_setzero_si512();
-#pragma GCC unroll 2
-        for (int plane = 0; plane < 2; plane++) {
-            const int64_t po = plane ? n_in + 32 * b : 32 * b;
+        for (int j = 0; j < n_sub; j++) {
+            __m512i d[RV][PT];
+            block_dots(NV, T, j * 8 / n_sub, 8 / n_sub, u, hi, 32 * b, n_in, d);
+            const float *sc = (j ? msc : dsc) + b * NV * GR;
 #pragma GCC unroll 8
-            for (int q = 0; q < 8; q++) {
-                __m512i wv[RV];
-#pragma GCC unroll 2
-                for (int v = 0; v < NV; v++)
-                    wv[v] = _mm512_load_si512(u + v * 8 + q);
-#pragma GCC unroll 8
-                for (int t = 0; t < T; t++) {
-                    int32_t x4;
-                    memcpy(&x4, hi[t] + po + 4 * q, 4);
-                    const __m512i x = _mm512_set1_epi32(x4);
-#pragma GCC unroll 2
-                    for (int v = 0; v < NV; v++)
-                        d[v][t] = _mm512_dpbusd_epi32(d[v][t], wv[v], x);
-                }
-            }
-            if (plane == 0) {
-#pragma GCC unroll 8
-                for (int t = 0; t < T; t++)
-#pragma GCC unroll 2
-                    for (int v = 0; v < NV; v++)
-                        d[v][t] = _mm512_slli_epi32(d[v][t], 8);
-            }
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const __m512 xs = _mm512_set1_ps(dx[t][b]);
-            if (kind == K_Q4_K) {
-                const __m512 ns = _mm512_set1_ps(-(float)sx[t][b]);
+            for (int t = 0; t < T; t++) {
+                const __m512 xs = _mm512_set1_ps(dx[t][b]);
+                const int32_t s = sx[t][n_sub * b + j];
+                const __m512i c = kind == K_Q4_K ? _mm512_setzero_si512()
+                                                 : _mm512_slli_epi32(_mm512_set1_epi32(s), shift);
 #pragma GCC unroll 2
                 for (int v = 0; v < NV; v++) {
-                    const __m512 ws = _mm512_mul_ps(_mm512_load_ps(dsc + (b * NV + v) * GR), xs);
-                    const __m512 ms = _mm512_mul_ps(_mm512_load_ps(msc + (b * NV + v) * GR), xs);
-                    acc[v][t] = _mm512_fmadd_ps(ns, ms, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[v][t]), ws, acc[v][t]));
+                    const __m512 ws = _mm512_mul_ps(_mm512_load_ps(sc + v * GR), xs);
+                    acc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[v][t], c)), ws, acc[v][t]);
+                    if (kind == K_Q4_K)           /* the min step */
+                        acc[v][t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)s),
+                                                    _mm512_mul_ps(_mm512_load_ps(msc + (b * NV + v) * GR), xs),
+                                                    acc[v][t]);
                 }
-                continue;
-            }
-            const __m512i c = _mm512_slli_epi32(_mm512_set1_epi32(sx[t][b]), shift);
-#pragma GCC unroll 2
-            for (int v = 0; v < NV; v++) {
-                const __m512 ws = _mm512_mul_ps(_mm512_load_ps(dsc + (b * NV + v) * GR), xs);
-                acc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[v][t], c)), ws, acc[v][t]);
             }
         }
     }
@@ -538,6 +619,7 @@ PASS_FNS(q8_0_pass, K_Q8_0)
 PASS_FNS(q4_0_pass, K_Q4_0)
 PASS_FNS(q5_0_pass, K_Q5_0)
 PASS_FNS(q4_K_pass, K_Q4_K)
+PASS_FNS(q6_K_pass, K_Q6_K)
 
 _Static_assert(PT == 6, "pass_fns lists PT functions per row");
 static const pass_fn pass_fns[N_KINDS][RV][PT] = {
@@ -545,6 +627,7 @@ static const pass_fn pass_fns[N_KINDS][RV][PT] = {
     { PASS_ROW(q4_0_pass, 1), PASS_ROW(q4_0_pass, 2) },
     { PASS_ROW(q5_0_pass, 1), PASS_ROW(q5_0_pass, 2) },
     { PASS_ROW(q4_K_pass, 1), PASS_ROW(q4_K_pass, 2) },
+    { PASS_ROW(q6_K_pass, 1), PASS_ROW(q6_K_pass, 2) },
 };
 
 typedef void (*repack_fn)(const kvc_weight *w, int64_t rg, int nr, int nv, __m512i *p, float *d, float *m);
@@ -557,7 +640,8 @@ REPACK_FN(repack_q8_0, K_Q8_0)
 REPACK_FN(repack_q4_0, K_Q4_0)
 REPACK_FN(repack_q5_0, K_Q5_0)
 REPACK_FN(repack_q4_K, K_Q4_K)
-static const repack_fn repack_fns[N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K };
+REPACK_FN(repack_q6_K, K_Q6_K)
+static const repack_fn repack_fns[N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
 
 /* Bytes of a repacked group in scratch (the scales follow). */
 static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * 8 * 64; }
@@ -587,7 +671,7 @@ static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, 
     }
 }
 
-/* The repacked group, its scales and (Q4_K) mins. */
+/* The repacked group, its scales and (K-quants) second scales or mins. */
 static size_t prefill_scratch_bytes(int64_t n_in)
 {
     return pack_bytes(n_in) + (size_t)n_in / 32 * RV * GR * 2 * sizeof(float);
