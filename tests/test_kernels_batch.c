@@ -4,7 +4,8 @@
  * matmul kernels) fed in one batch, in chunks of 64, 7 and 1 (decode), with
  * 1 and 2 threads, gives bitwise-equal logits at every position. GQA group
  * 7 (as Qwen2.5-0.5B), F16 and Q8_0 KV caches, Q8_0, Q4_0, Q4_K and Q6_K
- * weights (the vnni ISA's integer path; the float path on the others). */
+ * weights (the vnni ISA's integer path; the float path on the others) and
+ * F16 (whose decode reads its rows in lanes, kernels_internal.h). */
 #include <unistd.h>
 
 #include "kernels.h"
@@ -118,6 +119,7 @@ int main(void)
     check_model("q4_0");
     check_model("q4_k");
     check_model("q6_k");
+    check_model("f16");
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0)

@@ -12,10 +12,11 @@
  *   y = tree(acc): s4[i] = a[i] + a[i+4], s2[i] = s4[i] + s4[i+2], y = s2[0] + s2[1]
  *
  * where w holds the exact float values of the weights (bitwise those of
- * kvc_dequantize_row_ref). Fused decode kernels, register-blocked GEMM tiles
- * and the k-blocked path all perform exactly this sequence per element;
- * kvc_dot_f32 and kvc_dot_f16_f32 follow it too. The structure mirrors
- * kernels_avx512.c, with 4-row tiles for the 16 ymm registers. */
+ * kvc_dequantize_row_ref). Decode kernels (fused, and in lanes for float
+ * weights), register-blocked GEMM tiles and the k-blocked path all perform
+ * exactly this sequence per element; kvc_dot_f32 and kvc_dot_f16_f32 follow
+ * it too. The structure mirrors kernels_avx512.c, with 4-row tiles for the
+ * 16 ymm registers. */
 #include "kernels_internal.h"
 #include "kernels_simd.h"
 
@@ -422,7 +423,8 @@ static void matmul_panel(const kvc_weight *w, const float *x, int64_t ldx, int64
 }
 
 /* ------------------------------------------------ fused decode kernels
- * Few tokens: stream FR weight rows once per token, converting in registers.
+ * Few tokens of quantized weights: stream FR weight rows once per token,
+ * converting in registers. (Float weights: the next section.)
  * Prefetching as in kernels_avx512.c: the next group of contiguous rows at the
  * pace of this one when rows are short, PF_AHEAD bytes ahead in each row
  * otherwise. */
@@ -447,64 +449,6 @@ AI void prefetch_ahead(const uint8_t *const rows[FR], size_t off)
 #pragma GCC unroll 8
     for (int r = 0; r < FR; r++)
         _mm_prefetch((const char *)rows[r] + off, _MM_HINT_T0);
-}
-
-enum { W_F32, W_F16, W_BF16 };
-
-AI __m256 load_w(const int kind, const uint8_t *row, int64_t k)
-{
-    if (kind == W_F32)
-        return _mm256_loadu_ps((const float *)(const void *)row + k);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)(const void *)row + k));
-    return kind == W_F16 ? _mm256_cvtph_ps(h) : bf16x8(h);
-}
-
-AI __m256 load_w_tail(const int kind, const uint8_t *row, int64_t k, int64_t left)
-{
-    if (kind == W_F32)
-        return _mm256_maskload_ps((const float *)(const void *)row + k, tail_mask(left));
-    uint16_t tmp[8] = { 0 };
-    memcpy(tmp, (const uint16_t *)(const void *)row + k, (size_t)left * 2);
-    __m128i h = _mm_loadu_si128((const __m128i *)tmp);
-    return kind == W_F16 ? _mm256_cvtph_ps(h) : bf16x8(h);
-}
-
-AI void fused_float(const int kind, const uint8_t *const rows[FR], prefetch_plan pf, const float *x,
-                    int64_t n, __m256 acc[FR])
-{
-    const int bpw = kind == W_F32 ? 4 : 2;       /* bytes per weight */
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + k);
-        if (pf.next)
-            prefetch_next(&pf, FR * 8 * bpw);
-        if (pf.ahead && ((k * bpw) & 63) == 0)        /* once per 64 bytes of a row */
-            prefetch_ahead(rows, (size_t)(k * bpw + pf.ahead));
-#pragma GCC unroll 8
-        for (int r = 0; r < FR; r++)
-            acc[r] = _mm256_fmadd_ps(load_w(kind, rows[r], k), xv, acc[r]);
-    }
-    if (k < n) {
-        const __m256 xv = _mm256_maskload_ps(x + k, tail_mask(n - k));
-#pragma GCC unroll 8
-        for (int r = 0; r < FR; r++)
-            acc[r] = _mm256_fmadd_ps(load_w_tail(kind, rows[r], k, n - k), xv, acc[r]);
-    }
-}
-
-static void fused_f32(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
-{
-    fused_float(W_F32, rows, pf, x, n, acc);
-}
-
-static void fused_f16(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
-{
-    fused_float(W_F16, rows, pf, x, n, acc);
-}
-
-static void fused_bf16(const uint8_t *const rows[FR], prefetch_plan pf, const float *x, int64_t n, __m256 acc[FR])
-{
-    fused_float(W_BF16, rows, pf, x, n, acc);
 }
 
 /* Q8_0: the weight vector is (float)q * d, exactly the reference's value. */
@@ -621,9 +565,6 @@ typedef void (*fused_fn)(const uint8_t *const rows[FR], prefetch_plan pf, const 
 static fused_fn fused_for(uint32_t type)
 {
     switch (type) {
-    case KVC_TYPE_F32:  return fused_f32;
-    case KVC_TYPE_F16:  return fused_f16;
-    case KVC_TYPE_BF16: return fused_bf16;
     case KVC_TYPE_Q8_0: return fused_q8_0;
     case KVC_TYPE_Q4_0: return fused_q4_0;
     case KVC_TYPE_Q4_K: return fused_q4_K;
@@ -660,11 +601,109 @@ static void matmul_fused(fused_fn fn, const kvc_weight *w, const float *x, int64
     }
 }
 
+/* ------------------------------------------ decode of float weights
+ * Few tokens of F32, F16 or BF16 weights: KVC_LANES rows per pass, in the
+ * lane order of kernels_internal.h, converted in registers. Same per-element
+ * sequence as the panel path. */
+
+enum { W_F32, W_F16, W_BF16 };
+
+AI __m256 load_w(const int kind, const uint8_t *row, int64_t k)
+{
+    if (kind == W_F32)
+        return _mm256_loadu_ps((const float *)(const void *)row + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)(const void *)row + k));
+    return kind == W_F16 ? _mm256_cvtph_ps(h) : bf16x8(h);
+}
+
+AI __m256 load_w_tail(const int kind, const uint8_t *row, int64_t k, int64_t left)
+{
+    if (kind == W_F32)
+        return _mm256_maskload_ps((const float *)(const void *)row + k, tail_mask(left));
+    uint16_t tmp[8] = { 0 };
+    memcpy(tmp, (const uint16_t *)(const void *)row + k, (size_t)left * 2);
+    __m128i h = _mm_loadu_si128((const __m128i *)tmp);
+    return kind == W_F16 ? _mm256_cvtph_ps(h) : bf16x8(h);
+}
+
+/* The dot products of x with one row per lane (kernels_internal.h) into
+ * dot[KVC_LANES], with no software prefetch, as in kernels_avx512.c. */
+_Static_assert(KVC_LANES == 4, "lanes_float reduces its accumulators with reduce4");
+
+AI void lanes_float(const int kind, const uint8_t *const rows[KVC_LANES], const float *x, int64_t n,
+                    float dot[KVC_LANES])
+{
+    __m256 acc[KVC_LANES];
+    for (int j = 0; j < KVC_LANES; j++)
+        acc[j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < KVC_LANES; j++)
+            acc[j] = _mm256_fmadd_ps(load_w(kind, rows[j], k), xv, acc[j]);
+    }
+    if (k < n) {
+        const __m256 xv = _mm256_maskload_ps(x + k, tail_mask(n - k));
+#pragma GCC unroll 4
+        for (int j = 0; j < KVC_LANES; j++)
+            acc[j] = _mm256_fmadd_ps(load_w_tail(kind, rows[j], k, n - k), xv, acc[j]);
+    }
+    _mm_storeu_ps(dot, reduce4(acc[0], acc[1], acc[2], acc[3]));
+}
+
+static void lanes_f32(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
+{
+    lanes_float(W_F32, rows, x, n, dot);
+}
+
+static void lanes_f16(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
+{
+    lanes_float(W_F16, rows, x, n, dot);
+}
+
+static void lanes_bf16(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
+{
+    lanes_float(W_BF16, rows, x, n, dot);
+}
+
+typedef void (*lanes_fn)(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES]);
+
+static lanes_fn lanes_for(uint32_t type)
+{
+    switch (type) {
+    case KVC_TYPE_F32:  return lanes_f32;
+    case KVC_TYPE_F16:  return lanes_f16;
+    case KVC_TYPE_BF16: return lanes_bf16;
+    default:            return NULL;
+    }
+}
+
+static void matmul_lanes(lanes_fn fn, const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
+                         float *y, int64_t ldy, int64_t r0, int64_t r1)
+{
+    for (int64_t g = 0; g < kvc_lane_stride(r0, r1); g++) {
+        const uint8_t *rows[KVC_LANES];
+        int64_t row[KVC_LANES];
+        kvc_lane_rows(w, r0, r1, g, rows, row);
+        for (int64_t t = 0; t < n_tok; t++) {
+            float dot[KVC_LANES];
+            fn(rows, x + t * ldx, w->n_in, dot);
+            for (int j = 0; j < KVC_LANES; j++)
+                if (row[j] >= 0)
+                    y[t * ldy + row[j]] = dot[j];
+        }
+    }
+}
+
 static void avx2_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
                              float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
+    lanes_fn lanes = n_tok < FUSED_MAX_TOK ? lanes_for(w->type) : NULL;
     fused_fn fn = n_tok < FUSED_MAX_TOK ? fused_for(w->type) : NULL;
-    if (fn)
+    if (lanes)
+        matmul_lanes(lanes, w, x, ldx, n_tok, y, ldy, r0, r1);
+    else if (fn)
         matmul_fused(fn, w, x, ldx, n_tok, y, ldy, r0, r1);
     else
         matmul_panel(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);

@@ -13,10 +13,11 @@
  *                  s2[i] = s4[i] + s4[i+2], y = s2[0] + s2[1]
  *
  * where w holds the exact float values of the weights (bitwise those of
- * kvc_dequantize_row_ref). The fused decode kernels, the register-blocked
- * GEMM tiles and the k-blocked path (which parks acc in scratch between
- * k-blocks) all perform exactly this sequence per element, so a token's
- * results do not depend on its batch, its place in it, or the row split.
+ * kvc_dequantize_row_ref). The decode kernels (fused, and in lanes for
+ * float weights), the register-blocked GEMM tiles and the k-blocked path
+ * (which parks acc in scratch between k-blocks) all perform exactly this
+ * sequence per element, so a token's results do not depend on its batch,
+ * its place in it, or the row split.
  * kvc_dot_f32 and kvc_dot_f16_f32 follow the same order. */
 #include "kernels_internal.h"
 #include "kernels_simd.h"
@@ -469,8 +470,9 @@ static void matmul_panel(const kvc_weight *w, const float *x, int64_t ldx, int64
 }
 
 /* ------------------------------------------------ fused decode kernels
- * Few tokens: stream MR weight rows once per token, converting in registers
- * (no panel). Same per-element sequence as the panel path.
+ * Few tokens of quantized weights: stream MR weight rows once per token,
+ * converting in registers (no panel). Same per-element sequence as the panel
+ * path. (Float weights have their own row order: the next section.)
  *
  * Decode streams weights from DRAM, and prefetching decides its speed. Rows
  * of a few KiB (896 halves) end before the hardware prefetcher has ramped up,
@@ -499,63 +501,6 @@ AI void prefetch_ahead(const uint8_t *const rows[MR], size_t off)
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
         _mm_prefetch((const char *)rows[r] + off, _MM_HINT_T0);
-}
-
-enum { W_F32, W_F16, W_BF16 };
-
-AI __m512 load_w(const int kind, const uint8_t *row, int64_t k)
-{
-    if (kind == W_F32)
-        return _mm512_loadu_ps((const float *)(const void *)row + k);
-    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)(const void *)row + k));
-    return kind == W_F16 ? _mm512_cvtph_ps(h) : bf16x16(h);
-}
-
-AI __m512 load_w_tail(const int kind, const uint8_t *row, int64_t k, __mmask16 m)
-{
-    if (kind == W_F32)
-        return _mm512_maskz_loadu_ps(m, (const float *)(const void *)row + k);
-    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)(const void *)row + k);
-    return kind == W_F16 ? _mm512_cvtph_ps(h) : bf16x16(h);
-}
-
-AI void fused_float(const int kind, const uint8_t *const rows[MR], prefetch_plan pf, const float *x,
-                    int64_t n, __m512 acc[MR])
-{
-    const int bpw = kind == W_F32 ? 4 : 2;       /* bytes per weight */
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        const __m512 xv = _mm512_loadu_ps(x + k);
-        if (pf.next)
-            prefetch_next(&pf, MR * 16 * bpw);
-        if (pf.ahead && (bpw == 4 || (k & 31) == 0))   /* once per 64 bytes of a row */
-            prefetch_ahead(rows, (size_t)(k * bpw + pf.ahead));
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; r++)
-            acc[r] = _mm512_fmadd_ps(load_w(kind, rows[r], k), xv, acc[r]);
-    }
-    if (k < n) {
-        const __mmask16 m = tail_mask(n - k);
-        const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; r++)
-            acc[r] = _mm512_fmadd_ps(load_w_tail(kind, rows[r], k, m), xv, acc[r]);
-    }
-}
-
-static void fused_f32(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
-{
-    fused_float(W_F32, rows, pf, x, n, acc);
-}
-
-static void fused_f16(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
-{
-    fused_float(W_F16, rows, pf, x, n, acc);
-}
-
-static void fused_bf16(const uint8_t *const rows[MR], prefetch_plan pf, const float *x, int64_t n, __m512 acc[MR])
-{
-    fused_float(W_BF16, rows, pf, x, n, acc);
 }
 
 /* Q8_0: the weight vector is (float)q * d, exactly the reference's value. */
@@ -755,9 +700,6 @@ typedef void (*fused_fn)(const uint8_t *const rows[MR], prefetch_plan pf, const 
 static fused_fn fused_for(uint32_t type)
 {
     switch (type) {
-    case KVC_TYPE_F32:  return fused_f32;
-    case KVC_TYPE_F16:  return fused_f16;
-    case KVC_TYPE_BF16: return fused_bf16;
     case KVC_TYPE_Q8_0: return fused_q8_0;
     case KVC_TYPE_Q4_0: return fused_q4_0;
     case KVC_TYPE_Q4_1: return fused_q4_1;
@@ -795,11 +737,112 @@ static void matmul_fused(fused_fn fn, const kvc_weight *w, const float *x, int64
     }
 }
 
+/* ------------------------------------------ decode of float weights
+ * Few tokens of F32, F16 or BF16 weights: KVC_LANES rows per pass, in the
+ * lane order of kernels_internal.h, converted in registers. Same per-element
+ * sequence as the panel path. */
+
+enum { W_F32, W_F16, W_BF16 };
+
+AI __m512 load_w(const int kind, const uint8_t *row, int64_t k)
+{
+    if (kind == W_F32)
+        return _mm512_loadu_ps((const float *)(const void *)row + k);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)(const void *)row + k));
+    return kind == W_F16 ? _mm512_cvtph_ps(h) : bf16x16(h);
+}
+
+AI __m512 load_w_tail(const int kind, const uint8_t *row, int64_t k, __mmask16 m)
+{
+    if (kind == W_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)(const void *)row + k);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)(const void *)row + k);
+    return kind == W_F16 ? _mm512_cvtph_ps(h) : bf16x16(h);
+}
+
+/* The dot products of x with one row per lane (kernels_internal.h) into
+ * dot[KVC_LANES]: KVC_LANES FMA chains in flight, as many as keep up with
+ * memory. No software prefetch: each lane is a sequential stream, which the
+ * hardware prefetchers follow best alone. */
+_Static_assert(KVC_LANES <= MR, "lanes_float reduces its accumulators with reduce8");
+
+AI void lanes_float(const int kind, const uint8_t *const rows[KVC_LANES], const float *x, int64_t n,
+                    float dot[KVC_LANES])
+{
+    __m512 acc[MR];                  /* lanes 0..3, then 4..7 repeating them for reduce8 */
+    for (int j = 0; j < KVC_LANES; j++)
+        acc[j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < KVC_LANES; j++)
+            acc[j] = _mm512_fmadd_ps(load_w(kind, rows[j], k), xv, acc[j]);
+    }
+    if (k < n) {
+        const __mmask16 m = tail_mask(n - k);
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < KVC_LANES; j++)
+            acc[j] = _mm512_fmadd_ps(load_w_tail(kind, rows[j], k, m), xv, acc[j]);
+    }
+    for (int j = KVC_LANES; j < MR; j++)
+        acc[j] = acc[j - KVC_LANES];
+    _mm_storeu_ps(dot, _mm256_castps256_ps128(reduce8(acc)));
+}
+
+static void lanes_f32(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
+{
+    lanes_float(W_F32, rows, x, n, dot);
+}
+
+static void lanes_f16(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
+{
+    lanes_float(W_F16, rows, x, n, dot);
+}
+
+static void lanes_bf16(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
+{
+    lanes_float(W_BF16, rows, x, n, dot);
+}
+
+typedef void (*lanes_fn)(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES]);
+
+static lanes_fn lanes_for(uint32_t type)
+{
+    switch (type) {
+    case KVC_TYPE_F32:  return lanes_f32;
+    case KVC_TYPE_F16:  return lanes_f16;
+    case KVC_TYPE_BF16: return lanes_bf16;
+    default:            return NULL;
+    }
+}
+
+static void matmul_lanes(lanes_fn fn, const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
+                         float *y, int64_t ldy, int64_t r0, int64_t r1)
+{
+    for (int64_t g = 0; g < kvc_lane_stride(r0, r1); g++) {
+        const uint8_t *rows[KVC_LANES];
+        int64_t row[KVC_LANES];
+        kvc_lane_rows(w, r0, r1, g, rows, row);
+        for (int64_t t = 0; t < n_tok; t++) {
+            float dot[KVC_LANES];
+            fn(rows, x + t * ldx, w->n_in, dot);
+            for (int j = 0; j < KVC_LANES; j++)
+                if (row[j] >= 0)
+                    y[t * ldy + row[j]] = dot[j];
+        }
+    }
+}
+
 static void avx512_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
                                float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
+    lanes_fn lanes = n_tok < FUSED_MAX_TOK ? lanes_for(w->type) : NULL;
     fused_fn fn = n_tok < FUSED_MAX_TOK ? fused_for(w->type) : NULL;
-    if (fn)
+    if (lanes)
+        matmul_lanes(lanes, w, x, ldx, n_tok, y, ldy, r0, r1);
+    else if (fn)
         matmul_fused(fn, w, x, ldx, n_tok, y, ldy, r0, r1);
     else
         matmul_panel(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
