@@ -1,7 +1,8 @@
 /* kernels_vnni.c - the integer scheme of kernels_int8.h with AVX-512 VNNI:
  * activation quantization, the matmul for few tokens (decode), which streams
  * the weights once and is memory-bound, and the matmul for many (prefill),
- * which repacks 16 weight rows so that each lane holds one row.
+ * which repacks 32 weight rows (two vectors of 16) so that each lane holds
+ * one row.
  *
  * Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma
  * -mf16c -mavx2; called only after kernels.c found AVX-512 VNNI at run time.
@@ -184,7 +185,8 @@ AI void k6_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR
     }
 }
 
-/* The 32 nibble bytes of Q4_K block b of a row, and the shift of its nibble. */
+/* The 32 nibble bytes of Q4_K block b of a row (low nibbles for even b,
+ * high for odd). */
 AI const uint8_t *k4_codes(const uint8_t *row, int64_t b)
 {
     return row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * (size_t)((b % 8) / 2);
@@ -271,7 +273,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
     const uint8_t *a[TC];
     for (int t = 0; t < T; t++)
         a[t] = act + (size_t)t * as;
-    float ks[8][GR], km[8][GR];          /* Q4_K: the current super-block's scales */
+    float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
     for (int64_t b = 0; b < nb; b++) {
         const size_t off = (size_t)b * bsz;
         if (kind == K_Q4_K && b % 8 == 0)

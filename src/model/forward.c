@@ -163,6 +163,7 @@ typedef struct mm_job {
 
 #define ACT_MIN_TOK   2    /* fewer tokens: each row range quantizes its own x (no extra dispatch) */
 #define ACT_TOK_TASK  16   /* tokens per quantization task */
+#define ACT_PAIR_TOK  4    /* from here on the integer kernels take rows 32 at a time */
 
 static void act_task(void *ctx, int64_t task, int thread)
 {
@@ -191,13 +192,18 @@ static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t 
 {
     int nt = kvc_threadpool_n_threads(c->tp);
     int64_t rows = w->n_out;
-    int64_t per = (rows + 4 * nt - 1) / (4 * nt);
-    per = (per + 15) / 16 * 16;
+    const bool act = n_tok >= ACT_MIN_TOK && c->mm_act && kvc_matmul_uses_act(w) &&
+                     kvc_matmul_act_bytes(w->n_in, n_tok) <= c->mm_act_bytes;
+    /* row ranges in multiples of the kernels' row groups: 16, or 32 for the
+     * integer prefill (two row vectors), 2 ranges a thread so that 896 rows
+     * split into 7 groups each */
+    const int64_t align = act && n_tok >= ACT_PAIR_TOK ? 32 : 16, ranges = act && n_tok >= ACT_PAIR_TOK ? 2 : 4;
+    int64_t per = (rows + ranges * nt - 1) / (ranges * nt);
+    per = (per + align - 1) / align * align;
     if (per < 16)
         per = 16;
     mm_job j = { c, w, x, w->n_in, n_tok, y, ldy, per, NULL };
-    if (n_tok >= ACT_MIN_TOK && c->mm_act && kvc_matmul_uses_act(w) &&
-        kvc_matmul_act_bytes(w->n_in, n_tok) <= c->mm_act_bytes) {
+    if (act) {
         kvc_threadpool_run(c->tp, (n_tok + ACT_TOK_TASK - 1) / ACT_TOK_TASK, act_task, &j);
         j.act = c->mm_act;
     }
