@@ -652,57 +652,15 @@ AI void lanes_float(const int kind, const uint8_t *const rows[KVC_LANES], const 
     _mm_storeu_ps(dot, reduce4(acc[0], acc[1], acc[2], acc[3]));
 }
 
-static void lanes_f32(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
-{
-    lanes_float(W_F32, rows, x, n, dot);
-}
-
-static void lanes_f16(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
-{
-    lanes_float(W_F16, rows, x, n, dot);
-}
-
-static void lanes_bf16(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES])
-{
-    lanes_float(W_BF16, rows, x, n, dot);
-}
-
-typedef void (*lanes_fn)(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n, float dot[KVC_LANES]);
-
-static lanes_fn lanes_for(uint32_t type)
-{
-    switch (type) {
-    case KVC_TYPE_F32:  return lanes_f32;
-    case KVC_TYPE_F16:  return lanes_f16;
-    case KVC_TYPE_BF16: return lanes_bf16;
-    default:            return NULL;
-    }
-}
-
-static void matmul_lanes(lanes_fn fn, const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
-                         float *y, int64_t ldy, int64_t r0, int64_t r1)
-{
-    for (int64_t g = 0; g < kvc_lane_stride(r0, r1); g++) {
-        const uint8_t *rows[KVC_LANES];
-        int64_t row[KVC_LANES];
-        kvc_lane_rows(w, r0, r1, g, rows, row);
-        for (int64_t t = 0; t < n_tok; t++) {
-            float dot[KVC_LANES];
-            fn(rows, x + t * ldx, w->n_in, dot);
-            for (int j = 0; j < KVC_LANES; j++)
-                if (row[j] >= 0)
-                    y[t * ldy + row[j]] = dot[j];
-        }
-    }
-}
+KVC_FLOAT_LANES(lanes_float)
 
 static void avx2_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
                              float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
-    lanes_fn lanes = n_tok < FUSED_MAX_TOK ? lanes_for(w->type) : NULL;
+    kvc_lanes_fn lanes = n_tok < FUSED_MAX_TOK ? lanes_for(w->type) : NULL;
     fused_fn fn = n_tok < FUSED_MAX_TOK ? fused_for(w->type) : NULL;
     if (lanes)
-        matmul_lanes(lanes, w, x, ldx, n_tok, y, ldy, r0, r1);
+        kvc_matmul_lanes(lanes, w, x, ldx, n_tok, y, ldy, r0, r1);
     else if (fn)
         matmul_fused(fn, w, x, ldx, n_tok, y, ldy, r0, r1);
     else

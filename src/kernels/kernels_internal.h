@@ -68,4 +68,53 @@ static inline void kvc_lane_rows(const kvc_weight *w, int64_t r0, int64_t r1, in
     }
 }
 
+
+/* One decode kernel step: the dot products of x with the KVC_LANES rows. */
+typedef void (*kvc_lanes_fn)(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n,
+                             float dot[KVC_LANES]);
+
+/* y[t][r] for r in [r0, r1), t < n_tok, with fn, lane by lane as above. */
+static inline void kvc_matmul_lanes(kvc_lanes_fn fn, const kvc_weight *w, const float *x, int64_t ldx,
+                                    int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1)
+{
+    for (int64_t g = 0; g < kvc_lane_stride(r0, r1); g++) {
+        const uint8_t *rows[KVC_LANES];
+        int64_t row[KVC_LANES];
+        kvc_lane_rows(w, r0, r1, g, rows, row);
+        for (int64_t t = 0; t < n_tok; t++) {
+            float dot[KVC_LANES];
+            fn(rows, x + t * ldx, w->n_in, dot);
+            for (int j = 0; j < KVC_LANES; j++)
+                if (row[j] >= 0)
+                    y[t * ldy + row[j]] = dot[j];
+        }
+    }
+}
+
+
+/* The decode steps of the float weight types and lanes_for(type), their table
+ * (NULL for other types), from an ISA file's inline
+ * lanes_float(kind, rows, x, n, dot) and its kinds W_F32, W_F16, W_BF16. */
+#define KVC_FLOAT_LANES(lanes_float)                                                                  \
+    static void lanes_f32(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n,            \
+                          float dot[KVC_LANES])                                                       \
+    {                                                                                                 \
+        lanes_float(W_F32, rows, x, n, dot);                                                          \
+    }                                                                                                 \
+    static void lanes_f16(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n,            \
+                          float dot[KVC_LANES])                                                       \
+    {                                                                                                 \
+        lanes_float(W_F16, rows, x, n, dot);                                                          \
+    }                                                                                                 \
+    static void lanes_bf16(const uint8_t *const rows[KVC_LANES], const float *x, int64_t n,           \
+                           float dot[KVC_LANES])                                                      \
+    {                                                                                                 \
+        lanes_float(W_BF16, rows, x, n, dot);                                                         \
+    }                                                                                                 \
+    static kvc_lanes_fn lanes_for(uint32_t type)                                                      \
+    {                                                                                                 \
+        return type == KVC_TYPE_F32 ? lanes_f32 : type == KVC_TYPE_F16 ? lanes_f16                    \
+               : type == KVC_TYPE_BF16 ? lanes_bf16 : NULL;                                           \
+    }
+
 #endif
