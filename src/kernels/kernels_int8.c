@@ -64,18 +64,6 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
 
 /* ---------------------------------------------------------------- weights */
 
-/* As quant.c's k4_scale_min: 6-bit scale and min of sub-block j. */
-static void k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m)
-{
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m  = s[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4);
-        *m  = (uint8_t)((s[j + 4] >> 4) | (s[j] >> 6) << 4);
-    }
-}
-
 void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_wblock *o)
 {
     o->n_sub = 1;
@@ -128,7 +116,7 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
             o->q[l] = (int8_t)q;
         }
         uint8_t sc, m;
-        k4_scale_min(j, scales, &sc, &m);
+        kvc_k4_scale_min(j, scales, &sc, &m);
         o->d[0] = d * (float)sc;
         o->m = dmin * (float)m;
         o->has_min = true;

@@ -193,21 +193,6 @@ static void dequant_q8_0(const block_q8_0 *b, float *y, int64_t nb)
     }
 }
 
-/* Sub-block j (of 8) of a Q4_K/Q5_K super-block: 6-bit scale and min packed
- * in 12 bytes. Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of
- * scales 4-7; bytes 4-7 the same for the mins; bytes 8-11 the low nibbles of
- * scales 4-7 (low half) and mins 4-7 (high half). */
-static inline void k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m)
-{
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m  = s[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4);
-        *m  = (uint8_t)((s[j + 4] >> 4) | (s[j] >> 6) << 4);
-    }
-}
-
 /* Q4_K: 4 chunks of 64; in chunk c byte qs[32c + l] holds element 64c + l in
  * its low nibble (sub-block 2c) and element 64c + 32 + l in its high nibble. */
 static void dequant_q4_K(const block_q4_K *b, float *y, int64_t nb)
@@ -217,9 +202,9 @@ static void dequant_q4_K(const block_q4_K *b, float *y, int64_t nb)
         const uint8_t *q = b->qs;
         for (int c = 0; c < 4; c++, q += 32, y += 64) {
             uint8_t sc, m;
-            k4_scale_min(2 * c, b->scales, &sc, &m);
+            kvc_k4_scale_min(2 * c, b->scales, &sc, &m);
             const float d1 = d * (float)sc, m1 = dmin * (float)m;
-            k4_scale_min(2 * c + 1, b->scales, &sc, &m);
+            kvc_k4_scale_min(2 * c + 1, b->scales, &sc, &m);
             const float d2 = d * (float)sc, m2 = dmin * (float)m;
             for (int l = 0; l < 32; l++) {
                 y[l]      = d1 * (float)(q[l] & 0x0f) - m1;
@@ -238,9 +223,9 @@ static void dequant_q5_K(const block_q5_K *b, float *y, int64_t nb)
         const uint8_t *q = b->qs;
         for (int c = 0; c < 4; c++, q += 32, y += 64) {
             uint8_t sc, m;
-            k4_scale_min(2 * c, b->scales, &sc, &m);
+            kvc_k4_scale_min(2 * c, b->scales, &sc, &m);
             const float d1 = d * (float)sc, m1 = dmin * (float)m;
-            k4_scale_min(2 * c + 1, b->scales, &sc, &m);
+            kvc_k4_scale_min(2 * c + 1, b->scales, &sc, &m);
             const float d2 = d * (float)sc, m2 = dmin * (float)m;
             for (int l = 0; l < 32; l++) {
                 int lo = (q[l] & 0x0f) | ((b->qh[l] >> (2 * c)) & 1) << 4;

@@ -94,6 +94,21 @@ kvc_fp16 kvc_fp32_to_fp16(float f);     /* round to nearest even */
 float    kvc_bf16_to_fp32(kvc_bf16 h);
 kvc_bf16 kvc_fp32_to_bf16(float f);     /* round to nearest even, NaN kept NaN */
 
+/* Sub-block j (of 8) of a Q4_K/Q5_K super-block: 6-bit scale and min packed
+ * in 12 bytes. Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of
+ * scales 4-7; bytes 4-7 the same for the mins; bytes 8-11 the low nibbles of
+ * scales 4-7 (low half) and mins 4-7 (high half). */
+static inline void kvc_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m  = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4);
+        *m  = (uint8_t)((s[j + 4] >> 4) | (s[j] >> 6) << 4);
+    }
+}
+
 /* Reference dequantization of n elements (n a multiple of the block size). */
 void kvc_dequantize_row_ref(uint32_t type, const void *src, float *dst, int64_t n);
 
