@@ -159,6 +159,11 @@ bool kvc_matmul_uses_act(const kvc_weight *w)
     return act_isa() && kvc_vnni_type_ok(w->type) && w->n_in > 0 && w->n_in % 32 == 0;
 }
 
+int64_t kvc_matmul_act_row_group(int64_t n_tok)
+{
+    return n_tok >= KVC_VNNI_PREFILL_MIN_TOK ? KVC_VNNI_PREFILL_ROWS : 16;
+}
+
 void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t n_tok,
                              int64_t t0, int64_t t1, void *act)
 {

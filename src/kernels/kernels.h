@@ -79,6 +79,9 @@ void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n
  * The ISA must not change in between. */
 size_t kvc_matmul_act_bytes(int64_t n_in, int64_t n_tok);
 bool kvc_matmul_uses_act(const kvc_weight *w);
+/* Rows kvc_matmul_rows_act takes at a time for n_tok tokens: row ranges in
+ * multiples of it leave no group partly empty. */
+int64_t kvc_matmul_act_row_group(int64_t n_tok);
 void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t n_tok,
                              int64_t t0, int64_t t1, void *act);
 void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, float *y, int64_t ldy,

@@ -142,6 +142,11 @@ void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t n
 void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                          int64_t r0, int64_t r1, float *scratch);
 
+/* From this many tokens on kvc_vnni_matmul_act repacks the weights and takes
+ * KVC_VNNI_PREFILL_ROWS rows at a time; fewer stream 16. */
+#define KVC_VNNI_PREFILL_MIN_TOK 4
+#define KVC_VNNI_PREFILL_ROWS    32
+
 /* The matmul entry of the "vnni" ISA (kernels.c puts it in a table beside
  * the AVX-512 vector kernels): quantizes x, then kvc_vnni_matmul_act. */
 void   kvc_vnni_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,

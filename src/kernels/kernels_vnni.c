@@ -679,12 +679,12 @@ static size_t prefill_scratch_bytes(int64_t n_in)
     return pack_bytes(n_in) + (size_t)n_in / 32 * RV * GR * 2 * sizeof(float);
 }
 
-#define PREFILL_MIN_TOK 4   /* from this many tokens on, repacking pays */
+_Static_assert(RV * GR == KVC_VNNI_PREFILL_ROWS, "a prefill group is KVC_VNNI_PREFILL_ROWS rows");
 
 void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                          int64_t r0, int64_t r1, float *scratch)
 {
-    if (n_tok >= PREFILL_MIN_TOK)
+    if (n_tok >= KVC_VNNI_PREFILL_MIN_TOK)       /* from here on, repacking pays */
         prefill_act(w, act, n_tok, y, ldy, r0, r1, scratch);
     else
         decode_act(w, act, n_tok, y, ldy, r0, r1);

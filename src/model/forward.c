@@ -163,7 +163,6 @@ typedef struct mm_job {
 
 #define ACT_MIN_TOK   2    /* fewer tokens: each row range quantizes its own x (no extra dispatch) */
 #define ACT_TOK_TASK  16   /* tokens per quantization task */
-#define ACT_PAIR_TOK  4    /* from here on the integer kernels take rows 32 at a time */
 
 static void act_task(void *ctx, int64_t task, int thread)
 {
@@ -194,10 +193,10 @@ static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t 
     int64_t rows = w->n_out;
     const bool act = n_tok >= ACT_MIN_TOK && c->mm_act && kvc_matmul_uses_act(w) &&
                      kvc_matmul_act_bytes(w->n_in, n_tok) <= c->mm_act_bytes;
-    /* row ranges in multiples of the kernels' row groups: 16, or 32 for the
-     * integer prefill (two row vectors), 2 ranges a thread so that 896 rows
-     * split into 7 groups each */
-    const int64_t align = act && n_tok >= ACT_PAIR_TOK ? 32 : 16, ranges = act && n_tok >= ACT_PAIR_TOK ? 2 : 4;
+    /* row ranges in multiples of the kernels' row groups (16, or what the
+     * prepared-activation kernel takes); with groups of 32, 2 ranges a thread,
+     * so that 896 rows split into 7 groups each */
+    const int64_t align = act ? kvc_matmul_act_row_group(n_tok) : 16, ranges = align > 16 ? 2 : 4;
     int64_t per = (rows + ranges * nt - 1) / (ranges * nt);
     per = (per + align - 1) / align * align;
     if (per < 16)
