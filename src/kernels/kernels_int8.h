@@ -137,8 +137,8 @@ void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t n
 
 /* y = W x on quantized activations (any n_tok), bitwise kvc_i8_matmul_ref.
  * scratch: kvc_vnni_scratch_floats(n_in) floats, 64-byte aligned. Few tokens
- * stream the weights (decode); more repack 16 rows at a time so that the
- * tokens find one row per lane (prefill). */
+ * stream the weights (decode); more repack KVC_VNNI_PREFILL_ROWS rows at a
+ * time (two vectors of 16) so that the tokens find one row per lane (prefill). */
 void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                          int64_t r0, int64_t r1, float *scratch);
 
