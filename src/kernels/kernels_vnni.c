@@ -266,8 +266,12 @@ typedef struct {
 /* One group of up to 16 rows (rows[l]: row l's bytes; missing rows repeat the
  * last) against T <= TC tokens; acc[t] lane l accumulates y[t][row l]. */
 AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR], const __m512i goff,
-                     prefetch_plan pf, const uint8_t *act, size_t as, int64_t n_in, __m512 acc[TC])
+                     prefetch_plan pf, const uint8_t *act, size_t as, int64_t n_in, __m512 out[TC])
 {
+    __m512 acc[TC];       /* in registers (see prefill_pass) */
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        acc[t] = out[t];
     const int64_t nb = n_in / 32;
     const size_t bsz = block_bytes(kind);
     const uint8_t *a[TC];
@@ -343,6 +347,9 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
                 acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)kvc_i8_s(a[t], n_in)[b]), _mm512_mul_ps(dm, xs), acc[t]);
         }
     }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        out[t] = acc[t];
 }
 
 typedef void (*group_fn)(const uint8_t *const rows[GR], __m512i goff, prefetch_plan pf, const uint8_t *act,
@@ -559,8 +566,11 @@ AI void block_dots(const int NV, const int T, const int q0, const int nq, const 
  * halves); msc: Q4_K's mins, Q6_K's scales of the second halves. */
 AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *pack, const float *dsc,
                      const float *msc, int64_t nb, const uint8_t *act, size_t as, int64_t n_in,
-                     __m512 acc[RV][PT])
+                     __m512 out[RV][PT])
 {
+    /* the sums live in registers: out could alias the scales the loop loads,
+     * so sums kept in out would be stored and reloaded every block */
+    __m512 acc[RV][PT];
     const int shift = kind == K_Q8_0 ? 7 : kind == K_Q4_0 ? 3 : kind == K_Q5_0 ? 4 : 5;   /* off = 2^shift */
     const int n_sub = kind == K_Q6_K ? 2 : 1;
     const int8_t *hi[PT];
@@ -600,6 +610,11 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *p
             }
         }
     }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++)
+            out[v][t] = acc[v][t];
 }
 
 typedef void (*pass_fn)(const __m512i *pack, const float *dsc, const float *msc, int64_t nb, const uint8_t *act,
