@@ -15,6 +15,8 @@
 #include "quant.h"
 #include "kernels_int8.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 
 /* ------------------------------------------------------------ helpers */
@@ -344,6 +346,48 @@ static void check_attention_helpers(void)
     }
 }
 
+/* SwiGLU: bitwise the scalar kernel on every ISA (kernels.h), and within a
+ * few ulp of silu(g) * u in double; tails of every length. */
+static void check_swiglu(void)
+{
+    const kvc_isa isa = kvc_kernels_isa();
+    enum { N = 4096 + 13 };
+    float *g = xalloc(N * 4), *u = xalloc(N * 4), *y = xalloc(N * 4), *ys = xalloc(N * 4);
+    for (int i = 0; i < N; i++) {
+        /* magnitudes from 1e-6 to ~200: both signs, past exp's -80 clamp */
+        const float mag = powf(10.0f, -6.0f + 8.3f * (float)((i * 7919) % N) / N);
+        g[i] = (i % 2 ? -mag : mag);
+        u[i] = rnd_f();
+    }
+    const float special[] = { 0.0f, -0.0f, 1e-40f, -1e-40f, 80.0f, -80.0f, 88.0f, -88.0f, 1e30f, -1e30f };
+    memcpy(g, special, sizeof(special));
+    const int64_t ns[] = { 1, 7, 8, 15, 16, 17, 31, N };
+    int bad = 0, far = 0;
+    for (size_t k = 0; k < KVC_ARRAY_LEN(ns); k++) {
+        const int64_t n = ns[k];
+        memcpy(ys, g, (size_t)N * 4);
+        memcpy(y, g, (size_t)N * 4);
+        kvc_kernels_set_isa(KVC_ISA_SCALAR);
+        kvc_swiglu(ys, u, n);
+        kvc_kernels_set_isa(isa);
+        kvc_swiglu(y, u, n);
+        for (int64_t i = 0; i < N; i++)
+            if (!same_bits(y[i], ys[i]) || (i >= n && !same_bits(y[i], g[i])))
+                bad++;
+    }
+    for (int i = 0; i < N; i++) {
+        const double gi = g[i], want = gi / (1.0 + exp(-gi)) * u[i];
+        if (fabs(y[i] - want) > 4 * FLT_EPSILON * fabs(want) + 1e-32)   /* -0 past |g| = 80 */
+            far++;
+    }
+    CHECKF(bad == 0, "%s swiglu: %d elements differ from the scalar kernel", kvc_isa_name(isa), bad);
+    CHECKF(far == 0, "%s swiglu: %d elements off silu(g) * u", kvc_isa_name(isa), far);
+    free(g);
+    free(u);
+    free(y);
+    free(ys);
+}
+
 /* fp16 row conversions: bitwise the scalar conversions of quant.c. */
 static void check_fp16_rows(void)
 {
@@ -406,6 +450,7 @@ int main(void)
         check_dequant();
         check_attention_helpers();
         check_fp16_rows();
+        check_swiglu();
         for (size_t ti = 0; ti < KVC_ARRAY_LEN(all_types); ti++) {
             const uint32_t type = all_types[ti];
             const int bs = kvc_type_info(type)->block_size;

@@ -3,9 +3,11 @@
  * The scalar kernels define the reference arithmetic every SIMD path is tested
  * against (with a tolerance: each ISA fixes its own order of float operations,
  * see kernels_avx2.c and kernels_avx512.c). */
+#include "attention.h"
 #include "kernels_int8.h"
 
 #include <cpuid.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -193,6 +195,7 @@ void kvc_axpy_f32(float a, const float *x, float *y, int64_t n) { ops()->axpy_f3
 void kvc_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n) { ops()->axpy_f16(a, x, y, n); }
 void kvc_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n) { ops()->fp32_to_fp16_row(x, y, n); }
 void kvc_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n) { ops()->fp16_to_fp32_row(x, y, n); }
+void kvc_swiglu(float *g, const float *u, int64_t n) { ops()->swiglu(g, u, n); }
 
 /* ----------------------------------------------------- scalar reference
  *
@@ -255,6 +258,14 @@ static void scalar_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n)
         y[i] = kvc_fp16_to_fp32(x[i]);
 }
 
+static void scalar_swiglu(float *g, const float *u, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float e = fabsf(g[i]) <= 80.0f ? kvc_exp_neg(-fabsf(g[i])) : 0.0f;
+        g[i] = (g[i] >= 0.0f ? g[i] : g[i] * e) / (1.0f + e) * u[i];
+    }
+}
+
 static size_t scalar_scratch_floats(int64_t n_in) { return (size_t)(n_in > 0 ? n_in : 0) + 16; }
 
 /* Row by row: dequantize the row once (into scratch) and dot it with every
@@ -285,4 +296,5 @@ const kvc_kernel_ops kvc_kernels_scalar = {
     .axpy_f16              = scalar_axpy_f16,
     .fp32_to_fp16_row      = scalar_fp32_to_fp16_row,
     .fp16_to_fp32_row      = scalar_fp16_to_fp32_row,
+    .swiglu                = scalar_swiglu,
 };

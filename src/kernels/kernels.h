@@ -97,6 +97,15 @@ float kvc_dot_f16_f32(const kvc_fp16 *a, const float *b, int64_t n);
 /* y[i] += a * x[i] */
 void kvc_axpy_f32(float a, const float *x, float *y, int64_t n);
 void kvc_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n);
+/* The FFN's SwiGLU in place: g[i] = silu(g[i]) * u[i], the same bits on every
+ * ISA:
+ *   e = |g| <= 80 ? kvc_exp_neg(-|g|) : 0     (= exp(-|g|), attention.h's exp,
+ *                                              every step spelled out)
+ *   s = (g >= 0 ? g : g * e) / (1 + e)        (silu: g / (1 + exp(-g)))
+ *   g = s * u
+ * Past |g| = 80, exp(-|g|) < 2e-35 changes nothing next to 1, and g * e
+ * (|silu(g)| < 1e-32 there) becomes -0. No step overflows for finite g. */
+void kvc_swiglu(float *g, const float *u, int64_t n);
 /* Convert n floats to fp16 (round to nearest even) and back. */
 void kvc_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n);
 void kvc_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n);

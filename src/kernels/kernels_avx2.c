@@ -734,6 +734,27 @@ static void avx2_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n)
 
 static void avx2_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n) { dq_f16(x, y, n); }
 
+/* kernels.h's SwiGLU, 8 elements at a time. */
+static inline __m256 swiglu8(__m256 g, __m256 u)
+{
+    const __m256 nabs = _mm256_or_ps(g, _mm256_set1_ps(-0.0f));           /* -|g| */
+    const __m256 e = _mm256_and_ps(_mm256_cmp_ps(nabs, _mm256_set1_ps(-80.0f), _CMP_GE_OQ), kvc_exp_neg8(nabs));
+    const __m256 pos = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ);  /* g >= 0 */
+    const __m256 num = _mm256_blendv_ps(_mm256_mul_ps(g, e), g, pos);
+    return _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static void avx2_swiglu(float *g, const float *u, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(g + i, swiglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        const __m256i m = tail_mask(n - i);
+        _mm256_maskstore_ps(g + i, m, swiglu8(_mm256_maskload_ps(g + i, m), _mm256_maskload_ps(u + i, m)));
+    }
+}
+
 const kvc_kernel_ops kvc_kernels_avx2 = {
     .matmul_rows           = avx2_matmul_rows,
     .matmul_scratch_floats = avx2_scratch_floats,
@@ -744,4 +765,5 @@ const kvc_kernel_ops kvc_kernels_avx2 = {
     .axpy_f16              = avx2_axpy_f16,
     .fp32_to_fp16_row      = avx2_fp32_to_fp16_row,
     .fp16_to_fp32_row      = avx2_fp16_to_fp32_row,
+    .swiglu                = avx2_swiglu,
 };

@@ -879,6 +879,28 @@ static void avx512_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n)
 
 static void avx512_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n) { dq_f16(x, y, n); }
 
+/* kernels.h's SwiGLU, 16 elements at a time. */
+static inline __m512 swiglu16(__m512 g, __m512 u)
+{
+    const __m512 nabs = _mm512_or_ps(g, _mm512_set1_ps(-0.0f));            /* -|g| */
+    const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(nabs, _mm512_set1_ps(-80.0f), _CMP_GE_OQ),
+                                         kvc_exp_neg16(nabs));
+    const __mmask16 pos = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ);
+    const __m512 num = _mm512_mask_mov_ps(_mm512_mul_ps(g, e), pos, g);
+    return _mm512_mul_ps(_mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+static void avx512_swiglu(float *g, const float *u, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(g + i, swiglu16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(g + i, m, swiglu16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 const kvc_kernel_ops kvc_kernels_avx512 = {
     .matmul_rows           = avx512_matmul_rows,
     .matmul_scratch_floats = avx512_scratch_floats,
@@ -889,4 +911,5 @@ const kvc_kernel_ops kvc_kernels_avx512 = {
     .axpy_f16              = avx512_axpy_f16,
     .fp32_to_fp16_row      = avx512_fp32_to_fp16_row,
     .fp16_to_fp32_row      = avx512_fp16_to_fp32_row,
+    .swiglu                = avx512_swiglu,
 };

@@ -20,6 +20,7 @@ typedef struct kvc_kernel_ops {
     void   (*axpy_f16)(float a, const kvc_fp16 *x, float *y, int64_t n);
     void   (*fp32_to_fp16_row)(const float *x, kvc_fp16 *y, int64_t n);
     void   (*fp16_to_fp32_row)(const kvc_fp16 *x, float *y, int64_t n);
+    void   (*swiglu)(float *g, const float *u, int64_t n);
 } kvc_kernel_ops;
 
 extern const kvc_kernel_ops kvc_kernels_scalar;   /* kernels.c */
