@@ -308,20 +308,52 @@ static void embed_task(void *ctx, int64_t i, int thread)
                f->c->rope_cos + i * (m->hp.head_dim / 2), f->c->rope_sin + i * (m->hp.head_dim / 2));
 }
 
+static void add_rows(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+/* The residual adds run in the tasks of the next step (row by row, on every
+ * thread): a sublayer leaves its output in h, and the task that reads x next
+ * first adds it. */
+
+/* Row i: x += the previous layer's FFN output (none before layer 0), then the
+ * attention's norm. */
 static void attn_norm_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
     const kvc_hparams *hp = &f->c->m->hp;
-    rmsnorm(f->c->h + i * hp->n_embd, f->c->x + i * hp->n_embd,
-            f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
+    float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
+    if (f->layer > 0)
+        add_rows(x, h, hp->n_embd);
+    rmsnorm(h, x, f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
 }
 
+/* Row i: x += the attention's output, then the FFN's norm. */
 static void ffn_norm_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
     const kvc_hparams *hp = &f->c->m->hp;
-    rmsnorm(f->c->h + i * hp->n_embd, f->c->x + i * hp->n_embd,
-            f->c->m->layers[f->layer].ffn_norm, hp->n_embd, hp->rms_eps);
+    float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
+    add_rows(x, h, hp->n_embd);
+    rmsnorm(h, x, f->c->m->layers[f->layer].ffn_norm, hp->n_embd, hp->rms_eps);
+}
+
+/* Row i: gate = silu(gate) * up. */
+static void ffn_act_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const int64_t n_ff = f->c->m->hp.n_ff;
+    kvc_swiglu(f->c->gate + i * n_ff, f->c->up + i * n_ff, n_ff);
+}
+
+/* Row i: x += the last layer's FFN output. */
+static void last_residual_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const int64_t d = f->c->m->hp.n_embd;
+    add_rows(f->c->x + i * d, f->c->h + i * d, d);
 }
 
 static void add_bias(float *x, const float *b, int64_t n)
@@ -444,18 +476,6 @@ static int32_t make_tiles(kvc_compute *c, const kvc_batch_item *items, int32_t n
     return nt;
 }
 
-static void add_rows(float *x, const float *y, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        x[i] += y[i];
-}
-
-static void swiglu(float *g, const float *u, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-
 static void layer_forward(fwd *f)
 {
     kvc_compute *c = f->c;
@@ -471,14 +491,12 @@ static void layer_forward(fwd *f)
     kvc_threadpool_run(c->tp, n, qkv_task, f);
     kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * hp->n_head_kv, attn_task, f);
     matmul(c, &L->wo, c->att, n, c->h, d);
-    add_rows(c->x, c->h, n * d);
 
     kvc_threadpool_run(c->tp, n, ffn_norm_task, f);
     matmul(c, &L->w_gate, c->h, n, c->gate, hp->n_ff);
     matmul(c, &L->w_up, c->h, n, c->up, hp->n_ff);
-    swiglu(c->gate, c->up, n * hp->n_ff);
+    kvc_threadpool_run(c->tp, n, ffn_act_task, f);
     matmul(c, &L->w_down, c->gate, n, c->h, d);
-    add_rows(c->x, c->h, n * d);
 }
 
 /* Check the batch against the rules of kvc_compute_forward before touching
@@ -548,6 +566,7 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
         layer_forward(&f);
     if (atomic_load(&f.failed))
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory for the attention of a Q8_0 KV cache");
+    kvc_threadpool_run(c->tp, n, last_residual_task, &f);
     for (int32_t i = 0; i < n; i++)
         if (items[i].pos + 1 > items[i].seq->n_tokens)
             items[i].seq->n_tokens = items[i].pos + 1;
