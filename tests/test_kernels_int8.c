@@ -150,6 +150,8 @@ static void check_quantize(void)
                     const int32_t ai = 256 * kvc_i8_hi(q)[32 * b + i] + kvc_i8_lo(q, n)[32 * b + i];
                     s += ai;
                     h[i / 16] += ai;
+                    if (kvc_i8_a(q, n)[32 * b + i] != ai)
+                        bad++;
                     if (finite && amax >= 0x1p-96 && fabs(xb[i] - d * ai) > d * 1.01)
                         bad++;
                     if (finite && amax < 0x1p-96 && (ai != 0 || d != 0))

@@ -26,6 +26,7 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
 {
     const int64_t nb = n_in / 32;
     int8_t *hi = (int8_t *)dst, *lo = (int8_t *)dst + n_in;
+    int16_t a[32];
     float d[1];
     int32_t s[1], h2[2];
     for (int64_t b = 0; b < nb; b++) {
@@ -37,6 +38,7 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
         if (!(amax >= KVC_I8_AMIN)) {
             memset(hi + 32 * b, 0, 32);
             memset(lo + 32 * b, 0, 32);
+            memset(a, 0, sizeof(a));
             d[0] = 0.0f;
         } else {
             const float dh = amax / 127.0f, id = 127.0f / amax, id2 = id * 256.0f;
@@ -46,8 +48,9 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
                 const float l = nearbyintf(clamp127(r * id2));
                 hi[32 * b + i] = (int8_t)h;
                 lo[32 * b + i] = (int8_t)l;
-                sum += 256 * (int32_t)h + (int32_t)l;
-                half[i / 16] += 256 * (int32_t)h + (int32_t)l;
+                a[i] = (int16_t)(256 * (int32_t)h + (int32_t)l);
+                sum += a[i];
+                half[i / 16] += a[i];
             }
             d[0] = dh / 256.0f;
         }
@@ -57,8 +60,9 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
         memcpy(dst + 2 * n_in + 4 * b, d, 4);
         memcpy(dst + 2 * n_in + 4 * nb + 4 * b, s, 4);
         memcpy(dst + 2 * n_in + 8 * nb + 8 * b, h2, 8);
+        memcpy(dst + 2 * n_in + 16 * nb + 64 * b, a, sizeof(a));
     }
-    const size_t used = (size_t)(2 * n_in + 16 * nb);
+    const size_t used = kvc_i8_act_used_bytes(n_in);
     memset(dst + used, 0, kvc_i8_act_row_bytes(n_in) - used);
 }
 

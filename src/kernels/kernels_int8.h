@@ -29,9 +29,12 @@
  * agree because the bounds are integers.
  *
  * A token row is stored as (act_row_bytes(n_in) bytes, 64-byte aligned):
- *   int8 hi[n_in] | int8 lo[n_in] | float d[nb] | int32 S[nb] | int32 H[2 nb] | pad
+ *   int8 hi[n_in] | int8 lo[n_in] | float d[nb] | int32 S[nb] | int32 H[2 nb] | int16 a[n_in] | pad
  * where H[2b], H[2b + 1] are the sums of a over the halves of block b (S_b =
- * their sum; kernels that offset the codes of 16-element sub-blocks need them).
+ * their sum; kernels that offset the codes of 16-element sub-blocks need
+ * them), and a holds the same values as the planes, a_i = 256 hi_i + lo_i,
+ * for kernels that multiply int16 pairs (the prefill: one product per
+ * element instead of two).
  *
  * WEIGHTS. Each 32-element block b of a weight row is read in integer form:
  * integer weights q_i and scales (kvc_i8_wblock). Per type:
@@ -74,7 +77,7 @@
 static inline size_t kvc_i8_act_row_bytes(int64_t n_in)
 {
     const size_t nb = (size_t)n_in / 32;
-    const size_t r = ((size_t)n_in * 2 + nb * 16 + 63) & ~(size_t)63;
+    const size_t r = ((size_t)n_in * 4 + nb * 16 + 63) & ~(size_t)63;
     return r % 128 ? r : r + 64;
 }
 
@@ -97,6 +100,12 @@ static inline const int32_t *kvc_i8_h(const uint8_t *row, int64_t n_in)
 {
     return (const int32_t *)(const void *)(row + 2 * n_in + n_in / 4);
 }
+static inline const int16_t *kvc_i8_a(const uint8_t *row, int64_t n_in)
+{
+    return (const int16_t *)(const void *)(row + 2 * n_in + n_in / 2);
+}
+/* Bytes of a row before its pad. */
+static inline size_t kvc_i8_act_used_bytes(int64_t n_in) { return (size_t)n_in * 4 + (size_t)n_in / 2; }
 
 /* One 32-element block of a weight row in integer form (see above). */
 typedef struct kvc_i8_wblock {

@@ -7,7 +7,8 @@
  * Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma
  * -mf16c -mavx2; called only after kernels.c found AVX-512 VNNI at run time.
  *
- * HOW A BLOCK'S DOT PRODUCTS ARE FORMED. VPDPBUSD multiplies unsigned by
+ * HOW A BLOCK'S DOT PRODUCTS ARE FORMED in decode (prefill: see its section,
+ * one int16 product per element instead). VPDPBUSD multiplies unsigned by
  * signed bytes, so (as llama.cpp) we multiply |w| by x with w's sign: for
  * w = -128, |w| = 128 fits the unsigned byte, and x never is -128 (the planes
  * are clamped to [-127, 127]), so the negation cannot overflow. One zmm holds
@@ -48,6 +49,7 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
     int8_t *hi = (int8_t *)dst, *lo = (int8_t *)dst + n_in;
     float *dd = (float *)(void *)(dst + 2 * n_in);
     int32_t *ss = (int32_t *)(void *)(dst + 2 * n_in + 4 * nb), *hs = ss + nb;
+    int16_t *aa = (int16_t *)(void *)(hs + 2 * nb);
     const __m512 zero = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
@@ -57,6 +59,7 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
         if (!(amax >= KVC_I8_AMIN)) {
             memset(hi + 32 * b, 0, 32);
             memset(lo + 32 * b, 0, 32);
+            memset(aa + 32 * b, 0, 64);
             dd[b] = 0.0f;
             ss[b] = hs[2 * b] = hs[2 * b + 1] = 0;
             continue;
@@ -73,12 +76,16 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
         _mm_storeu_si128((__m128i *)(hi + 32 * b + 16), _mm512_cvtepi32_epi8(h1));
         _mm_storeu_si128((__m128i *)(lo + 32 * b), _mm512_cvtepi32_epi8(l0));
         _mm_storeu_si128((__m128i *)(lo + 32 * b + 16), _mm512_cvtepi32_epi8(l1));
-        hs[2 * b] = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h0, 8), l0));
-        hs[2 * b + 1] = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h1, 8), l1));
+        const __m512i a0 = _mm512_add_epi32(_mm512_slli_epi32(h0, 8), l0);
+        const __m512i a1 = _mm512_add_epi32(_mm512_slli_epi32(h1, 8), l1);
+        _mm256_storeu_si256((__m256i *)(aa + 32 * b), _mm512_cvtepi32_epi16(a0));
+        _mm256_storeu_si256((__m256i *)(aa + 32 * b + 16), _mm512_cvtepi32_epi16(a1));
+        hs[2 * b] = _mm512_reduce_add_epi32(a0);
+        hs[2 * b + 1] = _mm512_reduce_add_epi32(a1);
         ss[b] = hs[2 * b] + hs[2 * b + 1];
         dd[b] = dh / 256.0f;
     }
-    const size_t used = (size_t)(2 * n_in + 16 * nb);
+    const size_t used = kvc_i8_act_used_bytes(n_in);
     memset(dst + used, 0, kvc_i8_act_row_bytes(n_in) - used);
 }
 
@@ -412,32 +419,36 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
 /* ----------------------------------------------------------------- prefill
  *
  * The weights of a group of up to 32 rows (two "row vectors" of 16) are
- * repacked once per call, block by block, into unsigned codes u = q + off
- * (Q8_0: off 128, Q4_0: 8, Q5_0: 16) laid out so that dword q of lane l of
- * vector (b, v, q) holds codes 4q .. 4q+3 of block b of row 16v + l. Then a
- * token's block dot products come out one row per lane, with no reduction:
- *   H = sum_q VPDPBUSD(u_q, hi_q)         (hi_q: the token's 4 bytes, broadcast)
- *   D = 256 H + sum_q VPDPBUSD(u_q, lo_q) - off * S_b  = sum_i q_i a_i
- * in one int32 accumulator (|256 H| <= 256 * 32 * 255 * 127 < 2^31), and the
- * float step of the scheme follows. A pass keeps PT tokens x 2 row vectors
- * of accumulators in registers: per 4-byte step, 2 weight vectors and PT
- * broadcasts feed 2 PT VPDPBUSD, so loads stay below the multiplies. */
+ * repacked once per call, block by block, into signed int16 weights q (the
+ * scheme's integer weights, offsets already taken off) laid out so that dword
+ * k of lane l of vector (b, v, k) holds q_2k, q_2k+1 of block b of row 16v + l.
+ * Then a token's block dot products come out one row per lane, with no
+ * reduction and no correction:
+ *   D = sum_k VPDPWSSD(q_k, a_k)        (a_k: the token's int16 pair 2k, 2k+1, broadcast)
+ *     = sum_i q_i a_i
+ * exact in int32, and the float step of the scheme follows. (VPDPWSSD forms
+ * the same number of products per instruction as VPDPBUSD on the two int8
+ * planes, but needs no shift between the planes and, weights being signed,
+ * no offset correction.) A pass keeps PT tokens x 2 row vectors of
+ * accumulators in registers: per step, 2 weight vectors and PT broadcasts
+ * feed 2 PT multiplies, so loads stay below the multiplies. */
 
 #define PT 6    /* tokens a pass */
 #define RV 2    /* row vectors a group */
+#define KS 16   /* int16 pairs (dwords) of a block */
 
-/* 32 unsigned codes of block b of a row. */
-AI __m256i block_codes(const int kind, const uint8_t *row, int64_t b)
+/* The 32 integer weights q of block b of a row, as bytes (kernels_int8.h). */
+AI __m256i block_q(const int kind, const uint8_t *row, int64_t b)
 {
     if (kind == K_Q6_K)
-        return k6_codes(row, b);
+        return _mm256_sub_epi8(k6_codes(row, b), _mm256_set1_epi8(32));
     if (kind == K_Q4_K) {
         const __m256i c = _mm256_loadu_si256((const __m256i *)k4_codes(row, b));
         return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
     }
     const uint8_t *k = row + (size_t)b * block_bytes(kind);
     if (kind == K_Q8_0)
-        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(k + 2)), _mm256_set1_epi8((char)0x80));
+        return _mm256_loadu_si256((const __m256i *)(k + 2));
     const uint8_t *qs = k + (kind == K_Q4_0 ? 2 : 6);
     const __m128i nib = _mm_loadu_si128((const __m128i *)qs);
     __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
@@ -446,7 +457,7 @@ AI __m256i block_codes(const int kind, const uint8_t *row, int64_t b)
         memcpy(&qh, k + 2, 4);
         c = _mm256_mask_add_epi8(c, qh, c, _mm256_set1_epi8(0x10));
     }
-    return c;
+    return _mm256_sub_epi8(c, _mm256_set1_epi8((char)code_offset(kind)));
 }
 
 /* p[q] lane l = dword q of r[l], for 16 vectors r of 8 dwords: an 8 x 8
@@ -477,9 +488,10 @@ AI void transpose_16x8(const __m256i r[GR], __m512i *p)
     }
 }
 
-/* Rows [rg, rg + nr) of W, nr <= 16 nv, into pack (per block: nv x 8 dword
- * vectors) and their scales into dsc (per block: nv x 16 floats; Q4_K: its
- * mins into msc likewise); rows past nr are zero. */
+/* Rows [rg, rg + nr) of W, nr <= 16 nv, into pack (per block: nv x KS dword
+ * vectors) and their scales into dsc (per block: nv x 16 floats; K-quants:
+ * Q4_K's mins or Q6_K's second scales into msc likewise); rows past nr are
+ * zero. */
 AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, __m512i *pack, float *dsc,
                float *msc)
 {
@@ -497,11 +509,16 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
         float ks[8][GR], km[8][GR];
         for (int64_t b = 0; b < nb; b++) {
             const size_t off = (size_t)b * block_bytes(kind);
-            __m256i r[GR];
+            __m256i r0[GR], r1[GR];     /* q_0..15 and q_16..31 of each row as int16 */
 #pragma GCC unroll 16
-            for (int l = 0; l < GR; l++)
-                r[l] = l < n ? block_codes(kind, vb + (size_t)l * rb, b) : _mm256_setzero_si256();
-            transpose_16x8(r, pack + (b * nv + v) * 8);
+            for (int l = 0; l < GR; l++) {
+                const __m512i q = l < n ? _mm512_cvtepi8_epi16(block_q(kind, vb + (size_t)l * rb, b))
+                                        : _mm512_setzero_si512();
+                r0[l] = _mm512_castsi512_si256(q);
+                r1[l] = _mm512_extracti64x4_epi64(q, 1);
+            }
+            transpose_16x8(r0, pack + (b * nv + v) * KS);
+            transpose_16x8(r1, pack + (b * nv + v) * KS + 8);
             if (k_quant(kind)) {
                 if (b % 8 == 0) {
                     const uint8_t *rows[GR];
@@ -522,46 +539,35 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
     }
 }
 
-/* d[v][t] = 256 H + L over the 4-byte steps [q0, q0 + nq) of a block: the
- * dot products of those codes with the token's two planes (po: the block's
- * offset in the hi plane; the lo plane follows n_in later). */
-AI void block_dots(const int NV, const int T, const int q0, const int nq, const __m512i *u,
-                   const int8_t *const hi[PT], int64_t po, int64_t n_in, __m512i d[RV][PT])
+/* d[v][t] = the dot products over pairs [k0, k0 + nk) of a block (u: its
+ * repacked weights; a[t] + po: the token's int16 values of the block). */
+AI void block_dots(const int NV, const int T, const int k0, const int nk, const __m512i *u,
+                   const int16_t *const a[PT], int64_t po, __m512i d[RV][PT])
 {
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 2
         for (int v = 0; v < NV; v++)
             d[v][t] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int k = k0; k < k0 + nk; k++) {
+        __m512i wv[RV];
 #pragma GCC unroll 2
-    for (int plane = 0; plane < 2; plane++) {
-        const int64_t o = plane ? po + n_in : po;
+        for (int v = 0; v < NV; v++)
+            wv[v] = _mm512_load_si512(u + v * KS + k);
 #pragma GCC unroll 8
-        for (int q = q0; q < q0 + nq; q++) {
-            __m512i wv[RV];
+        for (int t = 0; t < T; t++) {
+            int32_t x2;
+            memcpy(&x2, a[t] + po + 2 * k, 4);
+            const __m512i x = _mm512_set1_epi32(x2);
 #pragma GCC unroll 2
             for (int v = 0; v < NV; v++)
-                wv[v] = _mm512_load_si512(u + v * 8 + q);
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++) {
-                int32_t x4;
-                memcpy(&x4, hi[t] + o + 4 * q, 4);
-                const __m512i x = _mm512_set1_epi32(x4);
-#pragma GCC unroll 2
-                for (int v = 0; v < NV; v++)
-                    d[v][t] = _mm512_dpbusd_epi32(d[v][t], wv[v], x);
-            }
+                d[v][t] = _mm512_dpwssd_epi32(d[v][t], wv[v], x);
         }
-        if (plane == 0)
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++)
-#pragma GCC unroll 2
-                for (int v = 0; v < NV; v++)
-                    d[v][t] = _mm512_slli_epi32(d[v][t], 8);
     }
 }
 
-/* T <= PT tokens against a repacked group of NV row vectors: acc[v][t]
+/* T <= PT tokens against a repacked group of NV row vectors: out[v][t]
  * lane l = y[t][row 16v + l]. dsc: the blocks' scales (Q6_K: of the first
  * halves); msc: Q4_K's mins, Q6_K's scales of the second halves. */
 AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *pack, const float *dsc,
@@ -571,39 +577,35 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *p
     /* the sums live in registers: out could alias the scales the loop loads,
      * so sums kept in out would be stored and reloaded every block */
     __m512 acc[RV][PT];
-    const int shift = kind == K_Q8_0 ? 7 : kind == K_Q4_0 ? 3 : kind == K_Q5_0 ? 4 : 5;   /* off = 2^shift */
     const int n_sub = kind == K_Q6_K ? 2 : 1;
-    const int8_t *hi[PT];
+    const int16_t *a[PT];
     const float *dx[PT];
     const int32_t *sx[PT];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
-        hi[t] = kvc_i8_hi(act + (size_t)t * as);
+        a[t] = kvc_i8_a(act + (size_t)t * as, n_in);
         dx[t] = kvc_i8_d(act + (size_t)t * as, n_in);
-        sx[t] = kind == K_Q6_K ? kvc_i8_h(act + (size_t)t * as, n_in) : kvc_i8_s(act + (size_t)t * as, n_in);
+        sx[t] = kvc_i8_s(act + (size_t)t * as, n_in);
 #pragma GCC unroll 2
         for (int v = 0; v < NV; v++)
             acc[v][t] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        const __m512i *u = pack + b * NV * 8;
+        const __m512i *u = pack + b * NV * KS;
 #pragma GCC unroll 2
         for (int j = 0; j < n_sub; j++) {
             __m512i d[RV][PT];
-            block_dots(NV, T, j * 8 / n_sub, 8 / n_sub, u, hi, 32 * b, n_in, d);
+            block_dots(NV, T, j * KS / n_sub, KS / n_sub, u, a, 32 * b, d);
             const float *sc = (j ? msc : dsc) + b * NV * GR;
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 const __m512 xs = _mm512_set1_ps(dx[t][b]);
-                const int32_t s = sx[t][n_sub * b + j];
-                const __m512i c = kind == K_Q4_K ? _mm512_setzero_si512()
-                                                 : _mm512_slli_epi32(_mm512_set1_epi32(s), shift);
 #pragma GCC unroll 2
                 for (int v = 0; v < NV; v++) {
                     const __m512 ws = _mm512_mul_ps(_mm512_load_ps(sc + v * GR), xs);
-                    acc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d[v][t], c)), ws, acc[v][t]);
+                    acc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[v][t]), ws, acc[v][t]);
                     if (kind == K_Q4_K)           /* the min step */
-                        acc[v][t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)s),
+                        acc[v][t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)sx[t][b]),
                                                     _mm512_mul_ps(_mm512_load_ps(msc + (b * NV + v) * GR), xs),
                                                     acc[v][t]);
                 }
@@ -661,7 +663,7 @@ REPACK_FN(repack_q6_K, K_Q6_K)
 static const repack_fn repack_fns[N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
 
 /* Bytes of a repacked group in scratch (the scales follow). */
-static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * 8 * 64; }
+static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * KS * 64; }
 
 static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                         int64_t r0, int64_t r1, float *scratch)
