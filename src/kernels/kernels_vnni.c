@@ -673,11 +673,20 @@ static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, 
     const size_t as = kvc_i8_act_row_bytes(w->n_in);
     __m512i *pack = (__m512i *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *dsc = (float *)(void *)((uint8_t *)pack + pack_bytes(w->n_in)), *msc = dsc + nb * RV * GR;
+    const int64_t n_pass = (n_tok + PT - 1) / PT;
     for (int64_t rg = r0; rg < r1; rg += RV * GR) {
         const int nr = (int)KVC_MIN(RV * GR, r1 - rg), nv = (nr + GR - 1) / GR;
         repack_fns[kind](w, rg, nr, nv, pack, dsc, msc);
+        /* the next group's rows come from memory into L2 a slice per pass, so
+         * that its repack does not wait for them */
+        const char *next = (const char *)w->data + (size_t)(rg + nr) * w->row_bytes;
+        const size_t next_bytes = (size_t)KVC_MIN(RV * GR, r1 - rg - nr) * w->row_bytes;
+        const size_t slice = (next_bytes / (size_t)n_pass + 63) & ~(size_t)63;
+        size_t fetched = 0;
         for (int64_t t0 = 0; t0 < n_tok; t0 += PT) {
             const int T = (int)KVC_MIN(PT, n_tok - t0);
+            for (size_t i = 0; i < slice && fetched < next_bytes; i += 64, fetched += 64)
+                _mm_prefetch(next + fetched, _MM_HINT_T1);
             __m512 acc[RV][PT];
             pass_fns[kind][nv - 1][T - 1](pack, dsc, msc, nb, act + (size_t)t0 * as, as, w->n_in, acc);
             for (int v = 0; v < nv; v++) {
