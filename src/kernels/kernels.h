@@ -11,11 +11,12 @@
  * Activations are float32. On the scalar, avx2 and avx512 ISAs quantized
  * weights are dequantized exactly (as the GGUF format defines them) to float32
  * and multiplied in float32. On the vnni ISA the weight types kernels_int8.h's
- * SIMD kernels cover (Q8_0, Q4_0, Q5_0) use an integer scheme instead: each
- * activation row is quantized to two int8 planes per 32-element block (~16
- * bits, results within ~1e-5 of float32), dot products are exact int32, and
- * the per-block float scaling follows one fixed order, so prefill and decode
- * kernels give the same bits. Other weight types keep the float path. */
+ * SIMD kernels cover (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K) use an integer scheme
+ * instead: each activation row is quantized to ~16 bits per 32-element block
+ * (two int8 planes; results within ~1e-5 of float32), dot products are exact
+ * int32, and the per-block float scaling follows one fixed order, so prefill
+ * and decode kernels give the same bits. Other weight types keep the float
+ * path. */
 #ifndef KVC_KERNELS_H
 #define KVC_KERNELS_H
 
@@ -29,10 +30,9 @@ typedef enum kvc_isa {
     KVC_ISA_VNNI   = 3,   /* avx512 + AVX512-VNNI: the integer scheme (kernels_int8.h) */
 } kvc_isa;
 
-/* The ISA the kernels use: the best the CPU supports, except that vnni is
- * not chosen by default (it is not faster than avx512 where measured), unless
- * the environment variable KVC_ISA=scalar|avx2|avx512|vnni asks for another
- * level the CPU has. Vector kernels other than matmul are avx512's on vnni (test
+/* The ISA the kernels use: the best the CPU supports, unless the environment
+ * variable KVC_ISA=scalar|avx2|avx512|vnni asks for a lower level it has.
+ * Vector kernels other than matmul are avx512's on vnni (test
  * isa >= KVC_ISA_AVX512, not ==). Thread-safe. */
 kvc_isa kvc_kernels_isa(void);
 const char *kvc_isa_name(kvc_isa isa);
