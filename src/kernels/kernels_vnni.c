@@ -178,18 +178,51 @@ AI __m256i k6_codes(const uint8_t *row, int64_t b)
     return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
 }
 
+/* p[q] lane l = dword q of r[l], for 16 vectors r of 8 dwords: an 8 x 8
+ * dword transpose in each 256-bit half (rows l and l + 8 share a vector). */
+AI void transpose_16x8(const __m256i r[GR], __m512i *p)
+{
+    __m512i z[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; l++)
+        z[l] = _mm512_inserti64x4(_mm512_castsi256_si512(r[l]), r[l + 8], 1);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {          /* u[4i + k]: dwords k (low 128) and k + 4 (high) */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        _mm512_store_si512(p + k, _mm512_permutex2var_epi64(u[k], lo, u[k + 4]));
+        _mm512_store_si512(p + k + 4, _mm512_permutex2var_epi64(u[k], hi, u[k + 4]));
+    }
+}
+
 /* Scales of the halves of Q6_K super-block s of 16 rows: ds[j][l], dm[j][l]
- * for the first and second half of block j of row l (d * sc, as the reference). */
+ * for the first and second half of block j of row l (d * sc, as the
+ * reference). ds, dm: 64-byte aligned. */
 AI void k6_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR], float dm[8][GR])
 {
+    const __m512i even_odd = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m256i r0[GR], r1[GR];
+#pragma GCC unroll 16
     for (int l = 0; l < GR; l++) {
         const block_q6_K *k = (const block_q6_K *)(const void *)rows[l] + s;
-        const float d = kvc_fp16_to_fp32(k->d);
-        for (int j = 0; j < 8; j++) {
-            ds[j][l] = d * (float)k->scales[2 * j];
-            dm[j][l] = d * (float)k->scales[2 * j + 1];
-        }
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)k->scales)));
+        const __m512 v = _mm512_permutexvar_ps(even_odd, _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(k->d)), sc));
+        r0[l] = _mm256_castps_si256(_mm512_castps512_ps256(v));
+        r1[l] = _mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1);
     }
+    transpose_16x8(r0, (__m512i *)(void *)ds);
+    transpose_16x8(r1, (__m512i *)(void *)dm);
 }
 
 /* The 32 nibble bytes of Q4_K block b of a row (low nibbles for even b,
@@ -200,18 +233,20 @@ AI const uint8_t *k4_codes(const uint8_t *row, int64_t b)
 }
 
 /* Scales and mins of Q4_K super-block s of 16 rows: ds[j][l], dm[j][l] for
- * sub-block j of row l. */
+ * sub-block j of row l. ds, dm: 64-byte aligned. */
 AI void k4_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR], float dm[8][GR])
 {
+    __m256i r0[GR], r1[GR];
+#pragma GCC unroll 16
     for (int l = 0; l < GR; l++) {
         const block_q4_K *k = (const block_q4_K *)(const void *)rows[l] + s;
         float a[8], m[8];
-        kvc_k4_scales(k->scales, kvc_fp16_to_fp32(k->d), kvc_fp16_to_fp32(k->dmin), a, m);
-        for (int j = 0; j < 8; j++) {
-            ds[j][l] = a[j];
-            dm[j][l] = m[j];
-        }
+        kvc_k4_scales(k->scales, _cvtsh_ss(k->d), _cvtsh_ss(k->dmin), a, m);
+        r0[l] = _mm256_castps_si256(_mm256_loadu_ps(a));
+        r1[l] = _mm256_castps_si256(_mm256_loadu_ps(m));
     }
+    transpose_16x8(r0, (__m512i *)(void *)ds);
+    transpose_16x8(r1, (__m512i *)(void *)dm);
 }
 
 AI int code_offset(const int kind) { return kind == K_Q4_0 ? 8 : kind == K_Q5_0 ? 16 : 0; }
@@ -284,7 +319,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
     const uint8_t *a[TC];
     for (int t = 0; t < T; t++)
         a[t] = act + (size_t)t * as;
-    float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
+    _Alignas(64) float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
     for (int64_t b = 0; b < nb; b++) {
         const size_t off = (size_t)b * bsz;
         if (kind == K_Q4_K && b % 8 == 0)
@@ -460,34 +495,6 @@ AI __m256i block_q(const int kind, const uint8_t *row, int64_t b)
     return _mm256_sub_epi8(c, _mm256_set1_epi8((char)code_offset(kind)));
 }
 
-/* p[q] lane l = dword q of r[l], for 16 vectors r of 8 dwords: an 8 x 8
- * dword transpose in each 256-bit half (rows l and l + 8 share a vector). */
-AI void transpose_16x8(const __m256i r[GR], __m512i *p)
-{
-    __m512i z[8], t[8], u[8];
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; l++)
-        z[l] = _mm512_inserti64x4(_mm512_castsi256_si512(r[l]), r[l + 8], 1);
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) {          /* u[4i + k]: dwords k (low 128) and k + 4 (high) */
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        _mm512_store_si512(p + k, _mm512_permutex2var_epi64(u[k], lo, u[k + 4]));
-        _mm512_store_si512(p + k + 4, _mm512_permutex2var_epi64(u[k], hi, u[k + 4]));
-    }
-}
-
 /* Rows [rg, rg + nr) of W, nr <= 16 nv, into pack (per block: nv x KS dword
  * vectors) and their scales into dsc (per block: nv x 16 floats; K-quants:
  * Q4_K's mins or Q6_K's second scales into msc likewise); rows past nr are
@@ -506,7 +513,7 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
         const int n = KVC_MIN(GR, nr - v * GR);
         const __mmask16 have = (__mmask16)(n >= GR ? 0xffff : (1u << n) - 1);
         const uint8_t *vb = base + (size_t)(v * GR) * rb;
-        float ks[8][GR], km[8][GR];
+        _Alignas(64) float ks[8][GR], km[8][GR];
         for (int64_t b = 0; b < nb; b++) {
             const size_t off = (size_t)b * block_bytes(kind);
             __m256i r0[GR], r1[GR];     /* q_0..15 and q_16..31 of each row as int16 */
