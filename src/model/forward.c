@@ -149,16 +149,27 @@ int kvc_compute_n_threads(const kvc_compute *c) { return kvc_threadpool_n_thread
 
 /* -------------------------------------------------------------- matmul */
 
-typedef struct mm_job {
-    kvc_compute      *c;
+/* One weight of a matmul job: y = W x, in row ranges of `per` rows, which
+ * are the job's tasks [first, first + ceil(n_out / per)). */
+typedef struct mm_part {
     const kvc_weight *w;
-    const float      *x;
-    int64_t           ldx;
-    int64_t           n_tok;
     float            *y;
     int64_t           ldy;
-    int64_t           rows_per_task;
-    const void       *act;           /* quantized x (kvc_matmul_rows_act), or NULL */
+    int64_t           per;
+    int64_t           first;
+    bool              act;           /* reads the quantized x (kvc_matmul_rows_act) */
+} mm_part;
+
+#define MM_PARTS 3
+
+typedef struct mm_job {
+    kvc_compute *c;
+    const float *x;
+    int64_t      ldx;
+    int64_t      n_in;
+    int64_t      n_tok;
+    int          n_parts;
+    mm_part      parts[MM_PARTS];
 } mm_job;
 
 #define ACT_MIN_TOK   2    /* fewer tokens: each row range quantizes its own x (no extra dispatch) */
@@ -168,45 +179,63 @@ static void act_task(void *ctx, int64_t task, int thread)
 {
     mm_job *j = ctx;
     int64_t t0 = task * ACT_TOK_TASK, t1 = KVC_MIN(t0 + ACT_TOK_TASK, j->n_tok);
-    kvc_matmul_act_quantize(j->w->n_in, j->x, j->ldx, j->n_tok, t0, t1, j->c->mm_act);
+    kvc_matmul_act_quantize(j->n_in, j->x, j->ldx, j->n_tok, t0, t1, j->c->mm_act);
 }
 
 static void mm_task(void *ctx, int64_t task, int thread)
 {
     mm_job *j = ctx;
-    int64_t r0 = task * j->rows_per_task;
-    int64_t r1 = KVC_MIN(r0 + j->rows_per_task, j->w->n_out);
-    if (j->act)
-        kvc_matmul_rows_act(j->w, j->act, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
+    int p = j->n_parts - 1;
+    while (task < j->parts[p].first)
+        p--;
+    const mm_part *m = &j->parts[p];
+    int64_t r0 = (task - m->first) * m->per;
+    int64_t r1 = KVC_MIN(r0 + m->per, m->w->n_out);
+    if (m->act)
+        kvc_matmul_rows_act(m->w, j->c->mm_act, j->n_tok, m->y, m->ldy, r0, r1, j->c->mm_scratch[thread]);
     else
-        kvc_matmul_rows(j->w, j->x, j->ldx, j->n_tok, j->y, j->ldy, r0, r1, j->c->mm_scratch[thread]);
+        kvc_matmul_rows(m->w, j->x, j->ldx, j->n_tok, m->y, m->ldy, r0, r1, j->c->mm_scratch[thread]);
 }
 
-/* y[t][r] = W x[t] for t < n_tok, split by rows over the threads. Any split
- * gives the same values (kernels.h). Kernels that quantize x (kernels.h,
- * "prepared activations") get it quantized once, split by tokens, instead of
- * once per row range; the values are the same. */
-static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t n_tok,
-                   float *y, int64_t ldy)
+/* y_i[t][r] = W_i x[t] for t < n_tok and each of n weights of one n_in (Q, K
+ * and V; gate and up), split by rows over the threads in one dispatch. Any
+ * split gives the same values (kernels.h). Kernels that quantize x (kernels.h,
+ * "prepared activations") get it quantized once for all n, split by tokens,
+ * instead of once per row range; the values are the same. */
+static void matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const kvc_weight *const w[],
+                     float *const y[], const int64_t ldy[])
 {
-    int nt = kvc_threadpool_n_threads(c->tp);
-    int64_t rows = w->n_out;
-    const bool act = n_tok >= ACT_MIN_TOK && c->mm_act && kvc_matmul_uses_act(w) &&
-                     kvc_matmul_act_bytes(w->n_in, n_tok) <= c->mm_act_bytes;
-    /* row ranges in multiples of the kernels' row groups (16, or what the
-     * prepared-activation kernel takes); with groups of 32, 2 ranges a thread,
-     * so that 896 rows split into 7 groups each */
-    const int64_t align = act ? kvc_matmul_act_row_group(n_tok) : 16, ranges = align > 16 ? 2 : 4;
-    int64_t per = (rows + ranges * nt - 1) / (ranges * nt);
-    per = (per + align - 1) / align * align;
-    if (per < 16)
-        per = 16;
-    mm_job j = { c, w, x, w->n_in, n_tok, y, ldy, per, NULL };
-    if (act) {
-        kvc_threadpool_run(c->tp, (n_tok + ACT_TOK_TASK - 1) / ACT_TOK_TASK, act_task, &j);
-        j.act = c->mm_act;
+    const int nt = kvc_threadpool_n_threads(c->tp);
+    const int64_t n_in = w[0]->n_in;
+    const bool act_ok = n_tok >= ACT_MIN_TOK && c->mm_act && kvc_matmul_act_bytes(n_in, n_tok) <= c->mm_act_bytes;
+    mm_job j = { c, x, n_in, n_in, n_tok, n, { { 0 } } };
+    bool any_act = false;
+    int64_t tasks = 0;
+    for (int i = 0; i < n; i++) {
+        mm_part *m = &j.parts[i];
+        m->w = w[i];
+        m->y = y[i];
+        m->ldy = ldy[i];
+        m->act = act_ok && kvc_matmul_uses_act(w[i]);
+        any_act = any_act || m->act;
+        /* row ranges in multiples of the kernels' row groups (16, or what the
+         * prepared-activation kernel takes); with groups of 32, 2 ranges a
+         * thread, so that 896 rows split into 7 groups each */
+        const int64_t align = m->act ? kvc_matmul_act_row_group(n_tok) : 16, ranges = align > 16 ? 2 : 4;
+        int64_t per = (w[i]->n_out + ranges * nt - 1) / (ranges * nt);
+        per = (per + align - 1) / align * align;
+        m->per = per < 16 ? 16 : per;
+        m->first = tasks;
+        tasks += (w[i]->n_out + m->per - 1) / m->per;
     }
-    kvc_threadpool_run(c->tp, (rows + per - 1) / per, mm_task, &j);
+    if (any_act)
+        kvc_threadpool_run(c->tp, (n_tok + ACT_TOK_TASK - 1) / ACT_TOK_TASK, act_task, &j);
+    kvc_threadpool_run(c->tp, tasks, mm_task, &j);
+}
+
+static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_n(c, x, n_tok, 1, &w, &y, &ldy);
 }
 
 /* ------------------------------------------------------- per-token math */
@@ -485,16 +514,15 @@ static void layer_forward(fwd *f)
     const int64_t nq = (int64_t)hp->n_head * hp->head_dim, nkv = (int64_t)hp->n_head_kv * hp->head_dim;
 
     kvc_threadpool_run(c->tp, n, attn_norm_task, f);
-    matmul(c, &L->wq, c->h, n, c->q, nq);
-    matmul(c, &L->wk, c->h, n, c->k, nkv);
-    matmul(c, &L->wv, c->h, n, c->v, nkv);
+    matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
+             (float *[]){ c->q, c->k, c->v }, (const int64_t[]){ nq, nkv, nkv });
     kvc_threadpool_run(c->tp, n, qkv_task, f);
     kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * hp->n_head_kv, attn_task, f);
     matmul(c, &L->wo, c->att, n, c->h, d);
 
     kvc_threadpool_run(c->tp, n, ffn_norm_task, f);
-    matmul(c, &L->w_gate, c->h, n, c->gate, hp->n_ff);
-    matmul(c, &L->w_up, c->h, n, c->up, hp->n_ff);
+    matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->w_gate, &L->w_up }, (float *[]){ c->gate, c->up },
+             (const int64_t[]){ hp->n_ff, hp->n_ff });
     kvc_threadpool_run(c->tp, n, ffn_act_task, f);
     matmul(c, &L->w_down, c->gate, n, c->h, d);
 }
