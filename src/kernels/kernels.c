@@ -153,7 +153,7 @@ size_t kvc_matmul_act_bytes(int64_t n_in, int64_t n_tok)
 {
     if (n_tok <= 0 || n_in <= 0 || n_in % 32 != 0 || !act_isa())
         return 0;
-    return (size_t)kvc_i8_tok_padded(n_tok) * kvc_i8_act_row_bytes(n_in);
+    return (size_t)n_tok * kvc_i8_act_row_bytes(n_in);
 }
 
 bool kvc_matmul_uses_act(const kvc_weight *w)
@@ -170,7 +170,7 @@ void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t 
                              int64_t t0, int64_t t1, void *act)
 {
     if (act_isa() && n_in > 0 && n_in % 32 == 0 && 0 <= t0 && t0 < t1 && t1 <= n_tok)
-        kvc_vnni_quantize_rows(x, ldx, n_in, n_tok, t0, t1, act);
+        kvc_vnni_quantize_rows(x, ldx, n_in, t0, t1, act);
 }
 
 void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, float *y, int64_t ldy,

@@ -81,10 +81,6 @@ static inline size_t kvc_i8_act_row_bytes(int64_t n_in)
     return r % 128 ? r : r + 64;
 }
 
-/* A buffer for n_tok tokens holds act_tok_padded(n_tok) rows (groups of 16,
- * the pad zeroed, so a kernel may read whole groups). */
-static inline int64_t kvc_i8_tok_padded(int64_t n_tok) { return (n_tok + 15) / 16 * 16; }
-
 /* Accessors of a token row. */
 static inline const int8_t *kvc_i8_hi(const uint8_t *row) { return (const int8_t *)row; }
 static inline const int8_t *kvc_i8_lo(const uint8_t *row, int64_t n_in) { return (const int8_t *)row + n_in; }
@@ -138,11 +134,9 @@ void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
 /* Types the SIMD kernels handle with this scheme (others keep the float path). */
 bool kvc_vnni_type_ok(uint32_t type);
 
-/* Quantize token rows [t0, t1) of x (ldx floats apart) into act, bitwise as
- * kvc_i8_quantize_row_ref. When t1 == n_tok the pad rows up to
- * kvc_i8_tok_padded(n_tok) are zeroed too. */
-void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t n_tok, int64_t t0, int64_t t1,
-                            uint8_t *act);
+/* Quantize token rows [t0, t1) of x (ldx floats apart) into act (rows
+ * kvc_i8_act_row_bytes(n_in) apart), bitwise as kvc_i8_quantize_row_ref. */
+void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act);
 
 /* y = W x on quantized activations (any n_tok), bitwise kvc_i8_matmul_ref.
  * scratch: kvc_vnni_scratch_floats(n_in) floats, 64-byte aligned. Few tokens

@@ -89,14 +89,11 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
     memset(dst + used, 0, kvc_i8_act_row_bytes(n_in) - used);
 }
 
-void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t n_tok, int64_t t0, int64_t t1,
-                            uint8_t *act)
+void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act)
 {
     const size_t as = kvc_i8_act_row_bytes(n_in);
     for (int64_t t = t0; t < t1; t++)
         quantize_row(x + t * ldx, n_in, act + (size_t)t * as);
-    if (t1 == n_tok)
-        memset(act + (size_t)n_tok * as, 0, (size_t)(kvc_i8_tok_padded(n_tok) - n_tok) * as);
 }
 
 /* ------------------------------------------------------------------ decode */
@@ -745,7 +742,7 @@ void kvc_vnni_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int6
     act = (uint8_t *)(((uintptr_t)act + 63) & ~(uintptr_t)63);
     for (int64_t t0 = 0; t0 < n_tok; t0 += TB_ACT) {
         const int64_t nt = KVC_MIN(TB_ACT, n_tok - t0);
-        kvc_vnni_quantize_rows(x + t0 * ldx, ldx, w->n_in, nt, 0, nt, act);
+        kvc_vnni_quantize_rows(x + t0 * ldx, ldx, w->n_in, 0, nt, act);
         kvc_vnni_matmul_act(w, act, nt, y + t0 * ldy, ldy, r0, r1, scratch);
     }
 }
