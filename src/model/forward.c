@@ -172,8 +172,7 @@ typedef struct mm_job {
     mm_part      parts[MM_PARTS];
 } mm_job;
 
-#define ACT_MIN_TOK   2    /* fewer tokens: each row range quantizes its own x (no extra dispatch) */
-#define ACT_TOK_TASK  16   /* tokens per quantization task */
+#define ACT_TOK_TASK  16   /* tokens per quantization task (up to 16 tokens: one task, run inline) */
 
 static void act_task(void *ctx, int64_t task, int thread)
 {
@@ -207,7 +206,7 @@ static void matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const
 {
     const int nt = kvc_threadpool_n_threads(c->tp);
     const int64_t n_in = w[0]->n_in;
-    const bool act_ok = n_tok >= ACT_MIN_TOK && c->mm_act && kvc_matmul_act_bytes(n_in, n_tok) <= c->mm_act_bytes;
+    const bool act_ok = c->mm_act && kvc_matmul_act_bytes(n_in, n_tok) <= c->mm_act_bytes;
     mm_job j = { c, x, n_in, n_in, n_tok, n, { { 0 } } };
     bool any_act = false;
     int64_t tasks = 0;
