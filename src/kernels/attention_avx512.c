@@ -144,11 +144,11 @@ static inline __attribute__((always_inline)) __m512 row_max(const __m512 *s, con
     return _mm512_max_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
 }
 
-/* o[r][d0 .. d0 + 16 C) of rows [0, R) over the NB blocks from b0:
+/* o[r][d0 .. d0 + 16 C) of rows [r0, r0 + R) over the NB blocks from b0:
  * o = o * alpha, then the fma chain over the block's 16 positions, per block. */
 static inline __attribute__((always_inline)) void pv_chunks(const kvc_attn_args *a, int64_t b0,
         float *const *o, int32_t d0, const float (*alpha)[16], const float (*e)[8][16],
-        const int R, const int NB, const int C)
+        const int r0, const int R, const int NB, const int C, const bool f16)
 {
     const int32_t hd = a->hd;
     __m512 acc[8][4];
@@ -156,7 +156,7 @@ static inline __attribute__((always_inline)) void pv_chunks(const kvc_attn_args 
     for (int r = 0; r < R; r++)
         #pragma GCC unroll 4
         for (int c = 0; c < C; c++)
-            acc[r][c] = _mm512_loadu_ps(o[r] + d0 + 16 * c);
+            acc[r][c] = _mm512_loadu_ps(o[r0 + r] + d0 + 16 * c);
     #pragma GCC unroll 4
     for (int i = 0; i < NB; i++) {
         const void *vb = a->v[b0 + i];
@@ -164,15 +164,15 @@ static inline __attribute__((always_inline)) void pv_chunks(const kvc_attn_args 
         for (int r = 0; r < R; r++)
             #pragma GCC unroll 4
             for (int c = 0; c < C; c++)
-                acc[r][c] = _mm512_mul_ps(acc[r][c], _mm512_set1_ps(alpha[i][r]));
+                acc[r][c] = _mm512_mul_ps(acc[r][c], _mm512_set1_ps(alpha[i][r0 + r]));
         for (int j = 0; j < 16; j++) {
             __m512 v[4];
             #pragma GCC unroll 4
             for (int c = 0; c < C; c++)
-                v[c] = load16(a->f16, vb, (int64_t)j * hd + d0 + 16 * c);
+                v[c] = load16(f16, vb, (int64_t)j * hd + d0 + 16 * c);
             #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                __m512 eb = _mm512_set1_ps(e[i][r][j]);
+                __m512 eb = _mm512_set1_ps(e[i][r0 + r][j]);
                 #pragma GCC unroll 4
                 for (int c = 0; c < C; c++)
                     acc[r][c] = _mm512_fmadd_ps(eb, v[c], acc[r][c]);
@@ -183,21 +183,50 @@ static inline __attribute__((always_inline)) void pv_chunks(const kvc_attn_args 
     for (int r = 0; r < R; r++)
         #pragma GCC unroll 4
         for (int c = 0; c < C; c++)
-            _mm512_storeu_ps(o[r] + d0 + 16 * c, acc[r][c]);
+            _mm512_storeu_ps(o[r0 + r] + d0 + 16 * c, acc[r][c]);
+}
+
+/* Rows [r0, r0 + R) of the output, R <= 6: 4 chunks of 16 dimensions at a
+ * time (4 R accumulators), then 2, then 1. */
+static inline __attribute__((always_inline)) void pv_rows(const kvc_attn_args *a, int64_t b0,
+        float *const *o, const float (*alpha)[16], const float (*e)[8][16],
+        const int r0, const int R, const int NB, const bool f16)
+{
+    const int32_t hd = a->hd;
+    int32_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64)
+        pv_chunks(a, b0, o, d0, alpha, e, r0, R, NB, 4, f16);
+    for (; d0 + 32 <= hd; d0 += 32)
+        pv_chunks(a, b0, o, d0, alpha, e, r0, R, NB, 2, f16);
+    for (; d0 < hd; d0 += 16)
+        pv_chunks(a, b0, o, d0, alpha, e, r0, R, NB, 1, f16);
 }
 
 /* Blocks [b0, b0 + NB) into rows [r0, r0 + R), every position seen by every row. */
 static inline __attribute__((always_inline)) void full_rows(const kvc_attn_args *a, int64_t b0,
-                                                            int32_t r0, const int R, const int NB)
+                                                            int32_t r0, const int R, const int NB,
+                                                            const bool f16)
 {
     const int32_t hd = a->hd, rows = a->n_tok * a->n_q;
     const float *q[8];
+    int32_t t[8], h[8];   /* row r0 + r is head h[r] of token t[r]: one division, not R */
+    t[0] = r0 / a->n_q;
+    h[0] = r0 % a->n_q;
+    #pragma GCC unroll 8
+    for (int r = 1; r < R; r++) {
+        bool next = h[r - 1] + 1 == a->n_q;
+        t[r] = t[r - 1] + next;
+        h[r] = next ? 0 : h[r - 1] + 1;
+    }
     float *o[8];
     #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-        q[r] = kvc_attn_q_row(a, r0 + r);
-        o[r] = kvc_attn_o_row(a, r0 + r);
+        q[r] = a->q + (int64_t)t[r] * a->ldq + (int64_t)h[r] * hd;
+        o[r] = a->out + (int64_t)t[r] * a->ldo + (int64_t)h[r] * hd;
     }
+    /* o waits in memory: held in registers through the scores, it took the
+     * place of the q pointers, which went to vector registers */
+    __asm__("" : : "r"(o) : "memory");
     __m512 s[4][8];
     #pragma GCC unroll 4
     for (int i = 0; i < NB; i++)
@@ -208,7 +237,7 @@ static inline __attribute__((always_inline)) void full_rows(const kvc_attn_args 
         __m512 k[4];
         #pragma GCC unroll 4
         for (int i = 0; i < NB; i++)
-            k[i] = load16(a->f16, a->k[b0 + i], (int64_t)d * 16);
+            k[i] = load16(f16, a->k[b0 + i], (int64_t)d * 16);
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 qb = _mm512_set1_ps(q[r][d]);
@@ -244,48 +273,63 @@ static inline __attribute__((always_inline)) void full_rows(const kvc_attn_args 
         }
         _mm512_storeu_ps(l, lv);
     }
-    int32_t d0 = 0;
-    if (R <= 6)
-        for (; d0 + 64 <= hd; d0 += 64)
-            pv_chunks(a, b0, o, d0, alpha, e, R, NB, 4);
-    for (; d0 + 32 <= hd; d0 += 32)
-        pv_chunks(a, b0, o, d0, alpha, e, R, NB, 2);
-    for (; d0 < hd; d0 += 16)
-        pv_chunks(a, b0, o, d0, alpha, e, R, NB, 1);
+    /* e and alpha stay in memory, read by broadcast loads where they are used
+     * (else the compiler holds them in registers the accumulators need) */
+    __asm__("" : : "r"(alpha), "r"(e) : "memory");
+    if (R <= 6) {
+        pv_rows(a, b0, o, alpha, e, 0, R, NB, f16);
+    } else {
+        pv_rows(a, b0, o, alpha, e, 0, 4, NB, f16);
+        pv_rows(a, b0, o, alpha, e, 4, R - 4, NB, f16);
+    }
 }
 
-#define FULL_NB 2
-
-static void full_group(const kvc_attn_args *a, int64_t b0, int32_t r0, int32_t n, const int NB)
+/* Blocks [b0, b0 + NB) into rows [r0, r0 + n), 1 <= n <= 8; the constants
+ * R, NB and f16 reach full_rows, which unrolls on them. */
+static inline __attribute__((always_inline)) void full_rows_n(const kvc_attn_args *a, int64_t b0,
+                                                              int32_t r0, int32_t n, const int NB,
+                                                              const bool f16)
 {
     switch (n) {
-    case 8: full_rows(a, b0, r0, 8, NB); break;
-    case 7: full_rows(a, b0, r0, 7, NB); break;
-    case 6: full_rows(a, b0, r0, 6, NB); break;
-    case 5: full_rows(a, b0, r0, 5, NB); break;
-    case 4: full_rows(a, b0, r0, 4, NB); break;
-    case 3: full_rows(a, b0, r0, 3, NB); break;
-    case 2: full_rows(a, b0, r0, 2, NB); break;
-    case 1: full_rows(a, b0, r0, 1, NB); break;
+    case 8: full_rows(a, b0, r0, 8, NB, f16); break;
+    case 7: full_rows(a, b0, r0, 7, NB, f16); break;
+    case 6: full_rows(a, b0, r0, 6, NB, f16); break;
+    case 5: full_rows(a, b0, r0, 5, NB, f16); break;
+    case 4: full_rows(a, b0, r0, 4, NB, f16); break;
+    case 3: full_rows(a, b0, r0, 3, NB, f16); break;
+    case 2: full_rows(a, b0, r0, 2, NB, f16); break;
+    case 1: full_rows(a, b0, r0, 1, NB, f16); break;
     default: break;
     }
 }
 
+/* Not inlined into the loops below: inlined, the compiler keeps exp_neg16's
+ * constants in registers across them and spills the accumulators instead. */
+static __attribute__((noinline)) void full_group(const kvc_attn_args *a, int64_t b0, int32_t r0,
+                                                 int32_t n, int nb)
+{
+    if (a->f16 && nb == 2)
+        full_rows_n(a, b0, r0, n, 2, true);
+    else if (a->f16)
+        full_rows_n(a, b0, r0, n, 1, true);
+    else if (nb == 2)
+        full_rows_n(a, b0, r0, n, 2, false);
+    else
+        full_rows_n(a, b0, r0, n, 1, false);
+}
+
+/* Blocks [b0, b1) two at a time (a last odd one alone), rows in groups of 6,
+ * the last one up to 8 (decode's 7 rows are one group). Two blocks for 6 rows
+ * keep 12 score and 24 output accumulators in registers. */
 void kvc_attn_full_avx512(const kvc_attn_args *a, int64_t b0, int64_t b1)
 {
     const int32_t rows = a->n_tok * a->n_q;
-    /* groups of 6 rows, the last one up to 8 (decode's 7 rows are one group) */
-    for (int64_t b = b0; b < b1; ) {
-        const int nb = b1 - b >= FULL_NB ? FULL_NB : 1;
-        for (int32_t r = 0; r < rows; ) {
-            int32_t n = rows - r <= 8 ? rows - r : 6;
-            if (nb == FULL_NB)
-                full_group(a, b, r, n, FULL_NB);
-            else
-                full_group(a, b, r, n, 1);
-            r += n;
+    for (int64_t b = b0, nb; b < b1; b += nb) {
+        nb = b1 - b >= 2 ? 2 : 1;
+        for (int32_t r = 0, n; r < rows; r += n) {
+            n = rows - r <= 8 ? rows - r : 6;
+            full_group(a, b, r, n, (int)nb);
         }
-        b += nb;
     }
 }
 
