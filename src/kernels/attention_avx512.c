@@ -1,7 +1,10 @@
-/* attention_avx512.c - one KV block folded into up to 16 query rows at a time:
- * 16 lanes are the block's 16 positions (scores) or 16 dimensions (output).
- * Each lane runs exactly the scalar reference's operations (attention.h).
- * The loops over rows are unrolled so that the accumulators stay in registers. */
+/* attention_avx512.c - KV blocks folded into query rows: 16 lanes are a
+ * block's 16 positions (scores) or 16 dimensions (output). Two kernels: the
+ * blocks every row of the tile sees whole (all but the last one or two at
+ * depth), two blocks for 6 rows at a time without masks; and any one block
+ * for up to 16 rows, masked, for the rest. Each lane runs exactly the scalar
+ * reference's operations (attention.h). The loops over rows are unrolled so
+ * that the accumulators stay in registers. */
 #include "attention.h"
 
 #include <immintrin.h>
@@ -118,8 +121,8 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
 
 /* Lane r of the result = the maximum of the lanes of s[r], r < R (R <= 8):
  * a transposing tree of shuffles and maxima instead of R horizontal
- * reductions. Maxima do not depend on their order (scores are never NaN
- * here: all positions are seen). */
+ * reductions. The maximum does not depend on the order (for scores that are
+ * not NaN; unseen positions, which may hold anything, never reach here). */
 static inline __attribute__((always_inline)) __m512 row_max(const __m512 *s, const int R)
 {
     /* slot k + 4i holds row 4k + i, so that lane L of the tree's result is row L */
