@@ -162,6 +162,7 @@ int main(void)
                 run_case(7, 64, lens[l], toks[t], f16);
                 run_case(4, 32, lens[l], toks[t], f16);
                 run_case(16, 128, lens[l], toks[t], f16);
+                run_case(5, 80, lens[l], toks[t], f16);  /* output chunks of 64, 32 and 16 */
                 run_case(2, 8, lens[l], toks[t], f16);   /* avx2 only; scalar on avx512 */
                 run_case(3, 12, lens[l], toks[t], f16);  /* not a multiple of 8: scalar everywhere */
             }

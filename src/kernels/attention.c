@@ -73,9 +73,12 @@ static void block_ref(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1)
 }
 
 typedef void block_fn(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
+typedef void full_fn(const kvc_attn_args *a, int64_t b0, int64_t b1);
 
-/* Blocks in order; block b goes to the rows whose token sees part of it. */
-static void walk(const kvc_attn_args *a, block_fn *block)
+/* Blocks in order; block b goes to the rows whose token sees part of it. The
+ * blocks that every row sees whole, [0, n_pos / B), go to full (if not NULL)
+ * at once, which may then take several blocks per pass. */
+static void walk(const kvc_attn_args *a, block_fn *block, full_fn *full)
 {
     const int32_t rows = a->n_tok * a->n_q;
     float *m = a->scratch, *l = a->scratch + rows;
@@ -85,7 +88,12 @@ static void walk(const kvc_attn_args *a, block_fn *block)
         memset(kvc_attn_o_row(a, r), 0, (size_t)a->hd * sizeof(float));
     }
     const int64_t nb = (a->n_pos + a->n_tok - 1 + KVC_ATTN_B - 1) / KVC_ATTN_B;
-    for (int64_t b = 0; b < nb; b++) {
+    int64_t b = 0;
+    if (full) {
+        b = a->n_pos / KVC_ATTN_B;
+        full(a, 0, b);
+    }
+    for (; b < nb; b++) {
         int64_t t0 = b * KVC_ATTN_B - a->n_pos + 1;   /* the first token that sees block b */
         block(a, b, (int32_t)(t0 > 0 ? t0 : 0) * a->n_q, rows);
     }
@@ -104,16 +112,16 @@ static void walk(const kvc_attn_args *a, block_fn *block)
 
 void kvc_attention_ref(const kvc_attn_args *a)
 {
-    walk(a, block_ref);
+    walk(a, block_ref, NULL);
 }
 
 void kvc_attention(const kvc_attn_args *a)
 {
     kvc_isa isa = kvc_kernels_isa();
     if (isa >= KVC_ISA_AVX512 && a->hd % 16 == 0)
-        walk(a, kvc_attn_block_avx512);
+        walk(a, kvc_attn_block_avx512, kvc_attn_full_avx512);
     else if (isa >= KVC_ISA_AVX2 && a->hd % 8 == 0)
-        walk(a, kvc_attn_block_avx2);
+        walk(a, kvc_attn_block_avx2, NULL);
     else
-        walk(a, block_ref);
+        walk(a, block_ref, NULL);
 }

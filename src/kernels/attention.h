@@ -63,6 +63,9 @@ float kvc_exp_neg(float x);
  * one position of it. */
 void kvc_attn_block_avx512(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 void kvc_attn_block_avx2(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
+/* Blocks [b0, b1) into every row of the tile, each of which sees all their
+ * positions; the same operations as the block kernel, block after block. */
+void kvc_attn_full_avx512(const kvc_attn_args *a, int64_t b0, int64_t b1);
 
 /* How many positions of block b row r sees: 1 .. KVC_ATTN_B. */
 static inline int32_t kvc_attn_seen(const kvc_attn_args *a, int64_t b, int32_t r)

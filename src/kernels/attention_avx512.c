@@ -1,7 +1,10 @@
-/* attention_avx512.c - one KV block folded into up to 16 query rows at a time:
- * 16 lanes are the block's 16 positions (scores) or 16 dimensions (output).
- * Each lane runs exactly the scalar reference's operations (attention.h).
- * The loops over rows are unrolled so that the accumulators stay in registers. */
+/* attention_avx512.c - KV blocks folded into query rows: 16 lanes are a
+ * block's 16 positions (scores) or 16 dimensions (output). Two kernels: the
+ * blocks every row of the tile sees whole (all but the last one or two at
+ * depth), two blocks for 6 rows at a time without masks; and any one block
+ * for up to 16 rows, masked, for the rest. Each lane runs exactly the scalar
+ * reference's operations (attention.h). The loops over rows are unrolled so
+ * that the accumulators stay in registers. */
 #include "attention.h"
 
 #include <immintrin.h>
@@ -106,6 +109,230 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
         #pragma GCC unroll 16
         for (int r = 0; r < R; r++)
             _mm512_storeu_ps(o[r] + d0, acc[r]);
+    }
+}
+
+/* ------------------------------------------------------------ full blocks
+ * Blocks every row of the tile sees whole (attention.h's walk gives them
+ * first): no masks, NB blocks at a time for R rows at a time. Each q[r][d]
+ * broadcast feeds NB K vectors, each e[r][j] broadcast feeds C output chunks,
+ * and o stays in registers across the NB blocks, while every lane still runs
+ * the reference's operations block after block. */
+
+/* Lane r of the result = the maximum of the lanes of s[r], r < R (R <= 8):
+ * a transposing tree of shuffles and maxima instead of R horizontal
+ * reductions. The maximum does not depend on the order (for scores that are
+ * not NaN; unseen positions, which may hold anything, never reach here). */
+static inline __attribute__((always_inline)) __m512 row_max(const __m512 *s, const int R)
+{
+    /* slot k + 4i holds row 4k + i, so that lane L of the tree's result is row L */
+    __m512 v[16], w[8], z[4], y[2];
+    #pragma GCC unroll 16
+    for (int slot = 0; slot < 16; slot++) {
+        int row = 4 * (slot % 4) + slot / 4;
+        v[slot] = s[row < R ? row : 0];
+    }
+    #pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)   /* 8 partial maxima of 2 rows */
+        w[p] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
+    #pragma GCC unroll 4
+    for (int p = 0; p < 4; p++)   /* 4 of 4 rows */
+        z[p] = _mm512_max_ps(_mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0xDD));
+    #pragma GCC unroll 2
+    for (int p = 0; p < 2; p++)   /* 2 of 8 rows */
+        y[p] = _mm512_max_ps(_mm512_shuffle_ps(z[2 * p], z[2 * p + 1], 0x44),
+                             _mm512_shuffle_ps(z[2 * p], z[2 * p + 1], 0xEE));
+    return _mm512_max_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+}
+
+/* o[r][d0 .. d0 + 16 C) of rows [r0, r0 + R) over the NB blocks from b0:
+ * o = o * alpha, then the fma chain over the block's 16 positions, per block. */
+static inline __attribute__((always_inline)) void pv_chunks(const kvc_attn_args *a, int64_t b0,
+        float *const *o, int32_t d0, const float (*alpha)[16], const float (*e)[8][16],
+        const int r0, const int R, const int NB, const int C, const bool f16)
+{
+    const int32_t hd = a->hd;
+    __m512 acc[8][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_loadu_ps(o[r0 + r] + d0 + 16 * c);
+    #pragma GCC unroll 4
+    for (int i = 0; i < NB; i++) {
+        const void *vb = a->v[b0 + i];
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm512_mul_ps(acc[r][c], _mm512_set1_ps(alpha[i][r0 + r]));
+        for (int j = 0; j < 16; j++) {
+            __m512 v[4];
+            #pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                v[c] = load16(f16, vb, (int64_t)j * hd + d0 + 16 * c);
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512 eb = _mm512_set1_ps(e[i][r0 + r][j]);
+                #pragma GCC unroll 4
+                for (int c = 0; c < C; c++)
+                    acc[r][c] = _mm512_fmadd_ps(eb, v[c], acc[r][c]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            _mm512_storeu_ps(o[r0 + r] + d0 + 16 * c, acc[r][c]);
+}
+
+/* Rows [r0, r0 + R) of the output, R <= 6: 4 chunks of 16 dimensions at a
+ * time (4 R accumulators), then 2, then 1. */
+static inline __attribute__((always_inline)) void pv_rows(const kvc_attn_args *a, int64_t b0,
+        float *const *o, const float (*alpha)[16], const float (*e)[8][16],
+        const int r0, const int R, const int NB, const bool f16)
+{
+    const int32_t hd = a->hd;
+    int32_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64)
+        pv_chunks(a, b0, o, d0, alpha, e, r0, R, NB, 4, f16);
+    for (; d0 + 32 <= hd; d0 += 32)
+        pv_chunks(a, b0, o, d0, alpha, e, r0, R, NB, 2, f16);
+    for (; d0 < hd; d0 += 16)
+        pv_chunks(a, b0, o, d0, alpha, e, r0, R, NB, 1, f16);
+}
+
+/* Blocks [b0, b0 + NB) into rows [r0, r0 + R), every position seen by every row. */
+static inline __attribute__((always_inline)) void full_rows(const kvc_attn_args *a, int64_t b0,
+                                                            int32_t r0, const int R, const int NB,
+                                                            const bool f16)
+{
+    const int32_t hd = a->hd, rows = a->n_tok * a->n_q;
+    const float *q[8];
+    int32_t t[8], h[8];   /* row r0 + r is head h[r] of token t[r]: one division, not R */
+    t[0] = r0 / a->n_q;
+    h[0] = r0 % a->n_q;
+    #pragma GCC unroll 8
+    for (int r = 1; r < R; r++) {
+        bool next = h[r - 1] + 1 == a->n_q;
+        t[r] = t[r - 1] + next;
+        h[r] = next ? 0 : h[r - 1] + 1;
+    }
+    float *o[8];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        q[r] = a->q + (int64_t)t[r] * a->ldq + (int64_t)h[r] * hd;
+        o[r] = a->out + (int64_t)t[r] * a->ldo + (int64_t)h[r] * hd;
+    }
+    /* o waits in memory: held in registers through the scores, it took the
+     * place of the q pointers, which went to vector registers */
+    __asm__("" : : "r"(o) : "memory");
+    __m512 s[4][8];
+    #pragma GCC unroll 4
+    for (int i = 0; i < NB; i++)
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            s[i][r] = _mm512_setzero_ps();
+    for (int32_t d = 0; d < hd; d++) {
+        __m512 k[4];
+        #pragma GCC unroll 4
+        for (int i = 0; i < NB; i++)
+            k[i] = load16(f16, a->k[b0 + i], (int64_t)d * 16);
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 qb = _mm512_set1_ps(q[r][d]);
+            #pragma GCC unroll 4
+            for (int i = 0; i < NB; i++)
+                s[i][r] = _mm512_fmadd_ps(qb, k[i], s[i][r]);
+        }
+    }
+    /* the running maxima block after block, all rows at once (lane r: row r) */
+    _Alignas(64) float mn[4][16], alpha[4][16], e[4][8][16];
+    const __mmask16 rmask = (__mmask16)((1u << R) - 1);
+    __m512 m = _mm512_maskz_loadu_ps(rmask, a->scratch + r0);
+    #pragma GCC unroll 4
+    for (int i = 0; i < NB; i++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            s[i][r] = _mm512_mul_ps(s[i][r], _mm512_set1_ps(a->scale));
+        __m512 m1 = _mm512_max_ps(row_max(s[i], R), m);
+        _mm512_store_ps(alpha[i], exp_neg16(_mm512_sub_ps(m, m1)));
+        _mm512_store_ps(mn[i], m1);
+        m = m1;
+    }
+    _mm512_mask_storeu_ps(a->scratch + r0, rmask, m);
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        float *l = a->scratch + rows + 16 * (r0 + r);
+        __m512 lv = _mm512_loadu_ps(l);
+        #pragma GCC unroll 4
+        for (int i = 0; i < NB; i++) {
+            __m512 ev = exp_neg16(_mm512_sub_ps(s[i][r], _mm512_set1_ps(mn[i][r])));
+            _mm512_store_ps(e[i][r], ev);
+            lv = _mm512_add_ps(_mm512_mul_ps(lv, _mm512_set1_ps(alpha[i][r])), ev);
+        }
+        _mm512_storeu_ps(l, lv);
+    }
+    /* e and alpha stay in memory, read by broadcast loads where they are used
+     * (else the compiler holds them in registers the accumulators need) */
+    __asm__("" : : "r"(alpha), "r"(e) : "memory");
+    if (R <= 6) {
+        pv_rows(a, b0, o, alpha, e, 0, R, NB, f16);
+    } else {
+        pv_rows(a, b0, o, alpha, e, 0, 4, NB, f16);
+        pv_rows(a, b0, o, alpha, e, 4, R - 4, NB, f16);
+    }
+}
+
+/* Blocks [b0, b0 + NB) into rows [r0, r0 + n), 1 <= n <= 8; the constants
+ * R, NB and f16 reach full_rows, which unrolls on them. */
+static inline __attribute__((always_inline)) void full_rows_n(const kvc_attn_args *a, int64_t b0,
+                                                              int32_t r0, int32_t n, const int NB,
+                                                              const bool f16)
+{
+    switch (n) {
+    case 8: full_rows(a, b0, r0, 8, NB, f16); break;
+    case 7: full_rows(a, b0, r0, 7, NB, f16); break;
+    case 6: full_rows(a, b0, r0, 6, NB, f16); break;
+    case 5: full_rows(a, b0, r0, 5, NB, f16); break;
+    case 4: full_rows(a, b0, r0, 4, NB, f16); break;
+    case 3: full_rows(a, b0, r0, 3, NB, f16); break;
+    case 2: full_rows(a, b0, r0, 2, NB, f16); break;
+    case 1: full_rows(a, b0, r0, 1, NB, f16); break;
+    default: break;
+    }
+}
+
+/* Not inlined into the loops below: inlined, the compiler keeps exp_neg16's
+ * constants in registers across them and spills the accumulators instead. */
+static __attribute__((noinline)) void full_group(const kvc_attn_args *a, int64_t b0, int32_t r0,
+                                                 int32_t n, int nb)
+{
+    if (a->f16 && nb == 2)
+        full_rows_n(a, b0, r0, n, 2, true);
+    else if (a->f16)
+        full_rows_n(a, b0, r0, n, 1, true);
+    else if (nb == 2)
+        full_rows_n(a, b0, r0, n, 2, false);
+    else
+        full_rows_n(a, b0, r0, n, 1, false);
+}
+
+/* Blocks [b0, b1) two at a time (a last odd one alone), rows in groups of 6,
+ * the last one up to 8 (decode's 7 rows are one group). Two blocks for 6 rows
+ * keep 12 score and 24 output accumulators in registers. */
+void kvc_attn_full_avx512(const kvc_attn_args *a, int64_t b0, int64_t b1)
+{
+    const int32_t rows = a->n_tok * a->n_q;
+    for (int64_t b = b0, nb; b < b1; b += nb) {
+        nb = b1 - b >= 2 ? 2 : 1;
+        for (int32_t r = 0, n; r < rows; r += n) {
+            n = rows - r <= 8 ? rows - r : 6;
+            full_group(a, b, r, n, (int)nb);
+        }
     }
 }
 
