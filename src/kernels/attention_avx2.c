@@ -4,6 +4,7 @@
  * operations (attention.h). The loops over rows are unrolled so that the
  * accumulators stay in registers. */
 #include "attention.h"
+#include "kernels_simd.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -13,24 +14,6 @@ static inline __m256 load8(bool f16, const void *base, int64_t i)
     if (f16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
     return _mm256_loadu_ps((const float *)base + i);
-}
-
-static inline __m256 exp_neg8(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-80.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
 /* Rows [r0, r0 + R) of block b; R is a constant at every call site. */
@@ -84,14 +67,14 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
         mn[r] = *m = mb > *m ? mb : *m;
     }
     float al8[8];
-    _mm256_storeu_ps(al8, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(mo), _mm256_loadu_ps(mn))));
+    _mm256_storeu_ps(al8, kvc_exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(mo), _mm256_loadu_ps(mn))));
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
         float *l = a->scratch + rows + 16 * (r0 + r);
         alpha[r] = al8[r];
         __m256 mv = _mm256_set1_ps(mn[r]), av = _mm256_set1_ps(alpha[r]);
-        __m256 e0 = _mm256_and_ps(m0[r], exp_neg8(_mm256_sub_ps(s0[r], mv)));
-        __m256 e1 = _mm256_and_ps(m1[r], exp_neg8(_mm256_sub_ps(s1[r], mv)));
+        __m256 e0 = _mm256_and_ps(m0[r], kvc_exp_neg8(_mm256_sub_ps(s0[r], mv)));
+        __m256 e1 = _mm256_and_ps(m1[r], kvc_exp_neg8(_mm256_sub_ps(s1[r], mv)));
         _mm256_storeu_ps(e[r], e0);
         _mm256_storeu_ps(e[r] + 8, e1);
         _mm256_storeu_ps(l, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(l), av), e0));

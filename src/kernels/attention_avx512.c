@@ -6,6 +6,7 @@
  * reference's operations (attention.h). The loops over rows are unrolled so
  * that the accumulators stay in registers. */
 #include "attention.h"
+#include "kernels_simd.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -15,24 +16,6 @@ static inline __m512 load16(bool f16, const void *base, int64_t i)
     if (f16)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
     return _mm512_loadu_ps((const float *)base + i);
-}
-
-static inline __m512 exp_neg16(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-80.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
 /* Rows [r0, r0 + R) of block b. R is a constant at every call site, so the
@@ -77,11 +60,11 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
         mo[r] = *m;
         mn[r] = *m = mb > *m ? mb : *m;
     }
-    _mm512_storeu_ps(alpha, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(mo), _mm512_loadu_ps(mn))));
+    _mm512_storeu_ps(alpha, kvc_exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(mo), _mm512_loadu_ps(mn))));
     #pragma GCC unroll 16
     for (int r = 0; r < R; r++) {
         float *l = a->scratch + rows + 16 * (r0 + r);
-        __m512 ev = _mm512_maskz_mov_ps(mask[r], exp_neg16(_mm512_sub_ps(s[r], _mm512_set1_ps(mn[r]))));
+        __m512 ev = _mm512_maskz_mov_ps(mask[r], kvc_exp_neg16(_mm512_sub_ps(s[r], _mm512_set1_ps(mn[r]))));
         _mm512_storeu_ps(e[r], ev);
         _mm512_storeu_ps(l, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l), _mm512_set1_ps(alpha[r])), ev));
     }
@@ -259,7 +242,7 @@ static inline __attribute__((always_inline)) void full_rows(const kvc_attn_args 
         for (int r = 0; r < R; r++)
             s[i][r] = _mm512_mul_ps(s[i][r], _mm512_set1_ps(a->scale));
         __m512 m1 = _mm512_max_ps(row_max(s[i], R), m);
-        _mm512_store_ps(alpha[i], exp_neg16(_mm512_sub_ps(m, m1)));
+        _mm512_store_ps(alpha[i], kvc_exp_neg16(_mm512_sub_ps(m, m1)));
         _mm512_store_ps(mn[i], m1);
         m = m1;
     }
@@ -270,7 +253,7 @@ static inline __attribute__((always_inline)) void full_rows(const kvc_attn_args 
         __m512 lv = _mm512_loadu_ps(l);
         #pragma GCC unroll 4
         for (int i = 0; i < NB; i++) {
-            __m512 ev = exp_neg16(_mm512_sub_ps(s[i][r], _mm512_set1_ps(mn[i][r])));
+            __m512 ev = kvc_exp_neg16(_mm512_sub_ps(s[i][r], _mm512_set1_ps(mn[i][r])));
             _mm512_store_ps(e[i][r], ev);
             lv = _mm512_add_ps(_mm512_mul_ps(lv, _mm512_set1_ps(alpha[i][r])), ev);
         }

@@ -1,6 +1,7 @@
 /* kernels_simd.h - inline helpers shared by the SIMD kernel files, which are
  * all compiled with at least AVX2, FMA and F16C (kernels_avx2.c,
- * kernels_avx512.c, kernels_vnni.c). Not for the scalar reference. */
+ * kernels_avx512.c, kernels_vnni.c, attention_avx2.c, attention_avx512.c).
+ * Not for the scalar reference. */
 #ifndef KVC_KERNELS_SIMD_H
 #define KVC_KERNELS_SIMD_H
 
