@@ -303,7 +303,7 @@ typedef struct {
 } prefetch_plan;
 
 /* One group of up to 16 rows (rows[l]: row l's bytes; missing rows repeat the
- * last) against T <= TC tokens; acc[t] lane l accumulates y[t][row l]. */
+ * last) against T <= TC tokens; out[t] lane l accumulates y[t][row l]. */
 AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR], const __m512i goff,
                      prefetch_plan pf, const uint8_t *act, size_t as, int64_t n_in, __m512 out[TC])
 {

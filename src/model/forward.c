@@ -196,8 +196,9 @@ static void mm_task(void *ctx, int64_t task, int thread)
         kvc_matmul_rows(m->w, j->x, j->ldx, j->n_tok, m->y, m->ldy, r0, r1, j->c->mm_scratch[thread]);
 }
 
-/* y_i[t][r] = W_i x[t] for t < n_tok and each of n weights of one n_in (Q, K
- * and V; gate and up), split by rows over the threads in one dispatch. Any
+/* y_i[t][r] = W_i x[t] for t < n_tok and each of n <= MM_PARTS weights of one
+ * n_in (Q, K and V; gate and up), split by rows over the threads in one
+ * dispatch. Any
  * split gives the same values (kernels.h). Kernels that quantize x (kernels.h,
  * "prepared activations") get it quantized once for all n, split by tokens,
  * instead of once per row range; the values are the same. */
