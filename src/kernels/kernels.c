@@ -55,7 +55,8 @@ static void isa_init(void)
 
     /* The best level the CPU has. On Zen 5 vnni's integer prefill is ~1.5x
      * avx512's float one (bench/bench_kernels.c); its decode is 1.5x on Q5_0,
-     * about even on Q8_0, ~10% behind on Q4_K (one thread, cold). */
+     * ~1.2x on Q4_0 and Q4_K, ~1.1x on Q6_K, about even on Q8_0 (one thread,
+     * cold). */
     kvc_isa use = best;
     const char *env = getenv("KVC_ISA");     /* any level the CPU has; unknown names ignored */
     int want = env ? isa_from_name(env) : -1;
