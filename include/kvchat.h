@@ -539,6 +539,12 @@ typedef struct kvc_event {
  * than the whole KV budget), KVC_ERR_INVALID_ARG (a bad role, sampling). */
 kvc_request *kvc_engine_submit(kvc_engine *engine, const kvc_request_params *params,
                                int *status, char *err, size_t err_size);
+/* Queue n requests together, params[i] into out[i]: the engine takes them in
+ * one pass (the choices of one response start together, not one after
+ * another as each is rendered). KVC_OK, or the code of the first that failed
+ * with err set and none queued (out all NULL). */
+int kvc_engine_submit_all(kvc_engine *engine, const kvc_request_params *params, int n,
+                          kvc_request **out, char *err, size_t err_size);
 /* Wait up to timeout_ms (-1 = forever) for the next event. Returns true with
  * *ev filled, false on time-out. After DONE or ERROR there are no more. Free
  * ev->text with kvc_event_clear. */

@@ -701,6 +701,12 @@ static void test_busy(kvc_model *m)
     kvc_request_free(a);   /* cancels */
     kvc_request_free(b);
     CHECK(wait_idle(e));
+    /* choices are queued all or none: two never fit a queue of one */
+    kvc_request_params two[2] = { rp, rp };
+    kvc_request *out[2] = { a, a };
+    CHECK_EQ_INT(kvc_engine_submit_all(e, two, 2, out, err, sizeof(err)), KVC_ERR_BUSY);
+    CHECKF(!out[0] && !out[1] && strstr(err, "busy"), "refused choices: %p %p %s",
+           (void *)out[0], (void *)out[1], err);
     r = http_to(kvc_server_port(s), "POST", "/v1/chat/completions", NULL, simple_chat,
                 strlen(simple_chat));
     CHECKF(r.status == 200, "after the queue drained: %d", r.status);

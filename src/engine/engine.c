@@ -173,56 +173,85 @@ static int make_tokens(kvc_engine *e, kvc_request *r, kvc_err *err)
     return kvc_prompt_tokenize(e->model, r->prompt, strlen(r->prompt), &r->toks, err);
 }
 
-kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *status,
-                               char *err, size_t err_size)
+/* A request from params with its tokens made (NULL with *rc and ke set). */
+static kvc_request *make_request(kvc_engine *e, const kvc_request_params *p, int *rc,
+                                 kvc_err *ke)
 {
-    int rc = KVC_OK;
-    kvc_err ke = { 0 };
+    *rc = KVC_OK;
     if (!p->messages && !p->prompt && p->n_prompt_tokens <= 0)
-        rc = kvc_fail(&ke, KVC_ERR_INVALID_ARG, "a request needs messages or a prompt");
+        *rc = kvc_fail(ke, KVC_ERR_INVALID_ARG, "a request needs messages or a prompt");
     else if (p->messages && p->n_messages == 0)
-        rc = kvc_fail(&ke, KVC_ERR_INVALID_ARG, "messages is empty");
-    kvc_request *r = rc ? NULL : kvc_request_new(p);
-    if (!rc && !r)
-        rc = kvc_fail(&ke, KVC_ERR_NOMEM, "out of memory");
-    if (!rc && e->p.no_cache)
+        *rc = kvc_fail(ke, KVC_ERR_INVALID_ARG, "messages is empty");
+    kvc_request *r = *rc ? NULL : kvc_request_new(p);
+    if (!*rc && !r)
+        *rc = kvc_fail(ke, KVC_ERR_NOMEM, "out of memory");
+    if (!*rc && e->p.no_cache)
         r->chat.no_cache = true;
-    if (!rc)
+    if (!*rc)
         r->chat.special_in_content = e->p.special_in_content;
-    if (!rc && e->p.chat_template_kwargs) {   /* --chat-template-kwargs under the request's */
+    if (!*rc && e->p.chat_template_kwargs) {  /* --chat-template-kwargs under the request's */
         char *merged = NULL;
-        rc = kvc_chat_kwargs_merge(e->p.chat_template_kwargs, r->kwargs_json, &merged, &ke);
-        if (!rc) {
+        *rc = kvc_chat_kwargs_merge(e->p.chat_template_kwargs, r->kwargs_json, &merged, ke);
+        if (!*rc) {
             free(r->kwargs_json);
             r->chat.template_kwargs_json = r->kwargs_json = merged;
         }
     }
-    if (!rc)
-        rc = make_tokens(e, r, &ke);
-    if (!rc) {
+    if (!*rc)
+        *rc = make_tokens(e, r, ke);
+    if (*rc && r) {
+        r->refs = 1;
+        kvc_request_unref(r);
+        r = NULL;
+    }
+    return r;
+}
+
+int kvc_engine_submit_all(kvc_engine *e, const kvc_request_params *params, int n,
+                          kvc_request **out, char *err, size_t err_size)
+{
+    int rc = KVC_OK;
+    kvc_err ke = { 0 };
+    for (int i = 0; i < n; i++)
+        out[i] = NULL;
+    for (int i = 0; !rc && i < n; i++)
+        out[i] = make_request(e, &params[i], &rc, &ke);
+    if (!rc) {                               /* all of them queued, or none */
         pthread_mutex_lock(&e->mu);
-        if (e->queued >= e->p.max_queue || e->stop) {
+        if (e->queued + n > e->p.max_queue || e->stop) {
             rc = kvc_fail(&ke, KVC_ERR_BUSY, "the server is busy: %d requests are waiting",
                           e->queued);
         } else {
-            if (e->queue_tail)
-                e->queue_tail->next = r;
-            else
-                e->queue_head = r;
-            e->queue_tail = r;
-            e->queued++;
+            for (int i = 0; i < n; i++) {
+                if (e->queue_tail)
+                    e->queue_tail->next = out[i];
+                else
+                    e->queue_head = out[i];
+                e->queue_tail = out[i];
+            }
+            e->queued += n;
             pthread_cond_signal(&e->cv);
         }
         pthread_mutex_unlock(&e->mu);
     }
     if (rc) {
-        if (r) {
-            r->refs = 1;
-            kvc_request_unref(r);
+        for (int i = 0; i < n; i++) {
+            if (out[i]) {
+                out[i]->refs = 1;
+                kvc_request_unref(out[i]);
+            }
+            out[i] = NULL;
         }
-        r = NULL;
         snprintf(err, err_size, "%s", ke.msg[0] ? ke.msg : kvc_strerror(rc));
     }
+    return rc;
+}
+
+kvc_request *kvc_engine_submit(kvc_engine *e, const kvc_request_params *p, int *status,
+                               char *err, size_t err_size)
+{
+    kvc_request *r = NULL;
+    int rc = kvc_engine_submit_all(e, p, 1, &r, err, err_size);
     if (status)
         *status = rc;
     return r;

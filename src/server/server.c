@@ -308,16 +308,16 @@ static kvc_request_params choice_params(const srv_request *rq, int i)
 typedef struct submit_job {
     kvc_server               *s;
     const kvc_request_params *p;
-    int                      *status;
-    char                     *err;
-    size_t                    err_size;
-    kvc_request              *r;
+    int                       n;
+    kvc_request             **r;
+    int                       status;
+    char                      err[512];
 } submit_job;
 
 static void submit_now(void *arg)
 {
     submit_job *j = arg;
-    j->r = kvc_engine_submit(j->s->engine, j->p, j->status, j->err, j->err_size);
+    j->status = kvc_engine_submit_all(j->s->engine, j->p, j->n, j->r, j->err, sizeof(j->err));
 }
 
 /* Run fn(arg), the heavy work of c's body (parsing, rendering, tokenizing):
@@ -331,32 +331,21 @@ static void run_for_body(kvc_server *s, const conn *c, void (*fn)(void *), void 
         fn(arg);
 }
 
-/* Submit to the engine, which renders and tokenizes the prompt in the calling
- * thread (run_for_body). */
-static kvc_request *submit(kvc_server *s, const conn *c, const kvc_request_params *p,
-                           int *status, char *err, size_t err_size)
-{
-    submit_job j = { s, p, status, err, err_size, NULL };
-    run_for_body(s, c, submit_now, &j);
-    return j.r;
-}
-
-/* Submit every choice of rq at once into r[0, n) (they share the prompt
- * through the prefix tree). false with *e set when one could not be: the
- * ones submitted are in r, for the caller to free. */
+/* Submit every choice of rq into r[0, n) at once: the engine renders and
+ * tokenizes their prompts in the calling thread (run_for_body) and queues
+ * them together, so that they start together and share the prompt through
+ * the prefix tree. false with *e set when one could not be (none queued). */
 static bool submit_choices(kvc_server *s, const conn *c, const srv_request *rq,
                            kvc_request **r, int n, srv_error *e)
 {
-    for (int i = 0; i < n; i++) {
-        char err[512] = "";
-        int status = KVC_ERR_NOMEM;
-        kvc_request_params p = choice_params(rq, i);
-        if (!(r[i] = submit(s, c, &p, &status, err, sizeof(err)))) {
-            srv_error_from_status(e, status, err);
-            return false;
-        }
-    }
-    return true;
+    kvc_request_params p[SRV_MAX_CHOICES];
+    for (int i = 0; i < n; i++)
+        p[i] = choice_params(rq, i);
+    submit_job j = { .s = s, .p = p, .n = n, .r = r, .status = KVC_ERR_NOMEM };
+    run_for_body(s, c, submit_now, &j);
+    if (j.status)
+        srv_error_from_status(e, j.status, j.err);
+    return !j.status;
 }
 
 /* ============================================================ streaming */
