@@ -1,7 +1,10 @@
 /* cmd_bench_chat.c - kvchat bench chat: a conversation growing turn by turn,
  * with the cache and cold (every turn recomputed), TTFT and computed tokens
  * per turn. The user messages are synthetic text of about --turn-tokens
- * tokens; replies are --reply-tokens long (greedy). */
+ * tokens; replies are --reply-tokens long (greedy). With --reps N the cached
+ * conversation runs N - 1 more times, each on a fresh context, and the last
+ * line gives the medians: on a shared machine one run's turn 1 and turn N
+ * are single samples seconds apart. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,13 +14,58 @@ static const char help[] =
     "usage: kvchat bench chat [-m MODEL.gguf] [--turns N] [--turn-tokens N] [--reply-tokens N] [-t N]\n\n"
     "  --turns N          turns (default 20)\n"
     "  --turn-tokens N    tokens the conversation grows by per turn (default 130)\n"
-    "  --reply-tokens N   tokens per reply (default 16)\n";
+    "  --reply-tokens N   tokens per reply (default 16)\n"
+    "  --reps N           runs of the cached conversation, each on a fresh context (default 3;\n"
+    "                     the cold one runs once); the last line gives the median TTFTs\n";
 
 static const char *const words[] = {
     "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
     "children", "watched", "from", "bridges", "and", "merchants", "counted", "their", "coins",
     "under", "bright", "summer", "skies", "near", "quiet", "gardens", "full", "of", "roses",
 };
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Run the cached conversation msgs[0 .. 2 turns] again on a fresh context:
+ * ttft[t] for each turn t. Each reply must be the first run's (msgs holds it). */
+static int rerun(const cli_common *c, kvc_model *m, const kvc_chat_message *msgs, int64_t turns,
+                 const kvc_chat_params *p, double *ttft)
+{
+    char err[512];
+    kvc_context *ctx = cli_new_context(c, m, 1);
+    kvc_session *s = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
+    int rc = s ? 0 : 1;
+    if (ctx && !s)
+        fprintf(stderr, "kvchat bench chat: %s\n", err);
+    for (int64_t t = 0; t < turns && !rc; t++) {
+        kvc_chat_stats st;
+        char *reply = NULL;
+        if (kvc_session_chat(s, msgs, (size_t)(2 * t + 2), p, NULL, NULL, &reply, &st, err,
+                             sizeof(err))) {
+            fprintf(stderr, "kvchat bench chat: turn %lld: %s\n", (long long)t + 1, err);
+            rc = 1;
+        } else if (strcmp(reply, msgs[2 * t + 2].content) != 0) {
+            fprintf(stderr, "kvchat bench chat: turn %lld: a rerun replied otherwise\n",
+                    (long long)t + 1);
+            rc = 1;
+        }
+        ttft[t] = st.ttft_ms;
+        free(reply);
+    }
+    kvc_session_free(s);
+    kvc_context_free(ctx);
+    return rc;
+}
 
 /* A user message of about n tokens (measured with the model's tokenizer). */
 static char *user_message(kvc_model *m, int turn, int n)
@@ -39,7 +87,7 @@ int cmd_bench_chat(int argc, char **argv)
 {
     cli_common c;
     cli_common_init(&c);
-    int64_t turns = 20, turn_tokens = 130, reply_tokens = 16;
+    int64_t turns = 20, turn_tokens = 130, reply_tokens = 16, reps = 3;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -52,7 +100,8 @@ int cmd_bench_chat(int argc, char **argv)
         if (r > 0)
             continue;
         int64_t *dst = !strcmp(a, "--turns") ? &turns : !strcmp(a, "--turn-tokens") ? &turn_tokens
-                     : !strcmp(a, "--reply-tokens") ? &reply_tokens : NULL;
+                     : !strcmp(a, "--reply-tokens") ? &reply_tokens
+                     : !strcmp(a, "--reps") ? &reps : NULL;
         if (!dst)
             return cli_bad_option("bench chat", a);
         if (i + 1 >= argc || !cli_int(a, argv[i + 1], 1, 100000, dst))
@@ -87,7 +136,13 @@ int cmd_bench_chat(int argc, char **argv)
     printf("| turn | prompt tokens | cached | computed | TTFT cached (ms) | computed cold | TTFT cold (ms) | cold / cached |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double ttft1 = 0, last_w = 0, last_c = 0;
+    /* [rep][turn], then two arrays of [rep] for the medians */
+    double *ttft = calloc((size_t)(reps * turns + 2 * reps), sizeof(double));
     int rc = 0;
+    if (!ttft) {
+        fprintf(stderr, "kvchat bench chat: out of memory\n");
+        rc = 1;
+    }
     for (int t = 0; t < turns && !rc; t++) {
         owned[n] = user_message(m, t + 1, (int)turn_tokens);
         msgs[n] = (kvc_chat_message){ "user", owned[n] };
@@ -104,6 +159,7 @@ int cmd_bench_chat(int argc, char **argv)
             fprintf(stderr, "kvchat bench chat: turn %d: cached and cold replies differ\n", t + 1);
             rc = 1;
         }
+        ttft[t] = sw.ttft_ms;
         if (t == 0)
             ttft1 = sw.ttft_ms;
         last_w = sw.ttft_ms;
@@ -121,6 +177,21 @@ int cmd_bench_chat(int argc, char **argv)
         printf("\nturn %lld TTFT: %.1f ms cached = %.2fx turn 1 (%.1f ms); cold %.1f ms = %.1fx slower than cached\n",
                (long long)turns, last_w, last_w / (ttft1 > 0 ? ttft1 : 1e-9), ttft1, last_c,
                last_c / (last_w > 0 ? last_w : 1e-9));
+    for (int64_t r = 1; r < reps && !rc; r++)
+        rc = rerun(&c, m, msgs, turns, &p, ttft + r * turns);
+    if (!rc && reps > 1) {
+        double *first = ttft + reps * turns, *lastv = first + reps;   /* [reps] each */
+        printf("runs (turn %lld / turn 1):", (long long)turns);
+        for (int64_t r = 0; r < reps; r++) {
+            first[r] = ttft[r * turns];
+            lastv[r] = ttft[r * turns + turns - 1];
+            printf(" %.2fx", lastv[r] / (first[r] > 0 ? first[r] : 1e-9));
+        }
+        double m1 = median(first, (int)reps), mn = median(lastv, (int)reps);
+        printf("\nturn %lld TTFT, median of %lld runs: %.1f ms cached = %.2fx turn 1's (%.1f ms)\n",
+               (long long)turns, (long long)reps, mn, mn / (m1 > 0 ? m1 : 1e-9), m1);
+    }
+    free(ttft);
     for (size_t i = 0; i < n; i++)
         free(owned[i]);
     free(owned);

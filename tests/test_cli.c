@@ -160,6 +160,13 @@ int main(void)
     rc = run(&out, "%s bench -m %s -p 16 -n 4 -r 1", bin, model);
     CHECKF(rc == 0 && strstr(out, "pp16") && strstr(out, "tg4"), "bench: %s", out);
     free(out);
+    /* bench chat: its reruns on fresh contexts reply as the first run did, and
+     * the medians come last */
+    rc = run(&out, "%s bench chat -m %s --turns 3 --turn-tokens 8 --reply-tokens 3 --reps 3", bin,
+             model);
+    CHECKF(rc == 0 && strstr(out, "| 3 |") && strstr(out, "median of 3 runs"), "bench chat: %s",
+           out);
+    free(out);
 
     /* the demo model: generated when no model is given */
     rc = run(&out, "%s generate -p 'Once upon a time' -n 4", bin);
