@@ -123,7 +123,7 @@ bool srv_peer_gone(int fd);
 
 /* ==================================================== bulk (server_bulk.c) */
 
-/* One thread of the lowest CPU priority (SCHED_IDLE) that runs the heavy work
+/* One thread of the lowest CPU priority (nice 19) that runs the heavy work
  * of large bodies (parse, render, tokenize) one job at a time, so that it
  * never takes a core the engine wants. */
 typedef struct srv_bulk srv_bulk;
