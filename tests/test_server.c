@@ -688,7 +688,7 @@ static void test_busy(kvc_model *m)
     /* A runs, B waits (the queue is then full), C is refused. */
     kvc_request *a = kvc_engine_submit(e, &rp, NULL, err, sizeof(err)), *b = NULL;
     kvc_engine_metrics em = { 0 };
-    for (int i = 0; i < 500 && em.running == 0; i++, usleep(1000))
+    for (int i = 0; i < 5000 && em.running == 0; i++, usleep(1000))
         kvc_engine_get_metrics(e, &em);
     CHECKF(em.running == 1, "the first request is not running");
     b = kvc_engine_submit(e, &rp, NULL, err, sizeof(err));

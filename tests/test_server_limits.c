@@ -231,7 +231,7 @@ static void test_per_ip(void)
     }
     close(fds[0]);
     int status = 0;
-    for (int i = 0; i < 50 && status != 200; i++, usleep(20000)) {
+    for (int i = 0; i < 250 && status != 200; i++, usleep(20000)) {
         r = http_to(p, "GET", "/health", NULL, NULL, 0);
         status = r.status;
         resp_free(&r);
