@@ -48,7 +48,7 @@ static int rerun(const cli_common *c, kvc_model *m, const kvc_chat_message *msgs
     if (ctx && !s)
         fprintf(stderr, "kvchat bench chat: %s\n", err);
     for (int64_t t = 0; t < turns && !rc; t++) {
-        kvc_chat_stats st;
+        kvc_chat_stats st = { 0 };
         char *reply = NULL;
         if (kvc_session_chat(s, msgs, (size_t)(2 * t + 2), p, NULL, NULL, &reply, &st, err,
                              sizeof(err))) {
