@@ -135,7 +135,7 @@ int cmd_bench_chat(int argc, char **argv)
     pc.no_cache = true;
     printf("| turn | prompt tokens | cached | computed | TTFT cached (ms) | computed cold | TTFT cold (ms) | cold / cached |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    double ttft1 = 0, last_w = 0, last_c = 0;
+    double last_c = 0;
     /* [rep][turn], then two arrays of [rep] for the medians */
     double *ttft = calloc((size_t)(reps * turns + 2 * reps), sizeof(double));
     int rc = 0;
@@ -160,9 +160,6 @@ int cmd_bench_chat(int argc, char **argv)
             rc = 1;
         }
         ttft[t] = sw.ttft_ms;
-        if (t == 0)
-            ttft1 = sw.ttft_ms;
-        last_w = sw.ttft_ms;
         last_c = sc.ttft_ms;
         printf("| %d | %d | %d | %d | %.1f | %d | %.1f | %.1fx |\n", t + 1, sw.prompt_tokens,
                sw.cached_tokens, sw.computed_tokens, sw.ttft_ms, sc.computed_tokens, sc.ttft_ms,
@@ -173,10 +170,12 @@ int cmd_bench_chat(int argc, char **argv)
         n++;
         free(rcold);
     }
-    if (!rc)
+    if (!rc) {
+        const double first = ttft[0], last = ttft[turns - 1];
         printf("\nturn %lld TTFT: %.1f ms cached = %.2fx turn 1 (%.1f ms); cold %.1f ms = %.1fx slower than cached\n",
-               (long long)turns, last_w, last_w / (ttft1 > 0 ? ttft1 : 1e-9), ttft1, last_c,
-               last_c / (last_w > 0 ? last_w : 1e-9));
+               (long long)turns, last, last / (first > 0 ? first : 1e-9), first, last_c,
+               last_c / (last > 0 ? last : 1e-9));
+    }
     for (int64_t r = 1; r < reps && !rc; r++)
         rc = rerun(&c, m, msgs, turns, &p, ttft + r * turns);
     if (!rc && reps > 1) {

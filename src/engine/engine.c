@@ -173,6 +173,14 @@ static int make_tokens(kvc_engine *e, kvc_request *r, kvc_err *err)
     return kvc_prompt_tokenize(e->model, r->prompt, strlen(r->prompt), &r->toks, err);
 }
 
+/* Free a request that was never queued: only the caller's reference is left
+ * to drop (kvc_request_new gives two, the other the engine's). */
+static void drop_unqueued(kvc_request *r)
+{
+    r->refs = 1;
+    kvc_request_unref(r);
+}
+
 /* A request from params with its tokens made (NULL with *rc and ke set). */
 static kvc_request *make_request(kvc_engine *e, const kvc_request_params *p, int *rc,
                                  kvc_err *ke)
@@ -200,8 +208,7 @@ static kvc_request *make_request(kvc_engine *e, const kvc_request_params *p, int
     if (!*rc)
         *rc = make_tokens(e, r, ke);
     if (*rc && r) {
-        r->refs = 1;
-        kvc_request_unref(r);
+        drop_unqueued(r);
         r = NULL;
     }
     return r;
@@ -236,10 +243,8 @@ int kvc_engine_submit_all(kvc_engine *e, const kvc_request_params *params, int n
     }
     if (rc) {
         for (int i = 0; i < n; i++) {
-            if (out[i]) {
-                out[i]->refs = 1;
-                kvc_request_unref(out[i]);
-            }
+            if (out[i])
+                drop_unqueued(out[i]);
             out[i] = NULL;
         }
         snprintf(err, err_size, "%s", ke.msg[0] ? ke.msg : kvc_strerror(rc));

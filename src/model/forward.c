@@ -198,8 +198,7 @@ static void mm_task(void *ctx, int64_t task, int thread)
 
 /* y_i[t][r] = W_i x[t] for t < n_tok and each of n <= MM_PARTS weights of one
  * n_in (Q, K and V; gate and up), split by rows over the threads in one
- * dispatch. Any
- * split gives the same values (kernels.h). Kernels that quantize x (kernels.h,
+ * dispatch. Any split gives the same values (kernels.h). Kernels that quantize x (kernels.h,
  * "prepared activations") get it quantized once for all n, split by tokens,
  * instead of once per row range; the values are the same. */
 static void matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const kvc_weight *const w[],
