@@ -102,34 +102,6 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
  * and o stays in registers across the NB blocks, while every lane still runs
  * the reference's operations block after block. */
 
-/* Lane r of the result = the maximum of the lanes of s[r], r < R (R <= 8):
- * a transposing tree of shuffles and maxima instead of R horizontal
- * reductions. The maximum does not depend on the order (for scores that are
- * not NaN; unseen positions, which may hold anything, never reach here). */
-static inline __attribute__((always_inline)) __m512 row_max(const __m512 *s, const int R)
-{
-    /* slot k + 4i holds row 4k + i, so that lane L of the tree's result is row L */
-    __m512 v[16], w[8], z[4], y[2];
-    #pragma GCC unroll 16
-    for (int slot = 0; slot < 16; slot++) {
-        int row = 4 * (slot % 4) + slot / 4;
-        v[slot] = s[row < R ? row : 0];
-    }
-    #pragma GCC unroll 8
-    for (int p = 0; p < 8; p++)   /* 8 partial maxima of 2 rows */
-        w[p] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
-    #pragma GCC unroll 4
-    for (int p = 0; p < 4; p++)   /* 4 of 4 rows */
-        z[p] = _mm512_max_ps(_mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0x88),
-                             _mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0xDD));
-    #pragma GCC unroll 2
-    for (int p = 0; p < 2; p++)   /* 2 of 8 rows */
-        y[p] = _mm512_max_ps(_mm512_shuffle_ps(z[2 * p], z[2 * p + 1], 0x44),
-                             _mm512_shuffle_ps(z[2 * p], z[2 * p + 1], 0xEE));
-    return _mm512_max_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
-}
-
 /* o[r][d0 .. d0 + 16 C) of rows [r0, r0 + R) over the NB blocks from b0:
  * o = o * alpha, then the fma chain over the block's 16 positions, per block. */
 static inline __attribute__((always_inline)) void pv_chunks(const kvc_attn_args *a, int64_t b0,
@@ -241,7 +213,7 @@ static inline __attribute__((always_inline)) void full_rows(const kvc_attn_args 
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
             s[i][r] = _mm512_mul_ps(s[i][r], _mm512_set1_ps(a->scale));
-        __m512 m1 = _mm512_max_ps(row_max(s[i], R), m);
+        __m512 m1 = _mm512_max_ps(kvc_rows_max16(s[i], R), m);
         _mm512_store_ps(alpha[i], kvc_exp_neg16(_mm512_sub_ps(m, m1)));
         _mm512_store_ps(mn[i], m1);
         m = m1;

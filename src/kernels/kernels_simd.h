@@ -66,6 +66,34 @@ static inline __attribute__((always_inline)) __m512 kvc_exp_neg16(__m512 x)
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
+
+/* Lane r of the result = the maximum of the lanes of s[r], r < R (R <= 16):
+ * a transposing tree of shuffles and maxima instead of R horizontal
+ * reductions. The maximum does not depend on the order (for scores that are
+ * not NaN; unseen positions, which may hold anything, never reach here). */
+static inline __attribute__((always_inline)) __m512 kvc_rows_max16(const __m512 *s, const int R)
+{
+    /* slot k + 4i holds row 4k + i, so that lane L of the tree's result is row L */
+    __m512 v[16], w[8], z[4], y[2];
+    #pragma GCC unroll 16
+    for (int slot = 0; slot < 16; slot++) {
+        int row = 4 * (slot % 4) + slot / 4;
+        v[slot] = s[row < R ? row : 0];
+    }
+    #pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)   /* 8 partial maxima of 2 rows */
+        w[p] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
+    #pragma GCC unroll 4
+    for (int p = 0; p < 4; p++)   /* 4 of 4 rows */
+        z[p] = _mm512_max_ps(_mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], 0xDD));
+    #pragma GCC unroll 2
+    for (int p = 0; p < 2; p++)   /* 2 of 8 rows */
+        y[p] = _mm512_max_ps(_mm512_shuffle_ps(z[2 * p], z[2 * p + 1], 0x44),
+                             _mm512_shuffle_ps(z[2 * p], z[2 * p + 1], 0xEE));
+    return _mm512_max_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+}
 #endif
 
 #endif
