@@ -59,13 +59,13 @@ int main(int argc, char **argv)
     const int64_t ld = n_q * hd;
     float *q = kvc_alloc_aligned((size_t)n_tile * ld * sizeof(float));
     float *out = kvc_alloc_aligned((size_t)n_tile * ld * sizeof(float));
-    float *sc = kvc_alloc_aligned(kvc_attn_scratch_floats((int64_t)n_tile * n_q) * sizeof(float));
+    float *sc = kvc_alloc_aligned(kvc_attn_scratch_floats((int64_t)n_tile * n_q, hd) * sizeof(float));
     for (int64_t i = 0; i < n_tile * ld; i++)
         q[i] = (float)(i % 17 - 8) * 0.1f;
     printf("attention, 1 thread, %d heads per KV head, hd %d, F16 K/V, depth %lld\n", n_q, hd,
            (long long)depth);
     printf("%-7s %22s %26s\n", "isa", "decode (GB/s of K/V)", "prefill tile of N (GFLOP/s)");
-    for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_AVX512; isa++) {
+    for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_VNNI; isa++) {
         if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK)
             continue;
         kvc_attn_args a = { .n_tok = 1, .n_q = n_q, .hd = hd, .n_pos = depth + 1, .f16 = true,

@@ -3,14 +3,65 @@
  * arithmetic every ISA follows). */
 #include "attention.h"
 #include "kernels.h"
+#include "kernels_int8.h"
 #include "quant.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
-size_t kvc_attn_scratch_floats(int64_t n_rows)
+size_t kvc_attn_scratch_floats(int64_t n_rows, int32_t hd)
 {
-    return (size_t)(n_rows > 0 ? n_rows : 0) * (1 + 16);
+    const size_t rows = (size_t)(n_rows > 0 ? n_rows : 0);
+    size_t n = rows * (1 + 16);
+    if (kvc_attn_i16_ok(hd))   /* alignment, q rows, cq (rounded up to 64 bytes), slots */
+        n += (64 + rows * (size_t)hd * 2 + (rows * 4 + 63) / 64 * 64 +
+              KVC_ATTN_I16_SLOTS * kvc_attn_i16_block_bytes(hd)) / sizeof(float);
+    return n;
+}
+
+int16_t *kvc_attn_i16_q(const kvc_attn_args *a)
+{
+    uintptr_t p = (uintptr_t)(a->scratch + (size_t)a->n_tok * a->n_q * (1 + 16));
+    return (int16_t *)((p + 63) & ~(uintptr_t)63);
+}
+
+float *kvc_attn_i16_cq(const kvc_attn_args *a)
+{
+    return (float *)(void *)(kvc_attn_i16_q(a) + (size_t)a->n_tok * a->n_q * a->hd);
+}
+
+uint8_t *kvc_attn_i16_slot(const kvc_attn_args *a, int i)
+{
+    const size_t rows = (size_t)a->n_tok * a->n_q;
+    return (uint8_t *)(void *)kvc_attn_i16_cq(a) + (rows * 4 + 63) / 64 * 64 +
+           (size_t)i * kvc_attn_i16_block_bytes(a->hd);
+}
+
+float kvc_attn_i16_vec(const float *x, int64_t stride, int32_t hd, int16_t *xi)
+{
+    float n2 = 0.0f, amax = 0.0f;
+    for (int32_t d = 0; d < hd; d++) {
+        n2 = fmaf(x[d * stride], x[d * stride], n2);
+        amax = fmaxf(amax, fabsf(x[d * stride]));   /* fmaxf ignores a NaN */
+    }
+    if (!(amax >= KVC_I8_AMIN) || !(n2 <= FLT_MAX)) {
+        memset(xi, 0, (size_t)hd * sizeof(*xi));
+        return 0.0f;
+    }
+    const float inv = fminf(46000.0f / sqrtf(n2), 32767.0f / amax);
+    for (int32_t d = 0; d < hd; d++)
+        xi[d] = (int16_t)nearbyintf(x[d * stride] * inv);   /* |.| <= 32767, no NaN: n2 is finite */
+    return 1.0f / inv;
+}
+
+void kvc_attn_i16_quantize_q(const kvc_attn_args *a)
+{
+    const int32_t rows = a->n_tok * a->n_q;
+    int16_t *qi = kvc_attn_i16_q(a);
+    float *cq = kvc_attn_i16_cq(a);
+    for (int32_t r = 0; r < rows; r++)
+        cq[r] = kvc_attn_i16_vec(kvc_attn_q_row(a, r), 1, a->hd, qi + (size_t)r * a->hd) * a->scale;
 }
 
 float kvc_exp_neg(float x)
@@ -72,6 +123,76 @@ static void block_ref(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1)
         block_row_ref(a, b, r);
 }
 
+/* ------------------------------------------------ the integer scheme's reference */
+
+/* Block b folded into row r, the integer scheme of attention.h op by op. */
+static void block_row_ref_i16(const kvc_attn_args *a, int64_t b, int32_t r)
+{
+    enum { B = KVC_ATTN_B, H = KVC_ATTN_I16_MAX_HD };
+    const int32_t rows = a->n_tok * a->n_q, n = kvc_attn_seen(a, b, r), hd = a->hd;
+    const int16_t *q = kvc_attn_i16_q(a) + (size_t)r * hd;
+    const float cq = kvc_attn_i16_cq(a)[r];
+    float *o = kvc_attn_o_row(a, r), *m = a->scratch + r, *l = a->scratch + rows + 16 * r;
+    float x[H], sK[B] = { 0 }, cv[H], s[B], e[B], mb = -INFINITY;
+    int16_t Ki[B][H], Vi[B][H];
+    memset(Ki, 0, sizeof(Ki));
+    memset(Vi, 0, sizeof(Vi));
+    for (int32_t j = 0; j < n; j++) {
+        for (int32_t d = 0; d < hd; d++)
+            x[d] = kv_at(a, a->k[b], (int64_t)d * B + j);
+        sK[j] = kvc_attn_i16_vec(x, 1, hd, Ki[j]);
+    }
+    for (int32_t d = 0; d < hd; d++) {
+        float vmax = 0.0f;
+        for (int32_t j = 0; j < n; j++)
+            vmax = fmaxf(vmax, fabsf(kv_at(a, a->v[b], (int64_t)j * hd + d)));
+        if (!(vmax >= KVC_I8_AMIN)) {
+            cv[d] = 0.0f;
+            continue;
+        }
+        const float iv = 4095.0f / vmax;
+        cv[d] = vmax / 4095.0f;
+        for (int32_t j = 0; j < n; j++) {
+            const float v = kv_at(a, a->v[b], (int64_t)j * hd + d) * iv;
+            Vi[j][d] = isnan(v) ? 0 : (int16_t)nearbyintf(v);   /* NaN: V[j][d] infinite */
+        }
+    }
+    for (int32_t j = 0; j < B; j++) {
+        int32_t dot = 0;
+        for (int32_t d = 0; d < hd; d++)
+            dot += (int32_t)q[d] * Ki[j][d];
+        s[j] = j < n ? ((float)dot * sK[j]) * cq : -INFINITY;
+        mb = s[j] > mb ? s[j] : mb;
+    }
+    const float mn = mb > *m ? mb : *m, alpha = kvc_exp_neg(*m - mn), emax = kvc_exp_neg(mb - mn);
+    *m = mn;
+    float w = 0.0f, ip = 0.0f;
+    if (emax >= KVC_I8_AMIN) {
+        w = emax / 32767.0f;
+        ip = 32767.0f / emax;
+    }
+    int32_t pi[B];
+    for (int32_t j = 0; j < B; j++) {
+        e[j] = j < n ? kvc_exp_neg(s[j] - mn) : 0.0f;
+        l[j] = l[j] * alpha + e[j];
+        pi[j] = (int32_t)nearbyintf(e[j] * ip);
+    }
+    for (int32_t d = 0; d < hd; d++) {
+        int32_t dot = 0;
+        for (int32_t j = 0; j < B; j++)
+            dot += pi[j] * Vi[j][d];
+        o[d] = fmaf((float)dot, cv[d] * w, o[d] * alpha);
+    }
+}
+
+static void block_ref_i16(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1)
+{
+    for (int32_t r = r0; r < r1; r++)
+        block_row_ref_i16(a, b, r);
+}
+
+/* ------------------------------------------------------------------ walk */
+
 typedef void block_fn(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 typedef void full_fn(const kvc_attn_args *a, int64_t b0, int64_t b1);
 
@@ -115,10 +236,19 @@ void kvc_attention_ref(const kvc_attn_args *a)
     walk(a, block_ref, NULL);
 }
 
+void kvc_attention_ref_i16(const kvc_attn_args *a)
+{
+    kvc_attn_i16_quantize_q(a);
+    walk(a, block_ref_i16, NULL);
+}
+
 void kvc_attention(const kvc_attn_args *a)
 {
     kvc_isa isa = kvc_kernels_isa();
-    if (isa >= KVC_ISA_AVX512 && a->hd % 16 == 0)
+    if (isa == KVC_ISA_VNNI && kvc_attn_i16_ok(a->hd)) {
+        kvc_attn_i16_quantize_q(a);
+        walk(a, kvc_attn_block_vnni, kvc_attn_full_vnni);
+    } else if (isa >= KVC_ISA_AVX512 && a->hd % 16 == 0)
         walk(a, kvc_attn_block_avx512, kvc_attn_full_avx512);
     else if (isa >= KVC_ISA_AVX2 && a->hd % 8 == 0)
         walk(a, kvc_attn_block_avx2, NULL);

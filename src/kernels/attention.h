@@ -20,7 +20,38 @@
  * Every ISA runs exactly these operations for every row, so a row's result
  * depends only on its query and the positions it sees: not on the other rows
  * of the tile, the tile size, the batch, the thread, or the ISA. Prefill (big
- * tiles) and decode (one token) therefore agree bit for bit. */
+ * tiles) and decode (one token) therefore agree bit for bit.
+ *
+ * THE INTEGER SCHEME of the "vnni" ISA (hd % 32 == 0, hd <= KVC_ATTN_I16_MAX_HD).
+ * WHY: VPDPWSSD does 32 int16 multiply-adds per instruction, twice an FMA's
+ * work at the same rate, and integer sums are exact in any order: the kernels
+ * equal their scalar reference (kvc_attention_ref_i16) bit for bit, and a
+ * row's result still depends on nothing but its query and what it sees.
+ * Float operations are float32, rounding to nearest; rint rounds to nearest
+ * even and takes NaN to 0; AMIN = KVC_I8_AMIN (kernels_int8.h).
+ *   A vector x of hd values (a q row, or K at one position) in integer form:
+ *     n2 = fma chain over d = 0 .. hd-1 of x[d] * x[d];  amax = max |x[d]| (NaN counts as 0)
+ *     if !(amax >= AMIN) or !(n2 <= FLT_MAX): s = 0, xi = 0
+ *     else: inv = min(46000 / sqrt(n2), 32767 / amax),  s = 1 / inv,  xi[d] = rint(x[d] * inv)
+ *     So |xi[d]| <= 32767 and |xi| < 46010: by Cauchy-Schwarz the dot product
+ *     of two such vectors fits int32 whatever hd is. K keeps ~13-15 bits.
+ *   q row: (sq, a) in integer form; cq = sq * scale.
+ *   K of block b at position j < n: (sK[j], Ki[.][j]) in integer form.
+ *   V of block b as a row that sees n of its positions takes it, per dim d:
+ *     vmax = max over j < n of |V[j][d]| (NaN counts as 0)
+ *     if !(vmax >= AMIN): cv[d] = 0, Vi[.][d] = 0
+ *     else: cv[d] = vmax / 4095,  Vi[j][d] = rint(V[j][d] * (4095 / vmax))
+ *     for j < n, 0 for j >= n. (The scales see only the positions the row
+ *     sees, so a block that fills up later changes nothing for it.)
+ *   scores: D_j = sum over d of a[d] * Ki[d][j] (exact int32)
+ *     s_j = ((float)D_j * sK[j]) * cq for j < n, -inf otherwise;  mb = max_j s_j;
+ *     m', alpha, e_j and l as above.
+ *   weights: emax = kvc_exp_neg(mb - m'), the block's largest e_j
+ *     if !(emax >= AMIN): w = 0, Pi = 0
+ *     else: w = emax / 32767,  Pi[j] = rint(e_j * (32767 / emax))   (<= 32767)
+ *   output: DV[d] = sum over j of Pi[j] * Vi[j][d] (exact int32: 16 * 32767 * 4095 < 2^31)
+ *     o[d] = fma((float)DV[d], cv[d] * w, o[d] * alpha)
+ *   and the final 1 / l as above. */
 #ifndef KVC_ATTENTION_H
 #define KVC_ATTENTION_H
 
@@ -44,13 +75,24 @@ typedef struct kvc_attn_args {
     float              *scratch;  /* kvc_attn_scratch_floats(n_tok * n_q), owned by the caller */
 } kvc_attn_args;
 
-/* Floats of scratch for a tile of n_rows query rows (tokens times heads). */
-size_t kvc_attn_scratch_floats(int64_t n_rows);
+#define KVC_ATTN_I16_MAX_HD 256   /* the integer scheme's largest head dim */
 
-/* out = attention of every row of the tile (see above). */
+/* Floats of scratch for a tile of n_rows query rows (tokens times heads) of
+ * head dim hd, enough for every ISA. */
+size_t kvc_attn_scratch_floats(int64_t n_rows, int32_t hd);
+
+/* out = attention of every row of the tile (see above): the integer scheme
+ * on the "vnni" ISA when kvc_attn_i16_ok(hd), the float scheme otherwise. */
 void kvc_attention(const kvc_attn_args *a);
-/* The scalar reference, for tests. */
+/* The scalar references of the float and (hd: kvc_attn_i16_ok) the integer
+ * scheme, for tests. */
 void kvc_attention_ref(const kvc_attn_args *a);
+void kvc_attention_ref_i16(const kvc_attn_args *a);
+
+static inline bool kvc_attn_i16_ok(int32_t hd)
+{
+    return hd % 32 == 0 && hd > 0 && hd <= KVC_ATTN_I16_MAX_HD;
+}
 
 /* exp(x) for x <= 0 as the attention computes it: clamped at -80, Cephes'
  * range reduction and polynomial, every step an explicit fma or multiply. */
@@ -66,6 +108,22 @@ void kvc_attn_block_avx2(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t 
 /* Blocks [b0, b1) into every row of the tile, each of which sees all their
  * positions; the same operations as the block kernel, block after block. */
 void kvc_attn_full_avx512(const kvc_attn_args *a, int64_t b0, int64_t b1);
+
+/* The integer scheme. Scratch: the float state above, then from
+ * kvc_attn_i16_q (64-byte aligned) per row its q in integer form (hd int16),
+ * then per row cq, then KVC_ATTN_I16_SLOTS blocks in the kernel's integer
+ * form (kvc_attn_i16_block_bytes each, 64-byte aligned).
+ * kvc_attn_i16_vec puts x[i * stride], i < hd, in integer form (above): xi,
+ * and the scale returned. kvc_attn_i16_quantize_q fills the q rows. */
+#define KVC_ATTN_I16_SLOTS 2
+static inline size_t kvc_attn_i16_block_bytes(int32_t hd) { return (size_t)hd * 68 + 64; }
+int16_t *kvc_attn_i16_q(const kvc_attn_args *a);
+float *kvc_attn_i16_cq(const kvc_attn_args *a);
+uint8_t *kvc_attn_i16_slot(const kvc_attn_args *a, int i);
+float kvc_attn_i16_vec(const float *x, int64_t stride, int32_t hd, int16_t *xi);
+void kvc_attn_i16_quantize_q(const kvc_attn_args *a);
+void kvc_attn_block_vnni(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
+void kvc_attn_full_vnni(const kvc_attn_args *a, int64_t b0, int64_t b1);
 
 /* How many positions of block b row r sees: 1 .. KVC_ATTN_B. */
 static inline int32_t kvc_attn_seen(const kvc_attn_args *a, int64_t b, int32_t r)

@@ -105,7 +105,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     }
     for (int t = 0; ok && t < n_threads; t++) {
         c->mm_scratch[t] = alloc_f(kvc_matmul_scratch_floats(max_in));
-        c->scores[t] = alloc_f(kvc_attn_scratch_floats((int64_t)c->tile_tok * group));
+        c->scores[t] = alloc_f(kvc_attn_scratch_floats((int64_t)c->tile_tok * group, (int32_t)hp->head_dim));
         ok = c->mm_scratch[t] && c->scores[t];
     }
     if (!ok) {
