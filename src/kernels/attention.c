@@ -40,11 +40,12 @@ uint8_t *kvc_attn_i16_slot(const kvc_attn_args *a, int i)
 
 float kvc_attn_i16_vec(const float *x, int64_t stride, int32_t hd, int16_t *xi)
 {
-    float n2 = 0.0f, amax = 0.0f;
+    float c[4] = { 0 }, amax = 0.0f;
     for (int32_t d = 0; d < hd; d++) {
-        n2 = fmaf(x[d * stride], x[d * stride], n2);
+        c[d % 4] = fmaf(x[d * stride], x[d * stride], c[d % 4]);
         amax = fmaxf(amax, fabsf(x[d * stride]));   /* fmaxf ignores a NaN */
     }
+    const float n2 = (c[0] + c[1]) + (c[2] + c[3]);
     if (!(amax >= KVC_I8_AMIN) || !(n2 <= FLT_MAX)) {
         memset(xi, 0, (size_t)hd * sizeof(*xi));
         return 0.0f;

@@ -30,7 +30,8 @@
  * Float operations are float32, rounding to nearest; rint rounds to nearest
  * even and takes NaN to 0; AMIN = KVC_I8_AMIN (kernels_int8.h).
  *   A vector x of hd values (a q row, or K at one position) in integer form:
- *     n2 = fma chain over d = 0 .. hd-1 of x[d] * x[d];  amax = max |x[d]| (NaN counts as 0)
+ *     n2 = (c0 + c1) + (c2 + c3), c_i = fma chain over d = i, i + 4, ... of x[d] * x[d];
+ *     amax = max |x[d]| (NaN counts as 0)
  *     if !(amax >= AMIN) or !(n2 <= FLT_MAX): s = 0, xi = 0
  *     else: inv = min(46000 / sqrt(n2), 32767 / amax),  s = 1 / inv,  xi[d] = rint(x[d] * inv)
  *     So |xi[d]| <= 32767 and |xi| < 46010: by Cauchy-Schwarz the dot product

@@ -80,13 +80,19 @@ AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const iblock *i
     const int32_t hd = a->hd;
     const void *kb = a->k[b], *vb = a->v[b];
     const __mmask16 seen = (__mmask16)((1u << n) - 1);
-    /* K: lane j is position j; the squared norm as one fma chain over d */
-    __m512 n2 = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
-    for (int32_t d = 0; d < hd; d++) {
-        const __m512 x = load16(f16, kb, (int64_t)d * B);
-        n2 = _mm512_fmadd_ps(x, x, n2);
-        amax = _mm512_max_ps(_mm512_abs_ps(x), amax);   /* a NaN x leaves amax */
-    }
+    /* K: lane j is position j; the squared norm as four fma chains over d */
+    __m512 c[4], mx[4];
+    for (int i = 0; i < 4; i++)
+        c[i] = mx[i] = _mm512_setzero_ps();
+    for (int32_t d = 0; d < hd; d += 4)
+        #pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m512 x = load16(f16, kb, (int64_t)(d + i) * B);
+            c[i] = _mm512_fmadd_ps(x, x, c[i]);
+            mx[i] = _mm512_max_ps(_mm512_abs_ps(x), mx[i]);   /* a NaN x leaves mx */
+        }
+    const __m512 n2 = _mm512_add_ps(_mm512_add_ps(c[0], c[1]), _mm512_add_ps(c[2], c[3]));
+    const __m512 amax = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
     const __mmask16 ok = seen & _mm512_cmp_ps_mask(amax, _mm512_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ) &
                          _mm512_cmp_ps_mask(n2, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
     const __m512 inv = _mm512_maskz_mov_ps(ok, _mm512_min_ps(
