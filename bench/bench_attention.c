@@ -3,7 +3,8 @@
  * a depth of cached positions: a decode step (1 token; GB/s of K/V read) and
  * a prefill tile (GFLOP/s, 4 * hd flops per query head and position). CPU
  * time, best of several trials, so other load on the machine counts less.
- * Not a test.
+ * The "vnni" row is the integer scheme (attention.h), the others the float
+ * one. Not a test.
  *
  * Build (from the repo root; not in CMake):
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Isrc/kernels \

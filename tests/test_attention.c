@@ -5,8 +5,8 @@
  * that end inside a block; a tile's rows equal the same tokens run one at a
  * time (prefill = decode); positions a token does not see may hold inf or NaN
  * without effect; and the result is a softmax-weighted mean of V within float
- * rounding of a float64 computation (the integer scheme: within ~1e-3 of
- * the largest output, ~1e-2 when K has a few dimensions 20 times larger). */
+ * rounding of a float64 computation (the integer scheme: within 1e-3 of
+ * the largest output, also when K has a few dimensions 20 times larger). */
 #include "attention.h"
 #include "kernels.h"
 #include "quant.h"
@@ -169,9 +169,9 @@ static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool o
         }
     CHECKF(worst < (outliers ? 1e-4 : 1e-5), "n_q %d hd %d n_pos %lld n_tok %d: %.3g from float64", n_q, hd,
            (long long)n_pos, n_tok, worst);
-    /* measured: ~1.3e-3 at most; ~8e-3 with outliers, which coarsen the
-     * other 31 dimensions of their 32 (attention.h) */
-    CHECKF(worst_i16 < (outliers ? 1.2e-2 : 2e-3), "n_q %d hd %d n_pos %lld n_tok %d%s: integer scheme %.3g (relative) from float64",
+    /* measured: 5.8e-4 at most, outliers or not (K's scale follows its
+     * norm, which a few large dimensions do not take from the others) */
+    CHECKF(worst_i16 < 1e-3, "n_q %d hd %d n_pos %lld n_tok %d%s: integer scheme %.3g (relative) from float64",
            n_q, hd, (long long)n_pos, n_tok, outliers ? " outliers" : "", worst_i16);
     i16_worst = worst_i16 > i16_worst ? worst_i16 : i16_worst;
     kv_free(&c);
@@ -181,7 +181,7 @@ static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool o
 int main(void)
 {
     kvc_isa best = kvc_kernels_isa();
-    const int64_t lens[] = { 1, 5, 16, 17, 100, 333 };
+    const int64_t lens[] = { 1, 5, 16, 17, 60, 100, 333 };   /* 60: whole blocks two at a time and one alone */
     const int toks[] = { 1, 3, 16, 40 };
     for (int f16 = 0; f16 <= 1; f16++)
         for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++)

@@ -17,10 +17,11 @@
  *   l[j]  = l[j] * alpha + e_j               (16 lane sums, l = 0 before block 0)
  *   o[d]  = fma chain over j < n of e_j * V[j][d], starting from o[d] * alpha
  * and after the last block  o[d] *= 1 / (l summed as halves added pairwise: +8, +4, +2, +1).
- * Every ISA runs exactly these operations for every row, so a row's result
- * depends only on its query and the positions it sees: not on the other rows
- * of the tile, the tile size, the batch, the thread, or the ISA. Prefill (big
- * tiles) and decode (one token) therefore agree bit for bit.
+ * The scalar, avx2 and avx512 ISAs run exactly these operations for every
+ * row (vnni runs the integer scheme below), so a row's result depends only on
+ * its query and the positions it sees: not on the other rows of the tile, the
+ * tile size, the batch, the thread, or which of those ISAs ran it. Prefill
+ * (big tiles) and decode (one token) therefore agree bit for bit.
  *
  * THE INTEGER SCHEME of the "vnni" ISA (hd % 32 == 0, hd <= KVC_ATTN_I16_MAX_HD).
  * WHY: VPDPWSSD does 32 int16 multiply-adds per instruction, twice an FMA's
@@ -73,7 +74,7 @@ typedef struct kvc_attn_args {
     float               scale;    /* 1/sqrt(hd) */
     float              *out;      /* output of token t, head h: out + t * ldo + h * hd */
     int64_t             ldo;
-    float              *scratch;  /* kvc_attn_scratch_floats(n_tok * n_q), owned by the caller */
+    float              *scratch;  /* kvc_attn_scratch_floats(n_tok * n_q, hd), owned by the caller */
 } kvc_attn_args;
 
 #define KVC_ATTN_I16_MAX_HD 256   /* the integer scheme's largest head dim */
