@@ -63,8 +63,9 @@ static inline __attribute__((always_inline)) __m512 kvc_exp_neg16(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    /* y * 2^n in one VSCALEFPS: exact, as the reference's multiply is (n >= -116 and
+     * y ~ 1: no subnormal, no rounding) */
+    return _mm512_scalef_ps(y, n);
 }
 
 /* Lane r of the result = the maximum of the lanes of s[r], r < R (R <= 16):
