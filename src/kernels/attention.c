@@ -243,6 +243,11 @@ void kvc_attention_ref_i16(const kvc_attn_args *a)
     walk(a, block_ref_i16, NULL);
 }
 
+int32_t kvc_attn_tile_rows(int32_t hd)
+{
+    return kvc_kernels_isa() == KVC_ISA_VNNI && kvc_attn_i16_ok(hd) ? 256 : 128;
+}
+
 void kvc_attention(const kvc_attn_args *a)
 {
     kvc_isa isa = kvc_kernels_isa();

@@ -83,6 +83,11 @@ typedef struct kvc_attn_args {
  * head dim hd, enough for every ISA. */
 size_t kvc_attn_scratch_floats(int64_t n_rows, int32_t hd);
 
+/* Query rows a tile should hold at most, for head dim hd on the ISA in use:
+ * each K/V block is read once a tile. The integer scheme also converts each
+ * block once a tile, so it wants bigger tiles. */
+int32_t kvc_attn_tile_rows(int32_t hd);
+
 /* out = attention of every row of the tile (see above): the integer scheme
  * on the "vnni" ISA when kvc_attn_i16_ok(hd), the float scheme otherwise. */
 void kvc_attention(const kvc_attn_args *a);

@@ -85,10 +85,10 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->rope_sin = alloc_f(B * hd / 2);
     c->inv_freq = malloc(hd / 2 * sizeof(double));
     c->tiles = malloc((B + 1) * sizeof(int32_t));
-    /* About 128 query rows a tile: K/V blocks are read from memory once per tile
-     * and from L1 for every 16 of its rows. */
+    /* Tiles of about kvc_attn_tile_rows query rows: K/V blocks are read from
+     * memory once per tile and from L1 for every 8 or 16 of its rows. */
     const int32_t group = hp->n_head / hp->n_head_kv;
-    c->tile_tok = KVC_MAX(1, KVC_MIN(32, 128 / group));
+    c->tile_tok = KVC_MAX(1, KVC_MIN(64, kvc_attn_tile_rows((int32_t)hd) / group));
     c->tp = kvc_threadpool_new(n_threads);
     c->mm_scratch = calloc((size_t)n_threads, sizeof(float *));
     c->scores = calloc((size_t)n_threads, sizeof(float *));
