@@ -72,16 +72,26 @@ static const char SECRET[] =
     "belongs to Alice Example, born in a small town by the sea, and my PIN is 8352";
 
 /* The attacker's best guess at the first PIN digit: the one guess with more
- * cached tokens than all others (-1 when none stands out). A first request
- * with a letter in place of the digit caches the attacker's own prefix, so
- * that his guesses differ only by what others left in his namespace. */
+ * cached tokens than all others (-1 when none stands out). First requests
+ * with a letter in place of the digit cache the attacker's own prefix, so
+ * that his guesses differ only by what others left in his namespace. The
+ * warm-up's last, part-filled block reaches other sessions (as a tail in the
+ * tiers) some time after its reply, not at once: the warm-up repeats, with
+ * fresh sessions, until one finds its whole prompt but the last token cached
+ * (up to 10 s). Under ASan in CI the tail arrived between two guesses, and
+ * the later guesses stood out with the attacker's own prefix. */
 static int guess_digit(int port, const char *key, const char *salt, int *cached, double *ms)
 {
     char text[sizeof(SECRET) + 8], session[32];
     size_t prefix = strlen(SECRET) - 4;      /* up to "my PIN is " */
     snprintf(text, sizeof(text), "%.*sX", (int)prefix, SECRET);
-    snprintf(session, sizeof(session), "warm-%d", port);
-    ask(port, key, salt, session, text);
+    for (int i = 0; i < 100; i++) {
+        snprintf(session, sizeof(session), "warm-%d-%d", port, i);
+        answer w = ask(port, key, salt, session, text);
+        if (w.status != 200 || (i > 0 && w.cached >= w.prompt - 1))
+            break;
+        usleep(100 * 1000);
+    }
     int best = -1, best_cached = -1, ties = 0;
     for (int d = 0; d < 10; d++) {
         snprintf(text, sizeof(text), "%.*s%d", (int)prefix, SECRET, d);
