@@ -174,20 +174,17 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
     }
     /* the running maxima, alpha, and the weights' scales (lane r: row r) */
     __m512 s[2][R_MAX];
-    _Alignas(64) float mn[2][16], alpha[2][16], w[2][16], ip[2][16], cqs[16] = { 0 };
+    _Alignas(64) float mn[2][16], alpha[2][16], w[2][16], ip[2][16];
     _Alignas(64) int16_t pi[2][R_MAX][16];
     const __mmask16 rmask = (__mmask16)((1u << R) - 1);
     __m512 m = _mm512_maskz_loadu_ps(rmask, a->scratch + r0);
-    #pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-        cqs[r] = cq[r];
     #pragma GCC unroll 2
     for (int i = 0; i < NB; i++) {
         const __m512 sk = _mm512_loadu_ps(ib[i].sk);
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
             s[i][r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen,
-                _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[i][r]), sk), _mm512_set1_ps(cqs[r])));
+                _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[i][r]), sk), _mm512_set1_ps(cq[r])));
         const __m512 mb = kvc_rows_max16(s[i], R), m1 = _mm512_max_ps(mb, m);
         const __m512 emax = kvc_exp_neg16(_mm512_sub_ps(mb, m1));
         const __mmask16 ok = _mm512_cmp_ps_mask(emax, _mm512_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ);
