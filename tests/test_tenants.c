@@ -88,7 +88,7 @@ static int guess_digit(int port, const char *key, const char *salt, int *cached,
     for (int i = 0; i < 100; i++) {
         snprintf(session, sizeof(session), "warm-%d-%d", port, i);
         answer w = ask(port, key, salt, session, text);
-        if (w.status != 200 || (i > 0 && w.cached >= w.prompt - 1))
+        if (w.status != 200 || w.cached >= w.prompt - 1)
             break;
         usleep(100 * 1000);
     }
