@@ -62,7 +62,8 @@ void kvc_attn_i16_quantize_q(const kvc_attn_args *a)
     int16_t *qi = kvc_attn_i16_q(a);
     float *cq = kvc_attn_i16_cq(a);
     for (int32_t r = 0; r < rows; r++)
-        cq[r] = kvc_attn_i16_vec(kvc_attn_q_row(a, r), 1, a->hd, qi + (size_t)r * a->hd) * a->scale;
+        cq[r] = (kvc_attn_i16_vec(kvc_attn_q_row(a, r), 1, a->hd, qi + (size_t)r * a->hd) * a->scale) *
+                KVC_LOG2E;
 }
 
 float kvc_exp_neg(float x)
@@ -82,6 +83,16 @@ float kvc_exp_neg(float x)
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
     return y * scale;
+}
+
+float kvc_exp2_neg(float x)
+{
+    x = x < -120.0f ? -120.0f : x;
+    const float n = nearbyintf(x), f = x - n;
+    float p = fmaf(KVC_EXP2_C4, f, KVC_EXP2_C3);
+    p = fmaf(p, f, KVC_EXP2_C2);
+    p = fmaf(p, f, KVC_EXP2_C1);
+    return ldexpf(fmaf(p, f, 1.0f), (int)n);
 }
 
 static inline float kv_at(const kvc_attn_args *a, const void *base, int64_t i)
@@ -165,7 +176,7 @@ static void block_row_ref_i16(const kvc_attn_args *a, int64_t b, int32_t r)
         s[j] = j < n ? ((float)dot * sK[j]) * cq : -INFINITY;
         mb = s[j] > mb ? s[j] : mb;
     }
-    const float mn = mb > *m ? mb : *m, alpha = kvc_exp_neg(*m - mn), emax = kvc_exp_neg(mb - mn);
+    const float mn = mb > *m ? mb : *m, alpha = kvc_exp2_neg(*m - mn), emax = kvc_exp2_neg(mb - mn);
     *m = mn;
     float w = 0.0f, ip = 0.0f;
     if (emax >= KVC_I8_AMIN) {
@@ -174,7 +185,7 @@ static void block_row_ref_i16(const kvc_attn_args *a, int64_t b, int32_t r)
     }
     int32_t pi[B];
     for (int32_t j = 0; j < B; j++) {
-        e[j] = j < n ? kvc_exp_neg(s[j] - mn) : 0.0f;
+        e[j] = j < n ? kvc_exp2_neg(s[j] - mn) : 0.0f;
         l[j] = l[j] * alpha + e[j];
         pi[j] = (int32_t)nearbyintf(e[j] * ip);
     }

@@ -37,7 +37,9 @@
  *     else: inv = min(46000 / sqrt(n2), 32767 / amax),  s = 1 / inv,  xi[d] = rint(x[d] * inv)
  *     So |xi[d]| <= 32767 and |xi| < 46010: by Cauchy-Schwarz the dot product
  *     of two such vectors fits int32 whatever hd is. K keeps ~13-15 bits.
- *   q row: (sq, a) in integer form; cq = sq * scale.
+ *   q row: (sq, a) in integer form; cq = (sq * scale) * KVC_LOG2E: the
+ *     scores are in base 2, so the softmax's exps are kvc_exp2_neg (cheaper
+ *     than kvc_exp_neg, and what the weights' 15 bits need).
  *   K of block b at position j < n: (sK[j], Ki[.][j]) in integer form.
  *   V of block b as a row that sees n of its positions takes it, per dim d:
  *     vmax = max over j < n of |V[j][d]| (NaN counts as 0)
@@ -47,8 +49,8 @@
  *     sees, so a block that fills up later changes nothing for it.)
  *   scores: D_j = sum over d of a[d] * Ki[d][j] (exact int32)
  *     s_j = ((float)D_j * sK[j]) * cq for j < n, -inf otherwise;  mb = max_j s_j;
- *     m', alpha, e_j and l as above.
- *   weights: emax = kvc_exp_neg(mb - m'), the block's largest e_j
+ *     m', alpha, e_j and l as above, with kvc_exp2_neg for kvc_exp_neg.
+ *   weights: emax = kvc_exp2_neg(mb - m'), the block's largest e_j
  *     if !(emax >= AMIN): w = 0, Pi = 0
  *     else: w = emax / 32767,  Pi[j] = rint(e_j * (32767 / emax))   (<= 32767)
  *   output: DV[d] = sum over j of Pi[j] * Vi[j][d] (exact int32: 16 * 32767 * 4095 < 2^31)
@@ -104,6 +106,18 @@ static inline bool kvc_attn_i16_ok(int32_t hd)
 /* exp(x) for x <= 0 as the attention computes it: clamped at -80, Cephes'
  * range reduction and polynomial, every step an explicit fma or multiply. */
 float kvc_exp_neg(float x);
+
+/* 2^x for x <= 0 as the integer scheme computes it, in float32 op by op:
+ *   x = max(x, -120);  n = rint(x);  f = x - n  (exact, |f| <= 1/2)
+ *   p = fma(fma(fma(fma(C4, f, C3), f, C2), f, C1), f, 1);  result p * 2^n (exact)
+ * C1..C4 fitted to 2^f on [-1/2, 1/2]: relative error below 3e-6, the result
+ * never subnormal. */
+#define KVC_LOG2E 1.44269504f
+#define KVC_EXP2_C1 0.693124175f
+#define KVC_EXP2_C2 0.240240976f
+#define KVC_EXP2_C3 0.0559064597f
+#define KVC_EXP2_C4 0.00958286133f
+float kvc_exp2_neg(float x);
 
 /* ------------------------------------------------ internal: the ISA kernels
  * The running state of row r (= t * n_q + h) lives in scratch: m[r] at

@@ -74,6 +74,18 @@ AI __m512i dp_bcast(__m512i acc, __m512i v, const int32_t *p)
     return acc;
 }
 
+/* kvc_exp2_neg (attention.c) on 16 lanes, the same operations lane by lane. */
+AI __m512 exp2_neg16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-120.0f));
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(KVC_EXP2_C4), f, _mm512_set1_ps(KVC_EXP2_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(KVC_EXP2_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(KVC_EXP2_C1));
+    return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f)), n);
+}
+
 /* Block b into slot ib as rows that see its first n positions take it. */
 AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const iblock *ib, const bool f16)
 {
@@ -186,9 +198,9 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
             s[i][r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen,
                 _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[i][r]), sk), _mm512_set1_ps(cq[r])));
         const __m512 mb = kvc_rows_max16(s[i], R), m1 = _mm512_max_ps(mb, m);
-        const __m512 emax = kvc_exp_neg16(_mm512_sub_ps(mb, m1));
+        const __m512 emax = exp2_neg16(_mm512_sub_ps(mb, m1));
         const __mmask16 ok = _mm512_cmp_ps_mask(emax, _mm512_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ);
-        _mm512_store_ps(alpha[i], kvc_exp_neg16(_mm512_sub_ps(m, m1)));
+        _mm512_store_ps(alpha[i], exp2_neg16(_mm512_sub_ps(m, m1)));
         _mm512_store_ps(w[i], _mm512_maskz_div_ps(ok, emax, _mm512_set1_ps(32767.0f)));
         _mm512_store_ps(ip[i], _mm512_maskz_div_ps(ok, _mm512_set1_ps(32767.0f), emax));
         _mm512_store_ps(mn[i], m1);
@@ -201,7 +213,7 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
         __m512 lv = _mm512_loadu_ps(l);
         #pragma GCC unroll 2
         for (int i = 0; i < NB; i++) {
-            const __m512 e = _mm512_maskz_mov_ps(seen, kvc_exp_neg16(_mm512_sub_ps(s[i][r], _mm512_set1_ps(mn[i][r]))));
+            const __m512 e = _mm512_maskz_mov_ps(seen, exp2_neg16(_mm512_sub_ps(s[i][r], _mm512_set1_ps(mn[i][r]))));
             lv = _mm512_add_ps(_mm512_mul_ps(lv, _mm512_set1_ps(alpha[i][r])), e);
             _mm256_store_si256((__m256i *)pi[i][r], _mm512_cvtepi32_epi16(rint32(_mm512_mul_ps(e, _mm512_set1_ps(ip[i][r])))));
         }
