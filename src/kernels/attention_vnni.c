@@ -188,6 +188,7 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
     __m512 s[2][R_MAX];
     _Alignas(64) float mn[2][16], alpha[2][16], w[2][16], ip[2][16];
     _Alignas(64) int16_t pi[2][R_MAX][16];
+    bool same[2] = { false, false };   /* alpha = 1 for every row: o * alpha = o, skipped */
     const __mmask16 rmask = (__mmask16)((1u << R) - 1);
     __m512 m = _mm512_maskz_loadu_ps(rmask, a->scratch + r0);
     #pragma GCC unroll 2
@@ -200,7 +201,9 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
         const __m512 mb = kvc_rows_max16(s[i], R), m1 = _mm512_max_ps(mb, m);
         const __m512 emax = exp2_neg16(_mm512_sub_ps(mb, m1));
         const __mmask16 ok = _mm512_cmp_ps_mask(emax, _mm512_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ);
-        _mm512_store_ps(alpha[i], exp2_neg16(_mm512_sub_ps(m, m1)));
+        const __m512 al = exp2_neg16(_mm512_sub_ps(m, m1));
+        same[i] = (_mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) & rmask) == rmask;
+        _mm512_store_ps(alpha[i], al);
         _mm512_store_ps(w[i], _mm512_maskz_div_ps(ok, emax, _mm512_set1_ps(32767.0f)));
         _mm512_store_ps(ip[i], _mm512_maskz_div_ps(ok, _mm512_set1_ps(32767.0f), emax));
         _mm512_store_ps(mn[i], m1);
@@ -241,10 +244,15 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
                     dv[r] = dp_bcast(dv[r], v, pc + (i * R_MAX + r) * 8 + k);
             }
             const __m512 cv = _mm512_loadu_ps(ib[i].cv + d0);
-            #pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                ov[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[r]), _mm512_mul_ps(cv, _mm512_set1_ps(w[i][r])),
-                                        _mm512_mul_ps(ov[r], _mm512_set1_ps(alpha[i][r])));
+            if (same[i])
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    ov[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[r]), _mm512_mul_ps(cv, _mm512_set1_ps(w[i][r])), ov[r]);
+            else
+                #pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    ov[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[r]), _mm512_mul_ps(cv, _mm512_set1_ps(w[i][r])),
+                                            _mm512_mul_ps(ov[r], _mm512_set1_ps(alpha[i][r])));
         }
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
