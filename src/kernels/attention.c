@@ -177,17 +177,13 @@ static void block_row_ref_i16(const kvc_attn_args *a, int64_t b, int32_t r)
         mb = s[j] > mb ? s[j] : mb;
     }
     const float mn = mb > *m ? mb : *m, alpha = kvc_exp2_neg(*m - mn), emax = kvc_exp2_neg(mb - mn);
+    const float w = emax >= KVC_I8_AMIN ? emax * (1.0f / 32767.0f) : 0.0f;
     *m = mn;
-    float w = 0.0f, ip = 0.0f;
-    if (emax >= KVC_I8_AMIN) {
-        w = emax / 32767.0f;
-        ip = 32767.0f / emax;
-    }
     int32_t pi[B];
     for (int32_t j = 0; j < B; j++) {
-        e[j] = j < n ? kvc_exp2_neg(s[j] - mn) : 0.0f;
-        l[j] = l[j] * alpha + e[j];
-        pi[j] = (int32_t)nearbyintf(e[j] * ip);
+        e[j] = j < n ? kvc_exp2_neg(s[j] - mb) : 0.0f;
+        l[j] = fmaf(emax, e[j], l[j] * alpha);
+        pi[j] = (int32_t)nearbyintf(e[j] * 32767.0f);
     }
     for (int32_t d = 0; d < hd; d++) {
         int32_t dot = 0;

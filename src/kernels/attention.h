@@ -48,13 +48,16 @@
  *     for j < n, 0 for j >= n. (The scales see only the positions the row
  *     sees, so a block that fills up later changes nothing for it.)
  *   scores: D_j = sum over d of a[d] * Ki[d][j] (exact int32)
- *     s_j = ((float)D_j * sK[j]) * cq for j < n, -inf otherwise;  mb = max_j s_j;
- *     m', alpha, e_j and l as above, with kvc_exp2_neg for kvc_exp_neg.
- *   weights: emax = kvc_exp2_neg(mb - m'), the block's largest e_j
- *     if !(emax >= AMIN): w = 0, Pi = 0
- *     else: w = emax / 32767,  Pi[j] = rint(e_j * (32767 / emax))   (<= 32767)
+ *     s_j = ((float)D_j * sK[j]) * cq for j < n, -inf otherwise;  mb = max_j s_j
+ *   softmax, with the weights against the block's largest (so that they
+ *   need neither m' nor a division):
+ *     m' = max(m, mb);  alpha = kvc_exp2_neg(m - m');  emax = kvc_exp2_neg(mb - m')
+ *     e_j = kvc_exp2_neg(s_j - mb) for j < n, else 0   (<= 1, and 1 where s_j = mb)
+ *     l[j] = fma(emax, e_j, l[j] * alpha)
+ *     Pi[j] = rint(e_j * 32767);  w = emax * (1 / 32767.0f) if emax >= AMIN, else 0
  *   output: DV[d] = sum over j of Pi[j] * Vi[j][d] (exact int32: 16 * 32767 * 4095 < 2^31)
  *     o[d] = fma((float)DV[d], cv[d] * w, o[d] * alpha)
+ *   Multiplying by an alpha of exactly 1 may be skipped: it changes no bit.
  *   and the final 1 / l as above. */
 #ifndef KVC_ATTENTION_H
 #define KVC_ATTENTION_H

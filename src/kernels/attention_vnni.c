@@ -186,9 +186,11 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
     }
     /* the running maxima, alpha, and the weights' scales (lane r: row r) */
     __m512 s[2][R_MAX];
-    _Alignas(64) float mn[2][16], alpha[2][16], w[2][16], ip[2][16];
-    _Alignas(64) int16_t pi[2][R_MAX][16];
-    bool same[2] = { false, false };   /* alpha = 1 for every row: o * alpha = o, skipped */
+    _Alignas(64) float mbs[2][16], alpha[2][16], emaxs[2][16], w[2][16];
+    /* Pi of rows 2h and 2h + 1 as VPACKSSDW leaves them: dword 4 (k / 2) + k % 2
+     * holds pair k of row 2h, the same + 2 pair k of row 2h + 1 */
+    _Alignas(64) int16_t pi[2][R_MAX / 2][32];
+    bool same[2] = { false, false };   /* alpha = 1 for every row: the * alpha skipped */
     const __mmask16 rmask = (__mmask16)((1u << R) - 1);
     __m512 m = _mm512_maskz_loadu_ps(rmask, a->scratch + r0);
     #pragma GCC unroll 2
@@ -199,28 +201,31 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
             s[i][r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen,
                 _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[i][r]), sk), _mm512_set1_ps(cq[r])));
         const __m512 mb = kvc_rows_max16(s[i], R), m1 = _mm512_max_ps(mb, m);
-        const __m512 emax = exp2_neg16(_mm512_sub_ps(mb, m1));
+        const __m512 emax = exp2_neg16(_mm512_sub_ps(mb, m1)), al = exp2_neg16(_mm512_sub_ps(m, m1));
         const __mmask16 ok = _mm512_cmp_ps_mask(emax, _mm512_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ);
-        const __m512 al = exp2_neg16(_mm512_sub_ps(m, m1));
         same[i] = (_mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) & rmask) == rmask;
+        _mm512_store_ps(mbs[i], mb);
+        _mm512_store_ps(emaxs[i], emax);
         _mm512_store_ps(alpha[i], al);
-        _mm512_store_ps(w[i], _mm512_maskz_div_ps(ok, emax, _mm512_set1_ps(32767.0f)));
-        _mm512_store_ps(ip[i], _mm512_maskz_div_ps(ok, _mm512_set1_ps(32767.0f), emax));
-        _mm512_store_ps(mn[i], m1);
+        _mm512_store_ps(w[i], _mm512_maskz_mul_ps(ok, emax, _mm512_set1_ps(1.0f / 32767.0f)));
         m = m1;
     }
     _mm512_mask_storeu_ps(a->scratch + r0, rmask, m);
-    #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        float *l = a->scratch + rows + 16 * (r0 + r);
-        __m512 lv = _mm512_loadu_ps(l);
-        #pragma GCC unroll 2
-        for (int i = 0; i < NB; i++) {
-            const __m512 e = _mm512_maskz_mov_ps(seen, exp2_neg16(_mm512_sub_ps(s[i][r], _mm512_set1_ps(mn[i][r]))));
-            lv = _mm512_add_ps(_mm512_mul_ps(lv, _mm512_set1_ps(alpha[i][r])), e);
-            _mm256_store_si256((__m256i *)pi[i][r], _mm512_cvtepi32_epi16(rint32(_mm512_mul_ps(e, _mm512_set1_ps(ip[i][r])))));
+    #pragma GCC unroll 2
+    for (int i = 0; i < NB; i++) {
+        __m512i pr[R_MAX];
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            float *l = a->scratch + rows + 16 * (r0 + r);
+            const __m512 e = _mm512_maskz_mov_ps(seen, exp2_neg16(_mm512_sub_ps(s[i][r], _mm512_set1_ps(mbs[i][r]))));
+            const __m512 lv = _mm512_loadu_ps(l);
+            _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_set1_ps(emaxs[i][r]), e,
+                                                same[i] ? lv : _mm512_mul_ps(lv, _mm512_set1_ps(alpha[i][r]))));
+            pr[r] = rint32(_mm512_mul_ps(e, _mm512_set1_ps(32767.0f)));
         }
-        _mm512_storeu_ps(l, lv);
+        #pragma GCC unroll 4
+        for (int h = 0; 2 * h < R; h++)
+            _mm512_store_si512(pi[i][h], _mm512_packs_epi32(pr[2 * h], 2 * h + 1 < R ? pr[2 * h + 1] : _mm512_setzero_si512()));
     }
     /* output, 16 dimensions at a time: the blocks' integer sums, each folded
      * into o in block order */
@@ -241,7 +246,7 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
                 const __m512i v = _mm512_loadu_si512(ib[i].vp + (int64_t)k * hd + d0);
                 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++)
-                    dv[r] = dp_bcast(dv[r], v, pc + (i * R_MAX + r) * 8 + k);
+                    dv[r] = dp_bcast(dv[r], v, pc + (i * R_MAX / 2 + r / 2) * 16 + 4 * (k / 2) + 2 * (r % 2) + k % 2);
             }
             const __m512 cv = _mm512_loadu_ps(ib[i].cv + d0);
             if (same[i])
