@@ -86,6 +86,15 @@ AI __m512 exp2_neg16(__m512 x)
     return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f)), n);
 }
 
+/* *p on every lane, by a load: the compiler would otherwise take a value it
+ * has just stored from the register with a VPERMD, which takes a vector slot. */
+AI __m512 bcast_load(const float *p)
+{
+    __m512 x;
+    __asm__("vbroadcastss %1, %0" : "=v"(x) : "m"(*p));
+    return x;
+}
+
 /* Block b into slot ib as rows that see its first n positions take it. */
 AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const iblock *ib, const bool f16)
 {
@@ -217,10 +226,10 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             float *l = a->scratch + rows + 16 * (r0 + r);
-            const __m512 e = _mm512_maskz_mov_ps(seen, exp2_neg16(_mm512_sub_ps(s[i][r], _mm512_set1_ps(mbs[i][r]))));
+            const __m512 e = _mm512_maskz_mov_ps(seen, exp2_neg16(_mm512_sub_ps(s[i][r], bcast_load(&mbs[i][r]))));
             const __m512 lv = _mm512_loadu_ps(l);
-            _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_set1_ps(emaxs[i][r]), e,
-                                                same[i] ? lv : _mm512_mul_ps(lv, _mm512_set1_ps(alpha[i][r]))));
+            _mm512_storeu_ps(l, _mm512_fmadd_ps(bcast_load(&emaxs[i][r]), e,
+                                                same[i] ? lv : _mm512_mul_ps(lv, bcast_load(&alpha[i][r]))));
             pr[r] = rint32(_mm512_mul_ps(e, _mm512_set1_ps(32767.0f)));
         }
         #pragma GCC unroll 4
@@ -252,12 +261,12 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
             if (same[i])
                 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++)
-                    ov[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[r]), _mm512_mul_ps(cv, _mm512_set1_ps(w[i][r])), ov[r]);
+                    ov[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[r]), _mm512_mul_ps(cv, bcast_load(&w[i][r])), ov[r]);
             else
                 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++)
-                    ov[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[r]), _mm512_mul_ps(cv, _mm512_set1_ps(w[i][r])),
-                                            _mm512_mul_ps(ov[r], _mm512_set1_ps(alpha[i][r])));
+                    ov[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[r]), _mm512_mul_ps(cv, bcast_load(&w[i][r])),
+                                            _mm512_mul_ps(ov[r], bcast_load(&alpha[i][r])));
         }
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
