@@ -131,12 +131,18 @@ int kvc_kernels_set_isa(kvc_isa isa)
 
 size_t kvc_matmul_scratch_floats(int64_t n_in)
 {
-    /* The largest need of any ISA, so a buffer sized before kvc_kernels_set_isa stays valid. */
-    size_t a = kvc_kernels_scalar.matmul_scratch_floats(n_in);
-    size_t b = kvc_kernels_avx2.matmul_scratch_floats(n_in);
-    size_t c = kvc_kernels_avx512.matmul_scratch_floats(n_in);
-    size_t d = kvc_vnni_scratch_floats(n_in);
-    return KVC_MAX(KVC_MAX(a, b), KVC_MAX(c, d));
+    /* The largest need of any ISA this CPU has, so a buffer sized before kvc_kernels_set_isa
+     * stays valid (it refuses an ISA the CPU lacks). Only those: each ISA's file is compiled
+     * for its ISA, and GCC may use its instructions even in a function that only sizes. */
+    pthread_once(&isa_once, isa_init);
+    size_t n = kvc_kernels_scalar.matmul_scratch_floats(n_in);
+    if (isa_best >= KVC_ISA_AVX2)
+        n = KVC_MAX(n, kvc_kernels_avx2.matmul_scratch_floats(n_in));
+    if (isa_best >= KVC_ISA_AVX512)
+        n = KVC_MAX(n, kvc_kernels_avx512.matmul_scratch_floats(n_in));
+    if (isa_best >= KVC_ISA_VNNI)
+        n = KVC_MAX(n, kvc_vnni_scratch_floats(n_in));
+    return n;
 }
 
 void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
