@@ -202,6 +202,9 @@ static void run(const kvc_model *m, const char *path, const char *name, bool sam
 {
     const char *const args[] = { "-m", path, "-t", "1", tmpl_src ? "--chat-template-file" : NULL,
                                  tmpl_file, NULL };
+    /* the reference shares nothing with the warm server, its disk tier included */
+    const char *const fresh_args[] = { "-m", path, "-t", "1", "--cache-disk", "0",
+                                       tmpl_src ? "--chat-template-file" : NULL, tmpl_file, NULL };
     http_server warm;
     CHECKF(http_server_start(&warm, bin, args, 30), "%s: warm server", name);
     if (!warm.pid)
@@ -248,7 +251,7 @@ static void run(const kvc_model *m, const char *path, const char *name, bool sam
             }
             http_server fresh;
             reply f = { 0 };
-            if (http_server_start(&fresh, bin, args, 30)) {
+            if (http_server_start(&fresh, bin, fresh_args, 30)) {
                 f = chat(fresh.port, body[i], false);
                 http_server_stop(&fresh);
             }

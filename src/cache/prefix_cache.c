@@ -2,6 +2,7 @@
  * (parent hash, tokens), child lists for partial matches and leaf tests, a
  * running count of evictable nodes and the evictable leaves on an LRU list. */
 #include "prefix_cache.h"
+#include "kernels.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -90,13 +91,15 @@ void kvc_pc_free(kvc_prefix_cache *pc)
     free(pc);
 }
 
-/* The root's hash: what every chain starts from, before the namespace. */
+/* The root's hash: what every chain starts from, before the namespace. It
+ * covers the arithmetic too (kernels.h): blocks another ISA or another build
+ * of the kernels computed hold other bits, and are not found. */
 static void root_hash_update(kvc_prefix_cache *pc)
 {
     const kvc_kv_pool_params *pp = kvc_kv_pool_params_of(pc->pool);
-    uint64_t id[7] = { ROOT_MAGIC, pc->model_id, pp->type, (uint64_t)pp->n_layer,
+    uint64_t id[8] = { ROOT_MAGIC, pc->model_id, pp->type, (uint64_t)pp->n_layer,
                        (uint64_t)pp->n_kv_head, (uint64_t)pp->head_dim,
-                       (uint64_t)pp->block_tokens };
+                       (uint64_t)pp->block_tokens, kvc_kernels_arith_id() };
     pc->root->hash = XXH3_64bits(id, sizeof(id));
 }
 

@@ -104,6 +104,15 @@ kvc_isa kvc_kernels_isa(void)
     return (kvc_isa)atomic_load(&isa_current);
 }
 
+/* Raised whenever a kernel's bits change on some ISA (a new order of
+ * operations, another scheme), so that caches written before are not reused. */
+#define KVC_ARITH_VERSION 1
+
+uint64_t kvc_kernels_arith_id(void)
+{
+    return (uint64_t)KVC_ARITH_VERSION << 8 | (uint64_t)kvc_kernels_isa();
+}
+
 const char *kvc_isa_name(kvc_isa isa)
 {
     switch (isa) {

@@ -40,6 +40,14 @@ const char *kvc_isa_name(kvc_isa isa);
  * lacks it. Not while other threads run kernels. */
 int kvc_kernels_set_isa(kvc_isa isa);
 
+/* The identity of the arithmetic the current ISA performs: the ISA and the
+ * version of the kernels' order of operations. Two processes whose ids are
+ * equal compute the same bits for the same model and tokens; KV blocks kept
+ * beyond the process (disk, Redis) carry it in their keys (prefix_cache.c),
+ * so that a cache written by another ISA, or by a build whose kernels round
+ * differently, is never taken for a fresh computation. */
+uint64_t kvc_kernels_arith_id(void);
+
 /* A 2-D weight matrix as stored in the file: n_out rows of n_in elements. */
 typedef struct kvc_weight {
     uint32_t    type;       /* enum kvc_type */
