@@ -118,7 +118,7 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out)
 {
     const kvc_isa isa = kvc_kernels_isa();
     const char *tn = kvc_type_info(type)->name;
-    const bool int8 = isa >= KVC_ISA_VNNI && kvc_vnni_type_ok(type);
+    const bool int8 = (isa == KVC_ISA_AVX2 || isa >= KVC_ISA_VNNI) && kvc_i8_simd_type_ok(type);
     wmat m;
     make_weight(&m, type, n_in, n_out);
     const int64_t ldx = n_in + 5, ldy = n_out + 3;

@@ -5,18 +5,33 @@
  *   - SIMD activation quantization == the reference, bitwise, edge cases
  *     included (zeros, the tiny-block threshold, ties, huge values, NaN, inf);
  *     the quantized value is within d (= max|x| / 32512) of x;
- *   - the VNNI kernels (called directly, any n_tok: decode below 4 tokens,
- *     prefill from 4), the vnni ISA's kvc_matmul_rows and the
- *     prepared-activation API all equal the scalar emulation
- *     kvc_i8_matmul_ref bitwise, for shapes with partial row groups, partial
- *     token passes, 16-row splits and extreme values;
+ *   - for each ISA that uses the scheme and the CPU has (avx2, vnni): its
+ *     kernels (called directly, any n_tok: decode below 4 tokens, prefill
+ *     from 4), its kvc_matmul_rows and the prepared-activation API all equal
+ *     the scalar emulation kvc_i8_matmul_ref bitwise, for shapes with partial
+ *     row groups, partial token passes, 16-row splits and extreme values;
  *   - accuracy against float64, compared with one int8 plane (llama.cpp's
  *     Q8_0 activations) for the record.
- * Skips (77) when the CPU has no AVX-512 VNNI. */
+ * Skips (77) when the CPU has neither (no AVX2). */
 #include "test.h"
 #include "kernels.h"
 #include "kernels_int8.h"
 #include "quant.h"
+
+/* The SIMD kernels of one ISA that uses the scheme. */
+typedef struct {
+    kvc_isa     isa;
+    const char *name;
+    void (*quantize)(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act);
+    void (*matmul_act)(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, float *scratch);
+} simd_kernels;
+
+static const simd_kernels families[] = {
+    { KVC_ISA_AVX2, "avx2", kvc_avx2_i8_quantize_rows, kvc_avx2_i8_matmul_act },
+    { KVC_ISA_VNNI, "vnni", kvc_vnni_quantize_rows, kvc_vnni_matmul_act },
+};
+static const simd_kernels *fam;    /* the one under test */
 
 #include <float.h>
 #include <stdint.h>
@@ -114,8 +129,8 @@ static void check_quantize(void)
             edge_row(x + t * ldx, n, t);
         uint8_t *a = xalloc(as * (size_t)nt), *r = xalloc(as);
         memset(a, 0xa5, as * (size_t)nt);
-        kvc_vnni_quantize_rows(x, ldx, n, 0, 7, a);       /* two calls, as threads would */
-        kvc_vnni_quantize_rows(x, ldx, n, 7, nt, a);
+        fam->quantize(x, ldx, n, 0, 7, a);       /* two calls, as threads would */
+        fam->quantize(x, ldx, n, 7, nt, a);
         int bad = 0;
         for (int t = 0; t < nt; t++) {
             kvc_i8_quantize_row_ref(x + t * ldx, n, r);
@@ -252,20 +267,20 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_t
     for (int c = 0; c + 1 < 4; c++) {
         const int64_t r0 = KVC_MIN(cuts[c], n_out), r1 = KVC_MIN(cuts[c + 1], n_out);
         if (r0 < r1)
-            kvc_vnni_matmul_act(&m.w, act, n_tok, y, ldy, r0, r1, scratch);
+            fam->matmul_act(&m.w, act, n_tok, y, ldy, r0, r1, scratch);
     }
-    int bad = count_diff(y, ref, n_tok, ldy, 0, n_out, "vnni", n_in);
+    int bad = count_diff(y, ref, n_tok, ldy, 0, n_out, fam->name, n_in);
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t r = n_out; r < ldy; r++)
             if (y[t * ldy + r] != -1.0f)
                 bad++;
-    CHECKF(bad == 0, "vnni kernel != scalar emulation (n_in %lld, n_out %lld, %s)", (long long)n_in,
+    CHECKF(bad == 0, "%s kernel != scalar emulation (n_in %lld, n_out %lld, %s)", fam->name, (long long)n_in,
            (long long)n_out, what);
 
-    /* through the public entry points, each ISA that uses the scheme */
-    for (int isa = KVC_ISA_VNNI; isa <= KVC_ISA_VNNI; isa++) {
-        if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK)
-            continue;
+    /* through the public entry points of the ISA */
+    {
+        const kvc_isa isa = fam->isa;
+        kvc_kernels_set_isa(isa);
         kvc_matmul_rows(&m.w, x, ldx, n_tok, y, ldy, 0, n_out, scratch);
         bad = count_diff(y, ref, n_tok, ldy, 0, n_out, kvc_isa_name((kvc_isa)isa), n_in);
         CHECKF(bad == 0, "%s kvc_matmul_rows != scalar emulation (n_in %lld, %s)", kvc_isa_name((kvc_isa)isa),
@@ -357,24 +372,43 @@ static void check_accuracy(void)
     free_wmat(&m);
 }
 
+static void check_family(void);
+
 int main(void)
 {
     check_unpack();
     const kvc_isa def = kvc_kernels_isa();
-    if (kvc_kernels_set_isa(KVC_ISA_VNNI) != KVC_OK) {
-        printf("test_kernels_int8: no AVX-512 VNNI here, SIMD checks skipped\n");
-        return test_failures ? 1 : TEST_SKIP;
+    printf("test_kernels_int8: default ISA %s\n", kvc_isa_name(def));
+    int tested = 0;
+    for (size_t fi = 0; fi < KVC_ARRAY_LEN(families); fi++) {
+        fam = &families[fi];
+        if (kvc_kernels_set_isa(fam->isa) != KVC_OK) {
+            printf("  %s: not supported here, skipped\n", fam->name);
+            continue;
+        }
+        printf("  %s\n", fam->name);
+        tested++;
+        check_family();
     }
     kvc_kernels_set_isa(def);
-    printf("test_kernels_int8: default ISA %s\n", kvc_isa_name(def));
+    if (!tested) {
+        printf("test_kernels_int8: no ISA here uses the scheme, SIMD checks skipped\n");
+        return test_failures ? 1 : TEST_SKIP;
+    }
+    check_accuracy();
+    return test_done("test_kernels_int8");
+}
+
+static void check_family(void)
+{
     check_quantize();
     const int64_t shapes[][3] = { { 32, 9, 1 },     { 32, 40, 17 },   { 896, 37, 1 },   { 896, 37, 3 },
                                   { 896, 33, 16 },  { 896, 100, 37 }, { 4864, 19, 2 },  { 4864, 48, 20 },
-                                  { 2048, 67, 130 }, { 896, 64, 512 } };
+                                  { 2048, 67, 130 }, { 896, 64, 512 }, { 128, 64, 1 }, { 128, 2048, 3 }, { 384, 128, 2 }, { 128, 384, 5 }, { 128, 2048, 1 } };
     const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_K, KVC_TYPE_Q6_K };
     for (size_t ti = 0; ti < KVC_ARRAY_LEN(types); ti++) {
         const int64_t bs = kvc_type_info(types[ti])->block_size;
-        CHECK(kvc_vnni_type_ok(types[ti]));
+        CHECK(kvc_i8_simd_type_ok(types[ti]));
         for (size_t s = 0; s < KVC_ARRAY_LEN(shapes); s++)
             if (shapes[s][0] % bs == 0)
                 check_matmul(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], false);
@@ -387,7 +421,4 @@ int main(void)
         check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 2, true);
         check_matmul(types[ti], 4864, 17, 33, true);
     }
-    check_accuracy();
-    kvc_kernels_set_isa(def);
-    return test_done("test_kernels_int8");
 }

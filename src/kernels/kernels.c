@@ -78,13 +78,18 @@ static inline const kvc_kernel_ops *ops(void)
 /* vnni: the AVX-512 vector kernels with its own matmul. Built once; read-only
  * afterwards. */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
-static kvc_kernel_ops ops_vnni;
+static kvc_kernel_ops ops_vnni, ops_avx2;
 
 static void tables_init(void)
 {
     ops_vnni = kvc_kernels_avx512;
     ops_vnni.matmul_rows = kvc_vnni_matmul_rows;
     ops_vnni.matmul_scratch_floats = kvc_vnni_scratch_floats;
+    /* avx2: the AVX2 vector kernels with the integer matmul of kernels_avx2_int8.c
+     * (which keeps kvc_kernels_avx2's float matmul for the types it does not take) */
+    ops_avx2 = kvc_kernels_avx2;
+    ops_avx2.matmul_rows = kvc_avx2_i8_matmul_rows;
+    ops_avx2.matmul_scratch_floats = kvc_avx2_i8_scratch_floats;
 }
 
 const kvc_kernel_ops *kvc_kernel_ops_for(kvc_isa isa)
@@ -93,7 +98,7 @@ const kvc_kernel_ops *kvc_kernel_ops_for(kvc_isa isa)
     switch (isa) {
     case KVC_ISA_VNNI:   return &ops_vnni;
     case KVC_ISA_AVX512: return &kvc_kernels_avx512;
-    case KVC_ISA_AVX2:   return &kvc_kernels_avx2;
+    case KVC_ISA_AVX2:   return &ops_avx2;
     default:             return &kvc_kernels_scalar;
     }
 }
@@ -106,7 +111,7 @@ kvc_isa kvc_kernels_isa(void)
 
 /* Raised whenever a kernel's bits change on some ISA (a new order of
  * operations, another scheme), so that caches written before are not reused. */
-#define KVC_ARITH_VERSION 1
+#define KVC_ARITH_VERSION 2
 
 uint64_t kvc_kernels_arith_id(void)
 {
@@ -145,8 +150,10 @@ size_t kvc_matmul_scratch_floats(int64_t n_in)
      * for its ISA, and GCC may use its instructions even in a function that only sizes. */
     pthread_once(&isa_once, isa_init);
     size_t n = kvc_kernels_scalar.matmul_scratch_floats(n_in);
-    if (isa_best >= KVC_ISA_AVX2)
+    if (isa_best >= KVC_ISA_AVX2) {
         n = KVC_MAX(n, kvc_kernels_avx2.matmul_scratch_floats(n_in));
+        n = KVC_MAX(n, kvc_avx2_i8_scratch_floats(n_in));
+    }
     if (isa_best >= KVC_ISA_AVX512)
         n = KVC_MAX(n, kvc_kernels_avx512.matmul_scratch_floats(n_in));
     if (isa_best >= KVC_ISA_VNNI)
@@ -163,7 +170,11 @@ void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n
 }
 
 /* Prepared activations: the integer scheme's quantized rows (kernels_int8.h). */
-static bool act_isa(void) { return kvc_kernels_isa() >= KVC_ISA_VNNI; }
+static bool act_isa(void)
+{
+    const kvc_isa isa = kvc_kernels_isa();      /* avx512 without VNNI keeps the float scheme */
+    return isa == KVC_ISA_AVX2 || isa >= KVC_ISA_VNNI;
+}
 
 size_t kvc_matmul_act_bytes(int64_t n_in, int64_t n_tok)
 {
@@ -174,18 +185,24 @@ size_t kvc_matmul_act_bytes(int64_t n_in, int64_t n_tok)
 
 bool kvc_matmul_uses_act(const kvc_weight *w)
 {
-    return act_isa() && kvc_vnni_type_ok(w->type) && w->n_in > 0 && w->n_in % 32 == 0;
+    return act_isa() && kvc_i8_simd_type_ok(w->type) && w->n_in > 0 && w->n_in % 32 == 0;
 }
 
 int64_t kvc_matmul_act_row_group(int64_t n_tok)
 {
+    if (kvc_kernels_isa() == KVC_ISA_AVX2)
+        return n_tok >= KVC_AVX2_I8_PREFILL_MIN_TOK ? KVC_AVX2_I8_PREFILL_ROWS : 16;
     return n_tok >= KVC_VNNI_PREFILL_MIN_TOK ? KVC_VNNI_PREFILL_ROWS : 16;
 }
 
 void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t n_tok,
                              int64_t t0, int64_t t1, void *act)
 {
-    if (act_isa() && n_in > 0 && n_in % 32 == 0 && 0 <= t0 && t0 < t1 && t1 <= n_tok)
+    if (!act_isa() || n_in <= 0 || n_in % 32 != 0 || t0 < 0 || t0 >= t1 || t1 > n_tok)
+        return;
+    if (kvc_kernels_isa() == KVC_ISA_AVX2)
+        kvc_avx2_i8_quantize_rows(x, ldx, n_in, t0, t1, act);
+    else
         kvc_vnni_quantize_rows(x, ldx, n_in, t0, t1, act);
 }
 
@@ -194,7 +211,10 @@ void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, fl
 {
     if (n_tok <= 0 || r0 >= r1 || !kvc_matmul_uses_act(w))
         return;
-    kvc_vnni_matmul_act(w, act, n_tok, y, ldy, r0, r1, scratch);
+    if (kvc_kernels_isa() == KVC_ISA_AVX2)
+        kvc_avx2_i8_matmul_act(w, act, n_tok, y, ldy, r0, r1, scratch);
+    else
+        kvc_vnni_matmul_act(w, act, n_tok, y, ldy, r0, r1, scratch);
 }
 
 void kvc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)

@@ -8,10 +8,10 @@
  * in the batch the token is, or which rows a thread was given. Prefill (many
  * tokens) and decode (one token) therefore give bitwise-equal results.
  *
- * Activations are float32. On the scalar, avx2 and avx512 ISAs quantized
- * weights are dequantized exactly (as the GGUF format defines them) to float32
- * and multiplied in float32. On the vnni ISA the weight types kernels_int8.h's
- * SIMD kernels cover (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K) use an integer scheme
+ * Activations are float32. On the scalar and avx512 ISAs quantized weights
+ * are dequantized exactly (as the GGUF format defines them) to float32 and
+ * multiplied in float32. On the avx2 and vnni ISAs the weight types
+ * kernels_int8.h's SIMD kernels cover (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K) use an integer scheme
  * instead: each activation row is quantized to ~16 bits per 32-element block
  * (two int8 planes; results within ~1e-5 of float32), dot products are exact
  * int32, and the per-block float scaling follows one fixed order, so prefill
@@ -25,7 +25,7 @@
 
 typedef enum kvc_isa {
     KVC_ISA_SCALAR = 0,
-    KVC_ISA_AVX2   = 1,   /* AVX2 + FMA + F16C */
+    KVC_ISA_AVX2   = 1,   /* AVX2 + FMA + F16C; the integer scheme (kernels_int8.h) */
     KVC_ISA_AVX512 = 2,   /* AVX-512 F/BW/VL/DQ */
     KVC_ISA_VNNI   = 3,   /* avx512 + AVX512-VNNI: the integer scheme (kernels_int8.h) */
 } kvc_isa;

@@ -148,6 +148,12 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
     }
 }
 
+bool kvc_i8_simd_type_ok(uint32_t type)
+{
+    return type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0 || type == KVC_TYPE_Q5_0 || type == KVC_TYPE_Q4_K ||
+           type == KVC_TYPE_Q6_K;
+}
+
 /* ----------------------------------------------------------------- matmul */
 
 void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,

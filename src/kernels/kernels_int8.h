@@ -1,4 +1,4 @@
-/* kernels_int8.h - the integer matmul scheme of the "vnni" ISA: activations
+/* kernels_int8.h - the integer matmul scheme of the "vnni" and "avx2" ISAs: activations
  * quantized to two int8 planes, integer dot products per block, float scaling
  * in one fixed order. Internal to the kernels.
  *
@@ -113,7 +113,7 @@ typedef struct kvc_i8_wblock {
 } kvc_i8_wblock;
 
 /* Weight types the scheme covers (the reference handles all of them; an ISA
- * may use it for fewer, see kvc_vnni_type_ok). */
+ * may use it for fewer, see kvc_i8_simd_type_ok). */
 bool kvc_i8_type_ok(uint32_t type);
 
 /* Reference quantization of one token row (n_in floats) into dst
@@ -128,11 +128,12 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
 void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                        int64_t r0, int64_t r1);
 
+/* Types the SIMD kernels (AVX2, VNNI) handle with this scheme; others keep
+ * their ISA's float path. */
+bool kvc_i8_simd_type_ok(uint32_t type);
+
 /* ------------------------------------------------ the AVX-512 VNNI parts
  * kernels_vnni.c; call only when the CPU has AVX-512 VNNI (kernels.c checks). */
-
-/* Types the SIMD kernels handle with this scheme (others keep the float path). */
-bool kvc_vnni_type_ok(uint32_t type);
 
 /* Quantize token rows [t0, t1) of x (ldx floats apart) into act (rows
  * kvc_i8_act_row_bytes(n_in) apart), bitwise as kvc_i8_quantize_row_ref. */
@@ -155,5 +156,21 @@ void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok,
 void   kvc_vnni_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
                             int64_t ldy, int64_t r0, int64_t r1, float *scratch);
 size_t kvc_vnni_scratch_floats(int64_t n_in);
+
+/* ---------------------------------------------------------- the AVX2 parts
+ * kernels_avx2_int8.c, the same entries for the "avx2" ISA; call only when
+ * the CPU has AVX2, FMA and F16C (kernels.c checks). Bitwise the reference,
+ * as the VNNI kernels. Decode takes 8 rows at a time; prefill repacks
+ * KVC_AVX2_I8_PREFILL_ROWS. */
+#define KVC_AVX2_I8_PREFILL_MIN_TOK 4
+#define KVC_AVX2_I8_PREFILL_ROWS    16
+
+void   kvc_avx2_i8_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1,
+                                 uint8_t *act);
+void   kvc_avx2_i8_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                              int64_t r0, int64_t r1, float *scratch);
+void   kvc_avx2_i8_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                               int64_t ldy, int64_t r0, int64_t r1, float *scratch);
+size_t kvc_avx2_i8_scratch_floats(int64_t n_in);
 
 #endif

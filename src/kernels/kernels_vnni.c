@@ -29,12 +29,6 @@
 #define TC        4               /* tokens per pass over a group */
 #define TB_ACT    64              /* tokens quantized at a time by kvc_vnni_matmul_rows */
 
-bool kvc_vnni_type_ok(uint32_t type)
-{
-    return type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0 || type == KVC_TYPE_Q5_0 || type == KVC_TYPE_Q4_K ||
-           type == KVC_TYPE_Q6_K;
-}
-
 /* ------------------------------------------------------------ activations */
 
 AI __m512 clamp127(__m512 v)
@@ -734,7 +728,7 @@ size_t kvc_vnni_scratch_floats(int64_t n_in)
 void kvc_vnni_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
                           int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
-    if (!kvc_vnni_type_ok(w->type)) {
+    if (!kvc_i8_simd_type_ok(w->type)) {
         kvc_kernels_avx512.matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
         return;
     }
