@@ -123,32 +123,6 @@ void kvc_avx2_i8_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_
 
 /* ------------------------------------------------------- weight blocks */
 
-enum { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_K, K_Q6_K, N_KINDS };
-
-AI int kind_of(uint32_t type)
-{
-    switch (type) {
-    case KVC_TYPE_Q8_0: return K_Q8_0;
-    case KVC_TYPE_Q4_0: return K_Q4_0;
-    case KVC_TYPE_Q5_0: return K_Q5_0;
-    case KVC_TYPE_Q4_K: return K_Q4_K;
-    default:            return K_Q6_K;
-    }
-}
-
-AI bool k_quant(const int kind) { return kind == K_Q4_K || kind == K_Q6_K; }
-
-/* Bytes of a block of 32 weights (K-quants: an eighth of the super-block,
- * rounded up, for prefetching; their blocks are addressed by super-block). */
-AI size_t block_bytes(const int kind)
-{
-    return kind == K_Q8_0   ? sizeof(block_q8_0)
-           : kind == K_Q4_0 ? sizeof(block_q4_0)
-           : kind == K_Q5_0 ? sizeof(block_q5_0)
-           : kind == K_Q4_K ? sizeof(block_q4_K) / 8
-                            : (sizeof(block_q6_K) + 7) / 8;
-}
-
 /* Bit i of m as byte i (0 or 0xff) of a vector. */
 AI __m256i bits_to_bytes(uint32_t m)
 {
@@ -163,7 +137,7 @@ AI __m256i bits_to_bytes(uint32_t m)
  * (kernels_int8.h: offsets already taken off). */
 AI __m256i block_q(const int kind, const uint8_t *row, int64_t b)
 {
-    if (kind == K_Q6_K) {        /* 4 low bits from ql, 2 high from qh, as quant.c lays them out */
+    if (kind == I8_Q6_K) {        /* 4 low bits from ql, 2 high from qh, as quant.c lays them out */
         const block_q6_K *k = (const block_q6_K *)(const void *)row + b / 8;
         const int j = (int)(b % 8), h = j / 4, kq = j % 4;
         __m256i lo = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32 * (kq & 1)));
@@ -174,19 +148,19 @@ AI __m256i block_q(const int kind, const uint8_t *row, int64_t b)
         hb = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * kq), _mm256_set1_epi8(3));
         return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 4)), _mm256_set1_epi8(32));
     }
-    if (kind == K_Q4_K) {        /* low nibbles for even b, high for odd */
+    if (kind == I8_Q4_K) {        /* low nibbles for even b, high for odd */
         const uint8_t *qs = row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) +
                             32 * (size_t)((b % 8) / 2);
         const __m256i c = _mm256_loadu_si256((const __m256i *)qs);
         return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
     }
-    const uint8_t *k = row + (size_t)b * block_bytes(kind);
-    if (kind == K_Q8_0)
+    const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
+    if (kind == I8_Q8_0)
         return _mm256_loadu_si256((const __m256i *)(k + 2));
-    const uint8_t *qs = k + (kind == K_Q4_0 ? 2 : 6);
+    const uint8_t *qs = k + (kind == I8_Q4_0 ? 2 : 6);
     const __m128i nib = _mm_loadu_si128((const __m128i *)qs);
     __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
-    if (kind == K_Q4_0)
+    if (kind == I8_Q4_0)
         return _mm256_sub_epi8(c, _mm256_set1_epi8(8));
     uint32_t qh;                 /* Q5_0: bit j of qh is the 5th bit of element j */
     memcpy(&qh, k + 2, 4);
@@ -229,7 +203,7 @@ AI void k_scales(const int kind, const uint8_t *const rows[GR], int n, int64_t s
         a[r] = m[r] = _mm256_setzero_si256();
         if (r >= n)
             continue;
-        if (kind == K_Q4_K) {
+        if (kind == I8_Q4_K) {
             const block_q4_K *k = (const block_q4_K *)(const void *)rows[r] + s;
             _Alignas(32) float fa[8], fm[8];
             kvc_k4_scales(k->scales, _cvtsh_ss(k->d), _cvtsh_ss(k->dmin), fa, fm);
@@ -254,7 +228,7 @@ AI void k_scales(const int kind, const uint8_t *const rows[GR], int n, int64_t s
  * repeat the last one, whose scale then fills their lanes, unused). */
 AI __m256 block_scales(const int kind, const uint8_t *const rows[GR], __m256i goff, int64_t b)
 {
-    const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(rows[0] + (size_t)b * block_bytes(kind)),
+    const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(rows[0] + (size_t)b * kvc_i8_block_bytes(kind)),
                                              goff, 1);
     const __m256i h = _mm256_shuffle_epi8(g, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
                                                               0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
@@ -305,7 +279,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
     for (int t = 0; t < T; t++)
         acc[t] = out[t];
     const int64_t nb = n_in / 32;
-    const size_t bsz = block_bytes(kind);
+    const size_t bsz = kvc_i8_block_bytes(kind);
     const int16_t *a[TC];
     const float *dx[TC];
     const int32_t *sx[TC];
@@ -317,7 +291,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
     _Alignas(32) float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
     const __m256i goff = row_offsets(rows);
     for (int64_t b = 0; b < nb; b++) {
-        if (k_quant(kind) && b % 8 == 0)
+        if (kvc_i8_k_quant(kind) && b % 8 == 0)
             k_scales(kind, rows, n, b / 8, ks, km);
         if (pf.next) {
             for (int i = 0; i < GR * (int)bsz; i += 64)
@@ -325,7 +299,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             pf.next += GR * bsz;
         }
         __m256 dw, dm = _mm256_setzero_ps();
-        if (k_quant(kind)) {
+        if (kvc_i8_k_quant(kind)) {
             dw = _mm256_load_ps(ks[b % 8]);
             dm = _mm256_load_ps(km[b % 8]);
         } else {
@@ -345,7 +319,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)(a[t] + 32 * b));
             const __m256i x1 = _mm256_loadu_si256((const __m256i *)(a[t] + 32 * b + 16));
             const __m256 xs = _mm256_set1_ps(dx[t][b]);
-            if (kind == K_Q6_K) {        /* the halves have scales of their own */
+            if (kind == I8_Q6_K) {        /* the halves have scales of their own */
                 __m256i z0[GR], z1[GR];
 #pragma GCC unroll 8
                 for (int r = 0; r < GR; r++) {
@@ -362,7 +336,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
                 z[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_load_si256((const __m256i *)w[r][0]), x0),
                                         _mm256_madd_epi16(_mm256_load_si256((const __m256i *)w[r][1]), x1));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(z)), _mm256_mul_ps(dw, xs), acc[t]);
-            if (kind == K_Q4_K)          /* the min step */
+            if (kind == I8_Q4_K)          /* the min step */
                 acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(-(float)sx[t][b]), _mm256_mul_ps(dm, xs), acc[t]);
         }
     }
@@ -381,14 +355,14 @@ typedef void (*group_fn)(const uint8_t *const rows[GR], int n, prefetch_plan pf,
         decode_group(kind, T, rows, n, pf, act, as, n_in, acc);                                         \
     }
 #define GROUP_FNS(name, kind) GROUP_FN(name, kind, 1) GROUP_FN(name, kind, 2) GROUP_FN(name, kind, 3)
-GROUP_FNS(q8_0_group, K_Q8_0)
-GROUP_FNS(q4_0_group, K_Q4_0)
-GROUP_FNS(q5_0_group, K_Q5_0)
-GROUP_FNS(q4_K_group, K_Q4_K)
-GROUP_FNS(q6_K_group, K_Q6_K)
+GROUP_FNS(q8_0_group, I8_Q8_0)
+GROUP_FNS(q4_0_group, I8_Q4_0)
+GROUP_FNS(q5_0_group, I8_Q5_0)
+GROUP_FNS(q4_K_group, I8_Q4_K)
+GROUP_FNS(q6_K_group, I8_Q6_K)
 
 _Static_assert(TC == 3, "group_fns lists TC functions per kind");
-static const group_fn group_fns[N_KINDS][TC] = {
+static const group_fn group_fns[I8_N_KINDS][TC] = {
     { q8_0_group1, q8_0_group2, q8_0_group3 }, { q4_0_group1, q4_0_group2, q4_0_group3 },
     { q5_0_group1, q5_0_group2, q5_0_group3 }, { q4_K_group1, q4_K_group2, q4_K_group3 },
     { q6_K_group1, q6_K_group2, q6_K_group3 },
@@ -397,7 +371,7 @@ static const group_fn group_fns[N_KINDS][TC] = {
 static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                        int64_t r0, int64_t r1)
 {
-    const int kind = kind_of(w->type);
+    const int kind = kvc_i8_kind(w->type);
     const size_t as = kvc_i8_act_row_bytes(w->n_in), rb = w->row_bytes;
     const uint8_t *base = w->data;
     for (int64_t rg = r0; rg < r1; rg += GR) {
@@ -465,7 +439,7 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
             }
             transpose_8x8(r0, pack + (b * nv + v) * KS);
             transpose_8x8(r1, pack + (b * nv + v) * KS + 8);
-            if (k_quant(kind)) {
+            if (kvc_i8_k_quant(kind)) {
                 if (b % 8 == 0)
                     k_scales(kind, rows, n, b / 8, ks, km);
                 _mm256_store_ps(dsc + (b * nv + v) * GR, _mm256_load_ps(ks[b % 8]));
@@ -517,7 +491,7 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *p
                      const float *msc, int64_t nb, const uint8_t *act, size_t as, int64_t n_in,
                      __m256 out[RV][PT])
 {
-    const int n_sub = kind == K_Q6_K ? 2 : 1;
+    const int n_sub = kind == I8_Q6_K ? 2 : 1;
     const int16_t *a[PT];
     const float *dx[PT];
     const int32_t *sx[PT];
@@ -544,7 +518,7 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *p
                 for (int v = 0; v < NV; v++) {
                     const __m256 ws = _mm256_mul_ps(_mm256_load_ps(sc + v * GR), xs);
                     __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[v][t]), ws, out[v][t]);
-                    if (kind == K_Q4_K)           /* the min step */
+                    if (kind == I8_Q4_K)           /* the min step */
                         acc = _mm256_fmadd_ps(_mm256_set1_ps(-(float)sx[t][b]),
                                               _mm256_mul_ps(_mm256_load_ps(msc + (b * NV + v) * GR), xs), acc);
                     out[v][t] = acc;
@@ -567,14 +541,14 @@ typedef void (*pass_fn)(const __m256i *pack, const float *dsc, const float *msc,
     PASS_FN(name, kind, NV, 3) PASS_FN(name, kind, NV, 4)
 #define PASS_FNS(name, kind) PASS_FNS_NV(name, kind, 1) PASS_FNS_NV(name, kind, 2)
 #define PASS_ROW(name, NV) { name##_##NV##_1, name##_##NV##_2, name##_##NV##_3, name##_##NV##_4 }
-PASS_FNS(q8_0_pass, K_Q8_0)
-PASS_FNS(q4_0_pass, K_Q4_0)
-PASS_FNS(q5_0_pass, K_Q5_0)
-PASS_FNS(q4_K_pass, K_Q4_K)
-PASS_FNS(q6_K_pass, K_Q6_K)
+PASS_FNS(q8_0_pass, I8_Q8_0)
+PASS_FNS(q4_0_pass, I8_Q4_0)
+PASS_FNS(q5_0_pass, I8_Q5_0)
+PASS_FNS(q4_K_pass, I8_Q4_K)
+PASS_FNS(q6_K_pass, I8_Q6_K)
 
 _Static_assert(PT == 4, "pass_fns lists PT functions per row");
-static const pass_fn pass_fns[N_KINDS][RV][PT] = {
+static const pass_fn pass_fns[I8_N_KINDS][RV][PT] = {
     { PASS_ROW(q8_0_pass, 1), PASS_ROW(q8_0_pass, 2) },
     { PASS_ROW(q4_0_pass, 1), PASS_ROW(q4_0_pass, 2) },
     { PASS_ROW(q5_0_pass, 1), PASS_ROW(q5_0_pass, 2) },
@@ -588,12 +562,12 @@ typedef void (*repack_fn)(const kvc_weight *w, int64_t rg, int nr, int nv, __m25
     {                                                                                                \
         repack(kind, w, rg, nr, nv, p, d, m);                                                        \
     }
-REPACK_FN(repack_q8_0, K_Q8_0)
-REPACK_FN(repack_q4_0, K_Q4_0)
-REPACK_FN(repack_q5_0, K_Q5_0)
-REPACK_FN(repack_q4_K, K_Q4_K)
-REPACK_FN(repack_q6_K, K_Q6_K)
-static const repack_fn repack_fns[N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
+REPACK_FN(repack_q8_0, I8_Q8_0)
+REPACK_FN(repack_q4_0, I8_Q4_0)
+REPACK_FN(repack_q5_0, I8_Q5_0)
+REPACK_FN(repack_q4_K, I8_Q4_K)
+REPACK_FN(repack_q6_K, I8_Q6_K)
+static const repack_fn repack_fns[I8_N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
 
 /* Bytes of a repacked group in scratch (the scales follow). */
 static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * KS * 32; }
@@ -607,7 +581,7 @@ static size_t prefill_scratch_bytes(int64_t n_in)
 static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                         int64_t r0, int64_t r1, float *scratch)
 {
-    const int kind = kind_of(w->type);
+    const int kind = kvc_i8_kind(w->type);
     const int64_t nb = w->n_in / 32;
     const size_t as = kvc_i8_act_row_bytes(w->n_in);
     __m256i *pack = (__m256i *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);

@@ -132,6 +132,34 @@ void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
  * their ISA's float path. */
 bool kvc_i8_simd_type_ok(uint32_t type);
 
+/* The weight types of the SIMD kernels as kinds, for tables indexed by kind
+ * (kvc_i8_simd_type_ok's types, in this order). */
+enum { I8_Q8_0, I8_Q4_0, I8_Q5_0, I8_Q4_K, I8_Q6_K, I8_N_KINDS };
+
+static inline int kvc_i8_kind(uint32_t type)
+{
+    switch (type) {
+    case KVC_TYPE_Q8_0: return I8_Q8_0;
+    case KVC_TYPE_Q4_0: return I8_Q4_0;
+    case KVC_TYPE_Q5_0: return I8_Q5_0;
+    case KVC_TYPE_Q4_K: return I8_Q4_K;
+    default:            return I8_Q6_K;
+    }
+}
+
+static inline bool kvc_i8_k_quant(const int kind) { return kind == I8_Q4_K || kind == I8_Q6_K; }
+
+/* Bytes a block of 32 weights takes (K-quants: an eighth of the super-block,
+ * rounded up, for prefetching; their blocks are addressed by super-block). */
+static inline size_t kvc_i8_block_bytes(const int kind)
+{
+    return kind == I8_Q8_0   ? sizeof(block_q8_0)
+           : kind == I8_Q4_0 ? sizeof(block_q4_0)
+           : kind == I8_Q5_0 ? sizeof(block_q5_0)
+           : kind == I8_Q4_K ? sizeof(block_q4_K) / 8
+                             : (sizeof(block_q6_K) + 7) / 8;
+}
+
 /* ------------------------------------------------ the AVX-512 VNNI parts
  * kernels_vnni.c; call only when the CPU has AVX-512 VNNI (kernels.c checks). */
 

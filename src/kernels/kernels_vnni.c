@@ -115,44 +115,17 @@ AI __m512i reduce_rows(const __m512i z[8])
 }
 
 /* The weights of a block as bytes, two rows per vector (32 + 32).
- *   K_Q8_0: signed q; dotted with the sign trick (|w| times x with w's sign:
+ *   I8_Q8_0: signed q; dotted with the sign trick (|w| times x with w's sign:
  *           |-128| = 128 fits the unsigned byte, and x is never -128, so the
  *           negation cannot overflow).
- *   K_Q4_0, K_Q5_0: unsigned codes c = q + off; dotted as they are, and
+ *   I8_Q4_0, I8_Q5_0: unsigned codes c = q + off; dotted as they are, and
  *           off * S (S = the activation block's sum of a) subtracted after.
- *   K_Q4_K: unsigned codes (off 0); the scales d * sc_j and mins dmin * m_j
+ *   I8_Q4_K: unsigned codes (off 0); the scales d * sc_j and mins dmin * m_j
  *           come from the super-block (8 blocks of 32), and the min step
  *           follows the block's dot product.
- *   K_Q6_K: unsigned codes c = q + 32, two dot products per block (halves
+ *   I8_Q6_K: unsigned codes c = q + 32, two dot products per block (halves
  *           of 16 with scales of their own), each less 32 H (the half's sum
  *           of a, kernels_int8.h). */
-enum { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_K, K_Q6_K, N_KINDS };
-
-AI int kind_of(uint32_t type)
-{
-    switch (type) {
-    case KVC_TYPE_Q8_0: return K_Q8_0;
-    case KVC_TYPE_Q4_0: return K_Q4_0;
-    case KVC_TYPE_Q5_0: return K_Q5_0;
-    case KVC_TYPE_Q4_K: return K_Q4_K;
-    default:            return K_Q6_K;
-    }
-}
-
-AI bool k_quant(const int kind) { return kind == K_Q4_K || kind == K_Q6_K; }
-
-/* Bytes a block of 32 weights takes (K-quants: an eighth of the super-block,
- * rounded up, for prefetching; their blocks are addressed through
- * k4_codes / k6_codes). */
-AI size_t block_bytes(const int kind)
-{
-    return kind == K_Q8_0   ? sizeof(block_q8_0)
-           : kind == K_Q4_0 ? sizeof(block_q4_0)
-           : kind == K_Q5_0 ? sizeof(block_q5_0)
-           : kind == K_Q4_K ? sizeof(block_q4_K) / 8
-                            : (sizeof(block_q6_K) + 7) / 8;
-}
-
 /* The 32 codes q + 32 of Q6_K block b of a row: 4 low bits from ql, 2 high
  * from qh, as quant.c lays them out (blocks 4h + kq of the super-block's
  * half h). */
@@ -240,7 +213,7 @@ AI void k4_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR
     transpose_16x8(r1, (__m512i *)(void *)dm);
 }
 
-AI int code_offset(const int kind) { return kind == K_Q4_0 ? 8 : kind == K_Q5_0 ? 16 : 0; }
+AI int code_offset(const int kind) { return kind == I8_Q4_0 ? 8 : kind == I8_Q5_0 ? 16 : 0; }
 
 /* 16 nibble bytes -> 32 codes (low nibbles, then high), for rows a and b. */
 AI __m512i nibbles2(const uint8_t *qa, const uint8_t *qb)
@@ -255,13 +228,13 @@ AI __m512i nibbles2(const uint8_t *qa, const uint8_t *qb)
 
 AI __m512i load_pair(const int kind, const uint8_t *ba, const uint8_t *bb)
 {
-    if (kind == K_Q4_K)      /* ba, bb: k4_codes; the odd blocks' nibbles are shifted down by the caller */
+    if (kind == I8_Q4_K)      /* ba, bb: k4_codes; the odd blocks' nibbles are shifted down by the caller */
         return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)ba)),
                                   _mm256_loadu_si256((const __m256i *)bb), 1);
-    if (kind == K_Q8_0)
+    if (kind == I8_Q8_0)
         return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ba + 2))),
                                   _mm256_loadu_si256((const __m256i *)(bb + 2)), 1);
-    if (kind == K_Q4_0)
+    if (kind == I8_Q4_0)
         return nibbles2(ba + 2, bb + 2);
     /* Q5_0: d, qh (bit j: 5th bit of element j), qs */
     uint32_t ha, hb;
@@ -306,16 +279,16 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
     for (int t = 0; t < T; t++)
         acc[t] = out[t];
     const int64_t nb = n_in / 32;
-    const size_t bsz = block_bytes(kind);
+    const size_t bsz = kvc_i8_block_bytes(kind);
     const uint8_t *a[TC];
     for (int t = 0; t < T; t++)
         a[t] = act + (size_t)t * as;
     _Alignas(64) float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
     for (int64_t b = 0; b < nb; b++) {
         const size_t off = (size_t)b * bsz;
-        if (kind == K_Q4_K && b % 8 == 0)
+        if (kind == I8_Q4_K && b % 8 == 0)
             k4_group_scales(rows, b / 8, ks, km);
-        if (kind == K_Q6_K && b % 8 == 0)
+        if (kind == I8_Q6_K && b % 8 == 0)
             k6_group_scales(rows, b / 8, ks, km);
         if (pf.next) {
             for (int i = 0; i < GR * (int)bsz; i += 64)
@@ -324,7 +297,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         }
         /* the 16 rows' scales: low half of the dword at each block start */
         __m512 dw, dm = _mm512_setzero_ps();
-        if (k_quant(kind)) {
+        if (kvc_i8_k_quant(kind)) {
             dw = _mm512_loadu_ps(ks[b % 8]);
             dm = _mm512_loadu_ps(km[b % 8]);
         } else {
@@ -334,16 +307,16 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         __mmask64 neg[8];
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
-            if (kind == K_Q4_K) {
+            if (kind == I8_Q4_K) {
                 const __m512i c = load_pair(kind, k4_codes(rows[pair_lo[p]], b), k4_codes(rows[pair_hi[p]], b));
                 w[p] = _mm512_and_si512(b & 1 ? _mm512_srli_epi16(c, 4) : c, _mm512_set1_epi8(0x0f));
-            } else if (kind == K_Q6_K) {
+            } else if (kind == I8_Q6_K) {
                 w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(k6_codes(rows[pair_lo[p]], b)),
                                           k6_codes(rows[pair_hi[p]], b), 1);
             } else {
                 w[p] = load_pair(kind, rows[pair_lo[p]] + off, rows[pair_hi[p]] + off);
             }
-            if (kind == K_Q8_0) {
+            if (kind == I8_Q8_0) {
                 neg[p] = _mm512_movepi8_mask(w[p]);
                 w[p] = _mm512_abs_epi8(w[p]);
             }
@@ -355,8 +328,8 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             __m512i z[8];
 #pragma GCC unroll 8
             for (int p = 0; p < 8; p++)
-                z[p] = kind == K_Q8_0 ? dot_signed(w[p], neg[p], xh, xl) : dot_codes(w[p], xh, xl);
-            if (kind == K_Q6_K) {      /* lanes 0-3 of each row hold the first half */
+                z[p] = kind == I8_Q8_0 ? dot_signed(w[p], neg[p], xh, xl) : dot_codes(w[p], xh, xl);
+            if (kind == I8_Q6_K) {      /* lanes 0-3 of each row hold the first half */
                 __m512i z1[8];
 #pragma GCC unroll 8
                 for (int p = 0; p < 8; p++) {
@@ -376,7 +349,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
                 d = _mm512_sub_epi32(d, _mm512_set1_epi32(code_offset(kind) * kvc_i8_s(a[t], n_in)[b]));
             const __m512 xs = _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(dw, xs), acc[t]);
-            if (kind == K_Q4_K)
+            if (kind == I8_Q4_K)
                 acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)kvc_i8_s(a[t], n_in)[b]), _mm512_mul_ps(dm, xs), acc[t]);
         }
     }
@@ -396,13 +369,13 @@ typedef void (*group_fn)(const uint8_t *const rows[GR], __m512i goff, prefetch_p
     }
 #define GROUP_FNS(name, kind) GROUP_FN(name, kind, 1) GROUP_FN(name, kind, 2) GROUP_FN(name, kind, 3) \
                               GROUP_FN(name, kind, 4)
-GROUP_FNS(q8_0_group, K_Q8_0)
-GROUP_FNS(q4_0_group, K_Q4_0)
-GROUP_FNS(q5_0_group, K_Q5_0)
-GROUP_FNS(q4_K_group, K_Q4_K)
-GROUP_FNS(q6_K_group, K_Q6_K)
+GROUP_FNS(q8_0_group, I8_Q8_0)
+GROUP_FNS(q4_0_group, I8_Q4_0)
+GROUP_FNS(q5_0_group, I8_Q5_0)
+GROUP_FNS(q4_K_group, I8_Q4_K)
+GROUP_FNS(q6_K_group, I8_Q6_K)
 
-static const group_fn group_fns[N_KINDS][TC] = {
+static const group_fn group_fns[I8_N_KINDS][TC] = {
     { q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4 },
     { q4_0_group1, q4_0_group2, q4_0_group3, q4_0_group4 },
     { q5_0_group1, q5_0_group2, q5_0_group3, q5_0_group4 },
@@ -413,7 +386,7 @@ static const group_fn group_fns[N_KINDS][TC] = {
 static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                        int64_t r0, int64_t r1)
 {
-    const int kind = kind_of(w->type);
+    const int kind = kvc_i8_kind(w->type);
     const size_t as = kvc_i8_act_row_bytes(w->n_in), rb = w->row_bytes;
     const uint8_t *base = w->data;
     for (int64_t rg = r0; rg < r1; rg += GR) {
@@ -466,19 +439,19 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
 /* The 32 integer weights q of block b of a row, as bytes (kernels_int8.h). */
 AI __m256i block_q(const int kind, const uint8_t *row, int64_t b)
 {
-    if (kind == K_Q6_K)
+    if (kind == I8_Q6_K)
         return _mm256_sub_epi8(k6_codes(row, b), _mm256_set1_epi8(32));
-    if (kind == K_Q4_K) {
+    if (kind == I8_Q4_K) {
         const __m256i c = _mm256_loadu_si256((const __m256i *)k4_codes(row, b));
         return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
     }
-    const uint8_t *k = row + (size_t)b * block_bytes(kind);
-    if (kind == K_Q8_0)
+    const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
+    if (kind == I8_Q8_0)
         return _mm256_loadu_si256((const __m256i *)(k + 2));
-    const uint8_t *qs = k + (kind == K_Q4_0 ? 2 : 6);
+    const uint8_t *qs = k + (kind == I8_Q4_0 ? 2 : 6);
     const __m128i nib = _mm_loadu_si128((const __m128i *)qs);
     __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
-    if (kind == K_Q5_0) {
+    if (kind == I8_Q5_0) {
         uint32_t qh;
         memcpy(&qh, k + 2, 4);
         c = _mm256_mask_add_epi8(c, qh, c, _mm256_set1_epi8(0x10));
@@ -506,7 +479,7 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
         const uint8_t *vb = base + (size_t)(v * GR) * rb;
         _Alignas(64) float ks[8][GR], km[8][GR];
         for (int64_t b = 0; b < nb; b++) {
-            const size_t off = (size_t)b * block_bytes(kind);
+            const size_t off = (size_t)b * kvc_i8_block_bytes(kind);
             __m256i r0[GR], r1[GR];     /* q_0..15 and q_16..31 of each row as int16 */
 #pragma GCC unroll 16
             for (int l = 0; l < GR; l++) {
@@ -517,12 +490,12 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
             }
             transpose_16x8(r0, pack + (b * nv + v) * KS);
             transpose_16x8(r1, pack + (b * nv + v) * KS + 8);
-            if (k_quant(kind)) {
+            if (kvc_i8_k_quant(kind)) {
                 if (b % 8 == 0) {
                     const uint8_t *rows[GR];
                     for (int l = 0; l < GR; l++)
                         rows[l] = vb + (size_t)KVC_MIN(l, n - 1) * rb;
-                    if (kind == K_Q4_K)
+                    if (kind == I8_Q4_K)
                         k4_group_scales(rows, b / 8, ks, km);
                     else
                         k6_group_scales(rows, b / 8, ks, km);
@@ -575,7 +548,7 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *p
     /* the sums live in registers: out could alias the scales the loop loads,
      * so sums kept in out would be stored and reloaded every block */
     __m512 acc[RV][PT];
-    const int n_sub = kind == K_Q6_K ? 2 : 1;
+    const int n_sub = kind == I8_Q6_K ? 2 : 1;
     const int16_t *a[PT];
     const float *dx[PT];
     const int32_t *sx[PT];
@@ -602,7 +575,7 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *p
                 for (int v = 0; v < NV; v++) {
                     const __m512 ws = _mm512_mul_ps(_mm512_load_ps(sc + v * GR), xs);
                     acc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[v][t]), ws, acc[v][t]);
-                    if (kind == K_Q4_K)           /* the min step */
+                    if (kind == I8_Q4_K)           /* the min step */
                         acc[v][t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)sx[t][b]),
                                                     _mm512_mul_ps(_mm512_load_ps(msc + (b * NV + v) * GR), xs),
                                                     acc[v][t]);
@@ -632,14 +605,14 @@ typedef void (*pass_fn)(const __m512i *pack, const float *dsc, const float *msc,
 #define PASS_FNS(name, kind) PASS_FNS_NV(name, kind, 1) PASS_FNS_NV(name, kind, 2)
 #define PASS_ROW(name, NV) { name##_##NV##_1, name##_##NV##_2, name##_##NV##_3, name##_##NV##_4,      \
                              name##_##NV##_5, name##_##NV##_6 }
-PASS_FNS(q8_0_pass, K_Q8_0)
-PASS_FNS(q4_0_pass, K_Q4_0)
-PASS_FNS(q5_0_pass, K_Q5_0)
-PASS_FNS(q4_K_pass, K_Q4_K)
-PASS_FNS(q6_K_pass, K_Q6_K)
+PASS_FNS(q8_0_pass, I8_Q8_0)
+PASS_FNS(q4_0_pass, I8_Q4_0)
+PASS_FNS(q5_0_pass, I8_Q5_0)
+PASS_FNS(q4_K_pass, I8_Q4_K)
+PASS_FNS(q6_K_pass, I8_Q6_K)
 
 _Static_assert(PT == 6, "pass_fns lists PT functions per row");
-static const pass_fn pass_fns[N_KINDS][RV][PT] = {
+static const pass_fn pass_fns[I8_N_KINDS][RV][PT] = {
     { PASS_ROW(q8_0_pass, 1), PASS_ROW(q8_0_pass, 2) },
     { PASS_ROW(q4_0_pass, 1), PASS_ROW(q4_0_pass, 2) },
     { PASS_ROW(q5_0_pass, 1), PASS_ROW(q5_0_pass, 2) },
@@ -653,12 +626,12 @@ typedef void (*repack_fn)(const kvc_weight *w, int64_t rg, int nr, int nv, __m51
     {                                                                                                \
         repack(kind, w, rg, nr, nv, p, d, m);                                                        \
     }
-REPACK_FN(repack_q8_0, K_Q8_0)
-REPACK_FN(repack_q4_0, K_Q4_0)
-REPACK_FN(repack_q5_0, K_Q5_0)
-REPACK_FN(repack_q4_K, K_Q4_K)
-REPACK_FN(repack_q6_K, K_Q6_K)
-static const repack_fn repack_fns[N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
+REPACK_FN(repack_q8_0, I8_Q8_0)
+REPACK_FN(repack_q4_0, I8_Q4_0)
+REPACK_FN(repack_q5_0, I8_Q5_0)
+REPACK_FN(repack_q4_K, I8_Q4_K)
+REPACK_FN(repack_q6_K, I8_Q6_K)
+static const repack_fn repack_fns[I8_N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
 
 /* Bytes of a repacked group in scratch (the scales follow). */
 static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * KS * 64; }
@@ -666,7 +639,7 @@ static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * KS * 64
 static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                         int64_t r0, int64_t r1, float *scratch)
 {
-    const int kind = kind_of(w->type);
+    const int kind = kvc_i8_kind(w->type);
     const int64_t nb = w->n_in / 32;
     const size_t as = kvc_i8_act_row_bytes(w->n_in);
     __m512i *pack = (__m512i *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
