@@ -123,51 +123,6 @@ void kvc_avx2_i8_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_
 
 /* ------------------------------------------------------- weight blocks */
 
-/* Bit i of m as byte i (0 or 0xff) of a vector. */
-AI __m256i bits_to_bytes(uint32_t m)
-{
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), spread);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-
-/* The 32 integer weights q of block b of a row, as signed bytes
- * (kernels_int8.h: offsets already taken off). */
-AI __m256i block_q(const int kind, const uint8_t *row, int64_t b)
-{
-    if (kind == I8_Q6_K) {        /* 4 low bits from ql, 2 high from qh, as quant.c lays them out */
-        const block_q6_K *k = (const block_q6_K *)(const void *)row + b / 8;
-        const int j = (int)(b % 8), h = j / 4, kq = j % 4;
-        __m256i lo = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32 * (kq & 1)));
-        if (kq >= 2)
-            lo = _mm256_srli_epi16(lo, 4);
-        lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0f));
-        __m256i hb = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
-        hb = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * kq), _mm256_set1_epi8(3));
-        return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 4)), _mm256_set1_epi8(32));
-    }
-    if (kind == I8_Q4_K) {        /* low nibbles for even b, high for odd */
-        const uint8_t *qs = row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) +
-                            32 * (size_t)((b % 8) / 2);
-        const __m256i c = _mm256_loadu_si256((const __m256i *)qs);
-        return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
-    }
-    const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
-    if (kind == I8_Q8_0)
-        return _mm256_loadu_si256((const __m256i *)(k + 2));
-    const uint8_t *qs = k + (kind == I8_Q4_0 ? 2 : 6);
-    const __m128i nib = _mm_loadu_si128((const __m128i *)qs);
-    __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
-    if (kind == I8_Q4_0)
-        return _mm256_sub_epi8(c, _mm256_set1_epi8(8));
-    uint32_t qh;                 /* Q5_0: bit j of qh is the 5th bit of element j */
-    memcpy(&qh, k + 2, 4);
-    c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
-    return _mm256_sub_epi8(c, _mm256_set1_epi8(16));
-}
-
 /* p[k] lane l = dword k of r[l]: an 8 x 8 dword transpose. */
 AI void transpose_8x8(const __m256i r[GR], __m256i *p)
 {
@@ -228,10 +183,11 @@ AI void k_scales(const int kind, const uint8_t *const rows[GR], int n, int64_t s
  * repeat the last one, whose scale then fills their lanes, unused). */
 AI __m256 block_scales(const int kind, const uint8_t *const rows[GR], __m256i goff, int64_t b)
 {
-    const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)(rows[0] + (size_t)b * kvc_i8_block_bytes(kind)),
-                                             goff, 1);
-    const __m256i h = _mm256_shuffle_epi8(g, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                              0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+    const uint8_t *first = rows[0] + (size_t)b * kvc_i8_block_bytes(kind);
+    const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)first, goff, 1);
+    const __m256i low16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                           0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i h = _mm256_shuffle_epi8(g, low16);
     return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(h, _MM_SHUFFLE(3, 1, 2, 0))));
 }
 
@@ -310,7 +266,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         _Alignas(32) int16_t w[GR][2][16];
 #pragma GCC unroll 8
         for (int r = 0; r < GR; r++) {
-            const __m256i q = block_q(kind, rows[r], b);
+            const __m256i q = kvc_i8_block_q(kind, rows[r], b);
             _mm256_store_si256((__m256i *)w[r][0], _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
             _mm256_store_si256((__m256i *)w[r][1], _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
         }
@@ -433,7 +389,7 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
             __m256i r0[GR], r1[GR];     /* q_0..15 and q_16..31 of each row as int16 */
 #pragma GCC unroll 8
             for (int l = 0; l < GR; l++) {
-                const __m256i q = l < n ? block_q(kind, rows[l], b) : _mm256_setzero_si256();
+                const __m256i q = l < n ? kvc_i8_block_q(kind, rows[l], b) : _mm256_setzero_si256();
                 r0[l] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
                 r1[l] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
             }

@@ -69,6 +69,9 @@
 
 #include "kernels_internal.h"
 
+#include <stddef.h>
+#include <string.h>
+
 #define KVC_I8_AMIN 0x1p-96f          /* blocks with a smaller max |x| quantize to 0 */
 
 /* Bytes of one quantized token row of n_in elements (n_in % 32 == 0): a
@@ -159,6 +162,69 @@ static inline size_t kvc_i8_block_bytes(const int kind)
            : kind == I8_Q4_K ? sizeof(block_q4_K) / 8
                              : (sizeof(block_q6_K) + 7) / 8;
 }
+
+/* The 32 nibble bytes of Q4_K block b of a row (low nibbles for even b,
+ * high for odd). */
+static inline const uint8_t *kvc_i8_k4_codes(const uint8_t *row, int64_t b)
+{
+    return row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * (size_t)((b % 8) / 2);
+}
+
+#ifdef __AVX2__
+/* Weight blocks in integer form for the SIMD files (all built with AVX2 at
+ * least): the same values as kvc_i8_unpack_block_ref. */
+#include <immintrin.h>
+
+/* The 32 codes q + 32 of Q6_K block b of a row: 4 low bits from ql, 2 high
+ * from qh, as quant.c lays them out (blocks 4h + kq of the super-block's
+ * half h). */
+static inline __attribute__((always_inline)) __m256i kvc_i8_k6_codes(const uint8_t *row, int64_t b)
+{
+    const block_q6_K *k = (const block_q6_K *)(const void *)row + b / 8;
+    const int j = (int)(b % 8), h = j / 4, kq = j % 4;
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32 * (kq & 1)));
+    if (kq >= 2)
+        lo = _mm256_srli_epi16(lo, 4);
+    lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0f));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
+    hb = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * kq), _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+}
+
+/* Bit i of m as byte i (0 or 0xff) of a vector. */
+static inline __attribute__((always_inline)) __m256i kvc_i8_bits_to_bytes(uint32_t m)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+/* The 32 integer weights q of block b of a row of `kind`, as signed bytes
+ * (offsets already taken off). */
+static inline __attribute__((always_inline)) __m256i kvc_i8_block_q(const int kind, const uint8_t *row, int64_t b)
+{
+    if (kind == I8_Q6_K)
+        return _mm256_sub_epi8(kvc_i8_k6_codes(row, b), _mm256_set1_epi8(32));
+    if (kind == I8_Q4_K) {
+        const __m256i c = _mm256_loadu_si256((const __m256i *)kvc_i8_k4_codes(row, b));
+        return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
+    }
+    const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
+    if (kind == I8_Q8_0)
+        return _mm256_loadu_si256((const __m256i *)(k + 2));
+    const uint8_t *qs = k + (kind == I8_Q4_0 ? 2 : 6);
+    const __m128i nib = _mm_loadu_si128((const __m128i *)qs);
+    __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
+    if (kind == I8_Q4_0)
+        return _mm256_sub_epi8(c, _mm256_set1_epi8(8));
+    uint32_t qh;                 /* Q5_0: bit j of qh is the 5th bit of element j */
+    memcpy(&qh, k + 2, 4);
+    c = _mm256_or_si256(c, _mm256_and_si256(kvc_i8_bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+    return _mm256_sub_epi8(c, _mm256_set1_epi8(16));
+}
+#endif
 
 /* ------------------------------------------------ the AVX-512 VNNI parts
  * kernels_vnni.c; call only when the CPU has AVX-512 VNNI (kernels.c checks). */

@@ -126,22 +126,6 @@ AI __m512i reduce_rows(const __m512i z[8])
  *   I8_Q6_K: unsigned codes c = q + 32, two dot products per block (halves
  *           of 16 with scales of their own), each less 32 H (the half's sum
  *           of a, kernels_int8.h). */
-/* The 32 codes q + 32 of Q6_K block b of a row: 4 low bits from ql, 2 high
- * from qh, as quant.c lays them out (blocks 4h + kq of the super-block's
- * half h). */
-AI __m256i k6_codes(const uint8_t *row, int64_t b)
-{
-    const block_q6_K *k = (const block_q6_K *)(const void *)row + b / 8;
-    const int j = (int)(b % 8), h = j / 4, kq = j % 4;
-    __m256i lo = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32 * (kq & 1)));
-    if (kq >= 2)
-        lo = _mm256_srli_epi16(lo, 4);
-    lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0f));
-    __m256i hb = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
-    hb = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * kq), _mm256_set1_epi8(3));
-    return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-}
-
 /* p[q] lane l = dword q of r[l], for 16 vectors r of 8 dwords: an 8 x 8
  * dword transpose in each 256-bit half (rows l and l + 8 share a vector). */
 AI void transpose_16x8(const __m256i r[GR], __m512i *p)
@@ -189,13 +173,6 @@ AI void k6_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR
     transpose_16x8(r1, (__m512i *)(void *)dm);
 }
 
-/* The 32 nibble bytes of Q4_K block b of a row (low nibbles for even b,
- * high for odd). */
-AI const uint8_t *k4_codes(const uint8_t *row, int64_t b)
-{
-    return row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * (size_t)((b % 8) / 2);
-}
-
 /* Scales and mins of Q4_K super-block s of 16 rows: ds[j][l], dm[j][l] for
  * sub-block j of row l. ds, dm: 64-byte aligned. */
 AI void k4_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR], float dm[8][GR])
@@ -228,7 +205,7 @@ AI __m512i nibbles2(const uint8_t *qa, const uint8_t *qb)
 
 AI __m512i load_pair(const int kind, const uint8_t *ba, const uint8_t *bb)
 {
-    if (kind == I8_Q4_K)      /* ba, bb: k4_codes; the odd blocks' nibbles are shifted down by the caller */
+    if (kind == I8_Q4_K)      /* ba, bb: kvc_i8_k4_codes; the odd blocks' nibbles are shifted down by the caller */
         return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)ba)),
                                   _mm256_loadu_si256((const __m256i *)bb), 1);
     if (kind == I8_Q8_0)
@@ -308,11 +285,12 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
             if (kind == I8_Q4_K) {
-                const __m512i c = load_pair(kind, k4_codes(rows[pair_lo[p]], b), k4_codes(rows[pair_hi[p]], b));
+                const __m512i c =
+                    load_pair(kind, kvc_i8_k4_codes(rows[pair_lo[p]], b), kvc_i8_k4_codes(rows[pair_hi[p]], b));
                 w[p] = _mm512_and_si512(b & 1 ? _mm512_srli_epi16(c, 4) : c, _mm512_set1_epi8(0x0f));
             } else if (kind == I8_Q6_K) {
-                w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(k6_codes(rows[pair_lo[p]], b)),
-                                          k6_codes(rows[pair_hi[p]], b), 1);
+                w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(kvc_i8_k6_codes(rows[pair_lo[p]], b)),
+                                          kvc_i8_k6_codes(rows[pair_hi[p]], b), 1);
             } else {
                 w[p] = load_pair(kind, rows[pair_lo[p]] + off, rows[pair_hi[p]] + off);
             }
@@ -436,29 +414,6 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
 #define RV 2    /* row vectors a group */
 #define KS 16   /* int16 pairs (dwords) of a block */
 
-/* The 32 integer weights q of block b of a row, as bytes (kernels_int8.h). */
-AI __m256i block_q(const int kind, const uint8_t *row, int64_t b)
-{
-    if (kind == I8_Q6_K)
-        return _mm256_sub_epi8(k6_codes(row, b), _mm256_set1_epi8(32));
-    if (kind == I8_Q4_K) {
-        const __m256i c = _mm256_loadu_si256((const __m256i *)k4_codes(row, b));
-        return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
-    }
-    const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
-    if (kind == I8_Q8_0)
-        return _mm256_loadu_si256((const __m256i *)(k + 2));
-    const uint8_t *qs = k + (kind == I8_Q4_0 ? 2 : 6);
-    const __m128i nib = _mm_loadu_si128((const __m128i *)qs);
-    __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
-    if (kind == I8_Q5_0) {
-        uint32_t qh;
-        memcpy(&qh, k + 2, 4);
-        c = _mm256_mask_add_epi8(c, qh, c, _mm256_set1_epi8(0x10));
-    }
-    return _mm256_sub_epi8(c, _mm256_set1_epi8((char)code_offset(kind)));
-}
-
 /* Rows [rg, rg + nr) of W, nr <= 16 nv, into pack (per block: nv x KS dword
  * vectors) and their scales into dsc (per block: nv x 16 floats; K-quants:
  * Q4_K's mins or Q6_K's second scales into msc likewise); rows past nr are
@@ -483,7 +438,7 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
             __m256i r0[GR], r1[GR];     /* q_0..15 and q_16..31 of each row as int16 */
 #pragma GCC unroll 16
             for (int l = 0; l < GR; l++) {
-                const __m512i q = l < n ? _mm512_cvtepi8_epi16(block_q(kind, vb + (size_t)l * rb, b))
+                const __m512i q = l < n ? _mm512_cvtepi8_epi16(kvc_i8_block_q(kind, vb + (size_t)l * rb, b))
                                         : _mm512_setzero_si512();
                 r0[l] = _mm512_castsi512_si256(q);
                 r1[l] = _mm512_extracti64x4_epi64(q, 1);
