@@ -18,6 +18,9 @@
 #include "kernels_int8.h"
 #include "quant.h"
 
+#include <float.h>
+#include <stdint.h>
+
 /* The SIMD kernels of one ISA that uses the scheme. */
 typedef struct {
     kvc_isa     isa;
@@ -32,9 +35,6 @@ static const simd_kernels families[] = {
     { KVC_ISA_VNNI, "vnni", kvc_vnni_quantize_rows, kvc_vnni_matmul_act },
 };
 static const simd_kernels *fam;    /* the one under test */
-
-#include <float.h>
-#include <stdint.h>
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 
@@ -277,33 +277,29 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_t
     CHECKF(bad == 0, "%s kernel != scalar emulation (n_in %lld, n_out %lld, %s)", fam->name, (long long)n_in,
            (long long)n_out, what);
 
-    /* through the public entry points of the ISA */
-    {
-        const kvc_isa isa = fam->isa;
-        kvc_kernels_set_isa(isa);
-        kvc_matmul_rows(&m.w, x, ldx, n_tok, y, ldy, 0, n_out, scratch);
-        bad = count_diff(y, ref, n_tok, ldy, 0, n_out, kvc_isa_name((kvc_isa)isa), n_in);
-        CHECKF(bad == 0, "%s kvc_matmul_rows != scalar emulation (n_in %lld, %s)", kvc_isa_name((kvc_isa)isa),
-               (long long)n_in, what);
+    /* through the public entry points of the ISA (main set it to fam's) */
+    kvc_matmul_rows(&m.w, x, ldx, n_tok, y, ldy, 0, n_out, scratch);
+    bad = count_diff(y, ref, n_tok, ldy, 0, n_out, fam->name, n_in);
+    CHECKF(bad == 0, "%s kvc_matmul_rows != scalar emulation (n_in %lld, %s)", fam->name,
+           (long long)n_in, what);
 
-        const size_t nb = kvc_matmul_act_bytes(n_in, n_tok);
-        CHECK(nb == as * (size_t)n_tok);
-        CHECK(kvc_matmul_uses_act(&m.w));
-        uint8_t *pa = xalloc(nb);
-        kvc_matmul_act_quantize(n_in, x, ldx, n_tok, 0, n_tok / 2, pa);
-        kvc_matmul_act_quantize(n_in, x, ldx, n_tok, n_tok / 2, n_tok, pa);
-        CHECK(memcmp(pa, act, as * (size_t)n_tok) == 0);
-        for (int64_t i = 0; i < ldy * n_tok; i++)
-            y[i] = -1.0f;
-        for (int c = 0; c + 1 < 4; c++)
-            if (KVC_MIN(cuts[c], n_out) < KVC_MIN(cuts[c + 1], n_out))
-                kvc_matmul_rows_act(&m.w, pa, n_tok, y, ldy, KVC_MIN(cuts[c], n_out), KVC_MIN(cuts[c + 1], n_out),
-                                    scratch);
-        bad = count_diff(y, ref, n_tok, ldy, 0, n_out, "prepared", n_in);
-        CHECKF(bad == 0, "%s kvc_matmul_rows_act != scalar emulation (n_in %lld, %s)",
-               kvc_isa_name((kvc_isa)isa), (long long)n_in, what);
-        free(pa);
-    }
+    const size_t nb = kvc_matmul_act_bytes(n_in, n_tok);
+    CHECK(nb == as * (size_t)n_tok);
+    CHECK(kvc_matmul_uses_act(&m.w));
+    uint8_t *pa = xalloc(nb);
+    kvc_matmul_act_quantize(n_in, x, ldx, n_tok, 0, n_tok / 2, pa);
+    kvc_matmul_act_quantize(n_in, x, ldx, n_tok, n_tok / 2, n_tok, pa);
+    CHECK(memcmp(pa, act, as * (size_t)n_tok) == 0);
+    for (int64_t i = 0; i < ldy * n_tok; i++)
+        y[i] = -1.0f;
+    for (int c = 0; c + 1 < 4; c++)
+        if (KVC_MIN(cuts[c], n_out) < KVC_MIN(cuts[c + 1], n_out))
+            kvc_matmul_rows_act(&m.w, pa, n_tok, y, ldy, KVC_MIN(cuts[c], n_out), KVC_MIN(cuts[c + 1], n_out),
+                                scratch);
+    bad = count_diff(y, ref, n_tok, ldy, 0, n_out, "prepared", n_in);
+    CHECKF(bad == 0, "%s kvc_matmul_rows_act != scalar emulation (n_in %lld, %s)",
+           fam->name, (long long)n_in, what);
+    free(pa);
     free(scratch);
     free(x);
     free(act);
@@ -372,7 +368,30 @@ static void check_accuracy(void)
     free_wmat(&m);
 }
 
-static void check_family(void);
+static void check_family(void)
+{
+    check_quantize();
+    const int64_t shapes[][3] = { { 32, 9, 1 },     { 32, 40, 17 },   { 896, 37, 1 },   { 896, 37, 3 },
+                                  { 896, 33, 16 },  { 896, 100, 37 }, { 4864, 19, 2 },  { 4864, 48, 20 },
+                                  { 2048, 67, 130 }, { 896, 64, 512 }, { 128, 64, 1 },  { 128, 2048, 3 },
+                                  { 384, 128, 2 },  { 128, 384, 5 },  { 128, 2048, 1 } };
+    const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_K, KVC_TYPE_Q6_K };
+    for (size_t ti = 0; ti < KVC_ARRAY_LEN(types); ti++) {
+        const int64_t bs = kvc_type_info(types[ti])->block_size;
+        CHECK(kvc_i8_simd_type_ok(types[ti]));
+        for (size_t s = 0; s < KVC_ARRAY_LEN(shapes); s++)
+            if (shapes[s][0] % bs == 0)
+                check_matmul(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], false);
+        if (bs > 32) {                        /* shapes of its own: 256-element blocks */
+            check_matmul(types[ti], 256, 21, 1, false);
+            check_matmul(types[ti], 768, 53, 7, false);
+            check_matmul(types[ti], 1536, 70, 64, false);
+        }
+        check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 5, true);
+        check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 2, true);
+        check_matmul(types[ti], 4864, 17, 33, true);
+    }
+}
 
 int main(void)
 {
@@ -397,28 +416,4 @@ int main(void)
     }
     check_accuracy();
     return test_done("test_kernels_int8");
-}
-
-static void check_family(void)
-{
-    check_quantize();
-    const int64_t shapes[][3] = { { 32, 9, 1 },     { 32, 40, 17 },   { 896, 37, 1 },   { 896, 37, 3 },
-                                  { 896, 33, 16 },  { 896, 100, 37 }, { 4864, 19, 2 },  { 4864, 48, 20 },
-                                  { 2048, 67, 130 }, { 896, 64, 512 }, { 128, 64, 1 }, { 128, 2048, 3 }, { 384, 128, 2 }, { 128, 384, 5 }, { 128, 2048, 1 } };
-    const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_K, KVC_TYPE_Q6_K };
-    for (size_t ti = 0; ti < KVC_ARRAY_LEN(types); ti++) {
-        const int64_t bs = kvc_type_info(types[ti])->block_size;
-        CHECK(kvc_i8_simd_type_ok(types[ti]));
-        for (size_t s = 0; s < KVC_ARRAY_LEN(shapes); s++)
-            if (shapes[s][0] % bs == 0)
-                check_matmul(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], false);
-        if (bs > 32) {                        /* shapes of its own: 256-element blocks */
-            check_matmul(types[ti], 256, 21, 1, false);
-            check_matmul(types[ti], 768, 53, 7, false);
-            check_matmul(types[ti], 1536, 70, 64, false);
-        }
-        check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 5, true);
-        check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 2, true);
-        check_matmul(types[ti], 4864, 17, 33, true);
-    }
 }
