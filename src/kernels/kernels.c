@@ -85,11 +85,19 @@ static void tables_init(void)
     ops_vnni = kvc_kernels_avx512;
     ops_vnni.matmul_rows = kvc_vnni_matmul_rows;
     ops_vnni.matmul_scratch_floats = kvc_vnni_scratch_floats;
+    ops_vnni.act_quantize = kvc_vnni_quantize_rows;
+    ops_vnni.matmul_act = kvc_vnni_matmul_act;
+    ops_vnni.act_prefill_min_tok = KVC_VNNI_PREFILL_MIN_TOK;
+    ops_vnni.act_prefill_rows = KVC_VNNI_PREFILL_ROWS;
     /* avx2: the AVX2 vector kernels with the integer matmul of kernels_avx2_int8.c
      * (which keeps kvc_kernels_avx2's float matmul for the types it does not take) */
     ops_avx2 = kvc_kernels_avx2;
     ops_avx2.matmul_rows = kvc_avx2_i8_matmul_rows;
     ops_avx2.matmul_scratch_floats = kvc_avx2_i8_scratch_floats;
+    ops_avx2.act_quantize = kvc_avx2_i8_quantize_rows;
+    ops_avx2.matmul_act = kvc_avx2_i8_matmul_act;
+    ops_avx2.act_prefill_min_tok = KVC_AVX2_I8_PREFILL_MIN_TOK;
+    ops_avx2.act_prefill_rows = KVC_AVX2_I8_PREFILL_ROWS;
 }
 
 const kvc_kernel_ops *kvc_kernel_ops_for(kvc_isa isa)
@@ -169,12 +177,9 @@ void kvc_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n
     ops()->matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
 }
 
-/* Prepared activations: the integer scheme's quantized rows (kernels_int8.h). */
-static bool act_isa(void)
-{
-    const kvc_isa isa = kvc_kernels_isa();      /* avx512 without VNNI keeps the float scheme */
-    return isa == KVC_ISA_AVX2 || isa >= KVC_ISA_VNNI;
-}
+/* Prepared activations: the integer scheme's quantized rows (kernels_int8.h),
+ * on the ISAs whose table has them (avx2, vnni; not avx512 without VNNI). */
+static bool act_isa(void) { return ops()->matmul_act != NULL; }
 
 size_t kvc_matmul_act_bytes(int64_t n_in, int64_t n_tok)
 {
@@ -190,20 +195,15 @@ bool kvc_matmul_uses_act(const kvc_weight *w)
 
 int64_t kvc_matmul_act_row_group(int64_t n_tok)
 {
-    if (kvc_kernels_isa() == KVC_ISA_AVX2)
-        return n_tok >= KVC_AVX2_I8_PREFILL_MIN_TOK ? KVC_AVX2_I8_PREFILL_ROWS : 16;
-    return n_tok >= KVC_VNNI_PREFILL_MIN_TOK ? KVC_VNNI_PREFILL_ROWS : 16;
+    const kvc_kernel_ops *o = ops();
+    return o->matmul_act && n_tok >= o->act_prefill_min_tok ? o->act_prefill_rows : 16;
 }
 
 void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t n_tok,
                              int64_t t0, int64_t t1, void *act)
 {
-    if (!act_isa() || n_in <= 0 || n_in % 32 != 0 || t0 < 0 || t0 >= t1 || t1 > n_tok)
-        return;
-    if (kvc_kernels_isa() == KVC_ISA_AVX2)
-        kvc_avx2_i8_quantize_rows(x, ldx, n_in, t0, t1, act);
-    else
-        kvc_vnni_quantize_rows(x, ldx, n_in, t0, t1, act);
+    if (act_isa() && n_in > 0 && n_in % 32 == 0 && 0 <= t0 && t0 < t1 && t1 <= n_tok)
+        ops()->act_quantize(x, ldx, n_in, t0, t1, act);
 }
 
 void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, float *y, int64_t ldy,
@@ -211,10 +211,7 @@ void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, fl
 {
     if (n_tok <= 0 || r0 >= r1 || !kvc_matmul_uses_act(w))
         return;
-    if (kvc_kernels_isa() == KVC_ISA_AVX2)
-        kvc_avx2_i8_matmul_act(w, act, n_tok, y, ldy, r0, r1, scratch);
-    else
-        kvc_vnni_matmul_act(w, act, n_tok, y, ldy, r0, r1, scratch);
+    ops()->matmul_act(w, act, n_tok, y, ldy, r0, r1, scratch);
 }
 
 void kvc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)

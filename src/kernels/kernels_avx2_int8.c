@@ -595,7 +595,7 @@ size_t kvc_avx2_i8_scratch_floats(int64_t n_in)
 void kvc_avx2_i8_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
                              int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
-    if (!kvc_i8_simd_type_ok(w->type) || w->n_in % 32 != 0) {
+    if (!kvc_i8_simd_type_ok(w->type)) {
         kvc_kernels_avx2.matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
         return;
     }

@@ -21,6 +21,13 @@ typedef struct kvc_kernel_ops {
     void   (*fp32_to_fp16_row)(const float *x, kvc_fp16 *y, int64_t n);
     void   (*fp16_to_fp32_row)(const kvc_fp16 *x, float *y, int64_t n);
     void   (*swiglu)(float *g, const float *u, int64_t n);
+    /* The integer scheme's prepared activations (kernels_int8.h): NULL / 0 on
+     * the ISAs of the float scheme. From act_prefill_min_tok tokens on,
+     * matmul_act takes act_prefill_rows rows at a time (kvc_matmul_act_row_group). */
+    void   (*act_quantize)(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act);
+    void   (*matmul_act)(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                         int64_t r0, int64_t r1, float *scratch);
+    int64_t act_prefill_min_tok, act_prefill_rows;
 } kvc_kernel_ops;
 
 extern const kvc_kernel_ops kvc_kernels_scalar;   /* kernels.c */
