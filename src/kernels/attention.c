@@ -13,17 +13,25 @@
 size_t kvc_attn_scratch_floats(int64_t n_rows, int32_t hd)
 {
     const size_t rows = (size_t)(n_rows > 0 ? n_rows : 0);
-    size_t n = rows * (1 + 16);
+    size_t n = rows * (1 + 16), tail = 0;
     if (kvc_attn_i16_ok(hd))   /* alignment, q rows, cq (rounded up to 64 bytes), slots */
-        n += (64 + rows * (size_t)hd * 2 + (rows * 4 + 63) / 64 * 64 +
-              KVC_ATTN_I16_SLOTS * kvc_attn_i16_block_bytes(hd)) / sizeof(float);
-    return n;
+        tail = (64 + rows * (size_t)hd * 2 + (rows * 4 + 63) / 64 * 64 +
+                KVC_ATTN_I16_SLOTS * kvc_attn_i16_block_bytes(hd)) / sizeof(float);
+    if (hd > 0)   /* alignment, the F32 slots of the avx2 ISA */
+        tail = KVC_MAX(tail, 8 + 2 * (size_t)hd * KVC_ATTN_B * 2);
+    return n + tail;
 }
 
 int16_t *kvc_attn_i16_q(const kvc_attn_args *a)
 {
     uintptr_t p = (uintptr_t)(a->scratch + (size_t)a->n_tok * a->n_q * (1 + 16));
     return (int16_t *)((p + 63) & ~(uintptr_t)63);
+}
+
+float *kvc_attn_f32_slot(const kvc_attn_args *a, int i)
+{
+    uintptr_t p = (uintptr_t)(a->scratch + (size_t)a->n_tok * a->n_q * (1 + 16));
+    return (float *)((p + 31) & ~(uintptr_t)31) + (size_t)i * a->hd * KVC_ATTN_B * 2;
 }
 
 float *kvc_attn_i16_cq(const kvc_attn_args *a)
@@ -264,7 +272,7 @@ void kvc_attention(const kvc_attn_args *a)
     } else if (isa >= KVC_ISA_AVX512 && a->hd % 16 == 0)
         walk(a, kvc_attn_block_avx512, kvc_attn_full_avx512);
     else if (isa >= KVC_ISA_AVX2 && a->hd % 8 == 0)
-        walk(a, kvc_attn_block_avx2, NULL);
+        walk(a, kvc_attn_block_avx2, a->hd % 32 == 0 ? kvc_attn_full_avx2 : NULL);
     else
         walk(a, block_ref, NULL);
 }

@@ -132,7 +132,11 @@ void kvc_attn_block_avx2(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t 
 /* Blocks [b0, b1) into every row of the tile, each of which sees all their
  * positions; the same operations as the block kernel, block after block. */
 void kvc_attn_full_avx512(const kvc_attn_args *a, int64_t b0, int64_t b1);
-
+/* The same on avx2 (hd % 32 == 0), with F16 blocks converted once a tile
+ * into the scratch after the float state: slot i (< 2, 32-byte aligned)
+ * holds a block's K [hd][16] then V [16][hd] in F32. */
+void kvc_attn_full_avx2(const kvc_attn_args *a, int64_t b0, int64_t b1);
+float *kvc_attn_f32_slot(const kvc_attn_args *a, int i);
 /* The integer scheme. Scratch: the float state above, then from
  * kvc_attn_i16_q (64-byte aligned) per row its q in integer form (hd int16),
  * then per row cq, then KVC_ATTN_I16_SLOTS blocks in the kernel's integer
