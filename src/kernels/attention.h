@@ -8,8 +8,9 @@
  * in F16 or F32.
  *
  * The kernel walks the blocks once, in order 0, 1, 2, ...; each block's K and
- * V are read once for the whole tile (F16 converted in registers) and folded
- * into every query row that sees part of it, with an online softmax. For one
+ * V are read once for the whole tile (F16 converted in registers, or on
+ * avx2 once a tile into the scratch) and folded into every query row that
+ * sees part of it, with an online softmax. For one
  * query row and block b (positions p = 16b + j, j < 16, the row seeing n of them):
  *   s_j   = (fma chain over d = 0 .. hd-1 of q[d] * K[d][j]) * scale,  -inf for j >= n
  *   m'    = max(m, max_j s_j);  alpha = kvc_exp_neg(m - m')   (m = -inf before block 0)
@@ -137,6 +138,7 @@ void kvc_attn_full_avx512(const kvc_attn_args *a, int64_t b0, int64_t b1);
  * holds a block's K [hd][16] then V [16][hd] in F32. */
 void kvc_attn_full_avx2(const kvc_attn_args *a, int64_t b0, int64_t b1);
 float *kvc_attn_f32_slot(const kvc_attn_args *a, int i);
+
 /* The integer scheme. Scratch: the float state above, then from
  * kvc_attn_i16_q (64-byte aligned) per row its q in integer form (hd int16),
  * then per row cq, then KVC_ATTN_I16_SLOTS blocks in the kernel's integer
