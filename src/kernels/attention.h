@@ -150,6 +150,27 @@ static inline size_t kvc_attn_i16_block_bytes(int32_t hd) { return (size_t)hd * 
 int16_t *kvc_attn_i16_q(const kvc_attn_args *a);
 float *kvc_attn_i16_cq(const kvc_attn_args *a);
 uint8_t *kvc_attn_i16_slot(const kvc_attn_args *a, int i);
+
+/* A block in integer form, as the vnni and avx2 kernels keep it in a slot
+ * (kvc_attn_i16_block_bytes(hd) bytes):
+ *   kp [hd / 2][16]  int16 pairs (Ki[2p][j], Ki[2p + 1][j]), position j
+ *   sk [16]          K's scales, position j
+ *   vp [8][hd]       int16 pairs (Vi[2k][d], Vi[2k + 1][d]), dimension d
+ *   cv [hd]          V's scales */
+typedef struct kvc_attn_i16_block {
+    int32_t     *kp, *vp;
+    float       *sk, *cv;
+} kvc_attn_i16_block;
+
+static inline kvc_attn_i16_block kvc_attn_i16_block_at(const kvc_attn_args *a, int i)
+{
+    uint8_t *p = kvc_attn_i16_slot(a, i);
+    const size_t hd = (size_t)a->hd;
+    kvc_attn_i16_block ib = { (int32_t *)(void *)p, (int32_t *)(void *)(p + 32 * hd + 64),
+                              (float *)(void *)(p + 32 * hd), (float *)(void *)(p + 64 * hd + 64) };
+    return ib;
+}
+
 float kvc_attn_i16_vec(const float *x, int64_t stride, int32_t hd, int16_t *xi);
 void kvc_attn_i16_quantize_q(const kvc_attn_args *a);
 void kvc_attn_block_vnni(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);

@@ -26,24 +26,7 @@
 
 enum { B = KVC_ATTN_B, R_MAX = 8 };
 
-/* A block in integer form (kvc_attn_i16_block_bytes(hd) bytes):
- *   kp [hd / 2][16]  int16 pairs (Ki[2p][j], Ki[2p + 1][j]), lane j
- *   sk [16]          K's scales, lane j
- *   vp [8][hd]       int16 pairs (Vi[2k][d], Vi[2k + 1][d]), lane d
- *   cv [hd]          V's scales */
-typedef struct iblock {
-    int32_t     *kp, *vp;
-    float       *sk, *cv;
-} iblock;
-
-static iblock iblock_at(const kvc_attn_args *a, int i)
-{
-    uint8_t *p = kvc_attn_i16_slot(a, i);
-    const size_t hd = (size_t)a->hd;
-    iblock ib = { (int32_t *)(void *)p, (int32_t *)(void *)(p + 32 * hd + 64),
-                  (float *)(void *)(p + 32 * hd), (float *)(void *)(p + 64 * hd + 64) };
-    return ib;
-}
+typedef kvc_attn_i16_block iblock;   /* attention.h gives its layout */
 
 AI __m512 load16(bool f16, const void *base, int64_t i)
 {
@@ -322,7 +305,7 @@ static void rows_all(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32
  * tokens that see it whole (the last ones) together. */
 void kvc_attn_block_vnni(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1)
 {
-    const iblock ib = iblock_at(a, 0);
+    const iblock ib = kvc_attn_i16_block_at(a, 0);
     while (r0 < r1) {
         const int32_t n = kvc_attn_seen(a, b, r0);
         const int32_t end = n < B ? r0 + a->n_q : r1;
@@ -339,7 +322,7 @@ void kvc_attn_full_vnni(const kvc_attn_args *a, int64_t b0, int64_t b1)
     const int32_t rows = a->n_tok * a->n_q;
     iblock ib[KVC_ATTN_I16_SLOTS];
     for (int i = 0; i < KVC_ATTN_I16_SLOTS; i++)
-        ib[i] = iblock_at(a, i);
+        ib[i] = kvc_attn_i16_block_at(a, i);
     for (int64_t b = b0, nb; b < b1; b += nb) {
         nb = b1 - b >= 2 ? 2 : 1;
         for (int i = 0; i < nb; i++)
