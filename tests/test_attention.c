@@ -1,7 +1,7 @@
 /* test_attention.c - the tiled attention kernel: every ISA the CPU has gives
- * the bits of its scheme's scalar reference (the float one, or on "vnni",
- * for head dims that are multiples of 32, the integer one), for F16
- * and F32 K/V, GQA groups, head sizes, tiles of 1 to 40 tokens and lengths
+ * the bits of its scheme's scalar reference (the float one, or on "vnni"
+ * and "avx2", for head dims that are multiples of 32 up to 256, the integer
+ * one), for F16 and F32 K/V, GQA groups, head sizes, tiles of 1 to 40 tokens and lengths
  * that end inside a block; a tile's rows equal the same tokens run one at a
  * time (prefill = decode); positions a token does not see may hold inf or NaN
  * without effect; and the result is a softmax-weighted mean of V within float
@@ -132,7 +132,7 @@ static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool o
     for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_VNNI; isa++) {
         if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK)
             continue;
-        const float *want = isa == KVC_ISA_VNNI && i16 ? ref_i16 : ref;
+        const float *want = kvc_attn_uses_i16(hd) ? ref_i16 : ref;
         a.out = out;
         memset(out, 0xff, nf * sizeof(float));
         kvc_attention(&a);
@@ -193,6 +193,7 @@ int main(void)
                 run_case(16, 128, lens[l], toks[t], f16, false);
                 run_case(5, 80, lens[l], toks[t], f16, false);  /* output chunks of 64, 32 and 16 */
                 run_case(2, 8, lens[l], toks[t], f16, false);   /* avx2 only; scalar on avx512 */
+                run_case(2, 288, lens[l], toks[t], f16, false); /* past the integer scheme: float, whole blocks */
                 run_case(3, 12, lens[l], toks[t], f16, false);  /* not a multiple of 8: scalar everywhere */
             }
     printf("integer scheme: largest error relative to the largest output, from float64: %.3g\n", i16_worst);

@@ -258,17 +258,26 @@ void kvc_attention_ref_i16(const kvc_attn_args *a)
     walk(a, block_ref_i16, NULL);
 }
 
+bool kvc_attn_uses_i16(int32_t hd)
+{
+    const kvc_isa isa = kvc_kernels_isa();
+    return (isa == KVC_ISA_VNNI || isa == KVC_ISA_AVX2) && kvc_attn_i16_ok(hd);
+}
+
 int32_t kvc_attn_tile_rows(int32_t hd)
 {
-    return kvc_kernels_isa() == KVC_ISA_VNNI && kvc_attn_i16_ok(hd) ? 256 : 128;
+    return kvc_attn_uses_i16(hd) ? 256 : 128;
 }
 
 void kvc_attention(const kvc_attn_args *a)
 {
     kvc_isa isa = kvc_kernels_isa();
-    if (isa == KVC_ISA_VNNI && kvc_attn_i16_ok(a->hd)) {
+    if (kvc_attn_uses_i16(a->hd)) {
         kvc_attn_i16_quantize_q(a);
-        walk(a, kvc_attn_block_vnni, kvc_attn_full_vnni);
+        if (isa == KVC_ISA_VNNI)
+            walk(a, kvc_attn_block_vnni, kvc_attn_full_vnni);
+        else
+            walk(a, kvc_attn_block_avx2_i16, kvc_attn_full_avx2_i16);
     } else if (isa >= KVC_ISA_AVX512 && a->hd % 16 == 0)
         walk(a, kvc_attn_block_avx512, kvc_attn_full_avx512);
     else if (isa >= KVC_ISA_AVX2 && a->hd % 8 == 0)

@@ -19,14 +19,16 @@
  *   o[d]  = fma chain over j < n of e_j * V[j][d], starting from o[d] * alpha
  * and after the last block  o[d] *= 1 / (l summed as halves added pairwise: +8, +4, +2, +1).
  * The scalar, avx2 and avx512 ISAs run exactly these operations for every
- * row (vnni runs the integer scheme below), so a row's result depends only on
+ * row (vnni and avx2 run the integer scheme below where it applies), so a row's result depends only on
  * its query and the positions it sees: not on the other rows of the tile, the
  * tile size, the batch, the thread, or which of those ISAs ran it. Prefill
  * (big tiles) and decode (one token) therefore agree bit for bit.
  *
- * THE INTEGER SCHEME of the "vnni" ISA (hd % 32 == 0, hd <= KVC_ATTN_I16_MAX_HD).
+ * THE INTEGER SCHEME of the "vnni" and "avx2" ISAs (kvc_attn_i16_ok: hd % 32
+ * == 0, hd <= KVC_ATTN_I16_MAX_HD).
  * WHY: VPDPWSSD does 32 int16 multiply-adds per instruction, twice an FMA's
- * work at the same rate, and integer sums are exact in any order: the kernels
+ * work at the same rate (AVX2's VPMADDWD and VPADDD, 16, run about 1.5 times
+ * an FMA's rate on Zen 3), and integer sums are exact in any order: the kernels
  * equal their scalar reference (kvc_attention_ref_i16) bit for bit, and a
  * row's result still depends on nothing but its query and what it sees.
  * Float operations are float32, rounding to nearest; rint rounds to nearest
@@ -94,8 +96,12 @@ size_t kvc_attn_scratch_floats(int64_t n_rows, int32_t hd);
  * block once a tile, so it wants bigger tiles. */
 int32_t kvc_attn_tile_rows(int32_t hd);
 
+/* Whether the ISA in use runs the integer scheme for head dim hd: vnni or
+ * avx2, and kvc_attn_i16_ok(hd). */
+bool kvc_attn_uses_i16(int32_t hd);
+
 /* out = attention of every row of the tile (see above): the integer scheme
- * on the "vnni" ISA when kvc_attn_i16_ok(hd), the float scheme otherwise. */
+ * where kvc_attn_uses_i16(hd), the float scheme otherwise. */
 void kvc_attention(const kvc_attn_args *a);
 /* The scalar references of the float and (hd: kvc_attn_i16_ok) the integer
  * scheme, for tests. */
@@ -175,6 +181,8 @@ float kvc_attn_i16_vec(const float *x, int64_t stride, int32_t hd, int16_t *xi);
 void kvc_attn_i16_quantize_q(const kvc_attn_args *a);
 void kvc_attn_block_vnni(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 void kvc_attn_full_vnni(const kvc_attn_args *a, int64_t b0, int64_t b1);
+void kvc_attn_block_avx2_i16(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
+void kvc_attn_full_avx2_i16(const kvc_attn_args *a, int64_t b0, int64_t b1);
 
 /* How many positions of block b row r sees: 1 .. KVC_ATTN_B. */
 static inline int32_t kvc_attn_seen(const kvc_attn_args *a, int64_t b, int32_t r)

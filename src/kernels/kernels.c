@@ -119,7 +119,7 @@ kvc_isa kvc_kernels_isa(void)
 
 /* Raised whenever a kernel's bits change on some ISA (a new order of
  * operations, another scheme), so that caches written before are not reused. */
-#define KVC_ARITH_VERSION 2
+#define KVC_ARITH_VERSION 3
 
 uint64_t kvc_kernels_arith_id(void)
 {
