@@ -273,7 +273,7 @@ void kvc_attention(const kvc_attn_args *a)
 {
     kvc_isa isa = kvc_kernels_isa();
     if (kvc_attn_uses_i16(a->hd)) {
-        kvc_attn_i16_quantize_q(a);
+        kvc_attn_i16_quantize_q_simd(a);
         if (isa == KVC_ISA_VNNI)
             walk(a, kvc_attn_block_vnni, kvc_attn_full_vnni);
         else

@@ -181,6 +181,7 @@ float kvc_attn_i16_vec(const float *x, int64_t stride, int32_t hd, int16_t *xi);
 void kvc_attn_i16_quantize_q(const kvc_attn_args *a);
 void kvc_attn_block_vnni(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 void kvc_attn_full_vnni(const kvc_attn_args *a, int64_t b0, int64_t b1);
+void kvc_attn_i16_quantize_q_simd(const kvc_attn_args *a);   /* the same bits, on vnni and avx2 */
 void kvc_attn_block_avx2_i16(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 void kvc_attn_full_avx2_i16(const kvc_attn_args *a, int64_t b0, int64_t b1);
 

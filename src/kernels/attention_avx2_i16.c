@@ -25,6 +25,7 @@
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #define AI static inline __attribute__((always_inline))
 
@@ -91,6 +92,44 @@ AI __m256 seen_mask(int32_t j0, int32_t n)
 {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0), lane));
+}
+
+/* kvc_attn_i16_quantize_q with SSE lanes: lane i of the norm is the
+ * reference's fma chain over d = i, i + 4, ... (hd % 4 == 0), the rest its
+ * scalar steps. Run by the vnni ISA too, which has AVX2. */
+void kvc_attn_i16_quantize_q_simd(const kvc_attn_args *a)
+{
+    const int32_t rows = a->n_tok * a->n_q, hd = a->hd;
+    int16_t *qi = kvc_attn_i16_q(a);
+    float *cq = kvc_attn_i16_cq(a);
+    for (int32_t r = 0; r < rows; r++) {
+        const float *x = kvc_attn_q_row(a, r);
+        int16_t *xi = qi + (size_t)r * hd;
+        __m128 c = _mm_setzero_ps(), mx = _mm_setzero_ps();
+        for (int32_t d = 0; d < hd; d += 4) {
+            const __m128 v = _mm_loadu_ps(x + d);
+            c = _mm_fmadd_ps(v, v, c);
+            mx = _mm_max_ps(_mm_andnot_ps(_mm_set1_ps(-0.0f), v), mx);   /* a NaN v leaves mx */
+        }
+        _Alignas(16) float cl[4], ml[4];
+        _mm_store_ps(cl, c);
+        _mm_store_ps(ml, mx);
+        const float n2 = (cl[0] + cl[1]) + (cl[2] + cl[3]);
+        const float amax = fmaxf(fmaxf(ml[0], ml[1]), fmaxf(ml[2], ml[3]));
+        if (!(amax >= KVC_I8_AMIN) || !(n2 <= FLT_MAX)) {
+            memset(xi, 0, (size_t)hd * sizeof(*xi));
+            cq[r] = 0.0f;
+            continue;
+        }
+        const float inv = fminf(46000.0f / sqrtf(n2), 32767.0f / amax);
+        const __m256 iv = _mm256_set1_ps(inv);
+        for (int32_t d = 0; d < hd; d += 16) {   /* |x * inv| <= 32767: the packs do not saturate */
+            const __m256i lo = rint32(_mm256_mul_ps(_mm256_loadu_ps(x + d), iv));
+            const __m256i hi = rint32(_mm256_mul_ps(_mm256_loadu_ps(x + d + 8), iv));
+            _mm256_storeu_si256((__m256i *)(xi + d), _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8));
+        }
+        cq[r] = ((1.0f / inv) * a->scale) * KVC_LOG2E;
+    }
 }
 
 /* Block b into slot ib as rows that see its first n positions take it. */
