@@ -207,6 +207,45 @@ static void block_ref_i16(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t
         block_row_ref_i16(a, b, r);
 }
 
+/* ------------------------------------------------ the integer scheme's walk */
+
+static const kvc_attn_i16_ops *i16_ops(void)
+{
+    return kvc_kernels_isa() == KVC_ISA_VNNI ? &kvc_attn_i16_vnni : &kvc_attn_i16_avx2;
+}
+
+/* Block b into rows [r0, r1) (whole tokens): the tokens that see part of it
+ * one at a time, each with the block in integer form for what it sees; the
+ * tokens that see it whole (the last ones) together. */
+static void block_i16(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1)
+{
+    const kvc_attn_i16_ops *ops = i16_ops();
+    const kvc_attn_i16_block ib = kvc_attn_i16_block_at(a, 0);
+    while (r0 < r1) {
+        const int32_t n = kvc_attn_seen(a, b, r0);
+        const int32_t end = n < KVC_ATTN_B ? r0 + a->n_q : r1;
+        ops->convert(a, b, n, &ib);
+        ops->rows(a, &ib, r0, end, n, 1);
+        r0 = end;
+    }
+}
+
+/* Blocks [b0, b1) that every row sees whole: max_nb at a time, each put in
+ * integer form once, then folded into every row. */
+static void full_i16(const kvc_attn_args *a, int64_t b0, int64_t b1)
+{
+    const kvc_attn_i16_ops *ops = i16_ops();
+    kvc_attn_i16_block ib[KVC_ATTN_I16_SLOTS];
+    for (int i = 0; i < KVC_ATTN_I16_SLOTS; i++)
+        ib[i] = kvc_attn_i16_block_at(a, i);
+    for (int64_t b = b0, nb; b < b1; b += nb) {
+        nb = KVC_MIN(b1 - b, (int64_t)ops->max_nb);
+        for (int i = 0; i < nb; i++)
+            ops->convert(a, b + i, KVC_ATTN_B, &ib[i]);
+        ops->rows(a, ib, 0, a->n_tok * a->n_q, KVC_ATTN_B, (int)nb);
+    }
+}
+
 /* ------------------------------------------------------------------ walk */
 
 typedef void block_fn(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
@@ -274,10 +313,7 @@ void kvc_attention(const kvc_attn_args *a)
     kvc_isa isa = kvc_kernels_isa();
     if (kvc_attn_uses_i16(a->hd)) {
         kvc_attn_i16_quantize_q_simd(a);
-        if (isa == KVC_ISA_VNNI)
-            walk(a, kvc_attn_block_vnni, kvc_attn_full_vnni);
-        else
-            walk(a, kvc_attn_block_avx2_i16, kvc_attn_full_avx2_i16);
+        walk(a, block_i16, full_i16);
     } else if (isa >= KVC_ISA_AVX512 && a->hd % 16 == 0)
         walk(a, kvc_attn_block_avx512, kvc_attn_full_avx512);
     else if (isa >= KVC_ISA_AVX2 && a->hd % 8 == 0)

@@ -179,11 +179,20 @@ static inline kvc_attn_i16_block kvc_attn_i16_block_at(const kvc_attn_args *a, i
 
 float kvc_attn_i16_vec(const float *x, int64_t stride, int32_t hd, int16_t *xi);
 void kvc_attn_i16_quantize_q(const kvc_attn_args *a);
-void kvc_attn_block_vnni(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
-void kvc_attn_full_vnni(const kvc_attn_args *a, int64_t b0, int64_t b1);
 void kvc_attn_i16_quantize_q_simd(const kvc_attn_args *a);   /* the same bits, on vnni and avx2 */
-void kvc_attn_block_avx2_i16(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
-void kvc_attn_full_avx2_i16(const kvc_attn_args *a, int64_t b0, int64_t b1);
+
+/* An ISA's two steps of the integer scheme; attention.c walks the blocks
+ * with them. convert puts block b into slot ib as rows that see its first n
+ * positions take it; rows folds the nb <= max_nb blocks of ib (in order, each
+ * seen whole when nb > 1) into rows [r0, r1), which see its first n. */
+typedef struct kvc_attn_i16_ops {
+    void (*convert)(const kvc_attn_args *a, int64_t b, int32_t n, const kvc_attn_i16_block *ib);
+    void (*rows)(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t r1, int32_t n,
+                 int nb);
+    int   max_nb;   /* <= KVC_ATTN_I16_SLOTS */
+} kvc_attn_i16_ops;
+extern const kvc_attn_i16_ops kvc_attn_i16_vnni;   /* attention_vnni.c */
+extern const kvc_attn_i16_ops kvc_attn_i16_avx2;   /* attention_avx2_i16.c */
 
 /* How many positions of block b row r sees: 1 .. KVC_ATTN_B. */
 static inline int32_t kvc_attn_seen(const kvc_attn_args *a, int64_t b, int32_t r)

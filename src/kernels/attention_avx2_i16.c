@@ -61,20 +61,6 @@ AI __m256i madd_bcast(__m256i acc, __m256i v, const int32_t *p)
     return acc;
 }
 
-/* kvc_exp2_neg (attention.c) on 8 lanes, the same operations lane by lane:
- * the multiply by 2^n is exact (n >= -120: 2^n and the result are normal). */
-AI __m256 exp2_neg8(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-120.0f));
-    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(KVC_EXP2_C4), f, _mm256_set1_ps(KVC_EXP2_C3));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(KVC_EXP2_C2));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(KVC_EXP2_C1));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(_mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f)), _mm256_castsi256_ps(e));
-}
-
 /* Lane r of the result = the maximum of the 8 lanes of x[r], r < R <= 4
  * (lanes past R: row 0). The maximum does not depend on the order (for
  * scores that are not NaN). */
@@ -132,7 +118,8 @@ void kvc_attn_i16_quantize_q_simd(const kvc_attn_args *a)
     }
 }
 
-/* Block b into slot ib as rows that see its first n positions take it. */
+/* Block b into slot ib as rows that see its first n positions take it (the
+ * ops' convert). */
 AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const kvc_attn_i16_block *ib, const bool f16)
 {
     const int32_t hd = a->hd;
@@ -246,7 +233,7 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
     const __m256 mv = _mm256_zextps128_ps256(_mm_maskload_ps(a->scratch + r0, _mm_setr_epi32(
         -(R > 0), -(R > 1), -(R > 2), -(R > 3))));
     const __m256 m1 = _mm256_max_ps(mbv, mv);   /* mb > m ? mb : m */
-    const __m256 ev = exp2_neg8(_mm256_sub_ps(mbv, m1)), al = exp2_neg8(_mm256_sub_ps(mv, m1));
+    const __m256 ev = kvc_exp2_neg8(_mm256_sub_ps(mbv, m1)), al = kvc_exp2_neg8(_mm256_sub_ps(mv, m1));
     const bool same = (_mm256_movemask_ps(_mm256_cmp_ps(al, _mm256_set1_ps(1.0f), _CMP_EQ_OQ)) & rmask) == rmask;
     _Alignas(32) float mb[8], alpha[8], emax[8], w[8];
     _mm256_store_ps(mb, mbv);
@@ -264,7 +251,7 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
         __m256i pr[2];
         #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            const __m256 e = _mm256_and_ps(seen[h], exp2_neg8(_mm256_sub_ps(s[r][h], _mm256_set1_ps(mb[r]))));
+            const __m256 e = _mm256_and_ps(seen[h], kvc_exp2_neg8(_mm256_sub_ps(s[r][h], _mm256_set1_ps(mb[r]))));
             const __m256 lv = _mm256_loadu_ps(l + 8 * h);
             _mm256_storeu_ps(l + 8 * h, _mm256_fmadd_ps(_mm256_set1_ps(emax[r]), e,
                                                         same ? lv : _mm256_mul_ps(lv, _mm256_set1_ps(alpha[r]))));
@@ -315,7 +302,7 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
 
 /* Rows [r0, r0 + R), R <= 4, in the block of ib: the constants rows_i16
  * unrolls on. Not inlined into the loop below: inlined, the compiler keeps
- * exp2_neg8's constants in registers across it. */
+ * kvc_exp2_neg8's constants in registers across it. */
 static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0,
                                              int32_t R, int32_t n)
 {
@@ -327,9 +314,12 @@ static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const kvc_a
         ROWS_CASES(0)
 }
 
-/* Rows [r0, r1) in the block of ib, 4 at a time (the last 5 to 7 split evenly). */
-static void rows_all(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t r1, int32_t n)
+/* Rows [r0, r1) in the block of ib (nb = 1), 4 at a time (the last 5 to 7
+ * split evenly): the ops' rows. */
+static void rows_all(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t r1, int32_t n,
+                     int nb)
 {
+    (void)nb;
     for (int32_t R; r0 < r1; r0 += R) {
         const int32_t left = r1 - r0;
         R = left <= R_MAX ? left : left < 2 * R_MAX ? (left + 1) / 2 : R_MAX;
@@ -337,29 +327,4 @@ static void rows_all(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32
     }
 }
 
-/* Block b into rows [r0, r1) (whole tokens): the tokens that see part of it
- * one at a time, each with the block in integer form for what it sees; the
- * tokens that see it whole (the last ones) together. */
-void kvc_attn_block_avx2_i16(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1)
-{
-    const kvc_attn_i16_block ib = kvc_attn_i16_block_at(a, 0);
-    while (r0 < r1) {
-        const int32_t n = kvc_attn_seen(a, b, r0);
-        const int32_t end = n < B ? r0 + a->n_q : r1;
-        convert(a, b, n, &ib);
-        rows_all(a, &ib, r0, end, n);
-        r0 = end;
-    }
-}
-
-/* Blocks [b0, b1) that every row sees whole: each converted once, then
- * folded into every row. */
-void kvc_attn_full_avx2_i16(const kvc_attn_args *a, int64_t b0, int64_t b1)
-{
-    const int32_t rows = a->n_tok * a->n_q;
-    const kvc_attn_i16_block ib = kvc_attn_i16_block_at(a, 0);
-    for (int64_t b = b0; b < b1; b++) {
-        convert(a, b, B, &ib);
-        rows_all(a, &ib, 0, rows, B);
-    }
-}
+const kvc_attn_i16_ops kvc_attn_i16_avx2 = { convert, rows_all, 1 };

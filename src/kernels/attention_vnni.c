@@ -57,18 +57,6 @@ AI __m512i dp_bcast(__m512i acc, __m512i v, const int32_t *p)
     return acc;
 }
 
-/* kvc_exp2_neg (attention.c) on 16 lanes, the same operations lane by lane. */
-AI __m512 exp2_neg16(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-120.0f));
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(KVC_EXP2_C4), f, _mm512_set1_ps(KVC_EXP2_C3));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(KVC_EXP2_C2));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(KVC_EXP2_C1));
-    return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f)), n);
-}
-
 /* *p on every lane, by a load: the compiler would otherwise take a value it
  * has just stored from the register with a VPERMD, which takes a vector slot. */
 AI __m512 bcast_load(const float *p)
@@ -78,7 +66,8 @@ AI __m512 bcast_load(const float *p)
     return x;
 }
 
-/* Block b into slot ib as rows that see its first n positions take it. */
+/* Block b into slot ib as rows that see its first n positions take it (the
+ * ops' convert). */
 AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const iblock *ib, const bool f16)
 {
     const int32_t hd = a->hd;
@@ -193,7 +182,7 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
             s[i][r] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen,
                 _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[i][r]), sk), _mm512_set1_ps(cq[r])));
         const __m512 mb = kvc_rows_max16(s[i], R), m1 = _mm512_max_ps(mb, m);
-        const __m512 emax = exp2_neg16(_mm512_sub_ps(mb, m1)), al = exp2_neg16(_mm512_sub_ps(m, m1));
+        const __m512 emax = kvc_exp2_neg16(_mm512_sub_ps(mb, m1)), al = kvc_exp2_neg16(_mm512_sub_ps(m, m1));
         const __mmask16 ok = _mm512_cmp_ps_mask(emax, _mm512_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ);
         same[i] = (_mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) & rmask) == rmask;
         _mm512_store_ps(mbs[i], mb);
@@ -209,7 +198,7 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             float *l = a->scratch + rows + 16 * (r0 + r);
-            const __m512 e = _mm512_maskz_mov_ps(seen, exp2_neg16(_mm512_sub_ps(s[i][r], bcast_load(&mbs[i][r]))));
+            const __m512 e = _mm512_maskz_mov_ps(seen, kvc_exp2_neg16(_mm512_sub_ps(s[i][r], bcast_load(&mbs[i][r]))));
             const __m512 lv = _mm512_loadu_ps(l);
             _mm512_storeu_ps(l, _mm512_fmadd_ps(bcast_load(&emaxs[i][r]), e,
                                                 same[i] ? lv : _mm512_mul_ps(lv, bcast_load(&alpha[i][r]))));
@@ -273,7 +262,7 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
 
 /* Rows [r0, r0 + R), R <= 8, in the NB (1 or 2) blocks of ib: the constants
  * rows_i16 unrolls on. Not inlined into the loops below: inlined, the
- * compiler keeps exp_neg16's constants in registers across them. */
+ * compiler keeps kvc_exp2_neg16's constants in registers across them. */
 static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const iblock *ib, int32_t r0,
                                              int32_t R, int32_t n, int NB)
 {
@@ -291,7 +280,7 @@ static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const ibloc
         ROWS_CASES(1, 0)
 }
 
-/* Rows [r0, r1) in the NB blocks of ib, 8 at a time. */
+/* Rows [r0, r1) in the NB blocks of ib, 8 at a time: the ops' rows. */
 static void rows_all(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t r1, int32_t n, int NB)
 {
     for (int32_t R; r0 < r1; r0 += R) {
@@ -300,33 +289,4 @@ static void rows_all(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32
     }
 }
 
-/* Block b into rows [r0, r1) (whole tokens): the tokens that see part of it
- * one at a time, each with the block in integer form for what it sees; the
- * tokens that see it whole (the last ones) together. */
-void kvc_attn_block_vnni(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1)
-{
-    const iblock ib = kvc_attn_i16_block_at(a, 0);
-    while (r0 < r1) {
-        const int32_t n = kvc_attn_seen(a, b, r0);
-        const int32_t end = n < B ? r0 + a->n_q : r1;
-        convert(a, b, n, &ib);
-        rows_all(a, &ib, r0, end, n, 1);
-        r0 = end;
-    }
-}
-
-/* Blocks [b0, b1) that every row sees whole: two at a time, converted once,
- * then folded into each group of rows in turn. */
-void kvc_attn_full_vnni(const kvc_attn_args *a, int64_t b0, int64_t b1)
-{
-    const int32_t rows = a->n_tok * a->n_q;
-    iblock ib[KVC_ATTN_I16_SLOTS];
-    for (int i = 0; i < KVC_ATTN_I16_SLOTS; i++)
-        ib[i] = kvc_attn_i16_block_at(a, i);
-    for (int64_t b = b0, nb; b < b1; b += nb) {
-        nb = b1 - b >= 2 ? 2 : 1;
-        for (int i = 0; i < nb; i++)
-            convert(a, b + i, B, &ib[i]);
-        rows_all(a, ib, 0, rows, B, (int)nb);
-    }
-}
+const kvc_attn_i16_ops kvc_attn_i16_vnni = { convert, rows_all, 2 };

@@ -1,9 +1,12 @@
 /* kernels_simd.h - inline helpers shared by the SIMD kernel files, which are
  * all compiled with at least AVX2, FMA and F16C (kernels_avx2.c,
- * kernels_avx512.c, kernels_vnni.c, attention_avx2.c, attention_avx512.c).
+ * kernels_avx2_int8.c, kernels_avx512.c, kernels_vnni.c, attention_avx2.c,
+ * attention_avx2_i16.c, attention_avx512.c, attention_vnni.c).
  * Not for the scalar reference. */
 #ifndef KVC_KERNELS_SIMD_H
 #define KVC_KERNELS_SIMD_H
+
+#include "attention.h"   /* the constants of kvc_exp2_neg */
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -48,7 +51,33 @@ static inline __attribute__((always_inline)) __m256 kvc_exp_neg8(__m256 x)
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+/* kvc_exp2_neg (attention.c) on 8 or 16 lanes, the same operations lane by
+ * lane: 2^x for x <= 0. The multiply by 2^n is exact (n >= -120: 2^n and the
+ * result are normal), as VSCALEFPS is. */
+static inline __attribute__((always_inline)) __m256 kvc_exp2_neg8(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-120.0f));
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(KVC_EXP2_C4), f, _mm256_set1_ps(KVC_EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(KVC_EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(KVC_EXP2_C1));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(_mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f)), _mm256_castsi256_ps(e));
+}
+
 #ifdef __AVX512F__
+static inline __attribute__((always_inline)) __m512 kvc_exp2_neg16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-120.0f));
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(KVC_EXP2_C4), f, _mm512_set1_ps(KVC_EXP2_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(KVC_EXP2_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(KVC_EXP2_C1));
+    return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f)), n);
+}
+
 static inline __attribute__((always_inline)) __m512 kvc_exp_neg16(__m512 x)
 {
     x = _mm512_max_ps(x, _mm512_set1_ps(-80.0f));
