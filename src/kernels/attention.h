@@ -211,4 +211,21 @@ static inline float *kvc_attn_o_row(const kvc_attn_args *a, int32_t r)
     return a->out + (int64_t)(r / a->n_q) * a->ldo + (int64_t)(r % a->n_q) * a->hd;
 }
 
+/* q[r] (if q is not NULL) and o[r] of rows r0 + r, r < R <= 8: one division,
+ * not R. Inlined, so that a constant R unrolls. */
+static inline __attribute__((always_inline)) void kvc_attn_rows_at(const kvc_attn_args *a, int32_t r0,
+                                                                   const int R, const float **q, float **o)
+{
+    int32_t t = r0 / a->n_q, h = r0 % a->n_q;
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        if (q)
+            q[r] = a->q + (int64_t)t * a->ldq + (int64_t)h * a->hd;
+        o[r] = a->out + (int64_t)t * a->ldo + (int64_t)h * a->hd;
+        const bool next = ++h == a->n_q;
+        t += next;
+        h = next ? 0 : h;
+    }
+}
+
 #endif

@@ -240,17 +240,7 @@ AI void full_rows(const kvc_attn_args *a, const fblock *fb, int32_t r0, const in
     const int32_t rows = a->n_tok * a->n_q;
     const float *q[RG];
     float *o[RG];
-    {
-        int32_t t = r0 / a->n_q, h = r0 % a->n_q;   /* one division, not R */
-        #pragma GCC unroll 6
-        for (int r = 0; r < R; r++) {
-            q[r] = a->q + (int64_t)t * a->ldq + (int64_t)h * a->hd;
-            o[r] = a->out + (int64_t)t * a->ldo + (int64_t)h * a->hd;
-            const bool next = ++h == a->n_q;
-            t += next;
-            h = next ? 0 : h;
-        }
-    }
+    kvc_attn_rows_at(a, r0, R, q, o);
     _Alignas(32) float s[2][RG][16], e[2][RG][16], mn[2][8], alpha[2][8], m[8] = { 0 };
     #pragma GCC unroll 2
     for (int r = 0; r < R; r += RS)

@@ -189,16 +189,7 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
     const float *cq = kvc_attn_i16_cq(a) + r0;
 #define QP(r) ((const int32_t *)(const void *)(q0 + (size_t)(r) * hd))
     float *o[R_MAX];
-    {
-        int32_t t = r0 / a->n_q, h = r0 % a->n_q;   /* one division, not R */
-        #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            o[r] = a->out + (int64_t)t * a->ldo + (int64_t)h * hd;
-            const bool next = ++h == a->n_q;
-            t += next;
-            h = next ? 0 : h;
-        }
-    }
+    kvc_attn_rows_at(a, r0, R, NULL, o);
     /* scores */
     __m256i dot[R_MAX][2];
     #pragma GCC unroll 4

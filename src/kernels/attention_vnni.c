@@ -135,16 +135,7 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
     const float *cq = kvc_attn_i16_cq(a) + r0;
 #define QP(r) ((const int32_t *)(const void *)(q0 + (size_t)(r) * hd))
     float *o[R_MAX];
-    {
-        int32_t t = r0 / a->n_q, h = r0 % a->n_q;   /* one division, not R */
-        #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            o[r] = a->out + (int64_t)t * a->ldo + (int64_t)h * hd;
-            const bool next = ++h == a->n_q;
-            t += next;
-            h = next ? 0 : h;
-        }
-    }
+    kvc_attn_rows_at(a, r0, R, NULL, o);
     const __mmask16 seen = (__mmask16)((1u << n) - 1);
     /* scores */
     __m512i dot[2][R_MAX];
