@@ -19,10 +19,11 @@
  *   o[d]  = fma chain over j < n of e_j * V[j][d], starting from o[d] * alpha
  * and after the last block  o[d] *= 1 / (l summed as halves added pairwise: +8, +4, +2, +1).
  * The scalar, avx2 and avx512 ISAs run exactly these operations for every
- * row (vnni and avx2 run the integer scheme below where it applies), so a row's result depends only on
- * its query and the positions it sees: not on the other rows of the tile, the
- * tile size, the batch, the thread, or which of those ISAs ran it. Prefill
- * (big tiles) and decode (one token) therefore agree bit for bit.
+ * row (vnni and avx2 run the integer scheme below where it applies), so a
+ * row's result depends only on its query and the positions it sees: not on
+ * the other rows of the tile, the tile size, the batch, the thread, or which
+ * of those ISAs ran it. Prefill (big tiles) and decode (one token) therefore
+ * agree bit for bit.
  *
  * THE INTEGER SCHEME of the "vnni" and "avx2" ISAs (kvc_attn_i16_ok: hd % 32
  * == 0, hd <= KVC_ATTN_I16_MAX_HD).

@@ -5,7 +5,9 @@
  * into 6 rows at a time without masks; and any one block for up to 6 rows,
  * masked, for the rest. Each lane runs exactly the scalar reference's
  * operations (attention.h). The loops over rows are unrolled so that the
- * accumulators stay in registers. */
+ * accumulators stay in registers. The avx2 ISA runs these float kernels
+ * where the integer scheme does not apply (kvc_attn_uses_i16; its kernels
+ * are in attention_avx2_i16.c). */
 #include "attention.h"
 #include "kernels_simd.h"
 
