@@ -80,9 +80,9 @@ AI __m256 seen_mask(int32_t j0, int32_t n)
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0), lane));
 }
 
-/* kvc_attn_i16_quantize_q with SSE lanes: lane i of the norm is the
- * reference's fma chain over d = i, i + 4, ... (hd % 4 == 0), the rest its
- * scalar steps. Run by the vnni ISA too, which has AVX2. */
+/* kvc_attn_i16_quantize_q with SSE lanes, for kvc_attn_i16_ok(hd): lane i
+ * of the norm is the reference's fma chain over d = i, i + 4, ..., the rest
+ * its scalar steps. Run by the vnni ISA too, which has AVX2. */
 void kvc_attn_i16_quantize_q_simd(const kvc_attn_args *a)
 {
     const int32_t rows = a->n_tok * a->n_q, hd = a->hd;
@@ -218,7 +218,7 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
         mx[r] = _mm256_max_ps(s[r][0], s[r][1]);
     }
     /* the running maxima, alpha, and the weights' scales, lane r: row r (the
-     * lanes past R hold copies of row 0, unused) */
+     * lanes past R are not used) */
     const int rmask = (1 << R) - 1;
     const __m256 mbv = _mm256_zextps128_ps256(rows_max4(mx, R));
     const __m256 mv = _mm256_zextps128_ps256(_mm_maskload_ps(a->scratch + r0, _mm_setr_epi32(
