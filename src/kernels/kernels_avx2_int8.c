@@ -33,7 +33,6 @@
 
 #define GR     8        /* weight rows per row vector: one lane each */
 #define TC     3        /* decode: tokens a pass over a group */
-#define TB_ACT 64       /* tokens quantized at a time by kvc_avx2_i8_matmul_rows */
 
 /* ------------------------------------------------------------ activations */
 
@@ -583,27 +582,18 @@ void kvc_avx2_i8_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_t
 
 /* ------------------------------------------------------------ entry point */
 
-/* The repacked group and its scales, then TB_ACT quantized tokens. */
+/* kernels_int8.c's entry point over this file's steps; the types it does not
+ * take go to kvc_kernels_avx2. */
+static const kvc_i8_isa i8_isa = { kvc_avx2_i8_quantize_rows, kvc_avx2_i8_matmul_act, prefill_scratch_bytes,
+                                   &kvc_kernels_avx2 };
+
 size_t kvc_avx2_i8_scratch_floats(int64_t n_in)
 {
-    if (n_in <= 0 || n_in % 32 != 0)
-        return 16;
-    size_t bytes = prefill_scratch_bytes(n_in) + TB_ACT * kvc_i8_act_row_bytes(n_in) + 128;
-    return bytes / sizeof(float) + 16;
+    return kvc_i8_scratch_floats(&i8_isa, n_in);
 }
 
 void kvc_avx2_i8_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
                              int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
-    if (!kvc_i8_simd_type_ok(w->type)) {
-        kvc_kernels_avx2.matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
-        return;
-    }
-    uint8_t *act = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63) + prefill_scratch_bytes(w->n_in);
-    act = (uint8_t *)(((uintptr_t)act + 63) & ~(uintptr_t)63);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += TB_ACT) {
-        const int64_t nt = KVC_MIN(TB_ACT, n_tok - t0);
-        kvc_avx2_i8_quantize_rows(x + t0 * ldx, ldx, w->n_in, 0, nt, act);
-        kvc_avx2_i8_matmul_act(w, act, nt, y + t0 * ldy, ldy, r0, r1, scratch);
-    }
+    kvc_i8_matmul_rows(&i8_isa, w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
 }

@@ -1,7 +1,8 @@
 /* kernels_int8.c - the scalar reference of the integer matmul scheme
  * (kernels_int8.h): activation quantization to two int8 planes, weights in
  * integer form, and the matmul in the scheme's fixed order. The SIMD kernels
- * (kernels_vnni.c) are tested bitwise against these. */
+ * (kernels_vnni.c, kernels_avx2_int8.c) are tested bitwise against these;
+ * their shared entry point (kvc_i8_matmul_rows) is at the end. */
 #include "kernels_int8.h"
 
 #include <math.h>
@@ -184,5 +185,38 @@ void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
             }
             y[t * ldy + r] = acc;
         }
+    }
+}
+
+/* ------------------------------------------- the SIMD ISAs' entry point */
+
+/* The ISA's own bytes, then KVC_I8_TB_ACT quantized tokens, each start
+ * 64-byte aligned. */
+static uint8_t *act_area(const kvc_i8_isa *isa, int64_t n_in, float *scratch)
+{
+    uintptr_t p = (((uintptr_t)scratch + 63) & ~(uintptr_t)63) + isa->own_bytes(n_in);
+    return (uint8_t *)((p + 63) & ~(uintptr_t)63);
+}
+
+size_t kvc_i8_scratch_floats(const kvc_i8_isa *isa, int64_t n_in)
+{
+    if (n_in <= 0 || n_in % 32 != 0)
+        return 16;
+    size_t bytes = isa->own_bytes(n_in) + KVC_I8_TB_ACT * kvc_i8_act_row_bytes(n_in) + 128;
+    return bytes / sizeof(float) + 16;
+}
+
+void kvc_i8_matmul_rows(const kvc_i8_isa *isa, const kvc_weight *w, const float *x, int64_t ldx,
+                        int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
+{
+    if (!kvc_i8_simd_type_ok(w->type)) {
+        isa->fallback->matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+        return;
+    }
+    uint8_t *act = act_area(isa, w->n_in, scratch);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += KVC_I8_TB_ACT) {
+        const int64_t nt = KVC_MIN(KVC_I8_TB_ACT, n_tok - t0);
+        isa->quantize(x + t0 * ldx, ldx, w->n_in, 0, nt, act);
+        isa->matmul_act(w, act, nt, y + t0 * ldy, ldy, r0, r1, scratch);
     }
 }

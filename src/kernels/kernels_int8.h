@@ -135,6 +135,28 @@ void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
  * their ISA's float path. */
 bool kvc_i8_simd_type_ok(uint32_t type);
 
+/* A SIMD ISA's steps of the scheme, for the entry points below: its
+ * quantize and matmul_act (as in kvc_kernel_ops), the bytes of scratch its
+ * matmul_act needs ahead of the activations, and the float ops table that
+ * takes the types it does not. */
+typedef struct kvc_i8_isa {
+    void   (*quantize)(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act);
+    void   (*matmul_act)(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                         int64_t r0, int64_t r1, float *scratch);
+    size_t (*own_bytes)(int64_t n_in);
+    const kvc_kernel_ops *fallback;
+} kvc_i8_isa;
+
+#define KVC_I8_TB_ACT 64   /* tokens kvc_i8_matmul_rows quantizes at a time */
+
+/* matmul_rows of such an ISA: x quantized KVC_I8_TB_ACT tokens at a time
+ * into the scratch after the ISA's own bytes, then its matmul_act; types
+ * outside kvc_i8_simd_type_ok go to the fallback's matmul_rows. Scratch:
+ * kvc_i8_scratch_floats(isa, n_in) floats. */
+void   kvc_i8_matmul_rows(const kvc_i8_isa *isa, const kvc_weight *w, const float *x, int64_t ldx,
+                          int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
+size_t kvc_i8_scratch_floats(const kvc_i8_isa *isa, int64_t n_in);
+
 /* The weight types of the SIMD kernels as kinds, for tables indexed by kind
  * (kvc_i8_simd_type_ok's types, in this order). */
 enum { I8_Q8_0, I8_Q4_0, I8_Q5_0, I8_Q4_K, I8_Q6_K, I8_N_KINDS };
