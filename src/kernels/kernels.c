@@ -157,15 +157,9 @@ size_t kvc_matmul_scratch_floats(int64_t n_in)
      * stays valid (it refuses an ISA the CPU lacks). Only those: each ISA's file is compiled
      * for its ISA, and GCC may use its instructions even in a function that only sizes. */
     pthread_once(&isa_once, isa_init);
-    size_t n = kvc_kernels_scalar.matmul_scratch_floats(n_in);
-    if (isa_best >= KVC_ISA_AVX2) {
-        n = KVC_MAX(n, kvc_kernels_avx2.matmul_scratch_floats(n_in));
-        n = KVC_MAX(n, kvc_avx2_i8_scratch_floats(n_in));
-    }
-    if (isa_best >= KVC_ISA_AVX512)
-        n = KVC_MAX(n, kvc_kernels_avx512.matmul_scratch_floats(n_in));
-    if (isa_best >= KVC_ISA_VNNI)
-        n = KVC_MAX(n, kvc_vnni_scratch_floats(n_in));
+    size_t n = 0;
+    for (int isa = KVC_ISA_SCALAR; isa <= (int)isa_best; isa++)
+        n = KVC_MAX(n, kvc_kernel_ops_for((kvc_isa)isa)->matmul_scratch_floats(n_in));
     return n;
 }
 

@@ -200,10 +200,10 @@ static uint8_t *act_area(const kvc_i8_isa *isa, int64_t n_in, float *scratch)
 
 size_t kvc_i8_scratch_floats(const kvc_i8_isa *isa, int64_t n_in)
 {
-    if (n_in <= 0 || n_in % 32 != 0)
-        return 16;
-    size_t bytes = isa->own_bytes(n_in) + KVC_I8_TB_ACT * kvc_i8_act_row_bytes(n_in) + 128;
-    return bytes / sizeof(float) + 16;
+    size_t n = 16;
+    if (n_in > 0 && n_in % 32 == 0)
+        n += (isa->own_bytes(n_in) + KVC_I8_TB_ACT * kvc_i8_act_row_bytes(n_in) + 128) / sizeof(float);
+    return KVC_MAX(n, isa->fallback->matmul_scratch_floats(n_in));   /* the types it hands on */
 }
 
 void kvc_i8_matmul_rows(const kvc_i8_isa *isa, const kvc_weight *w, const float *x, int64_t ldx,

@@ -152,7 +152,8 @@ typedef struct kvc_i8_isa {
 /* matmul_rows of such an ISA: x quantized KVC_I8_TB_ACT tokens at a time
  * into the scratch after the ISA's own bytes, then its matmul_act; types
  * outside kvc_i8_simd_type_ok go to the fallback's matmul_rows. Scratch:
- * kvc_i8_scratch_floats(isa, n_in) floats. */
+ * kvc_i8_scratch_floats(isa, n_in) floats, which covers the fallback's need
+ * too, so the ISA's ops table sizes its own matmul_rows whole. */
 void   kvc_i8_matmul_rows(const kvc_i8_isa *isa, const kvc_weight *w, const float *x, int64_t ldx,
                           int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
 size_t kvc_i8_scratch_floats(const kvc_i8_isa *isa, int64_t n_in);
