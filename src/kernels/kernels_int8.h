@@ -140,10 +140,9 @@ bool kvc_i8_simd_type_ok(uint32_t type);
  * matmul_act needs ahead of the activations, and the float ops table that
  * takes the types it does not. */
 typedef struct kvc_i8_isa {
-    void   (*quantize)(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act);
-    void   (*matmul_act)(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                         int64_t r0, int64_t r1, float *scratch);
-    size_t (*own_bytes)(int64_t n_in);
+    kvc_act_quantize_fn  *quantize;
+    kvc_matmul_act_fn    *matmul_act;
+    size_t              (*own_bytes)(int64_t n_in);
     const kvc_kernel_ops *fallback;
 } kvc_i8_isa;
 

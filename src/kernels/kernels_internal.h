@@ -9,6 +9,13 @@
 
 #include "kernels.h"
 
+/* The integer scheme's two steps (kernels_int8.h): token rows [t0, t1) of x
+ * quantized into act; y from quantized rows. */
+typedef void kvc_act_quantize_fn(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1,
+                                 uint8_t *act);
+typedef void kvc_matmul_act_fn(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
+                               int64_t r0, int64_t r1, float *scratch);
+
 typedef struct kvc_kernel_ops {
     void   (*matmul_rows)(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
                           float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
@@ -24,9 +31,8 @@ typedef struct kvc_kernel_ops {
     /* The integer scheme's prepared activations (kernels_int8.h): NULL / 0 on
      * the ISAs of the float scheme. From act_prefill_min_tok tokens on,
      * matmul_act takes act_prefill_rows rows at a time (kvc_matmul_act_row_group). */
-    void   (*act_quantize)(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act);
-    void   (*matmul_act)(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                         int64_t r0, int64_t r1, float *scratch);
+    kvc_act_quantize_fn *act_quantize;
+    kvc_matmul_act_fn   *matmul_act;
     int64_t act_prefill_min_tok, act_prefill_rows;
 } kvc_kernel_ops;
 
