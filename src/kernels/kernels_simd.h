@@ -53,7 +53,8 @@ static inline __attribute__((always_inline)) __m256 kvc_exp_neg8(__m256 x)
 
 /* kvc_exp2_neg (attention.c) on 8 or 16 lanes, the same operations lane by
  * lane: 2^x for x <= 0. The multiply by 2^n is exact (n >= -120: 2^n and the
- * result are normal), as VSCALEFPS is. */
+ * result are normal), as VSCALEFPS is, and as adding n to the exponent
+ * field. */
 static inline __attribute__((always_inline)) __m256 kvc_exp2_neg8(__m256 x)
 {
     x = _mm256_max_ps(x, _mm256_set1_ps(-120.0f));
@@ -62,8 +63,9 @@ static inline __attribute__((always_inline)) __m256 kvc_exp2_neg8(__m256 x)
     __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(KVC_EXP2_C4), f, _mm256_set1_ps(KVC_EXP2_C3));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(KVC_EXP2_C2));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(KVC_EXP2_C1));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(_mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f)), _mm256_castsi256_ps(e));
+    /* p in [0.7, 1.5]: n added to its exponent field is the exact product */
+    const __m256i p2 = _mm256_castps_si256(_mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f)));
+    return _mm256_castsi256_ps(_mm256_add_epi32(p2, _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23)));
 }
 
 #ifdef __AVX512F__
