@@ -61,6 +61,22 @@ AI __m256i madd_bcast(__m256i acc, __m256i v, const int32_t *p)
     return acc;
 }
 
+/* acc0 += VPMADDWD(v0, *p broadcast), acc1 += VPMADDWD(v1, the same), the
+ * broadcast a load of its own: written as C, GCC keeps every broadcast of
+ * the output's weights in a register or on the stack, extracting them with
+ * ALU instructions the madds need. */
+AI void madd2_bcast_mem(__m256i *acc0, __m256i *acc1, __m256i v0, __m256i v1, const int32_t *p)
+{
+    __m256i b, t0, t1;
+    __asm__("vpbroadcastd %[p], %[b]\n\t"
+            "vpmaddwd %[v0], %[b], %[t0]\n\t"
+            "vpmaddwd %[v1], %[b], %[t1]\n\t"
+            "vpaddd %[t0], %[a0], %[a0]\n\t"
+            "vpaddd %[t1], %[a1], %[a1]"
+            : [a0] "+x"(*acc0), [a1] "+x"(*acc1), [b] "=&x"(b), [t0] "=&x"(t0), [t1] "=&x"(t1)
+            : [v0] "x"(v0), [v1] "x"(v1), [p] "m"(*p));
+}
+
 /* Lane r of the result = the maximum of the 8 lanes of x[r], r < R <= 4
  * (lanes past R: row 0). The maximum does not depend on the order (for
  * scores that are not NaN). */
@@ -182,7 +198,7 @@ static __attribute__((noinline)) void convert(const kvc_attn_args *a, int64_t b,
  * R and HD (the head dim, 0: a->hd) are constants at every call site, so the
  * accumulators stay in registers. */
 AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t n,
-                 const int R, const int HD)
+                 const int R, const int HD, const bool FULL)
 {
     const int32_t hd = HD ? HD : a->hd, rows = a->n_tok * a->n_q;
     const int16_t *q0 = kvc_attn_i16_q(a) + (size_t)r0 * hd;
@@ -211,10 +227,12 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
     #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++)
-            s[r][h] = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot[r][h]),
-                                                                         _mm256_loadu_ps(ib->sk + 8 * h)),
-                                                           _mm256_set1_ps(cq[r])), seen[h]);
+        for (int h = 0; h < 2; h++) {   /* -inf where not seen (FULL: every position is) */
+            s[r][h] = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot[r][h]), _mm256_loadu_ps(ib->sk + 8 * h)),
+                                    _mm256_set1_ps(cq[r]));
+            if (!FULL)
+                s[r][h] = _mm256_blendv_ps(ninf, s[r][h], seen[h]);
+        }
         mx[r] = _mm256_max_ps(s[r][0], s[r][1]);
     }
     /* the running maxima, alpha, and the weights' scales, lane r: row r (the
@@ -242,7 +260,9 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
         __m256i pr[2];
         #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            const __m256 e = _mm256_and_ps(seen[h], kvc_exp2_neg8(_mm256_sub_ps(s[r][h], _mm256_set1_ps(mb[r]))));
+            __m256 e = kvc_exp2_neg8(_mm256_sub_ps(s[r][h], _mm256_set1_ps(mb[r])));
+            if (!FULL)
+                e = _mm256_and_ps(seen[h], e);
             const __m256 lv = _mm256_loadu_ps(l + 8 * h);
             _mm256_storeu_ps(l + 8 * h, _mm256_fmadd_ps(_mm256_set1_ps(emax[r]), e,
                                                         same ? lv : _mm256_mul_ps(lv, _mm256_set1_ps(alpha[r]))));
@@ -262,11 +282,8 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
             const __m256i v0 = _mm256_loadu_si256((const __m256i *)(ib->vp + (int64_t)k * hd + d0));
             const __m256i v1 = _mm256_loadu_si256((const __m256i *)(ib->vp + (int64_t)k * hd + d0 + 8));
             #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const int32_t *pk = (const int32_t *)(const void *)pi[r] + k;
-                dv[r][0] = madd_bcast(dv[r][0], v0, pk);
-                dv[r][1] = madd_bcast(dv[r][1], v1, pk);
-            }
+            for (int r = 0; r < R; r++)
+                madd2_bcast_mem(&dv[r][0], &dv[r][1], v0, v1, (const int32_t *)(const void *)pi[r] + k);
         }
         #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
@@ -282,13 +299,13 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
 #undef QP
 }
 
-#define ROWS_CASES(HD)                                \
-    switch (R) {                                      \
-    case 4: rows_i16(a, ib, r0, n, 4, HD); break;     \
-    case 3: rows_i16(a, ib, r0, n, 3, HD); break;     \
-    case 2: rows_i16(a, ib, r0, n, 2, HD); break;     \
-    case 1: rows_i16(a, ib, r0, n, 1, HD); break;     \
-    default: break;                                   \
+#define ROWS_CASES(HD, FULL)                                \
+    switch (R) {                                            \
+    case 4: rows_i16(a, ib, r0, n, 4, HD, FULL); break;     \
+    case 3: rows_i16(a, ib, r0, n, 3, HD, FULL); break;     \
+    case 2: rows_i16(a, ib, r0, n, 2, HD, FULL); break;     \
+    case 1: rows_i16(a, ib, r0, n, 1, HD, FULL); break;     \
+    default: break;                                         \
     }
 
 /* Rows [r0, r0 + R), R <= 4, in the block of ib: the constants rows_i16
@@ -297,12 +314,16 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
 static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0,
                                              int32_t R, int32_t n)
 {
-    if (a->hd == 64)
-        ROWS_CASES(64)
+    if (a->hd == 64 && n == B)
+        ROWS_CASES(64, true)
+    else if (a->hd == 64)
+        ROWS_CASES(64, false)
+    else if (a->hd == 128 && n == B)
+        ROWS_CASES(128, true)
     else if (a->hd == 128)
-        ROWS_CASES(128)
+        ROWS_CASES(128, false)
     else
-        ROWS_CASES(0)
+        ROWS_CASES(0, false)
 }
 
 /* Rows [r0, r1) in the block of ib (nb = 1), 4 at a time (the last 5 to 7
