@@ -4,7 +4,12 @@
  * tokens; replies are --reply-tokens long (greedy). With --reps N the cached
  * conversation runs N - 1 more times, each on a fresh context, and the last
  * line gives the medians: on a shared machine one run's turn 1 and turn N
- * are single samples seconds apart. */
+ * are single samples seconds apart. With --pairs N (default 10) turn 1 and
+ * turn N are then timed side by side N times, so that both see the same
+ * load: turn 1 as a new conversation on a fresh context, turn N as the last
+ * user message edited (another message of the same length) in the
+ * conversation that holds the rest. The median of the N ratios is the
+ * figure least moved by other load on the machine. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +21,9 @@ static const char help[] =
     "  --turn-tokens N    tokens the conversation grows by per turn (default 130)\n"
     "  --reply-tokens N   tokens per reply (default 16)\n"
     "  --reps N           runs of the cached conversation, each on a fresh context (default 3;\n"
-    "                     the cold one runs once); the last line gives the median TTFTs\n";
+    "                     the cold one runs once); a line gives the median TTFTs\n"
+    "  --pairs N          then turn 1 and an edited turn N side by side, N times (default 10;\n"
+    "                     0 = skip); the last line gives the median ratio\n";
 
 static const char *const words[] = {
     "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
@@ -67,27 +74,99 @@ static int rerun(const cli_common *c, kvc_model *m, const kvc_chat_message *msgs
     return rc;
 }
 
-/* A user message of about n tokens (measured with the model's tokenizer). */
-static char *user_message(kvc_model *m, int turn, int n)
+static int n_tokens(kvc_model *m, const char *s)
 {
-    size_t cap = 64 + (size_t)n * 16, len = 0;
+    int32_t ids[4096];
+    return kvc_model_tokenize(m, s, strlen(s), false, false, ids, 4096);
+}
+
+/* A user message of about n tokens (measured with the model's tokenizer):
+ * "<label> <turn>: " and words drawn from seed, ending in a period. With
+ * exact, the last word is chosen so that the message has n tokens where a
+ * word does. */
+static char *user_message(kvc_model *m, const char *label, int turn, uint32_t seed, int n, bool exact)
+{
+    const size_t n_words = sizeof(words) / sizeof(words[0]);
+    size_t cap = 64 + (size_t)n * 16, len = 0, last = 0;
     char *s = malloc(cap);
-    len += (size_t)snprintf(s, cap, "Turn %d: ", turn);
-    uint32_t x = 2166136261u ^ (uint32_t)turn;
+    len += (size_t)snprintf(s, cap, "%s %d: ", label, turn);
+    uint32_t x = 2166136261u ^ seed;
     int32_t ids[4096];
     while (kvc_model_tokenize(m, s, len, false, false, ids, 4096) < n && len + 20 < cap) {
         x = x * 1664525u + 1013904223u;
-        len += (size_t)snprintf(s + len, cap - len, "%s ", words[(x >> 8) % (sizeof(words) / sizeof(words[0]))]);
+        last = len;
+        len += (size_t)snprintf(s + len, cap - len, "%s ", words[(x >> 8) % n_words]);
     }
     s[len - 1] = '.';
+    for (size_t w = 0; exact && last && w < n_words && n_tokens(m, s) != n; w++)
+        len = last + (size_t)snprintf(s + last, cap - last, "%s.", words[w]);
     return s;
+}
+
+/* TTFT of one request on session s, which must reply; *computed its computed tokens. */
+static int ttft_of(kvc_session *s, const kvc_chat_message *msgs, size_t n, const kvc_chat_params *p,
+                   double *ttft, int32_t *computed)
+{
+    char err[512], *reply = NULL;
+    kvc_chat_stats st = { 0 };
+    if (kvc_session_chat(s, msgs, n, p, NULL, NULL, &reply, &st, err, sizeof(err))) {
+        fprintf(stderr, "kvchat bench chat: %s\n", err);
+        return 1;
+    }
+    free(reply);
+    *ttft = st.ttft_ms;
+    *computed = st.computed_tokens;
+    return 0;
+}
+
+/* Turn 1 and turn `turns` side by side, `pairs` times (see the top): ratio[i]
+ * = turn N / turn 1 of pair i. warm holds the conversation msgs. */
+static int paired(const cli_common *c, kvc_model *m, kvc_session *warm, kvc_chat_message *msgs,
+                  int64_t turns, const kvc_chat_params *p, int64_t pairs, double *ratio, double *t1, double *tn)
+{
+    char err[512];
+    int rc = 0;
+    int32_t c1 = 0, cn = 0;
+    const size_t last = (size_t)(2 * turns - 1);   /* turn N's user message */
+    const kvc_chat_message keep = msgs[last];
+    for (int64_t i = 0; i < pairs && !rc; i++) {
+        /* messages as long as the turns' own that no other begins with, so
+         * that turn N computes what the conversation's turn N did and turn 1
+         * all of its prompt (both printed below) */
+        const char *label = words[(size_t)i % (sizeof(words) / sizeof(words[0]))];
+        char *first = user_message(m, label, 1, 1000u * (uint32_t)(i + 1) + 1, n_tokens(m, msgs[1].content), true);
+        char *edit = user_message(m, label, (int)turns, 1000u * (uint32_t)(i + 1) + (uint32_t)turns,
+                                  n_tokens(m, keep.content), true);
+        kvc_context *ctx = cli_new_context(c, m, 1);
+        kvc_session *s = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
+        if (!s) {
+            if (ctx)
+                fprintf(stderr, "kvchat bench chat: %s\n", err);
+            rc = 1;
+        } else {
+            const kvc_chat_message one[2] = { msgs[0], { "user", first } };
+            rc = ttft_of(s, one, 2, p, &t1[i], &c1);
+            msgs[last] = (kvc_chat_message){ "user", edit };
+            rc = rc ? rc : ttft_of(warm, msgs, last + 1, p, &tn[i], &cn);
+            msgs[last] = keep;
+            ratio[i] = tn[i] / (t1[i] > 0 ? t1[i] : 1e-9);
+        }
+        kvc_session_free(s);
+        kvc_context_free(ctx);
+        free(first);
+        free(edit);
+    }
+    if (!rc)
+        printf("side by side, %lld pairs: turn 1 computes %d tokens on a fresh context, turn %lld %d after the "
+               "rest of the conversation\n", (long long)pairs, c1, (long long)turns, cn);
+    return rc;
 }
 
 int cmd_bench_chat(int argc, char **argv)
 {
     cli_common c;
     cli_common_init(&c);
-    int64_t turns = 20, turn_tokens = 130, reply_tokens = 16, reps = 3;
+    int64_t turns = 20, turn_tokens = 130, reply_tokens = 16, reps = 3, pairs = 10;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -101,10 +180,10 @@ int cmd_bench_chat(int argc, char **argv)
             continue;
         int64_t *dst = !strcmp(a, "--turns") ? &turns : !strcmp(a, "--turn-tokens") ? &turn_tokens
                      : !strcmp(a, "--reply-tokens") ? &reply_tokens
-                     : !strcmp(a, "--reps") ? &reps : NULL;
+                     : !strcmp(a, "--reps") ? &reps : !strcmp(a, "--pairs") ? &pairs : NULL;
         if (!dst)
             return cli_bad_option("bench chat", a);
-        if (i + 1 >= argc || !cli_int(a, argv[i + 1], 1, 100000, dst))
+        if (i + 1 >= argc || !cli_int(a, argv[i + 1], dst == &pairs ? 0 : 1, 100000, dst))
             return 2;
         i++;
     }
@@ -137,14 +216,14 @@ int cmd_bench_chat(int argc, char **argv)
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double last_c = 0;
     /* [rep][turn], then two arrays of [rep] for the medians */
-    double *ttft = calloc((size_t)(reps * turns + 2 * reps), sizeof(double));
+    double *ttft = calloc((size_t)(reps * turns + 2 * reps + 3 * pairs), sizeof(double));
     int rc = 0;
     if (!ttft) {
         fprintf(stderr, "kvchat bench chat: out of memory\n");
         rc = 1;
     }
     for (int t = 0; t < turns && !rc; t++) {
-        owned[n] = user_message(m, t + 1, (int)turn_tokens);
+        owned[n] = user_message(m, "Turn", t + 1, (uint32_t)t + 1, (int)turn_tokens, false);
         msgs[n] = (kvc_chat_message){ "user", owned[n] };
         n++;
         kvc_chat_stats sw, sc;
@@ -189,6 +268,19 @@ int cmd_bench_chat(int argc, char **argv)
         double m1 = median(first, (int)reps), mn = median(lastv, (int)reps);
         printf("\nturn %lld TTFT, median of %lld runs: %.1f ms cached = %.2fx turn 1's (%.1f ms)\n",
                (long long)turns, (long long)reps, mn, mn / (m1 > 0 ? m1 : 1e-9), m1);
+    }
+    if (!rc && pairs > 0) {
+        double *ratio = ttft + reps * turns + 2 * reps, *t1 = ratio + pairs, *tn = t1 + pairs;   /* [pairs] each */
+        printf("\n");
+        rc = paired(&c, m, warm, msgs, turns, &p, pairs, ratio, t1, tn);
+        if (!rc) {
+            printf("pairs (turn %lld / turn 1):", (long long)turns);
+            for (int64_t i = 0; i < pairs; i++)
+                printf(" %.2fx", ratio[i]);
+            const double mr = median(ratio, (int)pairs), m1 = median(t1, (int)pairs), mn = median(tn, (int)pairs);
+            printf("\nturn %lld TTFT side by side, median of %lld pairs: %.2fx turn 1's (median TTFTs: turn %lld "
+                   "%.1f ms, turn 1 %.1f ms)\n", (long long)turns, (long long)pairs, mr, (long long)turns, mn, m1);
+        }
     }
     free(ttft);
     for (size_t i = 0; i < n; i++)

@@ -161,11 +161,26 @@ int main(void)
     CHECKF(rc == 0 && strstr(out, "pp16") && strstr(out, "tg4"), "bench: %s", out);
     free(out);
     /* bench chat: its reruns on fresh contexts reply as the first run did, and
-     * the medians come last */
-    rc = run(&out, "%s bench chat -m %s --turns 3 --turn-tokens 8 --reply-tokens 3 --reps 3", bin,
+     * the medians follow; the pairs side by side compute as many tokens as the
+     * conversation's turn 1 and turn 3 did */
+    rc = run(&out, "%s bench chat -m %s --turns 3 --turn-tokens 8 --reply-tokens 3 --reps 3 --pairs 2", bin,
              model);
-    CHECKF(rc == 0 && strstr(out, "| 3 |") && strstr(out, "median of 3 runs"), "bench chat: %s",
-           out);
+    CHECKF(rc == 0 && strstr(out, "| 3 |") && strstr(out, "median of 3 runs") && strstr(out, "median of 2 pairs"),
+           "bench chat: %s", out);
+    {
+        int c1 = -1, c3 = -1, p1 = -2, p3 = -2, x;
+        const char *r1 = out ? strstr(out, "| 1 |") : NULL, *r3 = out ? strstr(out, "| 3 |") : NULL;
+        const char *sb = out ? strstr(out, "side by side") : NULL;
+        if (r1 && sscanf(r1, "| 1 | %d | %d | %d |", &x, &x, &c1) != 3)
+            c1 = -1;
+        if (r3 && sscanf(r3, "| 3 | %d | %d | %d |", &x, &x, &c3) != 3)
+            c3 = -1;
+        if (sb && sscanf(sb, "side by side, 2 pairs: turn 1 computes %d tokens on a fresh context, turn 3 %d", &p1,
+                         &p3) != 2)
+            p1 = p3 = -2;
+        CHECKF(c1 > 0 && c3 > 0 && p1 == c1 && p3 == c3, "bench chat pairs compute %d and %d, the turns %d and %d",
+               p1, p3, c1, c3);
+    }
     free(out);
 
     /* the demo model: generated when no model is given */
