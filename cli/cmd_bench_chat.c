@@ -83,7 +83,7 @@ static int n_tokens(kvc_model *m, const char *s)
 /* A user message of about n tokens (measured with the model's tokenizer):
  * "<label> <turn>: " and words drawn from seed, ending in a period. With
  * exact, the last word is chosen so that the message has n tokens where a
- * word does. */
+ * word does, else more. */
 static char *user_message(kvc_model *m, const char *label, int turn, uint32_t seed, int n, bool exact)
 {
     const size_t n_words = sizeof(words) / sizeof(words[0]);
@@ -98,8 +98,22 @@ static char *user_message(kvc_model *m, const char *label, int turn, uint32_t se
         len += (size_t)snprintf(s + len, cap - len, "%s ", words[(x >> 8) % n_words]);
     }
     s[len - 1] = '.';
-    for (size_t w = 0; exact && last && w < n_words && n_tokens(m, s) != n; w++)
-        len = last + (size_t)snprintf(s + last, cap - last, "%s.", words[w]);
+    if (exact && last && n_tokens(m, s) != n) {
+        /* the last word again from the list: one that gives n tokens, else the first that gives more */
+        int pick = -1;
+        for (size_t w = 0; w < n_words; w++) {
+            snprintf(s + last, cap - last, "%s.", words[w]);
+            const int k = n_tokens(m, s);
+            if (k == n) {
+                pick = (int)w;
+                break;
+            }
+            if (k > n && pick < 0)
+                pick = (int)w;
+        }
+        if (pick >= 0)
+            snprintf(s + last, cap - last, "%s.", words[pick]);
+    }
     return s;
 }
 
@@ -126,7 +140,7 @@ static int paired(const cli_common *c, kvc_model *m, kvc_session *warm, kvc_chat
 {
     char err[512];
     int rc = 0;
-    int32_t c1 = 0, cn = 0;
+    int32_t c1[2] = { INT32_MAX, 0 }, cn[2] = { INT32_MAX, 0 };   /* computed tokens, least and most */
     const size_t last = (size_t)(2 * turns - 1);   /* turn N's user message */
     const kvc_chat_message keep = msgs[last];
     for (int64_t i = 0; i < pairs && !rc; i++) {
@@ -145,20 +159,29 @@ static int paired(const cli_common *c, kvc_model *m, kvc_session *warm, kvc_chat
             rc = 1;
         } else {
             const kvc_chat_message one[2] = { msgs[0], { "user", first } };
-            rc = ttft_of(s, one, 2, p, &t1[i], &c1);
+            int32_t k1 = 0, kn = 0;
+            rc = ttft_of(s, one, 2, p, &t1[i], &k1);
             msgs[last] = (kvc_chat_message){ "user", edit };
-            rc = rc ? rc : ttft_of(warm, msgs, last + 1, p, &tn[i], &cn);
+            rc = rc ? rc : ttft_of(warm, msgs, last + 1, p, &tn[i], &kn);
             msgs[last] = keep;
             ratio[i] = tn[i] / (t1[i] > 0 ? t1[i] : 1e-9);
+            c1[0] = KVC_MIN(c1[0], k1);
+            c1[1] = KVC_MAX(c1[1], k1);
+            cn[0] = KVC_MIN(cn[0], kn);
+            cn[1] = KVC_MAX(cn[1], kn);
         }
         kvc_session_free(s);
         kvc_context_free(ctx);
         free(first);
         free(edit);
     }
-    if (!rc)
-        printf("side by side, %lld pairs: turn 1 computes %d tokens on a fresh context, turn %lld %d after the "
-               "rest of the conversation\n", (long long)pairs, c1, (long long)turns, cn);
+    if (!rc) {
+        char a[32], b[32];   /* "n", or "least-most" where the pairs differ */
+        snprintf(a, sizeof(a), c1[0] == c1[1] ? "%d" : "%d-%d", c1[0], c1[1]);
+        snprintf(b, sizeof(b), cn[0] == cn[1] ? "%d" : "%d-%d", cn[0], cn[1]);
+        printf("side by side, %lld pairs: turn 1 computes %s tokens on a fresh context, turn %lld %s after the "
+               "rest of the conversation\n", (long long)pairs, a, (long long)turns, b);
+    }
     return rc;
 }
 
