@@ -454,17 +454,23 @@ static float *dequant_kv(fwd *f, const kvc_batch_item *it, int32_t kvh, int64_t 
     return kt;
 }
 
-/* Attention of tile task / n_head_kv (consecutive tokens of one sequence)
- * for the query heads of KV head task % n_head_kv, each token over positions
- * [0, pos] of its sequence (attention.h). */
+/* Attention of tile task % n_tiles (consecutive tokens of one sequence) for
+ * the query heads of KV head task / n_tiles, each token over positions
+ * [0, pos] of its sequence (attention.h).
+ * WHY KV-head-major: threads take neighbouring tasks at the same time, and
+ * two threads on the same tile write the same tokens' output rows, each its
+ * heads' part. On Zen 3 that made each of two threads 20-25% slower in the
+ * kernel (pp140 @ d3089: the attention took 1.34x less time on 2 threads
+ * than on 1, the matmuls 1.8x); neighbouring tiles of one KV head removed
+ * it (and read the same K/V). */
 static void attn_task(void *ctx, int64_t task, int thread)
 {
     fwd *f = ctx;
     kvc_compute *c = f->c;
     const kvc_hparams *hp = &c->m->hp;
     const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const int64_t tile = task / hp->n_head_kv;
-    const int32_t kvh = (int32_t)(task % hp->n_head_kv);
+    const int64_t tile = task % f->n_tiles;
+    const int32_t kvh = (int32_t)(task / f->n_tiles);
     const int32_t i0 = c->tiles[tile], n_tok = c->tiles[tile + 1] - i0;
     const kvc_batch_item *it = &f->items[i0];
     const int64_t n_pos = (int64_t)it->pos + n_tok, nb = (n_pos + f->B - 1) / f->B;
