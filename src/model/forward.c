@@ -457,12 +457,13 @@ static float *dequant_kv(fwd *f, const kvc_batch_item *it, int32_t kvh, int64_t 
 /* Attention of tile task % n_tiles (consecutive tokens of one sequence) for
  * the query heads of KV head task / n_tiles, each token over positions
  * [0, pos] of its sequence (attention.h).
- * WHY KV-head-major: threads take neighbouring tasks at the same time, and
- * two threads on the same tile write the same tokens' output rows, each its
- * heads' part. On Zen 3 that made each of two threads 20-25% slower in the
- * kernel (pp140 @ d3089: the attention took 1.34x less time on 2 threads
- * than on 1, the matmuls 1.8x); neighbouring tiles of one KV head removed
- * it (and read the same K/V). */
+ * WHY KV-head-major: threads take neighbouring tasks at the same time.
+ * Taken tile-major, two threads worked on the same tile, the same tokens'
+ * rows of q and of the output, each its KV head's part; on Zen 3 each was
+ * then 20-25% slower in the kernel (pp140 @ d3089: the attention took 1.34x
+ * less time on 2 threads than on 1, the matmuls 1.8x). Neighbouring tiles of
+ * one KV head (which also read the same K/V) do not slow each other, nor do
+ * different tiles of different KV heads. */
 static void attn_task(void *ctx, int64_t task, int thread)
 {
     fwd *f = ctx;
