@@ -30,6 +30,7 @@ static const char *const words[] = {
     "children", "watched", "from", "bridges", "and", "merchants", "counted", "their", "coins",
     "under", "bright", "summer", "skies", "near", "quiet", "gardens", "full", "of", "roses",
 };
+#define N_WORDS (sizeof(words) / sizeof(words[0]))
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -86,7 +87,6 @@ static int n_tokens(kvc_model *m, const char *s)
  * word does, else more. */
 static char *user_message(kvc_model *m, const char *label, int turn, uint32_t seed, int n, bool exact)
 {
-    const size_t n_words = sizeof(words) / sizeof(words[0]);
     size_t cap = 64 + (size_t)n * 16, len = 0, last = 0;
     char *s = malloc(cap);
     len += (size_t)snprintf(s, cap, "%s %d: ", label, turn);
@@ -95,13 +95,13 @@ static char *user_message(kvc_model *m, const char *label, int turn, uint32_t se
     while (kvc_model_tokenize(m, s, len, false, false, ids, 4096) < n && len + 20 < cap) {
         x = x * 1664525u + 1013904223u;
         last = len;
-        len += (size_t)snprintf(s + len, cap - len, "%s ", words[(x >> 8) % n_words]);
+        len += (size_t)snprintf(s + len, cap - len, "%s ", words[(x >> 8) % N_WORDS]);
     }
     s[len - 1] = '.';
     if (exact && last && n_tokens(m, s) != n) {
         /* the last word again from the list: one that gives n tokens, else the first that gives more */
         int pick = -1;
-        for (size_t w = 0; w < n_words; w++) {
+        for (size_t w = 0; w < N_WORDS; w++) {
             snprintf(s + last, cap - last, "%s.", words[w]);
             const int k = n_tokens(m, s);
             if (k == n) {
@@ -143,14 +143,14 @@ static int paired(const cli_common *c, kvc_model *m, kvc_session *warm, kvc_chat
     int32_t c1[2] = { INT32_MAX, 0 }, cn[2] = { INT32_MAX, 0 };   /* computed tokens, least and most */
     const size_t last = (size_t)(2 * turns - 1);   /* turn N's user message */
     const kvc_chat_message keep = msgs[last];
+    const int n1 = n_tokens(m, msgs[1].content), nn = n_tokens(m, keep.content);   /* their lengths */
     for (int64_t i = 0; i < pairs && !rc; i++) {
         /* messages as long as the turns' own that no other begins with, so
          * that turn N computes what the conversation's turn N did and turn 1
          * all of its prompt (both printed below) */
-        const char *label = words[(size_t)i % (sizeof(words) / sizeof(words[0]))];
-        char *first = user_message(m, label, 1, 1000u * (uint32_t)(i + 1) + 1, n_tokens(m, msgs[1].content), true);
-        char *edit = user_message(m, label, (int)turns, 1000u * (uint32_t)(i + 1) + (uint32_t)turns,
-                                  n_tokens(m, keep.content), true);
+        const char *label = words[(size_t)i % N_WORDS];
+        char *first = user_message(m, label, 1, 1000u * (uint32_t)(i + 1) + 1, n1, true);
+        char *edit = user_message(m, label, (int)turns, 1000u * (uint32_t)(i + 1) + (uint32_t)turns, nn, true);
         kvc_context *ctx = cli_new_context(c, m, 1);
         kvc_session *s = ctx ? kvc_session_new(ctx, 0, NULL, err, sizeof(err)) : NULL;
         if (!s) {
