@@ -460,8 +460,8 @@ static float *dequant_kv(fwd *f, const kvc_batch_item *it, int32_t kvh, int64_t 
  * WHY KV-head-major: threads take neighbouring tasks at the same time.
  * Taken tile-major, two threads worked on the same tile, the same tokens'
  * rows of q and of the output, each its KV head's part; on Zen 3 each was
- * then 20-25% slower in the kernel (pp140 @ d3089: the attention took 1.34x
- * less time on 2 threads than on 1, the matmuls 1.8x). Neighbouring tiles of
+ * then 20-25% slower in the kernel (pp140 @ d3089: the attention ran 1.34x
+ * faster on 2 threads than on 1, the matmuls 1.8x). Neighbouring tiles of
  * one KV head (which also read the same K/V) do not slow each other, nor do
  * different tiles of different KV heads. */
 static void attn_task(void *ctx, int64_t task, int thread)
