@@ -118,9 +118,9 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out)
 {
     const kvc_isa isa = kvc_kernels_isa();
     const char *tn = kvc_type_info(type)->name;
-    const bool int8 = (isa == KVC_ISA_AVX2 || isa >= KVC_ISA_VNNI) && kvc_i8_simd_type_ok(type);
     wmat m;
     make_weight(&m, type, n_in, n_out);
+    const bool int8 = kvc_matmul_uses_act(&m.w);   /* the integer scheme on this ISA */
     const int64_t ldx = n_in + 5, ldy = n_out + 3;
     float *x = xalloc(sizeof(float) * (size_t)(ldx * MAX_TOK));
     for (int64_t i = 0; i < ldx * MAX_TOK; i++)

@@ -28,12 +28,17 @@ typedef struct {
     void (*quantize)(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act);
     void (*matmul_act)(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, float *scratch);
+    bool (*type_ok)(uint32_t type);
 } simd_kernels;
 
 static const simd_kernels families[] = {
-    { KVC_ISA_AVX2, "avx2", kvc_avx2_i8_quantize_rows, kvc_avx2_i8_matmul_act },
-    { KVC_ISA_VNNI, "vnni", kvc_vnni_quantize_rows, kvc_vnni_matmul_act },
+    { KVC_ISA_AVX2, "avx2", kvc_avx2_i8_quantize_rows, kvc_avx2_i8_matmul_act, kvc_i8_avx2_type_ok },
+    { KVC_ISA_VNNI, "vnni", kvc_vnni_quantize_rows, kvc_vnni_matmul_act, kvc_i8_vnni_type_ok },
 };
+
+/* Every weight type of the scheme. */
+static const uint32_t scheme_types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_1, KVC_TYPE_Q5_1,
+                                         KVC_TYPE_Q4_K, KVC_TYPE_Q5_K, KVC_TYPE_Q6_K };
 static const simd_kernels *fam;    /* the one under test */
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
@@ -63,13 +68,11 @@ static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; 
 
 static void check_unpack(void)
 {
-    const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_K, KVC_TYPE_Q5_K,
-                               KVC_TYPE_Q6_K };
     enum { N = 1024 };
     float x[N], deq[N];
     uint8_t buf[N * 2];
-    for (size_t ti = 0; ti < KVC_ARRAY_LEN(types); ti++) {
-        const uint32_t type = types[ti];
+    for (size_t ti = 0; ti < KVC_ARRAY_LEN(scheme_types); ti++) {
+        const uint32_t type = scheme_types[ti];
         CHECK(kvc_i8_type_ok(type));
         for (int i = 0; i < N; i++)
             x[i] = rnd_f() * (float)(1 + i % 5);
@@ -90,6 +93,7 @@ static void check_unpack(void)
         CHECKF(bad == 0, "%s: integer form differs from the dequantization", kvc_type_info(type)->name);
     }
     CHECK(!kvc_i8_type_ok(KVC_TYPE_F16));
+    CHECK(!kvc_i8_avx2_type_ok(KVC_TYPE_F16) && !kvc_i8_vnni_type_ok(KVC_TYPE_BF16));
 }
 
 /* ------------------------------------------------------------ activations */
@@ -375,10 +379,13 @@ static void check_family(void)
                                   { 896, 33, 16 },  { 896, 100, 37 }, { 4864, 19, 2 },  { 4864, 48, 20 },
                                   { 2048, 67, 130 }, { 896, 64, 512 }, { 128, 64, 1 },  { 128, 2048, 3 },
                                   { 384, 128, 2 },  { 128, 384, 5 },  { 128, 2048, 1 } };
-    const uint32_t types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_K, KVC_TYPE_Q6_K };
-    for (size_t ti = 0; ti < KVC_ARRAY_LEN(types); ti++) {
+    int n_types = 0;
+    for (size_t ti = 0; ti < KVC_ARRAY_LEN(scheme_types); ti++) {
+        const uint32_t *types = scheme_types;
+        if (!fam->type_ok(types[ti]))   /* left to the ISA's float path (test_kernels) */
+            continue;
+        n_types++;
         const int64_t bs = kvc_type_info(types[ti])->block_size;
-        CHECK(kvc_i8_simd_type_ok(types[ti]));
         for (size_t s = 0; s < KVC_ARRAY_LEN(shapes); s++)
             if (shapes[s][0] % bs == 0)
                 check_matmul(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], false);
@@ -391,6 +398,7 @@ static void check_family(void)
         check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 2, true);
         check_matmul(types[ti], 4864, 17, 33, true);
     }
+    CHECK(n_types == (fam->isa == KVC_ISA_AVX2 ? 8 : 5));
 }
 
 int main(void)

@@ -87,6 +87,7 @@ static void tables_init(void)
     ops_vnni.matmul_scratch_floats = kvc_vnni_scratch_floats;
     ops_vnni.act_quantize = kvc_vnni_quantize_rows;
     ops_vnni.matmul_act = kvc_vnni_matmul_act;
+    ops_vnni.act_type_ok = kvc_i8_vnni_type_ok;
     ops_vnni.act_prefill_min_tok = KVC_VNNI_PREFILL_MIN_TOK;
     ops_vnni.act_prefill_rows = KVC_VNNI_PREFILL_ROWS;
     /* avx2: the AVX2 vector kernels with the integer matmul of kernels_avx2_int8.c
@@ -96,6 +97,7 @@ static void tables_init(void)
     ops_avx2.matmul_scratch_floats = kvc_avx2_i8_scratch_floats;
     ops_avx2.act_quantize = kvc_avx2_i8_quantize_rows;
     ops_avx2.matmul_act = kvc_avx2_i8_matmul_act;
+    ops_avx2.act_type_ok = kvc_i8_avx2_type_ok;
     ops_avx2.act_prefill_min_tok = KVC_AVX2_I8_PREFILL_MIN_TOK;
     ops_avx2.act_prefill_rows = KVC_AVX2_I8_PREFILL_ROWS;
 }
@@ -119,7 +121,7 @@ kvc_isa kvc_kernels_isa(void)
 
 /* Raised whenever a kernel's bits change on some ISA (a new order of
  * operations, another scheme), so that caches written before are not reused. */
-#define KVC_ARITH_VERSION 3
+#define KVC_ARITH_VERSION 4
 
 uint64_t kvc_kernels_arith_id(void)
 {
@@ -184,7 +186,7 @@ size_t kvc_matmul_act_bytes(int64_t n_in, int64_t n_tok)
 
 bool kvc_matmul_uses_act(const kvc_weight *w)
 {
-    return act_isa() && kvc_i8_simd_type_ok(w->type) && w->n_in > 0 && w->n_in % 32 == 0;
+    return act_isa() && ops()->act_type_ok(w->type) && w->n_in > 0 && w->n_in % 32 == 0;
 }
 
 int64_t kvc_matmul_act_row_group(int64_t n_tok)

@@ -146,8 +146,8 @@ AI void transpose_8x8(const __m256i r[GR], __m256i *p)
 }
 
 /* The scales of blocks 8s .. 8s + 7 (super-block s) of up to 8 rows:
- * ds[j][r], dm[j][r] (Q4_K: d * sc_j and dmin * m_j; Q6_K: d * sc of the
- * block's first and second half), as the reference computes them; rows
+ * ds[j][r], dm[j][r] (Q4_K, Q5_K: d * sc_j and dmin * m_j; Q6_K: d * sc of
+ * the block's first and second half), as the reference computes them; rows
  * past n are zero. ds, dm: 32-byte aligned. */
 AI void k_scales(const int kind, const uint8_t *const rows[GR], int n, int64_t s, float ds[8][GR], float dm[8][GR])
 {
@@ -157,8 +157,10 @@ AI void k_scales(const int kind, const uint8_t *const rows[GR], int n, int64_t s
         a[r] = m[r] = _mm256_setzero_si256();
         if (r >= n)
             continue;
-        if (kind == I8_Q4_K) {
-            const block_q4_K *k = (const block_q4_K *)(const void *)rows[r] + s;
+        if (kind == I8_Q4_K || kind == I8_Q5_K) {   /* d, dmin and the scales where both have them */
+            _Static_assert(offsetof(block_q4_K, scales) == offsetof(block_q5_K, scales), "Q4_K / Q5_K heads");
+            const block_q4_K *k = (const block_q4_K *)(const void *)(
+                rows[r] + (size_t)s * (kind == I8_Q4_K ? sizeof(block_q4_K) : sizeof(block_q5_K)));
             _Alignas(32) float fa[8], fm[8];
             kvc_k4_scales(k->scales, _cvtsh_ss(k->d), _cvtsh_ss(k->dmin), fa, fm);
             a[r] = _mm256_castps_si256(_mm256_load_ps(fa));
@@ -177,17 +179,22 @@ AI void k_scales(const int kind, const uint8_t *const rows[GR], int n, int64_t s
     transpose_8x8(m, (__m256i *)(void *)dm);
 }
 
-/* The F16 scale of block b of up to 8 rows (block_q8_0 / q4_0 / q5_0 start
- * with it), row r in lane r; goff: row r's offset from rows[0] (rows past n
- * repeat the last one, whose scale then fills their lanes, unused). */
-AI __m256 block_scales(const int kind, const uint8_t *const rows[GR], __m256i goff, int64_t b)
+/* The F16 scale d of block b of up to 8 rows (the blocks of Q8_0, Q4_0,
+ * Q5_0, Q4_1 and Q5_1 start with it), row r in lane r, and for Q4_1 and
+ * Q5_1 their min as the scheme has it, -m (the F16 after d), in *neg_m;
+ * goff: row r's offset from rows[0] (rows past n repeat the last one, whose
+ * scales then fill their lanes, unused). */
+AI __m256 block_scales(const int kind, const uint8_t *const rows[GR], __m256i goff, int64_t b, __m256 *neg_m)
 {
     const uint8_t *first = rows[0] + (size_t)b * kvc_i8_block_bytes(kind);
     const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)first, goff, 1);
-    const __m256i low16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                           0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m256i h = _mm256_shuffle_epi8(g, low16);
-    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(h, _MM_SHUFFLE(3, 1, 2, 0))));
+    /* the low halves of the dwords (d) in the low 8 bytes of each lane, the high ones (m) in the others */
+    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(g, split), _MM_SHUFFLE(3, 1, 2, 0));
+    if (kind == I8_Q4_1 || kind == I8_Q5_1)
+        *neg_m = _mm256_xor_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_set1_ps(-0.0f));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(h));
 }
 
 /* Offsets of rows[r] from rows[0], for block_scales. */
@@ -258,7 +265,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             dw = _mm256_load_ps(ks[b % 8]);
             dm = _mm256_load_ps(km[b % 8]);
         } else {
-            dw = block_scales(kind, rows, goff, b);
+            dw = block_scales(kind, rows, goff, b, &dm);
         }
         /* q_0..15, q_16..31 of each row as int16, through memory: VPMADDWD
          * takes them from there, and 16 vectors would not fit the registers */
@@ -291,7 +298,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
                 z[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_load_si256((const __m256i *)w[r][0]), x0),
                                         _mm256_madd_epi16(_mm256_load_si256((const __m256i *)w[r][1]), x1));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(z)), _mm256_mul_ps(dw, xs), acc[t]);
-            if (kind == I8_Q4_K)          /* the min step */
+            if (kvc_i8_has_min(kind))     /* the min step */
                 acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(-(float)sx[t][b]), _mm256_mul_ps(dm, xs), acc[t]);
         }
     }
@@ -315,12 +322,16 @@ GROUP_FNS(q4_0_group, I8_Q4_0)
 GROUP_FNS(q5_0_group, I8_Q5_0)
 GROUP_FNS(q4_K_group, I8_Q4_K)
 GROUP_FNS(q6_K_group, I8_Q6_K)
+GROUP_FNS(q4_1_group, I8_Q4_1)
+GROUP_FNS(q5_1_group, I8_Q5_1)
+GROUP_FNS(q5_K_group, I8_Q5_K)
 
 _Static_assert(TC == 3, "group_fns lists TC functions per kind");
 static const group_fn group_fns[I8_N_KINDS][TC] = {
-    { q8_0_group1, q8_0_group2, q8_0_group3 }, { q4_0_group1, q4_0_group2, q4_0_group3 },
-    { q5_0_group1, q5_0_group2, q5_0_group3 }, { q4_K_group1, q4_K_group2, q4_K_group3 },
-    { q6_K_group1, q6_K_group2, q6_K_group3 },
+    [I8_Q8_0] = { q8_0_group1, q8_0_group2, q8_0_group3 }, [I8_Q4_0] = { q4_0_group1, q4_0_group2, q4_0_group3 },
+    [I8_Q5_0] = { q5_0_group1, q5_0_group2, q5_0_group3 }, [I8_Q4_K] = { q4_K_group1, q4_K_group2, q4_K_group3 },
+    [I8_Q6_K] = { q6_K_group1, q6_K_group2, q6_K_group3 }, [I8_Q4_1] = { q4_1_group1, q4_1_group2, q4_1_group3 },
+    [I8_Q5_1] = { q5_1_group1, q5_1_group2, q5_1_group3 }, [I8_Q5_K] = { q5_K_group1, q5_K_group2, q5_K_group3 },
 };
 
 static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
@@ -368,9 +379,9 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
 #define KS 16   /* int16 pairs (dwords) of a block */
 
 /* Rows [rg, rg + nr) of W, nr <= 8 nv, into pack (per block: nv x KS
- * vectors) and their scales into dsc (per block: nv x 8 floats; K-quants:
- * Q4_K's mins or Q6_K's second scales into msc likewise); rows past nr are
- * zero. */
+ * vectors) and their scales into dsc (per block: nv x 8 floats; the mins of
+ * Q4_1, Q5_1, Q4_K and Q5_K or Q6_K's second scales into msc likewise); rows
+ * past nr are zero. */
 AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, __m256i *pack, float *dsc,
                float *msc)
 {
@@ -400,7 +411,10 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
                 _mm256_store_ps(dsc + (b * nv + v) * GR, _mm256_load_ps(ks[b % 8]));
                 _mm256_store_ps(msc + (b * nv + v) * GR, _mm256_load_ps(km[b % 8]));
             } else {
-                _mm256_store_ps(dsc + (b * nv + v) * GR, block_scales(kind, rows, goff, b));
+                __m256 neg_m = _mm256_setzero_ps();
+                _mm256_store_ps(dsc + (b * nv + v) * GR, block_scales(kind, rows, goff, b, &neg_m));
+                if (kvc_i8_has_min(kind))
+                    _mm256_store_ps(msc + (b * nv + v) * GR, neg_m);
             }
         }
     }
@@ -473,7 +487,7 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *p
                 for (int v = 0; v < NV; v++) {
                     const __m256 ws = _mm256_mul_ps(_mm256_load_ps(sc + v * GR), xs);
                     __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[v][t]), ws, out[v][t]);
-                    if (kind == I8_Q4_K)           /* the min step */
+                    if (kvc_i8_has_min(kind))      /* the min step */
                         acc = _mm256_fmadd_ps(_mm256_set1_ps(-(float)sx[t][b]),
                                               _mm256_mul_ps(_mm256_load_ps(msc + (b * NV + v) * GR), xs), acc);
                     out[v][t] = acc;
@@ -501,14 +515,20 @@ PASS_FNS(q4_0_pass, I8_Q4_0)
 PASS_FNS(q5_0_pass, I8_Q5_0)
 PASS_FNS(q4_K_pass, I8_Q4_K)
 PASS_FNS(q6_K_pass, I8_Q6_K)
+PASS_FNS(q4_1_pass, I8_Q4_1)
+PASS_FNS(q5_1_pass, I8_Q5_1)
+PASS_FNS(q5_K_pass, I8_Q5_K)
 
 _Static_assert(PT == 4, "pass_fns lists PT functions per row");
 static const pass_fn pass_fns[I8_N_KINDS][RV][PT] = {
-    { PASS_ROW(q8_0_pass, 1), PASS_ROW(q8_0_pass, 2) },
-    { PASS_ROW(q4_0_pass, 1), PASS_ROW(q4_0_pass, 2) },
-    { PASS_ROW(q5_0_pass, 1), PASS_ROW(q5_0_pass, 2) },
-    { PASS_ROW(q4_K_pass, 1), PASS_ROW(q4_K_pass, 2) },
-    { PASS_ROW(q6_K_pass, 1), PASS_ROW(q6_K_pass, 2) },
+    [I8_Q8_0] = { PASS_ROW(q8_0_pass, 1), PASS_ROW(q8_0_pass, 2) },
+    [I8_Q4_0] = { PASS_ROW(q4_0_pass, 1), PASS_ROW(q4_0_pass, 2) },
+    [I8_Q5_0] = { PASS_ROW(q5_0_pass, 1), PASS_ROW(q5_0_pass, 2) },
+    [I8_Q4_K] = { PASS_ROW(q4_K_pass, 1), PASS_ROW(q4_K_pass, 2) },
+    [I8_Q6_K] = { PASS_ROW(q6_K_pass, 1), PASS_ROW(q6_K_pass, 2) },
+    [I8_Q4_1] = { PASS_ROW(q4_1_pass, 1), PASS_ROW(q4_1_pass, 2) },
+    [I8_Q5_1] = { PASS_ROW(q5_1_pass, 1), PASS_ROW(q5_1_pass, 2) },
+    [I8_Q5_K] = { PASS_ROW(q5_K_pass, 1), PASS_ROW(q5_K_pass, 2) },
 };
 
 typedef void (*repack_fn)(const kvc_weight *w, int64_t rg, int nr, int nv, __m256i *p, float *d, float *m);
@@ -522,7 +542,13 @@ REPACK_FN(repack_q4_0, I8_Q4_0)
 REPACK_FN(repack_q5_0, I8_Q5_0)
 REPACK_FN(repack_q4_K, I8_Q4_K)
 REPACK_FN(repack_q6_K, I8_Q6_K)
-static const repack_fn repack_fns[I8_N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
+REPACK_FN(repack_q4_1, I8_Q4_1)
+REPACK_FN(repack_q5_1, I8_Q5_1)
+REPACK_FN(repack_q5_K, I8_Q5_K)
+static const repack_fn repack_fns[I8_N_KINDS] = {
+    [I8_Q8_0] = repack_q8_0, [I8_Q4_0] = repack_q4_0, [I8_Q5_0] = repack_q5_0, [I8_Q4_K] = repack_q4_K,
+    [I8_Q6_K] = repack_q6_K, [I8_Q4_1] = repack_q4_1, [I8_Q5_1] = repack_q5_1, [I8_Q5_K] = repack_q5_K,
+};
 
 /* Bytes of a repacked group in scratch (the scales follow). */
 static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * KS * 32; }
@@ -585,7 +611,7 @@ void kvc_avx2_i8_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_t
 /* kernels_int8.c's entry point over this file's steps; the types it does not
  * take go to kvc_kernels_avx2. */
 static const kvc_i8_isa i8_isa = { kvc_avx2_i8_quantize_rows, kvc_avx2_i8_matmul_act, prefill_scratch_bytes,
-                                   &kvc_kernels_avx2 };
+                                   &kvc_kernels_avx2, kvc_i8_avx2_type_ok };
 
 size_t kvc_avx2_i8_scratch_floats(int64_t n_in)
 {

@@ -11,7 +11,7 @@
 bool kvc_i8_type_ok(uint32_t type)
 {
     switch (type) {
-    case KVC_TYPE_Q8_0: case KVC_TYPE_Q4_0: case KVC_TYPE_Q5_0:
+    case KVC_TYPE_Q8_0: case KVC_TYPE_Q4_0: case KVC_TYPE_Q5_0: case KVC_TYPE_Q4_1: case KVC_TYPE_Q5_1:
     case KVC_TYPE_Q4_K: case KVC_TYPE_Q5_K: case KVC_TYPE_Q6_K:
         return true;
     default:
@@ -102,6 +102,30 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
         o->d[0] = kvc_fp16_to_fp32(k->d);
         break;
     }
+    case KVC_TYPE_Q4_1: {
+        const block_q4_1 *k = (const block_q4_1 *)row + b;
+        for (int i = 0; i < 16; i++) {
+            o->q[i] = (int8_t)(k->qs[i] & 0x0f);
+            o->q[i + 16] = (int8_t)(k->qs[i] >> 4);
+        }
+        o->d[0] = kvc_fp16_to_fp32(k->d);
+        o->m = -kvc_fp16_to_fp32(k->m);   /* the min step subtracts m S: x = d q + m */
+        o->has_min = true;
+        break;
+    }
+    case KVC_TYPE_Q5_1: {
+        const block_q5_1 *k = (const block_q5_1 *)row + b;
+        const uint32_t qh = (uint32_t)k->qh[0] | (uint32_t)k->qh[1] << 8 | (uint32_t)k->qh[2] << 16 |
+                            (uint32_t)k->qh[3] << 24;
+        for (int i = 0; i < 16; i++) {
+            o->q[i] = (int8_t)((k->qs[i] & 0x0f) | ((qh >> i) & 1) << 4);
+            o->q[i + 16] = (int8_t)((k->qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4);
+        }
+        o->d[0] = kvc_fp16_to_fp32(k->d);
+        o->m = -kvc_fp16_to_fp32(k->m);
+        o->has_min = true;
+        break;
+    }
     case KVC_TYPE_Q4_K: case KVC_TYPE_Q5_K: {
         const int j = (int)(b % 8), c = j / 2, half = j % 2;
         const uint8_t *qs, *scales, *qh = NULL;
@@ -149,10 +173,11 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
     }
 }
 
-bool kvc_i8_simd_type_ok(uint32_t type)
+bool kvc_i8_avx2_type_ok(uint32_t type) { return kvc_i8_type_ok(type); }
+
+bool kvc_i8_vnni_type_ok(uint32_t type)
 {
-    return type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0 || type == KVC_TYPE_Q5_0 || type == KVC_TYPE_Q4_K ||
-           type == KVC_TYPE_Q6_K;
+    return kvc_i8_type_ok(type) && kvc_i8_kind(type) < I8_N_VNNI;
 }
 
 /* ----------------------------------------------------------------- matmul */
@@ -209,7 +234,7 @@ size_t kvc_i8_scratch_floats(const kvc_i8_isa *isa, int64_t n_in)
 void kvc_i8_matmul_rows(const kvc_i8_isa *isa, const kvc_weight *w, const float *x, int64_t ldx,
                         int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
-    if (!kvc_i8_simd_type_ok(w->type)) {
+    if (!isa->type_ok(w->type)) {
         isa->fallback->matmul_rows(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
         return;
     }

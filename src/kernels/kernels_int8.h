@@ -41,9 +41,14 @@
  *   Q8_0  q = qs                d0 = d
  *   Q4_0  q = nibble - 8        d0 = d
  *   Q5_0  q = 5-bit code - 16   d0 = d
+ *   Q4_1  q = nibble            d0 = d, min: m = -(the block's m)
+ *   Q5_1  q = 5-bit code        d0 = d, min: m = -(the block's m)
  *   Q4_K  (sub-block j = b % 8) q = 4-bit code, d0 = d * sc_j, min: m = dmin * m_j
+ *   Q5_K  as Q4_K, q = 5-bit code
  *   Q6_K  (two sub-blocks of 16) q = 6-bit code - 32, d0 = d * sc_2j, d1 = d * sc_2j+1
- * (the products d * sc as quant.c's reference dequantization computes them).
+ * (the products d * sc as quant.c's reference dequantization computes them;
+ * Q4_1 and Q5_1 add their m where the K-quants subtract theirs, hence the
+ * sign).
  *
  * THE ORDER OF ONE OUTPUT ELEMENT y[t][r] (every ISA that uses this scheme):
  *
@@ -116,7 +121,7 @@ typedef struct kvc_i8_wblock {
 } kvc_i8_wblock;
 
 /* Weight types the scheme covers (the reference handles all of them; an ISA
- * may use it for fewer, see kvc_i8_simd_type_ok). */
+ * may use it for fewer, see kvc_i8_avx2_type_ok). */
 bool kvc_i8_type_ok(uint32_t type);
 
 /* Reference quantization of one token row (n_in floats) into dst
@@ -131,35 +136,40 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
 void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                        int64_t r0, int64_t r1);
 
-/* Types the SIMD kernels (AVX2, VNNI) handle with this scheme; others keep
- * their ISA's float path. */
-bool kvc_i8_simd_type_ok(uint32_t type);
+/* Types the SIMD kernels of each ISA handle with this scheme; others keep
+ * their ISA's float path. The AVX2 kernels take every type of the scheme;
+ * the VNNI kernels Q8_0, Q4_0, Q5_0, Q4_K and Q6_K (the first I8_N_VNNI
+ * kinds below). */
+bool kvc_i8_avx2_type_ok(uint32_t type);
+bool kvc_i8_vnni_type_ok(uint32_t type);
 
 /* A SIMD ISA's steps of the scheme, for the entry points below: its
  * quantize and matmul_act (as in kvc_kernel_ops), the bytes of scratch its
- * matmul_act needs ahead of the activations, and the float ops table that
- * takes the types it does not. */
+ * matmul_act needs ahead of the activations, the float ops table that
+ * takes the types it does not, and which types it takes. */
 typedef struct kvc_i8_isa {
     kvc_act_quantize_fn  *quantize;
     kvc_matmul_act_fn    *matmul_act;
     size_t              (*own_bytes)(int64_t n_in);
     const kvc_kernel_ops *fallback;
+    kvc_act_type_ok_fn   *type_ok;
 } kvc_i8_isa;
 
 #define KVC_I8_TB_ACT 64   /* tokens kvc_i8_matmul_rows quantizes at a time */
 
 /* matmul_rows of such an ISA: x quantized KVC_I8_TB_ACT tokens at a time
  * into the scratch after the ISA's own bytes, then its matmul_act; types
- * outside kvc_i8_simd_type_ok go to the fallback's matmul_rows. Scratch:
+ * outside isa->type_ok go to the fallback's matmul_rows. Scratch:
  * kvc_i8_scratch_floats(isa, n_in) floats, which covers the fallback's need
  * too, so the ISA's ops table sizes its own matmul_rows whole. */
 void   kvc_i8_matmul_rows(const kvc_i8_isa *isa, const kvc_weight *w, const float *x, int64_t ldx,
                           int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
 size_t kvc_i8_scratch_floats(const kvc_i8_isa *isa, int64_t n_in);
 
-/* The weight types of the SIMD kernels as kinds, for tables indexed by kind
- * (kvc_i8_simd_type_ok's types, in this order). */
-enum { I8_Q8_0, I8_Q4_0, I8_Q5_0, I8_Q4_K, I8_Q6_K, I8_N_KINDS };
+/* The weight types of the SIMD kernels as kinds, for tables indexed by kind:
+ * kvc_i8_vnni_type_ok's types first (I8_N_VNNI of them), then the others of
+ * kvc_i8_avx2_type_ok. */
+enum { I8_Q8_0, I8_Q4_0, I8_Q5_0, I8_Q4_K, I8_Q6_K, I8_N_VNNI, I8_Q4_1 = I8_N_VNNI, I8_Q5_1, I8_Q5_K, I8_N_KINDS };
 
 static inline int kvc_i8_kind(uint32_t type)
 {
@@ -168,11 +178,21 @@ static inline int kvc_i8_kind(uint32_t type)
     case KVC_TYPE_Q4_0: return I8_Q4_0;
     case KVC_TYPE_Q5_0: return I8_Q5_0;
     case KVC_TYPE_Q4_K: return I8_Q4_K;
+    case KVC_TYPE_Q4_1: return I8_Q4_1;
+    case KVC_TYPE_Q5_1: return I8_Q5_1;
+    case KVC_TYPE_Q5_K: return I8_Q5_K;
     default:            return I8_Q6_K;
     }
 }
 
-static inline bool kvc_i8_k_quant(const int kind) { return kind == I8_Q4_K || kind == I8_Q6_K; }
+/* Scales per 256-element super-block (read by super-block). */
+static inline bool kvc_i8_k_quant(const int kind) { return kind == I8_Q4_K || kind == I8_Q5_K || kind == I8_Q6_K; }
+
+/* The min step applies (kvc_i8_wblock.has_min). */
+static inline bool kvc_i8_has_min(const int kind)
+{
+    return kind == I8_Q4_K || kind == I8_Q5_K || kind == I8_Q4_1 || kind == I8_Q5_1;
+}
 
 /* Bytes a block of 32 weights takes (K-quants: an eighth of the super-block,
  * rounded up, for prefetching; their blocks are addressed by super-block). */
@@ -181,7 +201,10 @@ static inline size_t kvc_i8_block_bytes(const int kind)
     return kind == I8_Q8_0   ? sizeof(block_q8_0)
            : kind == I8_Q4_0 ? sizeof(block_q4_0)
            : kind == I8_Q5_0 ? sizeof(block_q5_0)
+           : kind == I8_Q4_1 ? sizeof(block_q4_1)
+           : kind == I8_Q5_1 ? sizeof(block_q5_1)
            : kind == I8_Q4_K ? sizeof(block_q4_K) / 8
+           : kind == I8_Q5_K ? sizeof(block_q5_K) / 8
                              : (sizeof(block_q6_K) + 7) / 8;
 }
 
@@ -190,6 +213,12 @@ static inline size_t kvc_i8_block_bytes(const int kind)
 static inline const uint8_t *kvc_i8_k4_codes(const uint8_t *row, int64_t b)
 {
     return row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * (size_t)((b % 8) / 2);
+}
+
+/* The same of Q5_K (whose fifth bits are kvc_i8_k5_high's). */
+static inline const uint8_t *kvc_i8_k5_codes(const uint8_t *row, int64_t b)
+{
+    return row + (size_t)(b / 8) * sizeof(block_q5_K) + offsetof(block_q5_K, qs) + 32 * (size_t)((b % 8) / 2);
 }
 
 #ifdef __AVX2__
@@ -229,22 +258,34 @@ static inline __attribute__((always_inline)) __m256i kvc_i8_block_q(const int ki
 {
     if (kind == I8_Q6_K)
         return _mm256_sub_epi8(kvc_i8_k6_codes(row, b), _mm256_set1_epi8(32));
-    if (kind == I8_Q4_K) {
-        const __m256i c = _mm256_loadu_si256((const __m256i *)kvc_i8_k4_codes(row, b));
-        return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
+    if (kind == I8_Q4_K || kind == I8_Q5_K) {
+        const __m256i c = _mm256_loadu_si256(
+            (const __m256i *)(kind == I8_Q4_K ? kvc_i8_k4_codes(row, b) : kvc_i8_k5_codes(row, b)));
+        const __m256i q = _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
+        if (kind == I8_Q4_K)
+            return q;
+        /* Q5_K: bit b % 8 of qh[l] is the 5th bit of element l */
+        const block_q5_K *k = (const block_q5_K *)(const void *)row + b / 8;
+        const __m256i h = _mm256_loadu_si256((const __m256i *)k->qh);
+        const __m256i bit = _mm256_set1_epi8((char)(1 << (b % 8)));
+        return _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit),
+                                                   _mm256_set1_epi8(0x10)));
     }
     const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
     if (kind == I8_Q8_0)
         return _mm256_loadu_si256((const __m256i *)(k + 2));
-    const uint8_t *qs = k + (kind == I8_Q4_0 ? 2 : 6);
-    const __m128i nib = _mm_loadu_si128((const __m128i *)qs);
+    /* the nibbles follow the scales (d; d and m) and the fifth bits (Q5_*) */
+    const size_t at = kind == I8_Q4_0 ? 2 : kind == I8_Q4_1 ? 4 : kind == I8_Q5_0 ? 6 : 8;
+    const __m128i nib = _mm_loadu_si128((const __m128i *)(k + at));
     __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
     if (kind == I8_Q4_0)
         return _mm256_sub_epi8(c, _mm256_set1_epi8(8));
-    uint32_t qh;                 /* Q5_0: bit j of qh is the 5th bit of element j */
-    memcpy(&qh, k + 2, 4);
+    if (kind == I8_Q4_1)
+        return c;
+    uint32_t qh;                 /* Q5_0, Q5_1: bit j of qh is the 5th bit of element j */
+    memcpy(&qh, k + at - 4, 4);
     c = _mm256_or_si256(c, _mm256_and_si256(kvc_i8_bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
-    return _mm256_sub_epi8(c, _mm256_set1_epi8(16));
+    return kind == I8_Q5_0 ? _mm256_sub_epi8(c, _mm256_set1_epi8(16)) : c;
 }
 #endif
 

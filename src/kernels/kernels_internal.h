@@ -16,6 +16,9 @@ typedef void kvc_act_quantize_fn(const float *x, int64_t ldx, int64_t n_in, int6
 typedef void kvc_matmul_act_fn(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
                                int64_t r0, int64_t r1, float *scratch);
 
+/* The weight types an ISA's matmul_act takes. */
+typedef bool kvc_act_type_ok_fn(uint32_t type);
+
 typedef struct kvc_kernel_ops {
     void   (*matmul_rows)(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok,
                           float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
@@ -30,9 +33,11 @@ typedef struct kvc_kernel_ops {
     void   (*swiglu)(float *g, const float *u, int64_t n);
     /* The integer scheme's prepared activations (kernels_int8.h): NULL / 0 on
      * the ISAs of the float scheme. From act_prefill_min_tok tokens on,
-     * matmul_act takes act_prefill_rows rows at a time (kvc_matmul_act_row_group). */
+     * matmul_act takes act_prefill_rows rows at a time (kvc_matmul_act_row_group),
+     * for the weight types act_type_ok takes. */
     kvc_act_quantize_fn *act_quantize;
     kvc_matmul_act_fn   *matmul_act;
+    kvc_act_type_ok_fn  *act_type_ok;
     int64_t act_prefill_min_tok, act_prefill_rows;
 } kvc_kernel_ops;
 

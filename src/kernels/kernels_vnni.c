@@ -352,7 +352,7 @@ GROUP_FNS(q5_0_group, I8_Q5_0)
 GROUP_FNS(q4_K_group, I8_Q4_K)
 GROUP_FNS(q6_K_group, I8_Q6_K)
 
-static const group_fn group_fns[I8_N_KINDS][TC] = {
+static const group_fn group_fns[I8_N_VNNI][TC] = {
     { q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4 },
     { q4_0_group1, q4_0_group2, q4_0_group3, q4_0_group4 },
     { q5_0_group1, q5_0_group2, q5_0_group3, q5_0_group4 },
@@ -566,7 +566,7 @@ PASS_FNS(q4_K_pass, I8_Q4_K)
 PASS_FNS(q6_K_pass, I8_Q6_K)
 
 _Static_assert(PT == 6, "pass_fns lists PT functions per row");
-static const pass_fn pass_fns[I8_N_KINDS][RV][PT] = {
+static const pass_fn pass_fns[I8_N_VNNI][RV][PT] = {
     { PASS_ROW(q8_0_pass, 1), PASS_ROW(q8_0_pass, 2) },
     { PASS_ROW(q4_0_pass, 1), PASS_ROW(q4_0_pass, 2) },
     { PASS_ROW(q5_0_pass, 1), PASS_ROW(q5_0_pass, 2) },
@@ -585,7 +585,7 @@ REPACK_FN(repack_q4_0, I8_Q4_0)
 REPACK_FN(repack_q5_0, I8_Q5_0)
 REPACK_FN(repack_q4_K, I8_Q4_K)
 REPACK_FN(repack_q6_K, I8_Q6_K)
-static const repack_fn repack_fns[I8_N_KINDS] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
+static const repack_fn repack_fns[I8_N_VNNI] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
 
 /* Bytes of a repacked group in scratch (the scales follow). */
 static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * KS * 64; }
@@ -646,7 +646,7 @@ void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok,
 /* kernels_int8.c's entry point over this file's steps; the types it does not
  * take go to kvc_kernels_avx512. */
 static const kvc_i8_isa i8_isa = { kvc_vnni_quantize_rows, kvc_vnni_matmul_act, prefill_scratch_bytes,
-                                   &kvc_kernels_avx512 };
+                                   &kvc_kernels_avx512, kvc_i8_vnni_type_ok };
 
 size_t kvc_vnni_scratch_floats(int64_t n_in)
 {
