@@ -19,7 +19,9 @@
  * DECODE keeps 8 rows of a group in flight: per block and row, two VPMADDWD
  * (elements 0-15 and 16-31) and an add leave 8 partial sums of that row, and
  * a tree of unpacks and adds (reduce8) puts the 8 rows' block sums D into
- * one vector, row r in lane r. PREFILL repacks the weights once a call so
+ * one vector, row r in lane r. The weights are widened to int16 from their
+ * bytes as stored, so Q4_0's and Q5_0's codes keep their offset, which comes
+ * off D as offset * S (block_w16). PREFILL repacks the weights once a call so
  * that dword k of lane l of a vector holds the int16 pair q_2k, q_2k+1 of row
  * l: VPMADDWD against the token's pair k, broadcast, then gives every row's
  * products in its own lane, with no reduction. */
@@ -224,6 +226,54 @@ AI __m256i reduce8(const __m256i z[GR])
                             _mm256_permute2x128_si256(e[0], e[1], 0x31));
 }
 
+/* What decode takes off each block dot product, in units of the token's
+ * block sum S: the codes it multiplies are q + code_offset (Q4_0, Q5_0). */
+AI int code_offset(const int kind) { return kind == I8_Q4_0 ? 8 : kind == I8_Q5_0 ? 16 : 0; }
+
+/* The 32 weights of block b of a row as int16, elements 0-15 in *w0 and
+ * 16-31 in *w1: q + code_offset(kind). Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and
+ * Q4_K are widened straight from the stored bytes (VPMOVSXBW / VPMOVZXBW
+ * from memory): decode makes them for every row of every block, and through
+ * kvc_i8_block_q's byte form they took twice the instructions. Q5_K and
+ * Q6_K take that form: widened from the bytes, their extra bits made them no
+ * faster (Q5_K) or 15% slower (Q6_K). */
+AI void block_w16(const int kind, const uint8_t *row, int64_t b, __m256i *w0, __m256i *w1)
+{
+    const __m256i nib = _mm256_set1_epi16(0x0f);
+    if (kind == I8_Q8_0) {
+        const uint8_t *qs = row + (size_t)b * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
+        *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
+        *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+    } else if (kind == I8_Q5_K || kind == I8_Q6_K) {
+        const __m256i q = kvc_i8_block_q(kind, row, b);
+        *w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+        *w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+    } else if (kind == I8_Q4_K) {   /* element l: one nibble of byte l of the 32 */
+        const uint8_t *c = kvc_i8_k4_codes(row, b);
+        const __m256i c0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
+        const __m256i c1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + 16)));
+        *w0 = b & 1 ? _mm256_srli_epi16(c0, 4) : _mm256_and_si256(c0, nib);
+        *w1 = b & 1 ? _mm256_srli_epi16(c1, 4) : _mm256_and_si256(c1, nib);
+    } else {   /* Q4_0, Q4_1, Q5_0, Q5_1: element i the low nibble of byte i, element 16 + i its high one */
+        const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
+        const size_t at = kind == I8_Q4_0 ? 2 : kind == I8_Q4_1 ? 4 : kind == I8_Q5_0 ? 6 : 8;
+        const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(k + at)));
+        *w0 = _mm256_and_si256(c, nib);
+        *w1 = _mm256_srli_epi16(c, 4);
+        if (kind == I8_Q5_0 || kind == I8_Q5_1) {       /* bit j of qh (the 4 bytes before): 16 */
+            int16_t h[2];
+            memcpy(h, k + at - 4, 4);
+            const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                                  16384, (short)0x8000);
+            const __m256i five = _mm256_set1_epi16(0x10);
+            const __m256i h0 = _mm256_and_si256(_mm256_set1_epi16(h[0]), bit);
+            const __m256i h1 = _mm256_and_si256(_mm256_set1_epi16(h[1]), bit);
+            *w0 = _mm256_or_si256(*w0, _mm256_and_si256(_mm256_cmpeq_epi16(h0, bit), five));
+            *w1 = _mm256_or_si256(*w1, _mm256_and_si256(_mm256_cmpeq_epi16(h1, bit), five));
+        }
+    }
+}
+
 /* Decode streams the weights from memory: while a group of 8 rows is
  * consumed, the next group (if this call has one) is prefetched into L2 at
  * the same pace. */
@@ -267,15 +317,19 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         } else {
             dw = block_scales(kind, rows, goff, b, &dm);
         }
-        /* q_0..15, q_16..31 of each row as int16, through memory: VPMADDWD
-         * takes them from there, and 16 vectors would not fit the registers */
+        /* One token: each row's weights go from the bytes into the madds.
+         * More (and Q6_K, two dot products a row): the weights of elements
+         * 0..15, 16..31 of each row as int16, through memory: VPMADDWD takes
+         * them from there, and 16 vectors would not fit the registers. */
         _Alignas(32) int16_t w[GR][2][16];
+        if (T > 1 || kind == I8_Q6_K)
 #pragma GCC unroll 8
-        for (int r = 0; r < GR; r++) {
-            const __m256i q = kvc_i8_block_q(kind, rows[r], b);
-            _mm256_store_si256((__m256i *)w[r][0], _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
-            _mm256_store_si256((__m256i *)w[r][1], _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
-        }
+            for (int r = 0; r < GR; r++) {
+                __m256i w0, w1;
+                block_w16(kind, rows[r], b, &w0, &w1);
+                _mm256_store_si256((__m256i *)w[r][0], w0);
+                _mm256_store_si256((__m256i *)w[r][1], w1);
+            }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)(a[t] + 32 * b));
@@ -294,10 +348,20 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             }
             __m256i z[GR];
 #pragma GCC unroll 8
-            for (int r = 0; r < GR; r++)
-                z[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_load_si256((const __m256i *)w[r][0]), x0),
-                                        _mm256_madd_epi16(_mm256_load_si256((const __m256i *)w[r][1]), x1));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(z)), _mm256_mul_ps(dw, xs), acc[t]);
+            for (int r = 0; r < GR; r++) {
+                __m256i w0, w1;
+                if (T == 1) {
+                    block_w16(kind, rows[r], b, &w0, &w1);
+                } else {
+                    w0 = _mm256_load_si256((const __m256i *)w[r][0]);
+                    w1 = _mm256_load_si256((const __m256i *)w[r][1]);
+                }
+                z[r] = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+            }
+            __m256i d = reduce8(z);   /* the codes' sums, then q's: exact in int32 */
+            if (code_offset(kind))
+                d = _mm256_sub_epi32(d, _mm256_set1_epi32(code_offset(kind) * sx[t][b]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dw, xs), acc[t]);
             if (kvc_i8_has_min(kind))     /* the min step */
                 acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(-(float)sx[t][b]), _mm256_mul_ps(dm, xs), acc[t]);
         }
