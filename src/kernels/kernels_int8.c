@@ -69,6 +69,18 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst)
 
 /* ---------------------------------------------------------------- weights */
 
+/* q of a block of Q4_0, Q5_0, Q4_1 or Q5_1: element i the low nibble of
+ * qs[i], element 16 + i its high one, bit j of qh (little-endian; none:
+ * NULL) the fifth bit of element j, minus off. */
+static void small_codes(const uint8_t qs[16], const uint8_t *qh, int off, int8_t q[32])
+{
+    const uint32_t h = qh ? (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24 : 0;
+    for (int i = 0; i < 16; i++) {
+        q[i] = (int8_t)((int)((qs[i] & 0x0f) | ((h >> i) & 1) << 4) - off);
+        q[i + 16] = (int8_t)((int)((qs[i] >> 4) | ((h >> (i + 16)) & 1) << 4) - off);
+    }
+}
+
 void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_wblock *o)
 {
     o->n_sub = 1;
@@ -84,45 +96,25 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
     }
     case KVC_TYPE_Q4_0: {
         const block_q4_0 *k = (const block_q4_0 *)row + b;
-        for (int i = 0; i < 16; i++) {
-            o->q[i] = (int8_t)((k->qs[i] & 0x0f) - 8);
-            o->q[i + 16] = (int8_t)((k->qs[i] >> 4) - 8);
-        }
+        small_codes(k->qs, NULL, 8, o->q);
         o->d[0] = kvc_fp16_to_fp32(k->d);
         break;
     }
     case KVC_TYPE_Q5_0: {
         const block_q5_0 *k = (const block_q5_0 *)row + b;
-        const uint32_t qh = (uint32_t)k->qh[0] | (uint32_t)k->qh[1] << 8 | (uint32_t)k->qh[2] << 16 |
-                            (uint32_t)k->qh[3] << 24;
-        for (int i = 0; i < 16; i++) {
-            o->q[i] = (int8_t)(((k->qs[i] & 0x0f) | ((qh >> i) & 1) << 4) - 16);
-            o->q[i + 16] = (int8_t)(((k->qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16);
-        }
+        small_codes(k->qs, k->qh, 16, o->q);
         o->d[0] = kvc_fp16_to_fp32(k->d);
         break;
     }
-    case KVC_TYPE_Q4_1: {
-        const block_q4_1 *k = (const block_q4_1 *)row + b;
-        for (int i = 0; i < 16; i++) {
-            o->q[i] = (int8_t)(k->qs[i] & 0x0f);
-            o->q[i + 16] = (int8_t)(k->qs[i] >> 4);
-        }
-        o->d[0] = kvc_fp16_to_fp32(k->d);
-        o->m = -kvc_fp16_to_fp32(k->m);   /* the min step subtracts m S: x = d q + m */
-        o->has_min = true;
-        break;
-    }
-    case KVC_TYPE_Q5_1: {
-        const block_q5_1 *k = (const block_q5_1 *)row + b;
-        const uint32_t qh = (uint32_t)k->qh[0] | (uint32_t)k->qh[1] << 8 | (uint32_t)k->qh[2] << 16 |
-                            (uint32_t)k->qh[3] << 24;
-        for (int i = 0; i < 16; i++) {
-            o->q[i] = (int8_t)((k->qs[i] & 0x0f) | ((qh >> i) & 1) << 4);
-            o->q[i + 16] = (int8_t)((k->qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4);
-        }
-        o->d[0] = kvc_fp16_to_fp32(k->d);
-        o->m = -kvc_fp16_to_fp32(k->m);
+    case KVC_TYPE_Q4_1: case KVC_TYPE_Q5_1: {   /* x = d q + m: the min step subtracts -m S */
+        const block_q4_1 *k4 = (const block_q4_1 *)row + b;
+        const block_q5_1 *k5 = (const block_q5_1 *)row + b;
+        if (type == KVC_TYPE_Q4_1)
+            small_codes(k4->qs, NULL, 0, o->q);
+        else
+            small_codes(k5->qs, k5->qh, 0, o->q);
+        o->d[0] = kvc_fp16_to_fp32(type == KVC_TYPE_Q4_1 ? k4->d : k5->d);
+        o->m = -kvc_fp16_to_fp32(type == KVC_TYPE_Q4_1 ? k4->m : k5->m);
         o->has_min = true;
         break;
     }
