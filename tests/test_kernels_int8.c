@@ -381,22 +381,22 @@ static void check_family(void)
                                   { 384, 128, 2 },  { 128, 384, 5 },  { 128, 2048, 1 } };
     int n_types = 0;
     for (size_t ti = 0; ti < KVC_ARRAY_LEN(scheme_types); ti++) {
-        const uint32_t *types = scheme_types;
-        if (!fam->type_ok(types[ti]))   /* left to the ISA's float path (test_kernels) */
+        const uint32_t type = scheme_types[ti];
+        if (!fam->type_ok(type))   /* left to the ISA's float path (test_kernels) */
             continue;
         n_types++;
-        const int64_t bs = kvc_type_info(types[ti])->block_size;
+        const int64_t bs = kvc_type_info(type)->block_size;
         for (size_t s = 0; s < KVC_ARRAY_LEN(shapes); s++)
             if (shapes[s][0] % bs == 0)
-                check_matmul(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], false);
+                check_matmul(type, shapes[s][0], shapes[s][1], shapes[s][2], false);
         if (bs > 32) {                        /* shapes of its own: 256-element blocks */
-            check_matmul(types[ti], 256, 21, 1, false);
-            check_matmul(types[ti], 768, 53, 7, false);
-            check_matmul(types[ti], 1536, 70, 64, false);
+            check_matmul(type, 256, 21, 1, false);
+            check_matmul(type, 768, 53, 7, false);
+            check_matmul(type, 1536, 70, 64, false);
         }
-        check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 5, true);
-        check_matmul(types[ti], bs > 32 ? 768 : 896, 40, 2, true);
-        check_matmul(types[ti], 4864, 17, 33, true);
+        check_matmul(type, bs > 32 ? 768 : 896, 40, 5, true);
+        check_matmul(type, bs > 32 ? 768 : 896, 40, 2, true);
+        check_matmul(type, 4864, 17, 33, true);
     }
     CHECK(n_types == (fam->isa == KVC_ISA_AVX2 ? 8 : 5));
 }

@@ -215,7 +215,7 @@ static inline const uint8_t *kvc_i8_k4_codes(const uint8_t *row, int64_t b)
     return row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * (size_t)((b % 8) / 2);
 }
 
-/* The same of Q5_K (whose fifth bits are kvc_i8_k5_high's). */
+/* The same of Q5_K (its fifth bits are in qh: kvc_i8_block_q). */
 static inline const uint8_t *kvc_i8_k5_codes(const uint8_t *row, int64_t b)
 {
     return row + (size_t)(b / 8) * sizeof(block_q5_K) + offsetof(block_q5_K, qs) + 32 * (size_t)((b % 8) / 2);
