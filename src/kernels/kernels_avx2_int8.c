@@ -19,9 +19,9 @@
  * DECODE keeps 8 rows of a group in flight: per block and row, two VPMADDWD
  * (elements 0-15 and 16-31) and an add leave 8 partial sums of that row, and
  * a tree of unpacks and adds (reduce8) puts the 8 rows' block sums D into
- * one vector, row r in lane r. The weights are widened to int16 from their
- * bytes as stored, so Q4_0's and Q5_0's codes keep their offset, which comes
- * off D as offset * S (block_w16). PREFILL repacks the weights once a call so
+ * one vector, row r in lane r. The weights are widened to int16 as codes,
+ * so those of Q4_0, Q5_0 and Q6_K keep their offset, which comes off D as
+ * offset * S (Q6_K: per half, H; block_w16). PREFILL repacks the weights once a call so
  * that dword k of lane l of a vector holds the int16 pair q_2k, q_2k+1 of row
  * l: VPMADDWD against the token's pair k, broadcast, then gives every row's
  * products in its own lane, with no reduction. */
