@@ -251,14 +251,14 @@ AI void block_w16(const int kind, const uint8_t *row, int64_t b, __m256i *w0, __
         *w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
         *w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
     } else if (kind == I8_Q4_K) {   /* element l: one nibble of byte l of the 32 */
-        const uint8_t *c = kvc_i8_k4_codes(row, b);
+        const uint8_t *c = kvc_i8_k4_codes(kind, row, b);
         const __m256i c0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
         const __m256i c1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + 16)));
         *w0 = b & 1 ? _mm256_srli_epi16(c0, 4) : _mm256_and_si256(c0, nib);
         *w1 = b & 1 ? _mm256_srli_epi16(c1, 4) : _mm256_and_si256(c1, nib);
     } else {   /* Q4_0, Q4_1, Q5_0, Q5_1: element i the low nibble of byte i, element 16 + i its high one */
         const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
-        const size_t at = kind == I8_Q4_0 ? 2 : kind == I8_Q4_1 ? 4 : kind == I8_Q5_0 ? 6 : 8;
+        const size_t at = kvc_i8_nibbles_at(kind);
         const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(k + at)));
         *w0 = _mm256_and_si256(c, nib);
         *w1 = _mm256_srli_epi16(c, 4);

@@ -208,17 +208,25 @@ static inline size_t kvc_i8_block_bytes(const int kind)
                              : (sizeof(block_q6_K) + 7) / 8;
 }
 
-/* The 32 nibble bytes of Q4_K block b of a row (low nibbles for even b,
- * high for odd). */
-static inline const uint8_t *kvc_i8_k4_codes(const uint8_t *row, int64_t b)
+/* The 32 nibble bytes of Q4_K or Q5_K block b of a row (low nibbles for
+ * even b, high for odd; Q5_K's fifth bits are in qh: kvc_i8_block_q). */
+static inline const uint8_t *kvc_i8_k4_codes(const int kind, const uint8_t *row, int64_t b)
 {
-    return row + (size_t)(b / 8) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * (size_t)((b % 8) / 2);
+    const size_t super = kind == I8_Q4_K ? sizeof(block_q4_K) : sizeof(block_q5_K);
+    const size_t qs = kind == I8_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs);
+    return row + (size_t)(b / 8) * super + qs + 32 * (size_t)((b % 8) / 2);
 }
 
-/* The same of Q5_K (its fifth bits are in qh: kvc_i8_block_q). */
-static inline const uint8_t *kvc_i8_k5_codes(const uint8_t *row, int64_t b)
+/* Where the 16 nibble bytes of a block of Q4_0, Q4_1, Q5_0 or Q5_1 start
+ * (after d; d and m; Q5_*: the 4 bytes of fifth bits just before them). */
+static inline size_t kvc_i8_nibbles_at(const int kind)
 {
-    return row + (size_t)(b / 8) * sizeof(block_q5_K) + offsetof(block_q5_K, qs) + 32 * (size_t)((b % 8) / 2);
+    _Static_assert(offsetof(block_q5_0, qs) == offsetof(block_q5_0, qh) + 4, "Q5_0: qh, then qs");
+    _Static_assert(offsetof(block_q5_1, qs) == offsetof(block_q5_1, qh) + 4, "Q5_1: qh, then qs");
+    return kind == I8_Q4_0   ? offsetof(block_q4_0, qs)
+           : kind == I8_Q4_1 ? offsetof(block_q4_1, qs)
+           : kind == I8_Q5_0 ? offsetof(block_q5_0, qs)
+                             : offsetof(block_q5_1, qs);
 }
 
 #ifdef __AVX2__
@@ -259,8 +267,7 @@ static inline __attribute__((always_inline)) __m256i kvc_i8_block_q(const int ki
     if (kind == I8_Q6_K)
         return _mm256_sub_epi8(kvc_i8_k6_codes(row, b), _mm256_set1_epi8(32));
     if (kind == I8_Q4_K || kind == I8_Q5_K) {
-        const __m256i c = _mm256_loadu_si256(
-            (const __m256i *)(kind == I8_Q4_K ? kvc_i8_k4_codes(row, b) : kvc_i8_k5_codes(row, b)));
+        const __m256i c = _mm256_loadu_si256((const __m256i *)kvc_i8_k4_codes(kind, row, b));
         const __m256i q = _mm256_and_si256(b & 1 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(0x0f));
         if (kind == I8_Q4_K)
             return q;
@@ -274,8 +281,7 @@ static inline __attribute__((always_inline)) __m256i kvc_i8_block_q(const int ki
     const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
     if (kind == I8_Q8_0)
         return _mm256_loadu_si256((const __m256i *)(k + 2));
-    /* the nibbles follow the scales (d; d and m) and the fifth bits (Q5_*) */
-    const size_t at = kind == I8_Q4_0 ? 2 : kind == I8_Q4_1 ? 4 : kind == I8_Q5_0 ? 6 : 8;
+    const size_t at = kvc_i8_nibbles_at(kind);
     const __m128i nib = _mm_loadu_si128((const __m128i *)(k + at));
     __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
     if (kind == I8_Q4_0)

@@ -284,8 +284,8 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
             if (kind == I8_Q4_K) {
-                const __m512i c =
-                    load_pair(kind, kvc_i8_k4_codes(rows[pair_lo[p]], b), kvc_i8_k4_codes(rows[pair_hi[p]], b));
+                const __m512i c = load_pair(kind, kvc_i8_k4_codes(kind, rows[pair_lo[p]], b),
+                                            kvc_i8_k4_codes(kind, rows[pair_hi[p]], b));
                 w[p] = _mm512_and_si512(b & 1 ? _mm512_srli_epi16(c, 4) : c, _mm512_set1_epi8(0x0f));
             } else if (kind == I8_Q6_K) {
                 w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(kvc_i8_k6_codes(rows[pair_lo[p]], b)),
