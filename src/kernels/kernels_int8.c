@@ -81,6 +81,15 @@ static void small_codes(const uint8_t qs[16], const uint8_t *qh, int off, int8_t
     }
 }
 
+/* The scales of Q4_1 and Q5_1, x = d q + m: the min step subtracts m S, so
+ * the scheme's m is the block's negated. */
+static void added_min(kvc_i8_wblock *o, kvc_fp16 d, kvc_fp16 m)
+{
+    o->d[0] = kvc_fp16_to_fp32(d);
+    o->m = -kvc_fp16_to_fp32(m);
+    o->has_min = true;
+}
+
 void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_wblock *o)
 {
     o->n_sub = 1;
@@ -106,16 +115,16 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
         o->d[0] = kvc_fp16_to_fp32(k->d);
         break;
     }
-    case KVC_TYPE_Q4_1: case KVC_TYPE_Q5_1: {   /* x = d q + m: the min step subtracts -m S */
-        const block_q4_1 *k4 = (const block_q4_1 *)row + b;
-        const block_q5_1 *k5 = (const block_q5_1 *)row + b;
-        if (type == KVC_TYPE_Q4_1)
-            small_codes(k4->qs, NULL, 0, o->q);
-        else
-            small_codes(k5->qs, k5->qh, 0, o->q);
-        o->d[0] = kvc_fp16_to_fp32(type == KVC_TYPE_Q4_1 ? k4->d : k5->d);
-        o->m = -kvc_fp16_to_fp32(type == KVC_TYPE_Q4_1 ? k4->m : k5->m);
-        o->has_min = true;
+    case KVC_TYPE_Q4_1: {
+        const block_q4_1 *k = (const block_q4_1 *)row + b;
+        small_codes(k->qs, NULL, 0, o->q);
+        added_min(o, k->d, k->m);
+        break;
+    }
+    case KVC_TYPE_Q5_1: {
+        const block_q5_1 *k = (const block_q5_1 *)row + b;
+        small_codes(k->qs, k->qh, 0, o->q);
+        added_min(o, k->d, k->m);
         break;
     }
     case KVC_TYPE_Q4_K: case KVC_TYPE_Q5_K: {
