@@ -523,17 +523,25 @@ AI void block_dots(const int NV, const int T, const int k0, const int nk, const 
     }
 }
 
-/* T <= PT tokens against a repacked group of NV row vectors: out[v][t]
- * lane l = y[t][row 8v + l]. The sums stay in out, in memory, loaded and
- * stored once a block: the block's 2 PT integer sums take the registers. */
+/* Lane mask of the first n of 8 lanes. */
+AI __m256i first_lanes(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* T <= PT tokens against a repacked group of NV row vectors (nr rows):
+ * y[t][row l] for the group's rows. The block's 2 PT integer sums take the
+ * registers; the float sums stay in out, in memory, loaded and stored once a
+ * block. */
 AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *pack, const float *dsc,
-                     const float *msc, int64_t nb, const uint8_t *act, size_t as, int64_t n_in,
-                     __m256 out[RV][PT])
+                     const float *msc, int64_t nb, const uint8_t *act, size_t as, int64_t n_in, float *y,
+                     int64_t ldy, int nr)
 {
     const int n_sub = kind == I8_Q6_K ? 2 : 1;
     const int16_t *a[PT];
     const float *dx[PT];
     const int32_t *sx[PT];
+    __m256 out[RV][PT];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
         a[t] = kvc_i8_a(act + (size_t)t * as, n_in);
@@ -565,16 +573,30 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *p
             }
         }
     }
+    /* the rows past nr belong to the next call's range (maybe another
+     * thread's): the last vector is stored masked unless the group is whole */
+    const __m256i tail = first_lanes(nr - (NV - 1) * GR);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            float *yv = y + t * ldy + v * GR;
+            if (nr == NV * GR || v < NV - 1)
+                _mm256_storeu_ps(yv, out[v][t]);
+            else
+                _mm256_maskstore_ps(yv, tail, out[v][t]);
+        }
 }
 
 typedef void (*pass_fn)(const __m256i *pack, const float *dsc, const float *msc, int64_t nb, const uint8_t *act,
-                        size_t as, int64_t n_in, __m256 acc[RV][PT]);
+                        size_t as, int64_t n_in, float *y, int64_t ldy, int nr);
 
 #define PASS_FN(name, kind, NV, T)                                                                   \
     static void name##_##NV##_##T(const __m256i *pack, const float *dsc, const float *msc, int64_t nb, \
-                                  const uint8_t *act, size_t as, int64_t n_in, __m256 acc[RV][PT])   \
+                                  const uint8_t *act, size_t as, int64_t n_in, float *y, int64_t ldy, \
+                                  int nr)                                                            \
     {                                                                                                \
-        prefill_pass(kind, NV, T, pack, dsc, msc, nb, act, as, n_in, acc);                           \
+        prefill_pass(kind, NV, T, pack, dsc, msc, nb, act, as, n_in, y, ldy, nr);                    \
     }
 #define PASS_FNS_NV(name, kind, NV) PASS_FN(name, kind, NV, 1) PASS_FN(name, kind, NV, 2)              \
     PASS_FN(name, kind, NV, 3) PASS_FN(name, kind, NV, 4)
@@ -651,16 +673,8 @@ static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, 
             const int T = (int)KVC_MIN(PT, n_tok - t0);
             for (size_t i = 0; i < slice && fetched < next_bytes; i += 64, fetched += 64)
                 _mm_prefetch(next + fetched, _MM_HINT_T1);
-            __m256 acc[RV][PT];
-            pass_fns[kind][nv - 1][T - 1](pack, dsc, msc, nb, act + (size_t)t0 * as, as, w->n_in, acc);
-            for (int v = 0; v < nv; v++) {
-                const int left = KVC_MIN(GR, nr - v * GR);
-                for (int t = 0; t < T; t++) {
-                    _Alignas(32) float o[GR];
-                    _mm256_store_ps(o, acc[v][t]);
-                    memcpy(y + (t0 + t) * ldy + rg + v * GR, o, (size_t)left * sizeof(float));
-                }
-            }
+            pass_fns[kind][nv - 1][T - 1](pack, dsc, msc, nb, act + (size_t)t0 * as, as, w->n_in,
+                                          y + t0 * ldy + rg, ldy, nr);
         }
     }
 }
