@@ -69,7 +69,11 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
     int16_t *aa = (int16_t *)(void *)(hs + 2 * nb);
     const __m256 zero = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        /* (the loops over v unrolled, so that v stays in registers: GCC
+         * would otherwise copy it to the stack in halves and read it back
+         * whole, which the store forwarding cannot serve) */
         __m256 v[4];
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++)
             v[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
         /* max(|v|, 0) turns NaN into 0, as fmaxf in the reference */
@@ -89,6 +93,7 @@ static void quantize_row(const float *x, int64_t n_in, uint8_t *dst)
         const float dh = amax / 127.0f, id = 127.0f / amax;
         const __m256 vdh = _mm256_set1_ps(dh), vid = _mm256_set1_ps(id), vid2 = _mm256_set1_ps(id * 256.0f);
         __m256i h[4], l[4], a[4];
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             h[i] = _mm256_cvtps_epi32(clamp127(_mm256_mul_ps(v[i], vid)));
             const __m256 r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(h[i]), vdh, v[i]);
