@@ -2,8 +2,9 @@
  * CPU retires per nanosecond, one thread: the roofs that the kernels'
  * figures are read against. Not a test; x86-64 with AVX2 and FMA.
  *
- * Each loop runs independent chains (enough to hide every latency), written
- * in asm so that the compiler can neither merge nor drop the work:
+ * Each loop issues independent instructions (where they accumulate, enough
+ * chains to hide the latency), written in asm so that the compiler can
+ * neither merge nor drop the work:
  *   fma        VFMADDPS ymm: the float kernels (8 multiply-adds each)
  *   madd       VPMADDWD ymm alone (16 int16 multiply-adds each)
  *   madd+add   VPMADDWD then VPADDD into an accumulator: the integer scheme's
@@ -51,18 +52,25 @@ static void body_fma(long n)
                              "xmm10", "xmm11");
 }
 
+/* 8 of `insn` from ymm14 and ymm15 into ymm0-7: independent, so only the
+ * throughput counts */
+#define EIGHT(insn)                                                                 \
+    insn " %%ymm14, %%ymm15, %%ymm0\n\t" insn " %%ymm14, %%ymm15, %%ymm1\n\t"        \
+    insn " %%ymm14, %%ymm15, %%ymm2\n\t" insn " %%ymm14, %%ymm15, %%ymm3\n\t"        \
+    insn " %%ymm14, %%ymm15, %%ymm4\n\t" insn " %%ymm14, %%ymm15, %%ymm5\n\t"        \
+    insn " %%ymm14, %%ymm15, %%ymm6\n\t" insn " %%ymm14, %%ymm15, %%ymm7"
+#define EIGHT_CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7"
+
 static void body_madd(long n)
 {
     for (long i = 0; i < n; i++)
-        __asm__ volatile("vpmaddwd %%ymm14, %%ymm15, %%ymm0\n\t"
-                         "vpmaddwd %%ymm14, %%ymm15, %%ymm1\n\t"
-                         "vpmaddwd %%ymm14, %%ymm15, %%ymm2\n\t"
-                         "vpmaddwd %%ymm14, %%ymm15, %%ymm3\n\t"
-                         "vpmaddwd %%ymm14, %%ymm15, %%ymm4\n\t"
-                         "vpmaddwd %%ymm14, %%ymm15, %%ymm5\n\t"
-                         "vpmaddwd %%ymm14, %%ymm15, %%ymm6\n\t"
-                         "vpmaddwd %%ymm14, %%ymm15, %%ymm7"
-                         ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7");
+        __asm__ volatile(EIGHT("vpmaddwd") ::: EIGHT_CLOBBERS);
+}
+
+static void body_add(long n)
+{
+    for (long i = 0; i < n; i++)
+        __asm__ volatile(EIGHT("vpaddd") ::: EIGHT_CLOBBERS);
 }
 
 static void body_madd_add(long n)
@@ -78,20 +86,6 @@ static void body_madd_add(long n)
                          "vpmaddwd %%ymm13, %%ymm12, %%ymm11\n\t" "vpaddd %%ymm11, %%ymm7, %%ymm7"
                          ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
                              "xmm10", "xmm11");
-}
-
-static void body_add(long n)
-{
-    for (long i = 0; i < n; i++)
-        __asm__ volatile("vpaddd %%ymm14, %%ymm0, %%ymm0\n\t"
-                         "vpaddd %%ymm14, %%ymm1, %%ymm1\n\t"
-                         "vpaddd %%ymm14, %%ymm2, %%ymm2\n\t"
-                         "vpaddd %%ymm14, %%ymm3, %%ymm3\n\t"
-                         "vpaddd %%ymm14, %%ymm4, %%ymm4\n\t"
-                         "vpaddd %%ymm14, %%ymm5, %%ymm5\n\t"
-                         "vpaddd %%ymm14, %%ymm6, %%ymm6\n\t"
-                         "vpaddd %%ymm14, %%ymm7, %%ymm7"
-                         ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7");
 }
 
 /* Instructions per ns of body (per iteration: per) over about `secs` seconds:
