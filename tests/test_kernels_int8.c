@@ -263,12 +263,14 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_t
     snprintf(what, sizeof what, "%s n_tok %lld%s", kvc_type_info(type)->name, (long long)n_tok,
              extreme ? " extreme" : "");
 
-    /* the kernels on the reference's activations, in 16-row-aligned and odd splits */
+    /* the kernels on the reference's activations, in 16-row-aligned and odd
+     * splits, the last range first: a kernel that wrote past its range's end
+     * would spoil rows already done */
     const int64_t cuts[] = { 0, 16, 16 + (n_out - 16) / 3, n_out };
     float *scratch = xalloc(kvc_matmul_scratch_floats(n_in) * sizeof(float));
     for (int64_t i = 0; i < ldy * n_tok; i++)
         y[i] = -1.0f;
-    for (int c = 0; c + 1 < 4; c++) {
+    for (int c = 2; c >= 0; c--) {
         const int64_t r0 = KVC_MIN(cuts[c], n_out), r1 = KVC_MIN(cuts[c + 1], n_out);
         if (r0 < r1)
             fam->matmul_act(&m.w, act, n_tok, y, ldy, r0, r1, scratch);
@@ -296,7 +298,7 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_t
     CHECK(memcmp(pa, act, as * (size_t)n_tok) == 0);
     for (int64_t i = 0; i < ldy * n_tok; i++)
         y[i] = -1.0f;
-    for (int c = 0; c + 1 < 4; c++)
+    for (int c = 2; c >= 0; c--)
         if (KVC_MIN(cuts[c], n_out) < KVC_MIN(cuts[c + 1], n_out))
             kvc_matmul_rows_act(&m.w, pa, n_tok, y, ldy, KVC_MIN(cuts[c], n_out), KVC_MIN(cuts[c + 1], n_out),
                                 scratch);
