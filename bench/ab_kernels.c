@@ -22,6 +22,7 @@
 #include "kernels_int8.h"
 #include "kernels_internal.h"
 #include "quant.h"
+#include "ab_common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,21 +34,6 @@ kvc_act_quantize_fn old_i8_quantize, new_i8_quantize;
 kvc_matmul_act_fn old_i8_act, new_i8_act;
 size_t old_i8_scratch(int64_t n_in);
 size_t new_i8_scratch(int64_t n_in);
-
-#define MAX_PAIRS 101
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
@@ -76,23 +62,6 @@ static double run(const side *s, problem *p, int copy, float *y)
     else
         s->ops->matmul_rows(&p->w, p->x, p->w.n_in, p->n_tok, y, p->w.n_out, 0, p->w.n_out, p->scratch);
     return now_s() - t0;
-}
-
-/* Best times and the median old/new ratio of `pairs` alternating calls. */
-static void report(const char *what, double work, const char *unit, const double *t_old, const double *t_new,
-                   int pairs)
-{
-    double r[MAX_PAIRS], o[MAX_PAIRS], n[MAX_PAIRS];
-    for (int i = 0; i < pairs; i++) {
-        r[i] = t_old[i] / t_new[i];
-        o[i] = t_old[i];
-        n[i] = t_new[i];
-    }
-    qsort(r, (size_t)pairs, sizeof(double), cmp_double);
-    qsort(o, (size_t)pairs, sizeof(double), cmp_double);
-    qsort(n, (size_t)pairs, sizeof(double), cmp_double);
-    printf("%s: old best %.1f %s, new best %.1f %s; new/old speed, median of %d pairs %.3fx (range %.3f-%.3f)\n",
-           what, work / o[0], unit, work / n[0], unit, pairs, r[pairs / 2], r[0], r[pairs - 1]);
 }
 
 int main(int argc, char **argv)
