@@ -25,6 +25,15 @@ extern const kvc_attn_i16_ops old_attn_ops, new_attn_ops;
 
 enum { N_Q = 7, HD = 64, B = KVC_ATTN_B };
 
+/* The scratch accessors for a revision that calls them (ab_kernels.sh points
+ * its calls here): attention.h has them inline now. */
+int16_t *ab_attn_i16_q(const kvc_attn_args *a);
+float *ab_attn_i16_cq(const kvc_attn_args *a);
+uint8_t *ab_attn_i16_slot(const kvc_attn_args *a, int i);
+int16_t *ab_attn_i16_q(const kvc_attn_args *a) { return kvc_attn_i16_q(a); }
+float *ab_attn_i16_cq(const kvc_attn_args *a) { return kvc_attn_i16_cq(a); }
+uint8_t *ab_attn_i16_slot(const kvc_attn_args *a, int i) { return kvc_attn_i16_slot(a, i); }
+
 /* Blocks [0, n_full) into every row of the tile, as attention.c's full_i16
  * does, from the state walk starts with. */
 static double run(const kvc_attn_i16_ops *ops, const kvc_attn_args *a, int64_t n_full)

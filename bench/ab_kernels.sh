@@ -30,7 +30,10 @@ if [ "${1:-}" = attention ]; then
   for s in old new; do
     if [ $s = old ]; then dir=$work/old/src/kernels; else dir=$root/src/kernels; fi
     gcc "${flags[@]}" -I"$dir" -c "$dir/attention_avx2_i16.c" -o "$work/${s}_attn.o"
-    objcopy --redefine-sym kvc_attn_i16_avx2=${s}_attn_ops "$work/${s}_attn.o"
+    # revisions before the scratch accessors became inline call them
+    objcopy --redefine-sym kvc_attn_i16_avx2=${s}_attn_ops --redefine-sym kvc_attn_i16_q=ab_attn_i16_q \
+            --redefine-sym kvc_attn_i16_cq=ab_attn_i16_cq --redefine-sym kvc_attn_i16_slot=ab_attn_i16_slot \
+            "$work/${s}_attn.o"
     objcopy --keep-global-symbol=${s}_attn_ops "$work/${s}_attn.o"
   done
   gcc "${flags[@]}" -I"$root/src/kernels" "$root/bench/ab_attention.c" "$work"/{old,new}_attn.o "$lib" \

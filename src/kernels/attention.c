@@ -22,30 +22,6 @@ size_t kvc_attn_scratch_floats(int64_t n_rows, int32_t hd)
     return n + tail;
 }
 
-int16_t *kvc_attn_i16_q(const kvc_attn_args *a)
-{
-    uintptr_t p = (uintptr_t)(a->scratch + (size_t)a->n_tok * a->n_q * (1 + 16));
-    return (int16_t *)((p + 63) & ~(uintptr_t)63);
-}
-
-float *kvc_attn_f32_slot(const kvc_attn_args *a, int i)
-{
-    uintptr_t p = (uintptr_t)(a->scratch + (size_t)a->n_tok * a->n_q * (1 + 16));
-    return (float *)((p + 31) & ~(uintptr_t)31) + (size_t)i * a->hd * KVC_ATTN_B * 2;
-}
-
-float *kvc_attn_i16_cq(const kvc_attn_args *a)
-{
-    return (float *)(void *)(kvc_attn_i16_q(a) + (size_t)a->n_tok * a->n_q * a->hd);
-}
-
-uint8_t *kvc_attn_i16_slot(const kvc_attn_args *a, int i)
-{
-    const size_t rows = (size_t)a->n_tok * a->n_q;
-    return (uint8_t *)(void *)kvc_attn_i16_cq(a) + (rows * 4 + 63) / 64 * 64 +
-           (size_t)i * kvc_attn_i16_block_bytes(a->hd);
-}
-
 float kvc_attn_i16_vec(const float *x, int64_t stride, int32_t hd, int16_t *xi)
 {
     float c[4] = { 0 }, amax = 0.0f;

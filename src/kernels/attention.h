@@ -144,7 +144,11 @@ void kvc_attn_full_avx512(const kvc_attn_args *a, int64_t b0, int64_t b1);
  * into the scratch after the float state: slot i (< 2, 32-byte aligned)
  * holds a block's K [hd][16] then V [16][hd] in F32. */
 void kvc_attn_full_avx2(const kvc_attn_args *a, int64_t b0, int64_t b1);
-float *kvc_attn_f32_slot(const kvc_attn_args *a, int i);
+static inline float *kvc_attn_f32_slot(const kvc_attn_args *a, int i)
+{
+    uintptr_t p = (uintptr_t)(a->scratch + (size_t)a->n_tok * a->n_q * (1 + 16));
+    return (float *)((p + 31) & ~(uintptr_t)31) + (size_t)i * a->hd * KVC_ATTN_B * 2;
+}
 
 /* The integer scheme. Scratch: the float state above, then from
  * kvc_attn_i16_q (64-byte aligned) per row its q in integer form (hd int16),
@@ -154,9 +158,24 @@ float *kvc_attn_f32_slot(const kvc_attn_args *a, int i);
  * and the scale returned. kvc_attn_i16_quantize_q fills the q rows. */
 #define KVC_ATTN_I16_SLOTS 2
 static inline size_t kvc_attn_i16_block_bytes(int32_t hd) { return (size_t)hd * 68 + 64; }
-int16_t *kvc_attn_i16_q(const kvc_attn_args *a);
-float *kvc_attn_i16_cq(const kvc_attn_args *a);
-uint8_t *kvc_attn_i16_slot(const kvc_attn_args *a, int i);
+/* (inline: the row kernels ask for them at every call) */
+static inline int16_t *kvc_attn_i16_q(const kvc_attn_args *a)
+{
+    uintptr_t p = (uintptr_t)(a->scratch + (size_t)a->n_tok * a->n_q * (1 + 16));
+    return (int16_t *)((p + 63) & ~(uintptr_t)63);
+}
+
+static inline float *kvc_attn_i16_cq(const kvc_attn_args *a)
+{
+    return (float *)(void *)(kvc_attn_i16_q(a) + (size_t)a->n_tok * a->n_q * a->hd);
+}
+
+static inline uint8_t *kvc_attn_i16_slot(const kvc_attn_args *a, int i)
+{
+    const size_t rows = (size_t)a->n_tok * a->n_q;
+    return (uint8_t *)(void *)kvc_attn_i16_cq(a) + (rows * 4 + 63) / 64 * 64 +
+           (size_t)i * kvc_attn_i16_block_bytes(a->hd);
+}
 
 /* A block in integer form, as the vnni and avx2 kernels keep it in a slot
  * (kvc_attn_i16_block_bytes(hd) bytes):
