@@ -40,12 +40,7 @@ static double run(const kvc_attn_i16_ops *ops, const kvc_attn_args *a, int64_t n
 {
     const double t0 = now_s();
     const int32_t rows = a->n_tok * a->n_q;
-    float *m = a->scratch, *l = a->scratch + rows;
-    for (int32_t r = 0; r < rows; r++) {
-        m[r] = -INFINITY;
-        memset(l + 16 * r, 0, 16 * sizeof(float));
-        memset(kvc_attn_o_row(a, r), 0, (size_t)a->hd * sizeof(float));
-    }
+    kvc_attn_state_init(a);
     kvc_attn_i16_block ib[KVC_ATTN_I16_SLOTS];
     for (int i = 0; i < KVC_ATTN_I16_SLOTS; i++)
         ib[i] = kvc_attn_i16_block_at(a, i);

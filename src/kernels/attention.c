@@ -230,7 +230,7 @@ typedef void full_fn(const kvc_attn_args *a, int64_t b0, int64_t b1);
 /* Blocks in order; block b goes to the rows whose token sees part of it. The
  * blocks that every row sees whole, [0, n_pos / B), go to full (if not NULL)
  * at once, which may then take several blocks per pass. */
-static void walk(const kvc_attn_args *a, block_fn *block, full_fn *full)
+void kvc_attn_state_init(const kvc_attn_args *a)
 {
     const int32_t rows = a->n_tok * a->n_q;
     float *m = a->scratch, *l = a->scratch + rows;
@@ -239,6 +239,13 @@ static void walk(const kvc_attn_args *a, block_fn *block, full_fn *full)
         memset(l + 16 * r, 0, 16 * sizeof(float));
         memset(kvc_attn_o_row(a, r), 0, (size_t)a->hd * sizeof(float));
     }
+}
+
+static void walk(const kvc_attn_args *a, block_fn *block, full_fn *full)
+{
+    const int32_t rows = a->n_tok * a->n_q;
+    float *l = a->scratch + rows;
+    kvc_attn_state_init(a);
     const int64_t nb = (a->n_pos + a->n_tok - 1 + KVC_ATTN_B - 1) / KVC_ATTN_B;
     int64_t b = 0;
     if (full) {

@@ -134,7 +134,9 @@ float kvc_exp2_neg(float x);
  * The running state of row r (= t * n_q + h) lives in scratch: m[r] at
  * scratch[r], l[r][16] at scratch[n_rows + 16 r]; o is the row's output. A
  * block kernel folds block b into rows [r0, r1), each of which sees at least
- * one position of it. */
+ * one position of it. kvc_attn_state_init puts every row in its state before
+ * block 0: m = -inf, l = 0, o = 0. */
+void kvc_attn_state_init(const kvc_attn_args *a);
 void kvc_attn_block_avx512(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 void kvc_attn_block_avx2(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 /* Blocks [b0, b1) into every row of the tile, each of which sees all their
