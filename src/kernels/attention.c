@@ -227,9 +227,6 @@ static void full_i16(const kvc_attn_args *a, int64_t b0, int64_t b1)
 typedef void block_fn(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 typedef void full_fn(const kvc_attn_args *a, int64_t b0, int64_t b1);
 
-/* Blocks in order; block b goes to the rows whose token sees part of it. The
- * blocks that every row sees whole, [0, n_pos / B), go to full (if not NULL)
- * at once, which may then take several blocks per pass. */
 void kvc_attn_state_init(const kvc_attn_args *a)
 {
     const int32_t rows = a->n_tok * a->n_q;
@@ -241,6 +238,9 @@ void kvc_attn_state_init(const kvc_attn_args *a)
     }
 }
 
+/* Blocks in order; block b goes to the rows whose token sees part of it. The
+ * blocks that every row sees whole, [0, n_pos / B), go to full (if not NULL)
+ * at once, which may then take several blocks per pass. */
 static void walk(const kvc_attn_args *a, block_fn *block, full_fn *full)
 {
     const int32_t rows = a->n_tok * a->n_q;
