@@ -23,17 +23,14 @@
 
 /* The SIMD kernels of one ISA that uses the scheme. */
 typedef struct {
-    kvc_isa     isa;
-    const char *name;
-    void (*quantize)(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1, uint8_t *act);
-    void (*matmul_act)(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1, float *scratch);
-    bool (*type_ok)(uint32_t type);
+    kvc_isa           isa;
+    const char       *name;
+    const kvc_i8_isa *k;
 } simd_kernels;
 
 static const simd_kernels families[] = {
-    { KVC_ISA_AVX2, "avx2", kvc_avx2_i8_quantize_rows, kvc_avx2_i8_matmul_act, kvc_i8_avx2_type_ok },
-    { KVC_ISA_VNNI, "vnni", kvc_vnni_quantize_rows, kvc_vnni_matmul_act, kvc_i8_vnni_type_ok },
+    { KVC_ISA_AVX2, "avx2", &kvc_i8_avx2 },
+    { KVC_ISA_VNNI, "vnni", &kvc_i8_vnni },
 };
 
 /* Every weight type of the scheme. */
@@ -133,8 +130,8 @@ static void check_quantize(void)
             edge_row(x + t * ldx, n, t);
         uint8_t *a = xalloc(as * (size_t)nt), *r = xalloc(as);
         memset(a, 0xa5, as * (size_t)nt);
-        fam->quantize(x, ldx, n, 0, 7, a);       /* two calls, as threads would */
-        fam->quantize(x, ldx, n, 7, nt, a);
+        fam->k->quantize(x, ldx, n, 0, 7, a);       /* two calls, as threads would */
+        fam->k->quantize(x, ldx, n, 7, nt, a);
         int bad = 0;
         for (int t = 0; t < nt; t++) {
             kvc_i8_quantize_row_ref(x + t * ldx, n, r);
@@ -273,7 +270,7 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_t
     for (int c = 2; c >= 0; c--) {
         const int64_t r0 = KVC_MIN(cuts[c], n_out), r1 = KVC_MIN(cuts[c + 1], n_out);
         if (r0 < r1)
-            fam->matmul_act(&m.w, act, n_tok, y, ldy, r0, r1, scratch);
+            fam->k->matmul_act(&m.w, act, n_tok, y, ldy, r0, r1, scratch);
     }
     int bad = count_diff(y, ref, n_tok, ldy, 0, n_out, fam->name, n_in);
     for (int64_t t = 0; t < n_tok; t++)
@@ -384,7 +381,7 @@ static void check_family(void)
     int n_types = 0;
     for (size_t ti = 0; ti < KVC_ARRAY_LEN(scheme_types); ti++) {
         const uint32_t type = scheme_types[ti];
-        if (!fam->type_ok(type))   /* left to the ISA's float path (test_kernels) */
+        if (!fam->k->type_ok(type))   /* left to the ISA's float path (test_kernels) */
             continue;
         n_types++;
         const int64_t bs = kvc_type_info(type)->block_size;

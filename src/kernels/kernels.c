@@ -85,9 +85,9 @@ static void tables_init(void)
     ops_vnni = kvc_kernels_avx512;
     ops_vnni.matmul_rows = kvc_vnni_matmul_rows;
     ops_vnni.matmul_scratch_floats = kvc_vnni_scratch_floats;
-    ops_vnni.act_quantize = kvc_vnni_quantize_rows;
-    ops_vnni.matmul_act = kvc_vnni_matmul_act;
-    ops_vnni.act_type_ok = kvc_i8_vnni_type_ok;
+    ops_vnni.act_quantize = kvc_i8_vnni.quantize;
+    ops_vnni.matmul_act = kvc_i8_vnni.matmul_act;
+    ops_vnni.act_type_ok = kvc_i8_vnni.type_ok;
     ops_vnni.act_prefill_min_tok = KVC_VNNI_PREFILL_MIN_TOK;
     ops_vnni.act_prefill_rows = KVC_VNNI_PREFILL_ROWS;
     /* avx2: the AVX2 vector kernels with the integer matmul of kernels_avx2_int8.c
@@ -95,9 +95,9 @@ static void tables_init(void)
     ops_avx2 = kvc_kernels_avx2;
     ops_avx2.matmul_rows = kvc_avx2_i8_matmul_rows;
     ops_avx2.matmul_scratch_floats = kvc_avx2_i8_scratch_floats;
-    ops_avx2.act_quantize = kvc_avx2_i8_quantize_rows;
-    ops_avx2.matmul_act = kvc_avx2_i8_matmul_act;
-    ops_avx2.act_type_ok = kvc_i8_avx2_type_ok;
+    ops_avx2.act_quantize = kvc_i8_avx2.quantize;
+    ops_avx2.matmul_act = kvc_i8_avx2.matmul_act;
+    ops_avx2.act_type_ok = kvc_i8_avx2.type_ok;
     ops_avx2.act_prefill_min_tok = KVC_AVX2_I8_PREFILL_MIN_TOK;
     ops_avx2.act_prefill_rows = KVC_AVX2_I8_PREFILL_ROWS;
 }

@@ -155,6 +155,10 @@ typedef struct kvc_i8_isa {
     kvc_act_type_ok_fn   *type_ok;
 } kvc_i8_isa;
 
+/* The SIMD ISAs' steps, each named once here: kernels.c's ops tables and
+ * the tests take them from these (kernels_avx2_int8.c, kernels_vnni.c). */
+extern const kvc_i8_isa kvc_i8_avx2, kvc_i8_vnni;
+
 #define KVC_I8_TB_ACT 64   /* tokens kvc_i8_matmul_rows quantizes at a time */
 
 /* matmul_rows of such an ISA: x quantized KVC_I8_TB_ACT tokens at a time

@@ -643,18 +643,18 @@ void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok,
 
 /* ------------------------------------------------------------ entry point */
 
-/* kernels_int8.c's entry point over this file's steps; the types it does not
- * take go to kvc_kernels_avx512. */
-static const kvc_i8_isa i8_isa = { kvc_vnni_quantize_rows, kvc_vnni_matmul_act, prefill_scratch_bytes,
-                                   &kvc_kernels_avx512, kvc_i8_vnni_type_ok };
+/* This file's steps (kernels_int8.h); the types they do not take go to
+ * kvc_kernels_avx512. */
+const kvc_i8_isa kvc_i8_vnni = { kvc_vnni_quantize_rows, kvc_vnni_matmul_act, prefill_scratch_bytes,
+                                 &kvc_kernels_avx512, kvc_i8_vnni_type_ok };
 
 size_t kvc_vnni_scratch_floats(int64_t n_in)
 {
-    return kvc_i8_scratch_floats(&i8_isa, n_in);
+    return kvc_i8_scratch_floats(&kvc_i8_vnni, n_in);
 }
 
 void kvc_vnni_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
                           int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
-    kvc_i8_matmul_rows(&i8_isa, w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+    kvc_i8_matmul_rows(&kvc_i8_vnni, w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
 }
