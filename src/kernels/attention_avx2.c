@@ -54,15 +54,14 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
         }
     }
     /* scores, their maxima, and every row's alpha at once (lane r: row r) */
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256 s0[6], s1[6], m0[6], m1[6];
     float mo[8] = { 0 }, mn[8] = { 0 };
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
         float *m = a->scratch + r0 + r;
         __m256 sc = _mm256_set1_ps(a->scale), ninf = _mm256_set1_ps(-INFINITY);
-        m0[r] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(seen[r]), lane));
-        m1[r] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(seen[r] - 8), lane));
+        m0[r] = _mm256_castsi256_ps(kvc_first_lanes8(seen[r]));
+        m1[r] = _mm256_castsi256_ps(kvc_first_lanes8(seen[r] - 8));
         s0[r] = _mm256_blendv_ps(ninf, _mm256_mul_ps(lo[r], sc), m0[r]);
         s1[r] = _mm256_blendv_ps(ninf, _mm256_mul_ps(hi[r], sc), m1[r]);
         __m256 mx = _mm256_max_ps(s0[r], s1[r]);

@@ -90,11 +90,7 @@ AI __m128 rows_max4(const __m256 *x, const int R)
 }
 
 /* All-ones in the lanes j (of 8, starting at j0) with j < n. */
-AI __m256 seen_mask(int32_t j0, int32_t n)
-{
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0), lane));
-}
+AI __m256 seen_mask(int32_t j0, int32_t n) { return _mm256_castsi256_ps(kvc_first_lanes8(n - j0)); }
 
 /* kvc_attn_i16_quantize_q with SSE lanes, for kvc_attn_i16_ok(hd): lane i
  * of the norm is the reference's fma chain over d = i, i + 4, ..., the rest

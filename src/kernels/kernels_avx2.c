@@ -59,11 +59,6 @@ AI __m128 reduce4(__m256 v0, __m256 v1, __m256 v2, __m256 v3)
     return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(c, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
 }
 
-static inline __m256i tail_mask(int64_t left)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 AI void store4(float *y, __m128 s, int nr)
 {
     if (nr == 4)
@@ -92,7 +87,7 @@ static void dq_f16(const kvc_fp16 *x, float *y, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, f16x8(x + i));
     if (i < n)
-        _mm256_maskstore_ps(y + i, tail_mask(n - i), f16x8_tail(x + i, n - i));
+        _mm256_maskstore_ps(y + i, kvc_first_lanes8(n - i), f16x8_tail(x + i, n - i));
 }
 
 static void dq_bf16(const kvc_bf16 *x, float *y, int64_t n)
@@ -314,7 +309,7 @@ AI void tile_fma(const int T, const float *pw, const float *x, int64_t ldx, int6
         }
     }
     if (k < n) {
-        const __m256i m = tail_mask(n - k);
+        const __m256i m = kvc_first_lanes8(n - k);
         __m256 xv[NT];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
@@ -667,7 +662,7 @@ AI __m256 load_w(const int kind, const uint8_t *row, int64_t k)
 AI __m256 load_w_tail(const int kind, const uint8_t *row, int64_t k, int64_t left)
 {
     if (kind == W_F32)
-        return _mm256_maskload_ps((const float *)(const void *)row + k, tail_mask(left));
+        return _mm256_maskload_ps((const float *)(const void *)row + k, kvc_first_lanes8(left));
     uint16_t tmp[8] = { 0 };
     memcpy(tmp, (const uint16_t *)(const void *)row + k, (size_t)left * 2);
     __m128i h = _mm_loadu_si128((const __m128i *)tmp);
@@ -692,7 +687,7 @@ AI void lanes_float(const int kind, const uint8_t *const rows[KVC_LANES], const 
             acc[j] = _mm256_fmadd_ps(load_w(kind, rows[j], k), xv, acc[j]);
     }
     if (k < n) {
-        const __m256 xv = _mm256_maskload_ps(x + k, tail_mask(n - k));
+        const __m256 xv = _mm256_maskload_ps(x + k, kvc_first_lanes8(n - k));
 #pragma GCC unroll 4
         for (int j = 0; j < KVC_LANES; j++)
             acc[j] = _mm256_fmadd_ps(load_w_tail(kind, rows[j], k, n - k), xv, acc[j]);
@@ -724,7 +719,7 @@ static float avx2_dot_f32(const float *a, const float *b, int64_t n)
     for (; k + 8 <= n; k += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
     if (k < n) {
-        const __m256i m = tail_mask(n - k);
+        const __m256i m = kvc_first_lanes8(n - k);
         acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + k, m), _mm256_maskload_ps(b + k, m), acc);
     }
     return hsum8(acc);
@@ -737,7 +732,7 @@ static float avx2_dot_f16_f32(const kvc_fp16 *a, const float *b, int64_t n)
     for (; k + 8 <= n; k += 8)
         acc = _mm256_fmadd_ps(f16x8(a + k), _mm256_loadu_ps(b + k), acc);
     if (k < n)
-        acc = _mm256_fmadd_ps(f16x8_tail(a + k, n - k), _mm256_maskload_ps(b + k, tail_mask(n - k)), acc);
+        acc = _mm256_fmadd_ps(f16x8_tail(a + k, n - k), _mm256_maskload_ps(b + k, kvc_first_lanes8(n - k)), acc);
     return hsum8(acc);
 }
 
@@ -749,7 +744,7 @@ static void avx2_axpy_f32(float a, const float *x, float *y, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     if (i < n) {
-        const __m256i m = tail_mask(n - i);
+        const __m256i m = kvc_first_lanes8(n - i);
         _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m)));
     }
 }
@@ -761,7 +756,7 @@ static void avx2_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, f16x8(x + i), _mm256_loadu_ps(y + i)));
     if (i < n) {
-        const __m256i m = tail_mask(n - i);
+        const __m256i m = kvc_first_lanes8(n - i);
         _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(av, f16x8_tail(x + i, n - i), _mm256_maskload_ps(y + i, m)));
     }
 }
@@ -774,7 +769,7 @@ static void avx2_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n)
                          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     if (i < n) {
         kvc_fp16 tmp[8];
-        __m256 v = _mm256_maskload_ps(x + i, tail_mask(n - i));
+        __m256 v = _mm256_maskload_ps(x + i, kvc_first_lanes8(n - i));
         _mm_storeu_si128((__m128i *)tmp, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         memcpy(y + i, tmp, (size_t)(n - i) * sizeof(kvc_fp16));
     }
@@ -798,7 +793,7 @@ static void avx2_swiglu(float *g, const float *u, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(g + i, swiglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
     if (i < n) {
-        const __m256i m = tail_mask(n - i);
+        const __m256i m = kvc_first_lanes8(n - i);
         _mm256_maskstore_ps(g + i, m, swiglu8(_mm256_maskload_ps(g + i, m), _mm256_maskload_ps(u + i, m)));
     }
 }

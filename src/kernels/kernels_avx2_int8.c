@@ -528,12 +528,6 @@ AI void block_dots(const int NV, const int T, const int k0, const int nk, const 
     }
 }
 
-/* Lane mask of the first n of 8 lanes. */
-AI __m256i first_lanes(int n)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* T <= PT tokens against a repacked group of NV row vectors (nr rows):
  * y[t][row l] for the group's rows. The block's 2 PT integer sums take the
  * registers; the float sums stay in out, in memory, loaded and stored once a
@@ -580,7 +574,7 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *p
     }
     /* the rows past nr belong to the next call's range (maybe another
      * thread's): the last vector is stored masked unless the group is whole */
-    const __m256i tail = first_lanes(nr - (NV - 1) * GR);
+    const __m256i tail = kvc_first_lanes8(nr - (NV - 1) * GR);
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 2

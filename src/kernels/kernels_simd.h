@@ -12,6 +12,14 @@
 #include <stdint.h>
 #include <string.h>
 
+/* All-ones in the first n of 8 int32 lanes (none for n <= 0, all for
+ * 8 <= n < 2^31): the masks of a vector's tail or of the positions a row
+ * sees. */
+static inline __attribute__((always_inline)) __m256i kvc_first_lanes8(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* The 8 sub-block scales and mins of a Q4_K / Q5_K super-block, as quant.c's
  * reference dequantization makes them: ds[j] = d * sc_j, dm[j] = dmin * m_j
  * (one float multiply each). s: the 12 packed 6-bit values. */
