@@ -23,6 +23,7 @@ typedef struct model_result {
     double llama_cpp;    /* llama_cpp_deviation from the file */
     double tolerance;
     int    steps;
+    bool   unsupported;  /* an architecture kvchat refuses (yet), with a clear error */
 } model_result;
 
 static int32_t *json_ints(const cJSON *arr, int *n)
@@ -193,6 +194,14 @@ static void check_model(const char *shared, const char *file, model_result *res)
     kvc_model *m = NULL;
     char err[512];
     int rc = kvc_model_load(path, NULL, &m, err, sizeof(err));
+    /* A model of an architecture kvchat does not run yet must be refused with an
+     * error that names the architecture, never loaded into wrong logits. */
+    if (rc == KVC_ERR_UNSUPPORTED && strstr(err, "architecture") && strstr(err, "not supported")) {
+        printf("%s: skipped: %s\n", model, err);
+        res->unsupported = true;
+        cJSON_Delete(ref);
+        return;
+    }
     CHECKF(rc == KVC_OK, "load %s: %s", path, err);
     if (m) {
         int f32_steps = 0;
@@ -247,7 +256,8 @@ int main(void)
     for (int i = 0; i < nr; i++)
         printf("| %s | %d | %.6f | %.6f | %.6f | %.6f | %s |\n", res[i].name, res[i].steps, res[i].ours,
                res[i].ours_f32kv, res[i].llama_cpp, res[i].tolerance,
-               res[i].ours < res[i].llama_cpp         ? "yes"
+               res[i].unsupported                     ? "architecture not supported yet"
+               : res[i].ours < res[i].llama_cpp       ? "yes"
                : res[i].ours_f32kv < res[i].llama_cpp ? "with F32 KV (both engines' F16 KV dominates)"
                                                       : "no");
     return test_done("test_fidelity");
