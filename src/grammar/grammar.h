@@ -143,15 +143,36 @@ int32_t kvc_gvocab_n_nodes(const kvc_gvocab *v);  /* trie nodes, root included *
 /* ---------------------------------------------------------------- matching */
 
 /* A matcher at the start of grammar g (borrowed: g and v must outlive it) for
- * vocabulary v (may be NULL when only bytes are fed). NULL on OOM. */
+ * vocabulary v (may be NULL when only bytes are fed), with the default
+ * budget. NULL on OOM, or when the start itself is over the limits below. */
 kvc_gmatch *kvc_gmatch_new(const kvc_grammar *g, const kvc_gvocab *v);
+
+/* Cost limits. Every call (kvc_gmatch_mask, kvc_gmatch_accept_*, the start
+ * in kvc_gmatch_new_budget) may spend at most `budget` units of work (a stack
+ * moved past a character, an expansion step, a trie node tried: about 10-30
+ * ns each), and a state holds at most 1024 stacks (ways to parse the text so
+ * far). Past either the call fails with KVC_ERR_UNSUPPORTED, the state is
+ * unchanged, and kvc_gmatch_error says which limit was hit: the grammar is
+ * too ambiguous to serve, and the caller should end the request with that
+ * error. The default bounds one mask to roughly 0.1-0.3 s on one core. */
+#define KVC_GMATCH_BUDGET ((int64_t)8000000)
+
+/* kvc_gmatch_new with budget units per call (<= 0: the default); on failure
+ * NULL and err says why (KVC_ERR_UNSUPPORTED: over a limit, KVC_ERR_NOMEM,
+ * KVC_ERR_INVALID_ARG without a grammar). */
+kvc_gmatch *kvc_gmatch_new_budget(const kvc_grammar *g, const kvc_gvocab *v, int64_t budget,
+                                  kvc_err *err);
+
+/* Why the last failed call failed ("" when none has); owned by m. */
+const char *kvc_gmatch_error(const kvc_gmatch *m);
 void        kvc_gmatch_free(kvc_gmatch *m);       /* NULL ok */
 /* An independent copy in the same state (for n > 1 choices sharing a
  * prefix); NULL on OOM. Costs a copy of the matcher's memory. */
 kvc_gmatch *kvc_gmatch_clone(const kvc_gmatch *m);
 
 /* Feed bytes. Returns KVC_OK, or KVC_ERR_INVALID_ARG when some byte is not
- * allowed (the state is then unchanged: all or nothing), KVC_ERR_NOMEM. */
+ * allowed (the state is then unchanged: all or nothing), KVC_ERR_NOMEM,
+ * KVC_ERR_UNSUPPORTED over a cost limit (kvc_gmatch_error). */
 int  kvc_gmatch_accept_bytes(kvc_gmatch *m, const void *bytes, size_t n);
 /* The grammar can end here: the root rule is matched and no UTF-8
  * character is left open. */
@@ -166,7 +187,8 @@ int32_t kvc_gmatch_min_remaining(const kvc_gmatch *m);
 
 /* Accept a sampled token: its bytes, or for an EOG token the end (only when
  * complete). KVC_ERR_INVALID_ARG when the token is not allowed here (state
- * unchanged), KVC_ERR_NOMEM. Each accepted token is one step for rollback. */
+ * unchanged), KVC_ERR_NOMEM, KVC_ERR_UNSUPPORTED over a cost limit. Each
+ * accepted token is one step for rollback. */
 int  kvc_gmatch_accept_token(kvc_gmatch *m, int32_t token);
 /* Steps (tokens) accepted so far, and undo the last n of them (n <= steps;
  * speculative decoding, regeneration). O(1). */
@@ -176,9 +198,11 @@ int  kvc_gmatch_rollback(kvc_gmatch *m, int32_t n);
 /* The tokens allowed next, as a bitset over the vocabulary: bit (id & 31) of
  * mask[id >> 5] (kvc_mask_words(n_vocab) words, all written). Returns the
  * number of tokens allowed (0 only after an EOG was accepted), or a negative
- * status (KVC_ERR_INVALID_ARG without a vocabulary, KVC_ERR_NOMEM). Cost:
- * one walk of the trie below the bytes the grammar allows; see
- * kvc_gmatch_stats. */
+ * status (KVC_ERR_INVALID_ARG without a vocabulary, KVC_ERR_NOMEM,
+ * KVC_ERR_UNSUPPORTED over a cost limit: see kvc_gmatch_error). Cost: one
+ * walk of the trie below the bytes the grammar allows, each (state, byte)
+ * transition computed once per walk; the mask of a state seen in one of the
+ * last 8 calls is a copy. See kvc_gmatch_stats. */
 int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask);
 
 static inline size_t kvc_mask_words(int32_t n_vocab) { return ((size_t)n_vocab + 31) / 32; }
