@@ -211,6 +211,18 @@ static inline bool kvc_mask_test(const uint32_t *mask, int32_t id)
     return (mask[id >> 5] >> (id & 31)) & 1u;
 }
 
+/* Admission: whether grammar g can be served within the cost limits,
+ * measured off the engine thread before a request is queued. Computes the
+ * masks of the start and of up to n_steps steps after it, each step taking
+ * the longest token allowed (the path that enters the grammar's nested parts
+ * soonest), with budget units per call (<= 0: the default). KVC_OK;
+ * KVC_ERR_UNSUPPORTED when a limit was hit (err says which: the request
+ * should be refused with it), KVC_ERR_NOMEM, KVC_ERR_INVALID_ARG for a NULL
+ * grammar or vocabulary. A grammar that passes may still meet a costly state
+ * later (kvc_gmatch_mask then fails the same way). */
+int kvc_grammar_check_cost(const kvc_grammar *g, const kvc_gvocab *v, int32_t n_steps,
+                           int64_t budget, kvc_err *err);
+
 /* What masks cost this matcher so far (to report per request or in metrics). */
 typedef struct kvc_gmatch_stats {
     int64_t n_masks;         /* kvc_gmatch_mask calls */

@@ -861,3 +861,41 @@ kvc_gmatch_stats kvc_gmatch_get_stats(const kvc_gmatch *m)
 {
     return m ? m->stats : (kvc_gmatch_stats){ 0 };
 }
+
+/* ---------------------------------------------------------------- admission */
+
+int kvc_grammar_check_cost(const kvc_grammar *g, const kvc_gvocab *v, int32_t n_steps,
+                           int64_t budget, kvc_err *err)
+{
+    if (!g || !v)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "no grammar or vocabulary");
+    kvc_gmatch *m = kvc_gmatch_new_budget(g, v, budget, err);
+    if (!m)
+        return err ? err->code : KVC_ERR_UNSUPPORTED;
+    uint32_t *mask = malloc(kvc_mask_words(v->n_vocab) * sizeof(*mask));
+    int rc = mask ? KVC_OK : kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    for (int32_t step = 0; rc == KVC_OK && step <= n_steps; step++) {
+        int32_t n = kvc_gmatch_mask(m, mask);
+        if (n < 0) {
+            rc = n == KVC_ERR_NOMEM ? kvc_fail(err, n, "out of memory")
+                                    : kvc_fail(err, n, "%s", kvc_gmatch_error(m));
+            break;
+        }
+        int32_t best = -1;
+        uint32_t best_len = 0;
+        for (int32_t id = 0; id < v->n_vocab && step < n_steps; id++) {
+            uint32_t len = v->piece_off[id + 1] - v->piece_off[id];
+            if (kvc_mask_test(mask, id) && v->kind[id] == GTOK_TEXT && len > best_len)
+                best = id, best_len = len;
+        }
+        if (best < 0)
+            break;                           /* only the end is left, or the last step */
+        int arc = kvc_gmatch_accept_token(m, best);
+        if (arc != KVC_OK)
+            rc = arc == KVC_ERR_NOMEM ? kvc_fail(err, arc, "out of memory")
+                                      : kvc_fail(err, arc, "%s", kvc_gmatch_error(m));
+    }
+    free(mask);
+    kvc_gmatch_free(m);
+    return rc;
+}
