@@ -42,6 +42,7 @@ static struct { const char *name, *schema; } schemas[] = {
     /* issue 30's reproducers: an ambiguous anyOf (filled in by main) and a
      * repeated group whose items may be empty */
     { "anyof50", NULL },
+    { "anyof150", NULL },
     { "pattern", "{\"type\":\"string\",\"pattern\":\"^([a-z]+,?\\\\s?){1,50}$\"}" },
 };
 
@@ -204,12 +205,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_grammar [-s SCHEMA] [-w WALKS] [-t TOKENS] [-p PREFIX] VOCAB.gguf|PRESET ...\n");
         return 2;
     }
-    char *anyof = anyof_schema(50);
+    char *anyof = anyof_schema(50), *anyof150 = anyof_schema(150);
     for (size_t k = 0; k < sizeof(schemas) / sizeof(schemas[0]); k++)
         if (!schemas[k].schema)
-            schemas[k].schema = anyof;
+            schemas[k].schema = strcmp(schemas[k].name, "anyof50") == 0 ? anyof : anyof150;
     for (; i < argc; i++)
         bench(argv[i]);
     free(anyof);
+    free(anyof150);
     return 0;
 }

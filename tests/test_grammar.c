@@ -313,6 +313,60 @@ static void test_cost_limits(void)
     kvc_tokenizer_free(tok);
 }
 
+/* kvc_gmatch_mask_closer is, token by token, the mask's tokens after which
+ * kvc_gmatch_min_remaining is smaller (or the EOG), along random walks over
+ * a schema (what the engine's steering to the end used to try one token at
+ * a time: ~1 s a step with a 50k vocabulary and 150 candidate objects). */
+static void test_closer(void)
+{
+    kvc_tokenizer *tok = NULL;
+    kvc_gvocab *v = NULL;
+    CHECK(kvc_gen_tokenizer("demo", &tok, NULL) == KVC_OK && kvc_gvocab_new(tok, &v, NULL) == KVC_OK);
+    char *any = anyof_schema(3);
+    kvc_grammar *g = NULL;
+    kvc_err err = { 0 };
+    CHECK(v && kvc_grammar_from_schema(any, strlen(any), &g, &err) == KVC_OK);
+    int32_t n_vocab = v ? kvc_gvocab_n_vocab(v) : 0;
+    uint32_t *mask = malloc(kvc_mask_words(n_vocab) * sizeof(*mask));
+    uint32_t *near = malloc(kvc_mask_words(n_vocab) * sizeof(*near));
+    uint64_t rng = 12345;
+    int differ = 0, steps = 0;
+    for (int walk = 0; g && walk < 6; walk++) {
+        kvc_gmatch *m = kvc_gmatch_new(g, v);
+        for (int step = 0; m && step < 40 && !kvc_gmatch_is_done(m); step++, steps++) {
+            int32_t n = kvc_gmatch_mask(m, mask), k = kvc_gmatch_mask_closer(m, near);
+            int32_t need = kvc_gmatch_min_remaining(m), count = 0;
+            CHECK(n > 0 && k >= 0);
+            for (int32_t id = 0; id < n_vocab; id++) {
+                bool want = false;
+                if (kvc_mask_test(mask, id) && kvc_gmatch_accept_token(m, id) == KVC_OK) {
+                    want = kvc_gmatch_is_done(m) || kvc_gmatch_min_remaining(m) < need;
+                    kvc_gmatch_rollback(m, 1);
+                }
+                differ += want != kvc_mask_test(near, id);
+                count += want;
+            }
+            CHECK_EQ_INT(k, count);
+            /* a random allowed token; towards the end after a while */
+            const uint32_t *from = step > 20 && k > 0 ? near : mask;
+            int32_t pick = (int32_t)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) %
+                           (from == near ? k : n), id = 0;
+            for (; id < n_vocab; id++)
+                if (kvc_mask_test(from, id) && pick-- == 0)
+                    break;
+            CHECK(kvc_gmatch_accept_token(m, id) == KVC_OK);
+        }
+        kvc_gmatch_free(m);
+    }
+    CHECKF(differ == 0, "%d tokens differ from the brute-force closer set over %d steps", differ, steps);
+    kvc_grammar_free(g);
+    free(any);
+    free(mask);
+    free(near);
+    kvc_gvocab_free(v);
+    kvc_tokenizer_free(tok);
+}
+
 int main(void)
 {
     test_refused();
@@ -321,5 +375,6 @@ int main(void)
     test_steps();
     test_nullable_loops();
     test_cost_limits();
+    test_closer();
     return test_done("test_grammar");
 }

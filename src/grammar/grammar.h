@@ -205,6 +205,13 @@ int  kvc_gmatch_rollback(kvc_gmatch *m, int32_t n);
  * last 8 calls is a copy. See kvc_gmatch_stats. */
 int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask);
 
+/* The tokens of kvc_gmatch_mask that bring the end closer: after them
+ * kvc_gmatch_min_remaining is smaller (or the EOG, when complete). To steer
+ * a reply to a valid end when its token budget runs out. Same returns and
+ * cost as one uncached kvc_gmatch_mask; 0 when no token is closer (an open
+ * UTF-8 character, a string's characters: use the plain mask then). */
+int32_t kvc_gmatch_mask_closer(kvc_gmatch *m, uint32_t *mask);
+
 static inline size_t kvc_mask_words(int32_t n_vocab) { return ((size_t)n_vocab + 31) / 32; }
 static inline bool kvc_mask_test(const uint32_t *mask, int32_t id)
 {

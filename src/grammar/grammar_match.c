@@ -93,6 +93,8 @@ struct kvc_gmatch {
     size_t    n_ws, cap_ws;
     htab      ws_ix;              /* content hash -> id (several ids may share a hash) */
     htab      trans;              /* (id << 8 | byte) -> next id, -1 when refused */
+    int32_t  *ws_rem;             /* (n_ws_rem) per walk state: characters left, -1 unknown */
+    size_t    n_ws_rem, cap_ws_rem;
     mcache    cache[MASK_CACHE];
     uint64_t  cache_clock;
     int64_t   work, budget;       /* work units of the current call, and the limit */
@@ -486,6 +488,7 @@ void kvc_gmatch_free(kvc_gmatch *m)
     free(m->tops);
     free(m->hist);
     free(m->ws);
+    free(m->ws_rem);
     ht_free(&m->cons);
     ht_free(&m->vis);
     ht_free(&m->ws_ix);
@@ -639,10 +642,11 @@ int kvc_gmatch_rollback(kvc_gmatch *m, int32_t n)
     return KVC_OK;
 }
 
-int32_t kvc_gmatch_min_remaining(const kvc_gmatch *m)
+/* The fewest characters that complete the grammar from state s's stacks
+ * (0 when s is complete). */
+static int32_t stacks_remaining(const kvc_gmatch *m, const gstate *s)
 {
-    const gstate *s = current(m);
-    if (s->done || kvc_gmatch_is_complete(m))
+    if (s->done || (s->complete && s->utf8_rem == 0))
         return 0;
     int64_t best = INT32_MAX;
     for (int32_t i = 0; i < s->n_tops; i++) {
@@ -652,6 +656,11 @@ int32_t kvc_gmatch_min_remaining(const kvc_gmatch *m)
         best = KVC_MIN(best, len);
     }
     return (int32_t)best;
+}
+
+int32_t kvc_gmatch_min_remaining(const kvc_gmatch *m)
+{
+    return stacks_remaining(m, current(m));
 }
 
 /* ---------------------------------------------------------------- masks */
@@ -707,6 +716,7 @@ typedef struct walk {
     int32_t     count;
     int64_t     visited;
     int         status;
+    int32_t     need;        /* >= 0: allow only tokens leaving fewer characters to the end */
 } walk;
 
 static void allow_tokens(walk *w, const gtrie_node *nd)
@@ -747,6 +757,32 @@ static int32_t transition(walk *w, int32_t id, uint8_t byte)
     return to;
 }
 
+/* Walk state id leaves fewer than w->need characters to the end (each
+ * state's count computed once per walk, in m->ws_rem). */
+static bool closer(walk *w, int32_t id)
+{
+    kvc_gmatch *m = w->m;
+    if (m->cap_ws_rem < m->cap_ws) {
+        int32_t *p = realloc(m->ws_rem, m->cap_ws * sizeof(*p));
+        if (!p) {
+            w->status = KVC_ERR_NOMEM;
+            return false;
+        }
+        m->ws_rem = p;
+        m->cap_ws_rem = m->cap_ws;
+    }
+    while (m->n_ws_rem < m->n_ws)
+        m->ws_rem[m->n_ws_rem++] = -1;
+    if (m->ws_rem[id] < 0) {
+        if (!spend(m, m->ws[id].n_tops)) {
+            w->status = KVC_ERR_UNSUPPORTED;
+            return false;
+        }
+        m->ws_rem[id] = stacks_remaining(m, &m->ws[id]);
+    }
+    return m->ws_rem[id] < w->need;
+}
+
 /* Try each child of trie node k from walk state id; recurse where a byte is
  * allowed. */
 static void walk_node(walk *w, int32_t k, int32_t id)
@@ -763,7 +799,10 @@ static void walk_node(walk *w, int32_t k, int32_t id)
         int32_t to = transition(w, id, nodes[c].byte);
         if (to < 0)
             continue;
-        allow_tokens(w, &nodes[c]);
+        if (w->need < 0)
+            allow_tokens(w, &nodes[c]);
+        else if (nodes[c].n_toks && closer(w, to))
+            allow_tokens(w, &nodes[c]);
         if (nodes[c].n_children && (m->ws[to].n_tops > 0 || m->ws[to].utf8_rem))
             walk_node(w, c, to);
     }
@@ -814,16 +853,17 @@ static void cache_put(kvc_gmatch *m, const gstate *s, const uint32_t *mask, int3
     c->last_use = ++m->cache_clock;
 }
 
-int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask)
+/* The mask of the current state (need < 0), or only its tokens that leave
+ * fewer than need characters to the end (and the EOG); the plain masks are
+ * cached per state. */
+static int32_t mask_of(kvc_gmatch *m, uint32_t *mask, int32_t need)
 {
-    if (!m || !m->v || !mask)
-        return KVC_ERR_INVALID_ARG;
     int64_t t0 = kvc_time_us();
     const kvc_gvocab *v = m->v;
     const size_t words = kvc_mask_words(v->n_vocab);
-    walk w = { .m = m, .mask = mask };
+    walk w = { .m = m, .mask = mask, .need = need };
     const gstate s = *current(m);
-    mcache *hit = s.done ? NULL : cache_find(m, &s);
+    mcache *hit = s.done || need >= 0 ? NULL : cache_find(m, &s);
     m->work = 0;
     if (hit) {
         memcpy(mask, hit->mask, words * sizeof(*mask));
@@ -838,6 +878,7 @@ int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask)
                 w.count++;
             }
         m->n_ws = 0;
+        m->n_ws_rem = 0;
         ht_clear(&m->ws_ix);
         ht_clear(&m->trans);
         int32_t root = intern(m, &s, false);
@@ -846,7 +887,7 @@ int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask)
         else
             walk_node(&w, 0, root);
         drop_after_current(m);
-        if (w.status == KVC_OK)
+        if (w.status == KVC_OK && need < 0)
             cache_put(m, &s, mask, w.count);
     }
     m->stats.n_masks++;
@@ -855,6 +896,20 @@ int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask)
     if (w.status == KVC_ERR_NOMEM)
         kvc_fail(&m->err, KVC_ERR_NOMEM, "out of memory");
     return w.status != KVC_OK ? w.status : w.count;
+}
+
+int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask)
+{
+    if (!m || !m->v || !mask)
+        return KVC_ERR_INVALID_ARG;
+    return mask_of(m, mask, -1);
+}
+
+int32_t kvc_gmatch_mask_closer(kvc_gmatch *m, uint32_t *mask)
+{
+    if (!m || !m->v || !mask)
+        return KVC_ERR_INVALID_ARG;
+    return mask_of(m, mask, kvc_gmatch_min_remaining(m));
 }
 
 kvc_gmatch_stats kvc_gmatch_get_stats(const kvc_gmatch *m)

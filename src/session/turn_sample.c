@@ -67,29 +67,6 @@ static void record(turn_sample *ts, const float *logits, int32_t n_vocab, int32_
     }
 }
 
-/* When the tokens left (left) are about what the grammar still needs to
- * end, keep in the mask only the tokens that bring the end closer (fewer
- * characters left, or the end itself): a reply cut by max_tokens would not
- * parse. Each candidate is tried (accept, measure, roll back), so this costs
- * a matcher step per allowed token, only for the last steps. */
-static void steer(turn_sample *ts, int32_t n_vocab, int32_t left)
-{
-    int32_t need = kvc_gmatch_min_remaining(ts->m);
-    if (left > need + 1)
-        return;
-    for (int32_t id = 0; id < n_vocab; id++) {
-        if (!kvc_mask_test(ts->mask, id))
-            continue;
-        bool keep = false;
-        if (kvc_gmatch_accept_token(ts->m, id) == KVC_OK) {
-            keep = kvc_gmatch_is_done(ts->m) || kvc_gmatch_min_remaining(ts->m) < need;
-            kvc_gmatch_rollback(ts->m, 1);
-        }
-        if (!keep)
-            ts->mask[id >> 5] &= ~(1u << (id & 31));
-    }
-}
-
 /* The matcher's failure rc as the turn's error: what the grammar's limits
  * refused, after how many tokens. */
 static int matcher_failed(const turn_sample *ts, int rc, kvc_err *err)
@@ -106,12 +83,18 @@ int turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int
 {
     *id = -1;
     if (ts->m) {
-        int32_t n = kvc_gmatch_mask(ts->m, ts->mask);
+        /* when the tokens left are about what the grammar still needs, only
+         * the tokens that bring its end closer: a reply cut by max_tokens
+         * would not parse */
+        int32_t n = 0;
+        if (left <= kvc_gmatch_min_remaining(ts->m) + 1)
+            n = kvc_gmatch_mask_closer(ts->m, ts->mask);
+        if (n == 0)
+            n = kvc_gmatch_mask(ts->m, ts->mask);
         if (n < 0)
             return matcher_failed(ts, n, err);
         if (n == 0)
             return KVC_OK;                   /* an EOG was accepted: the grammar ended */
-        steer(ts, ts->n_mask, left);
         kvc_sampler_set_mask(smp, ts->mask);
     }
     *id = kvc_sampler_sample(smp, logits);
