@@ -9,7 +9,7 @@
  *     response_format and the problem (it gave content "" with
  *     finish_reason "stop" before);
  *   - a grammar whose ambiguity is met only mid-reply (a forced constant,
- *     then a pattern with 2000 ways to read one character): a 400 error
+ *     then a pattern with 5000 ways to read one character): a 400 error
  *     whole, an SSE error event when streamed; never "stop".
  *
  * Uses a model with a real 50k vocabulary from ../shared when present (the
@@ -132,7 +132,7 @@ static void test_refused_at_admission(int port)
 }
 
 /* A constant of `len` characters that admission's 8 steps cannot cross,
- * then a pattern with 2000 ways to read its first character. */
+ * then a pattern with 5000 ways to read its first character. */
 static char *late_schema(void)
 {
     static const char *const words[] = { "alpha ", "bravo ", "charlie ", "delta ", "echo ",
@@ -142,7 +142,7 @@ static char *late_schema(void)
         strcat(lit, words[(i * 5) % 8]);
     char *s = malloc(1024);
     snprintf(s, 1024, "{\"type\":\"object\",\"properties\":{\"c\":{\"const\":\"%s\"},\"p\":{\"type\":"
-             "\"string\",\"pattern\":\"^(a?){1,2000}$\"}},\"required\":[\"c\",\"p\"]}", lit);
+             "\"string\",\"pattern\":\"^(a?){1,5000}$\"}},\"required\":[\"c\",\"p\"]}", lit);
     return s;
 }
 

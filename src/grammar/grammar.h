@@ -150,7 +150,7 @@ kvc_gmatch *kvc_gmatch_new(const kvc_grammar *g, const kvc_gvocab *v);
 /* Cost limits. Every call (kvc_gmatch_mask, kvc_gmatch_accept_*, the start
  * in kvc_gmatch_new_budget) may spend at most `budget` units of work (a stack
  * moved past a character, an expansion step, a trie node tried: about 10-30
- * ns each), and a state holds at most 1024 stacks (ways to parse the text so
+ * ns each), and a state holds at most 4096 stacks (ways to parse the text so
  * far). Past either the call fails with KVC_ERR_UNSUPPORTED, the state is
  * unchanged, and kvc_gmatch_error says which limit was hit: the grammar is
  * too ambiguous to serve, and the caller should end the request with that

@@ -29,7 +29,7 @@
 #include <string.h>
 
 enum {
-    MAX_STACKS = 1024,            /* distinct stacks in one state */
+    MAX_STACKS = 4096,            /* distinct stacks in one state */
     MASK_CACHE = 8,               /* masks remembered per matcher (LRU) */
 };
 
