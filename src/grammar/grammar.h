@@ -55,14 +55,19 @@
  *                   kvc_grammar_parse of the whole text. Special tokens such as
  *                   Qwen's <tool_call> (user-defined) are in the trie by their
  *                   text, so the model may use them.
+ *   admission       kvc_grammar_check_cost(g, vocab, ...) on the worker
+ *                   thread: over a cost limit, a 400 with err.msg.
  *   per choice      kvc_gmatch_new(g, vocab); n > 1: kvc_gmatch_clone.
  *   per step        kvc_gmatch_mask(m, buf) -> kvc_sampler_set_mask(s, buf)
  *                   (sampler.h) -> kvc_sampler_sample -> kvc_gmatch_accept_token
- *                   (always KVC_OK for a token the mask allowed); stop when
- *                   kvc_gmatch_is_done (the EOG was taken: finish_reason
- *                   "stop"). max_tokens may cut the JSON short ("length"), as
- *                   OpenAI does; kvc_gmatch_min_remaining says how far the end
- *                   is, to steer or to warn.
+ *                   (KVC_OK for a token the mask allowed, unless a cost limit
+ *                   is hit); stop when kvc_gmatch_is_done (the EOG was taken:
+ *                   finish_reason "stop"). A negative mask or accept ends the
+ *                   request as an error (kvc_gmatch_error says why), never as
+ *                   "stop". max_tokens may cut the JSON short ("length"), as
+ *                   OpenAI does; when the tokens left are about
+ *                   kvc_gmatch_min_remaining, kvc_gmatch_mask_closer steers to
+ *                   the end.
  *   report          kvc_gmatch_get_stats: mask time per token for timings and
  *                   /metrics. */
 #ifndef KVC_GRAMMAR_H
