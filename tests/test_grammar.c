@@ -282,6 +282,17 @@ static void test_cost_limits(void)
     }
     kvc_gmatch_free(m);
     kvc_grammar_free(g);
+    /* rules that open inside each other without a character: a depth limit,
+     * not a stack overflow (before it, expand recursed until the C stack ran out) */
+    g = parse("root ::= \"x\" (e{1,10000}){1,10000} \"y\"\ne ::= \"\"");
+    m = g ? kvc_gmatch_new(g, v) : NULL;
+    CHECK(m != NULL);
+    if (m) {
+        CHECK_EQ_INT(kvc_gmatch_mask(m, mask), KVC_ERR_UNSUPPORTED);
+        CHECKF(strstr(kvc_gmatch_error(m), "nests too deeply"), "%s", kvc_gmatch_error(m));
+    }
+    kvc_gmatch_free(m);
+    kvc_grammar_free(g);
     /* 150 candidate objects: served in the default budget; a tiny budget
      * refuses the mask (state unchanged) and says so */
     char *any = anyof_schema(150);

@@ -30,6 +30,8 @@
 
 enum {
     MAX_STACKS = 4096,            /* distinct stacks in one state */
+    MAX_DEPTH = 16384,            /* rules expanded inside each other in one closure
+                                   * (expand's recursion: a few MB of stack at most) */
     MASK_CACHE = 8,               /* masks remembered per matcher (LRU) */
 };
 
@@ -98,6 +100,7 @@ struct kvc_gmatch {
     mcache    cache[MASK_CACHE];
     uint64_t  cache_clock;
     int64_t   work, budget;       /* work units of the current call, and the limit */
+    int32_t   depth;              /* expand's recursion depth */
     kvc_err   err;                /* why the last call failed */
     kvc_gmatch_stats stats;
 };
@@ -306,13 +309,17 @@ static int expand(kvc_gmatch *m, int32_t pos, int32_t parent, gstate *out)
         if (s->stamp == m->vis.now)
             return KVC_OK;                       /* expanded already */
         ht_fill(&m->vis, s, key, 0);
+        if (m->depth >= MAX_DEPTH)
+            return kvc_fail(&m->err, KVC_ERR_UNSUPPORTED,
+                            "the grammar nests too deeply to match: more than %d rules open inside "
+                            "each other at once", MAX_DEPTH);
         const grule *r = &g->rules[GE_ARG(e)];
-        for (int32_t a = 0; a < r->n_alts; a++) {
-            int rc = expand(m, g->alts[r->alt_first + a], cont, out);
-            if (rc != KVC_OK)
-                return rc;
-        }
-        return KVC_OK;
+        int rc = KVC_OK;
+        m->depth++;
+        for (int32_t a = 0; a < r->n_alts && rc == KVC_OK; a++)
+            rc = expand(m, g->alts[r->alt_first + a], cont, out);
+        m->depth--;
+        return rc;
     }
 }
 
