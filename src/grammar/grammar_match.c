@@ -248,7 +248,8 @@ static int32_t new_node(kvc_gmatch *m, int32_t pos, int32_t parent)
 static gstate empty_after(kvc_gmatch *m)
 {
     if (++m->push_stamp == 0) {
-        memset(m->seen, 0, m->cap_seen * sizeof(*m->seen));
+        if (m->seen)
+            memset(m->seen, 0, m->cap_seen * sizeof(*m->seen));
         m->push_stamp = 1;
     }
     return (gstate){ .top_off = (int32_t)m->n_tops };
@@ -332,7 +333,9 @@ static int cmp_i32(const void *a, const void *b)
 /* Sort a state's tops: one spelling per set of stacks. */
 static bool sort_tops(kvc_gmatch *m, gstate *s)
 {
-    if (s->n_tops > 1 && !spend(m, s->n_tops))
+    if (s->n_tops < 2)
+        return true;
+    if (!spend(m, s->n_tops))
         return false;
     qsort(m->tops + s->top_off, (size_t)s->n_tops, sizeof(*m->tops), cmp_i32);
     return true;
@@ -686,8 +689,8 @@ static bool same_state(const kvc_gmatch *m, const gstate *a, const gstate *b)
 {
     return a->n_tops == b->n_tops && a->utf8_val == b->utf8_val && a->utf8_rem == b->utf8_rem &&
            a->utf8_len == b->utf8_len && a->complete == b->complete &&
-           memcmp(m->tops + a->top_off, m->tops + b->top_off,
-                  (size_t)a->n_tops * sizeof(*m->tops)) == 0;
+           (a->n_tops == 0 || memcmp(m->tops + a->top_off, m->tops + b->top_off,
+                                     (size_t)a->n_tops * sizeof(*m->tops)) == 0);
 }
 
 /* The walk's id of state s: an equal state's id, or a new id. When s owns
@@ -822,7 +825,8 @@ static mcache *cache_find(kvc_gmatch *m, const gstate *s)
         mcache *c = &m->cache[i];
         if (c->tops && c->n_tops == s->n_tops && c->utf8_val == s->utf8_val &&
             c->utf8_rem == s->utf8_rem && c->utf8_len == s->utf8_len && c->complete == s->complete &&
-            memcmp(c->tops, m->tops + s->top_off, (size_t)s->n_tops * sizeof(*c->tops)) == 0) {
+            (s->n_tops == 0 ||
+             memcmp(c->tops, m->tops + s->top_off, (size_t)s->n_tops * sizeof(*c->tops)) == 0)) {
             c->last_use = ++m->cache_clock;
             return c;
         }
@@ -846,7 +850,8 @@ static void cache_put(kvc_gmatch *m, const gstate *s, const uint32_t *mask, int3
         cache_drop(c);
         return;
     }
-    memcpy(c->tops, m->tops + s->top_off, (size_t)s->n_tops * sizeof(*c->tops));
+    if (s->n_tops > 0)
+        memcpy(c->tops, m->tops + s->top_off, (size_t)s->n_tops * sizeof(*c->tops));
     memcpy(c->mask, mask, words * sizeof(*mask));
     c->n_tops = s->n_tops;
     c->max_top = -1;
