@@ -33,6 +33,8 @@ enum {
     MAX_DEPTH = 16384,            /* rules expanded inside each other in one closure
                                    * (expand's recursion: a few MB of stack at most) */
     MASK_CACHE = 8,               /* masks remembered per matcher (LRU) */
+    MAX_TRANS = 1 << 18,          /* transitions remembered per walk (8 MB of table at
+                                   * most; past it they are computed, not kept) */
 };
 
 typedef struct gnode {
@@ -743,14 +745,18 @@ static int32_t transition(walk *w, int32_t id, uint8_t byte)
 {
     kvc_gmatch *m = w->m;
     uint64_t key = (uint64_t)id << 8 | byte;
-    if (!ht_reserve(&m->trans, NULL, NULL)) {
+    const bool keep = m->trans.used < MAX_TRANS;
+    if (keep && !ht_reserve(&m->trans, NULL, NULL)) {
         w->status = KVC_ERR_NOMEM;
         return -2;
     }
-    size_t i = ht_start(&m->trans, key);
-    hslot *s = ht_next(&m->trans, key, &i);
-    if (s->stamp == m->trans.now)
-        return s->val;
+    hslot *s = NULL;
+    if (m->trans.cap) {
+        size_t i = ht_start(&m->trans, key);
+        s = ht_next(&m->trans, key, &i);
+        if (s->stamp == m->trans.now)
+            return s->val;
+    }
     const gstate in = m->ws[id];
     const size_t before = m->n_tops;
     gstate next;
@@ -763,7 +769,8 @@ static int32_t transition(walk *w, int32_t id, uint8_t byte)
     if (rc == 0)
         m->n_tops = before;                  /* a refused byte's tops */
     /* advance and intern grow other tables, never this one: s is still valid */
-    ht_fill(&m->trans, s, key, to);
+    if (keep)
+        ht_fill(&m->trans, s, key, to);
     return to;
 }
 
