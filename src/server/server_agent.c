@@ -366,8 +366,9 @@ static int admit_grammar(srv_request *r, const char *param, const srv_limits *li
     int rc = kvc_grammar_parse(r->grammar, strlen(r->grammar), &g, &ke);
     if (rc)
         return rc == KVC_ERR_NOMEM ? OOM(e) : BAD(e, param, "%s", ke.msg);
+    /* no trie (no model, or none can be built): the engine's own limits still hold */
     const kvc_gvocab *v = lim->vocab ? srv_vocab_get(lim->vocab, &ke) : NULL;
-    if (lim->vocab && !v)
+    if (lim->vocab && !v && ke.code == KVC_ERR_NOMEM)
         rc = KVC_ERR_NOMEM;
     else if (v)
         rc = kvc_grammar_check_cost(g, v, ADMIT_STEPS, 0, &ke);
