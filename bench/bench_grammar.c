@@ -12,7 +12,7 @@
  * Build (from the repo root; not in CMake):
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc -Isrc/grammar -Isrc/tokenizer -Isrc/gguf \
  *       -Isrc/model bench/bench_grammar.c build/libkvchat.a -lcjson -lpcre2-8 -lxxhash \
- *       -lmicrohttpd -lm -lpthread -o bench_grammar
+ *       -lmicrohttpd -lhiredis -lm -lpthread -o bench_grammar
  * Run: ./bench_grammar [-s SCHEMA] [-w WALKS] [-t TOKENS] [-p PREFIX] VOCAB.gguf|PRESET ...
  * (a preset is generated, vocabulary only; -s runs one schema by name, -w
  * and -t set the walks and the tokens per walk, 5 and 400 by default; -p feeds text before each walk, e.g. '{"a":"' to start
