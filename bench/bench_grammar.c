@@ -12,8 +12,11 @@
  * Build (from the repo root; not in CMake):
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc -Isrc/grammar -Isrc/tokenizer -Isrc/gguf \
  *       -Isrc/model bench/bench_grammar.c build/libkvchat.a -lcjson -lpcre2-8 -lxxhash \
- *       -lmicrohttpd -lm -lpthread -o bench_grammar
- * Run: ./bench_grammar VOCAB.gguf|PRESET ...   (a preset is generated, vocabulary only) */
+ *       -lmicrohttpd -lhiredis -lm -lpthread -o bench_grammar
+ * Run: ./bench_grammar [-s SCHEMA] [-w WALKS] [-t TOKENS] [-p PREFIX] VOCAB.gguf|PRESET ...
+ * (a preset is generated, vocabulary only; -s runs one schema by name, -w
+ * and -t set the walks and the tokens per walk, 5 and 400 by default; -p feeds text before each walk, e.g. '{"a":"' to start
+ * inside anyof50's first string, where all 50 objects are still candidates) */
 #include "gguf.h"
 #include "grammar.h"
 #include "model_gen.h"
@@ -31,12 +34,37 @@ static int64_t cpu_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static const struct { const char *name, *schema; } schemas[] = {
+static struct { const char *name, *schema; } schemas[] = {
     { "object", "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
                 "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]}}},\"required\":[\"name\",\"age\",\"tags\"]}" },
     { "json_object", "{\"type\":\"object\"}" },
     { "string", "{\"type\":\"string\"}" },
+    /* issue 30's reproducers: an ambiguous anyOf (filled in by main) and a
+     * repeated group whose items may be empty */
+    { "anyof50", NULL },
+    { "anyof150", NULL },
+    { "pattern", "{\"type\":\"string\",\"pattern\":\"^([a-z]+,?\\\\s?){1,50}$\"}" },
 };
+
+static const char *only;          /* -s: one schema by name */
+static int n_walks = 5, n_steps = 400;   /* -w, -t */
+static const char *prefix = "";   /* -p: text each walk starts after */
+
+/* anyOf of n objects {a: string, bI: integer}, both required, I = 0..n-1:
+ * every object is a candidate until the second key's name is written. */
+static char *anyof_schema(int n)
+{
+    size_t cap = 200 + (size_t)n * 160, len = 0;
+    char *s = malloc(cap);
+    len += (size_t)snprintf(s + len, cap - len, "{\"anyOf\":[");
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(s + len, cap - len,
+                                "%s{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},"
+                                "\"b%d\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b%d\"]}",
+                                i ? "," : "", i, i);
+    snprintf(s + len, cap - len, "]}");
+    return s;
+}
 
 static uint64_t rng = 88172645463325252ull;
 
@@ -117,6 +145,8 @@ static void bench(const char *what)
     uint32_t *mask = malloc(kvc_mask_words(n) * sizeof(*mask));
     int64_t *times = malloc(100000 * sizeof(*times));
     for (size_t s = 0; s < sizeof(schemas) / sizeof(schemas[0]); s++) {
+        if (only && strcmp(only, schemas[s].name) != 0)
+            continue;
         kvc_grammar *g = NULL;
         if (kvc_grammar_from_schema(schemas[s].schema, strlen(schemas[s].schema), &g, &err) != KVC_OK) {
             fprintf(stderr, "%s\n", err.msg);
@@ -124,9 +154,14 @@ static void bench(const char *what)
         }
         int n_times = 0;
         int64_t visited = 0;
-        for (int w = 0; w < 5; w++) {
+        for (int w = 0; w < n_walks; w++) {
             kvc_gmatch *m = kvc_gmatch_new(g, v);
-            for (int step = 0; step < 400 && !kvc_gmatch_is_done(m) && n_times < 100000; step++) {
+            if (kvc_gmatch_accept_bytes(m, prefix, strlen(prefix)) != KVC_OK) {
+                fprintf(stderr, "%s: the grammar refuses the prefix\n", schemas[s].name);
+                kvc_gmatch_free(m);
+                break;
+            }
+            for (int step = 0; step < n_steps && !kvc_gmatch_is_done(m) && n_times < 100000; step++) {
                 int64_t a = cpu_us();
                 int32_t allowed = kvc_gmatch_mask(m, mask);
                 times[n_times++] = cpu_us() - a;
@@ -136,6 +171,8 @@ static void bench(const char *what)
             visited += kvc_gmatch_get_stats(m).nodes_visited;
             kvc_gmatch_free(m);
         }
+        if (!n_times)
+            continue;
         int64_t sum = 0;
         for (int i = 0; i < n_times; i++)
             sum += times[i];
@@ -153,11 +190,28 @@ static void bench(const char *what)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: bench_grammar VOCAB.gguf|PRESET ...\n");
+    int i = 1;
+    for (; i + 1 < argc && argv[i][0] == '-'; i += 2) {
+        if (strcmp(argv[i], "-s") == 0)
+            only = argv[i + 1];
+        else if (strcmp(argv[i], "-w") == 0)
+            n_walks = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "-p") == 0)
+            prefix = argv[i + 1];
+        else if (strcmp(argv[i], "-t") == 0)
+            n_steps = atoi(argv[i + 1]);
+    }
+    if (i >= argc) {
+        fprintf(stderr, "usage: bench_grammar [-s SCHEMA] [-w WALKS] [-t TOKENS] [-p PREFIX] VOCAB.gguf|PRESET ...\n");
         return 2;
     }
-    for (int i = 1; i < argc; i++)
+    char *anyof = anyof_schema(50), *anyof150 = anyof_schema(150);
+    for (size_t k = 0; k < sizeof(schemas) / sizeof(schemas[0]); k++)
+        if (!schemas[k].schema)
+            schemas[k].schema = strcmp(schemas[k].name, "anyof50") == 0 ? anyof : anyof150;
+    for (; i < argc; i++)
         bench(argv[i]);
+    free(anyof);
+    free(anyof150);
     return 0;
 }

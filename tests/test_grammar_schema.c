@@ -1,6 +1,6 @@
 /* test_grammar_schema.c - JSON schema -> grammar -> token masks, end to end.
  *
- * For each of 25 schemas and the vocabularies of the random-weight models
+ * For each of 26 schemas and the vocabularies of the random-weight models
  * (byte-level BPE and SentencePiece), random walks over the tokens the mask
  * allows run until an end-of-generation token is allowed and taken; the
  * detokenized output must parse (cJSON) and validate against the schema,
@@ -104,6 +104,9 @@ static const char *const schemas[] = {
     "\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"enum\":[\"c\",\"f\"]},\"days\":{\"type\":\"integer\","
     "\"minimum\":1,\"maximum\":14}},\"required\":[\"city\",\"unit\"],\"additionalProperties\":false}},"
     "\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false}",
+    /* 25 nested quantifiers over groups that may match nothing (issue 30) */
+    "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":\"^(a*)*b$\"},"
+    "\"q\":{\"type\":\"string\",\"pattern\":\"^(xy?)+(a?)+$\"}},\"required\":[\"p\",\"q\"]}",
 };
 
 /* ---------------------------------------------------------------- validator */

@@ -657,17 +657,124 @@ static void fixpoint(const kvc_grammar *g, bool *set, bool chars_ok)
     }
 }
 
-/* Depth-first search over "r can start with s" edges, finding a cycle (left
- * recursion) or a reachable rule that cannot finish. state: 0 new, 1 on the
- * path, 2 done. */
+/* The "r can start with s" edges of rule r: for each reference s at the
+ * left edge of an alternative (only nullable rules before it), fn(ctx, r, s,
+ * tail), tail when s ends the alternative (no continuation is pushed). */
+typedef void left_edge_fn(void *ctx, int32_t r, int32_t s, bool tail);
+
+static void left_edges(const kvc_grammar *g, int32_t r, const bool *nullable, left_edge_fn *fn,
+                       void *ctx)
+{
+    for (int32_t a = 0; a < g->rules[r].n_alts; a++) {
+        const int32_t *e = g->elem + g->alts[g->rules[r].alt_first + a];
+        for (; GE_KIND(*e) == GE_REF; e++) {
+            fn(ctx, r, GE_ARG(*e), GE_KIND(e[1]) == GE_END);
+            if (!nullable[GE_ARG(*e)])
+                break;
+        }
+    }
+}
+
+/* Tarjan's strongly connected components over the left edges. A cycle of
+ * left edges that are all tail calls (r ::= x r | "" with x nullable, what
+ * (a*)* and (a?)+ compile to) comes back to the same stack, which the
+ * matcher's closure stops at; a cycle with a non-tail edge would grow the
+ * stack forever: left recursion. */
+typedef struct scc {
+    builder *b;
+    const bool *nullable;
+    int32_t *index, *low, *stack, *comp;
+    bool    *on;
+    int32_t  n_stack, next, n_comp, depth;
+    int32_t  bad;                /* a rule on a left-recursive cycle, -1 none */
+} scc;
+
+static void strong(scc *c, int32_t r);
+
+static void scc_edge(void *ctx, int32_t r, int32_t s, bool tail)
+{
+    scc *c = ctx;
+    (void)tail;
+    if (c->index[s] < 0) {
+        strong(c, s);
+        c->low[r] = KVC_MIN(c->low[r], c->low[s]);
+    } else if (c->on[s]) {
+        c->low[r] = KVC_MIN(c->low[r], c->index[s]);
+    }
+}
+
+static void strong(scc *c, int32_t r)
+{
+    if (++c->depth > 20000) {
+        if (c->b->status == KVC_OK)
+            fail(c->b, KVC_ERR_FORMAT, "grammar nested too deep", NULL);
+        c->depth--;
+        c->index[r] = c->low[r] = c->next++;
+        c->comp[r] = c->n_comp++;
+        return;
+    }
+    c->index[r] = c->low[r] = c->next++;
+    c->stack[c->n_stack++] = r;
+    c->on[r] = true;
+    left_edges(c->b->g, r, c->nullable, scc_edge, c);
+    if (c->low[r] == c->index[r]) {
+        int32_t s;
+        do {
+            s = c->stack[--c->n_stack];
+            c->on[s] = false;
+            c->comp[s] = c->n_comp;
+        } while (s != r);
+        c->n_comp++;
+    }
+    c->depth--;
+}
+
+static void nontail_in_cycle(void *ctx, int32_t r, int32_t s, bool tail)
+{
+    scc *c = ctx;
+    if (!tail && c->comp[r] == c->comp[s] && c->bad < 0)
+        c->bad = r;
+}
+
+static int check_left_recursion(builder *b, const bool *nullable)
+{
+    size_t n = (size_t)b->g->n_rules + 1;
+    scc c = { .b = b, .nullable = nullable, .bad = -1 };
+    c.index = malloc(n * sizeof(int32_t));
+    c.low = malloc(n * sizeof(int32_t));
+    c.stack = malloc(n * sizeof(int32_t));
+    c.comp = malloc(n * sizeof(int32_t));
+    c.on = calloc(n, sizeof(bool));
+    if (!c.index || !c.low || !c.stack || !c.comp || !c.on) {
+        nomem(b);
+    } else {
+        for (size_t r = 0; r < n; r++)
+            c.index[r] = -1;
+        for (int32_t r = 0; r < b->g->n_rules && b->status == KVC_OK; r++)
+            if (c.index[r] < 0)
+                strong(&c, r);
+        for (int32_t r = 0; r < b->g->n_rules && b->status == KVC_OK && c.bad < 0; r++)
+            left_edges(b->g, r, nullable, nontail_in_cycle, &c);
+        if (b->status == KVC_OK && c.bad >= 0)
+            fail(b, KVC_ERR_FORMAT, "left recursion through rule", rule_name(b->g, c.bad));
+    }
+    free(c.index);
+    free(c.low);
+    free(c.stack);
+    free(c.comp);
+    free(c.on);
+    return b->status;
+}
+
+/* Depth-first search over "r can start with s" edges, finding a reachable
+ * rule that cannot finish (left recursion is check_left_recursion's).
+ * state: 0 new, 1 on the path, 2 done. */
 static int check_rule(builder *b, int32_t r, const bool *nullable, const bool *productive,
                       uint8_t *state, int depth)
 {
     const kvc_grammar *g = b->g;
-    if (state[r] == 2)
+    if (state[r] != 0)
         return KVC_OK;
-    if (state[r] == 1)
-        return fail(b, KVC_ERR_FORMAT, "left recursion through rule", rule_name(g, r));
     if (!productive[r])
         return fail(b, KVC_ERR_FORMAT, "rule can never finish:", rule_name(g, r));
     if (depth > 20000)
@@ -714,6 +821,8 @@ static int check_grammar(builder *b)
          * cannot finish is a mistake wherever it is */
         for (int32_t r = 0; r < g->n_rules && b->status == KVC_OK; r++)
             check_rule(b, r, nullable, productive, state, 0);
+        if (b->status == KVC_OK)
+            check_left_recursion(b, nullable);
     }
     free(nullable);
     free(productive);

@@ -55,14 +55,19 @@
  *                   kvc_grammar_parse of the whole text. Special tokens such as
  *                   Qwen's <tool_call> (user-defined) are in the trie by their
  *                   text, so the model may use them.
+ *   admission       kvc_grammar_check_cost(g, vocab, ...) on the worker
+ *                   thread: over a cost limit, a 400 with err.msg.
  *   per choice      kvc_gmatch_new(g, vocab); n > 1: kvc_gmatch_clone.
  *   per step        kvc_gmatch_mask(m, buf) -> kvc_sampler_set_mask(s, buf)
  *                   (sampler.h) -> kvc_sampler_sample -> kvc_gmatch_accept_token
- *                   (always KVC_OK for a token the mask allowed); stop when
- *                   kvc_gmatch_is_done (the EOG was taken: finish_reason
- *                   "stop"). max_tokens may cut the JSON short ("length"), as
- *                   OpenAI does; kvc_gmatch_min_remaining says how far the end
- *                   is, to steer or to warn.
+ *                   (KVC_OK for a token the mask allowed, unless a cost limit
+ *                   is hit); stop when kvc_gmatch_is_done (the EOG was taken:
+ *                   finish_reason "stop"). A negative mask or accept ends the
+ *                   request as an error (kvc_gmatch_error says why), never as
+ *                   "stop". max_tokens may cut the JSON short ("length"), as
+ *                   OpenAI does; when the tokens left are about
+ *                   kvc_gmatch_min_remaining, kvc_gmatch_mask_closer steers to
+ *                   the end.
  *   report          kvc_gmatch_get_stats: mask time per token for timings and
  *                   /metrics. */
 #ifndef KVC_GRAMMAR_H
@@ -143,15 +148,36 @@ int32_t kvc_gvocab_n_nodes(const kvc_gvocab *v);  /* trie nodes, root included *
 /* ---------------------------------------------------------------- matching */
 
 /* A matcher at the start of grammar g (borrowed: g and v must outlive it) for
- * vocabulary v (may be NULL when only bytes are fed). NULL on OOM. */
+ * vocabulary v (may be NULL when only bytes are fed), with the default
+ * budget. NULL on OOM, or when the start itself is over the limits below. */
 kvc_gmatch *kvc_gmatch_new(const kvc_grammar *g, const kvc_gvocab *v);
+
+/* Cost limits. Every call (kvc_gmatch_mask, kvc_gmatch_accept_*, the start
+ * in kvc_gmatch_new_budget) may spend at most `budget` units of work (a stack
+ * moved past a character, an expansion step, a trie node tried: about 10-30
+ * ns each), and a state holds at most 4096 stacks (ways to parse the text so
+ * far). Past either the call fails with KVC_ERR_UNSUPPORTED, the state is
+ * unchanged, and kvc_gmatch_error says which limit was hit: the grammar is
+ * too ambiguous to serve, and the caller should end the request with that
+ * error. The default bounds one mask to roughly 0.1-0.3 s on one core. */
+#define KVC_GMATCH_BUDGET ((int64_t)8000000)
+
+/* kvc_gmatch_new with budget units per call (<= 0: the default); on failure
+ * NULL and err says why (KVC_ERR_UNSUPPORTED: over a limit, KVC_ERR_NOMEM,
+ * KVC_ERR_INVALID_ARG without a grammar). */
+kvc_gmatch *kvc_gmatch_new_budget(const kvc_grammar *g, const kvc_gvocab *v, int64_t budget,
+                                  kvc_err *err);
+
+/* Why the last failed call failed ("" when none has); owned by m. */
+const char *kvc_gmatch_error(const kvc_gmatch *m);
 void        kvc_gmatch_free(kvc_gmatch *m);       /* NULL ok */
 /* An independent copy in the same state (for n > 1 choices sharing a
  * prefix); NULL on OOM. Costs a copy of the matcher's memory. */
 kvc_gmatch *kvc_gmatch_clone(const kvc_gmatch *m);
 
 /* Feed bytes. Returns KVC_OK, or KVC_ERR_INVALID_ARG when some byte is not
- * allowed (the state is then unchanged: all or nothing), KVC_ERR_NOMEM. */
+ * allowed (the state is then unchanged: all or nothing), KVC_ERR_NOMEM,
+ * KVC_ERR_UNSUPPORTED over a cost limit (kvc_gmatch_error). */
 int  kvc_gmatch_accept_bytes(kvc_gmatch *m, const void *bytes, size_t n);
 /* The grammar can end here: the root rule is matched and no UTF-8
  * character is left open. */
@@ -166,7 +192,8 @@ int32_t kvc_gmatch_min_remaining(const kvc_gmatch *m);
 
 /* Accept a sampled token: its bytes, or for an EOG token the end (only when
  * complete). KVC_ERR_INVALID_ARG when the token is not allowed here (state
- * unchanged), KVC_ERR_NOMEM. Each accepted token is one step for rollback. */
+ * unchanged), KVC_ERR_NOMEM, KVC_ERR_UNSUPPORTED over a cost limit. Each
+ * accepted token is one step for rollback. */
 int  kvc_gmatch_accept_token(kvc_gmatch *m, int32_t token);
 /* Steps (tokens) accepted so far, and undo the last n of them (n <= steps;
  * speculative decoding, regeneration). O(1). */
@@ -176,16 +203,37 @@ int  kvc_gmatch_rollback(kvc_gmatch *m, int32_t n);
 /* The tokens allowed next, as a bitset over the vocabulary: bit (id & 31) of
  * mask[id >> 5] (kvc_mask_words(n_vocab) words, all written). Returns the
  * number of tokens allowed (0 only after an EOG was accepted), or a negative
- * status (KVC_ERR_INVALID_ARG without a vocabulary, KVC_ERR_NOMEM). Cost:
- * one walk of the trie below the bytes the grammar allows; see
- * kvc_gmatch_stats. */
+ * status (KVC_ERR_INVALID_ARG without a vocabulary, KVC_ERR_NOMEM,
+ * KVC_ERR_UNSUPPORTED over a cost limit: see kvc_gmatch_error). Cost: one
+ * walk of the trie below the bytes the grammar allows, each (state, byte)
+ * transition computed once per walk; the mask of a state seen in one of the
+ * last 8 calls is a copy. See kvc_gmatch_stats. */
 int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask);
+
+/* The tokens of kvc_gmatch_mask that bring the end closer: after them
+ * kvc_gmatch_min_remaining is smaller (or the EOG, when complete). To steer
+ * a reply to a valid end when its token budget runs out. Same returns and
+ * cost as one uncached kvc_gmatch_mask; 0 when no token is closer (an open
+ * UTF-8 character, a string's characters: use the plain mask then). */
+int32_t kvc_gmatch_mask_closer(kvc_gmatch *m, uint32_t *mask);
 
 static inline size_t kvc_mask_words(int32_t n_vocab) { return ((size_t)n_vocab + 31) / 32; }
 static inline bool kvc_mask_test(const uint32_t *mask, int32_t id)
 {
     return (mask[id >> 5] >> (id & 31)) & 1u;
 }
+
+/* Admission: whether grammar g can be served within the cost limits,
+ * measured off the engine thread before a request is queued. Computes the
+ * masks of the start and of up to n_steps steps after it, each step taking
+ * the longest token allowed (the path that enters the grammar's nested parts
+ * soonest), with budget units per call (<= 0: the default). KVC_OK;
+ * KVC_ERR_UNSUPPORTED when a limit was hit (err says which: the request
+ * should be refused with it), KVC_ERR_NOMEM, KVC_ERR_INVALID_ARG for a NULL
+ * grammar or vocabulary. A grammar that passes may still meet a costly state
+ * later (kvc_gmatch_mask then fails the same way). */
+int kvc_grammar_check_cost(const kvc_grammar *g, const kvc_gvocab *v, int32_t n_steps,
+                           int64_t budget, kvc_err *err);
 
 /* What masks cost this matcher so far (to report per request or in metrics). */
 typedef struct kvc_gmatch_stats {

@@ -813,6 +813,7 @@ static void server_free(kvc_server *s)
     free(s->model_name);
     free(s->cors);
     srv_bulk_free(s->bulk);
+    srv_vocab_free(s->lim.vocab);
     free(s);
 }
 
@@ -863,6 +864,10 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->lim.fixed_seed = p->fixed_seed;
     s->lim.model = kvc_engine_model(engine);
     s->lim.tool_format = kvc_tool_format_from_name(kvc_engine_tool_format(engine));
+    if (!(s->lim.vocab = srv_vocab_new(s->lim.model))) {
+        server_free(s);
+        return NULL;
+    }
     if (p->cors_origins && *p->cors_origins && !(s->cors = strdup(p->cors_origins))) {
         server_free(s);
         return NULL;

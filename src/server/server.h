@@ -33,6 +33,7 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "common.h"
 #include "kvchat.h"
 
 /* ================================================================ server */
@@ -197,7 +198,18 @@ typedef struct srv_limits {
     bool               fixed_seed;      /* see kvc_server_params */
     const kvc_model   *model;           /* token ids are checked against it; NULL = not */
     int                tool_format;     /* enum kvc_tool_format of the template */
+    struct srv_vocab  *vocab;           /* the trie grammars are checked against
+                                         * (srv_vocab_get); NULL = not checked */
 } srv_limits;
+
+/* The token trie of the server's model for admission checks of grammars
+ * (kvc_grammar_check_cost), built on first use by a worker thread, never by
+ * the engine's. srv_vocab_new: NULL on OOM; srv_vocab_free accepts NULL. */
+typedef struct srv_vocab srv_vocab;
+srv_vocab *srv_vocab_new(const kvc_model *model);
+void       srv_vocab_free(srv_vocab *sv);
+/* The trie (shared, immutable), or NULL with err saying why. Thread-safe. */
+const struct kvc_gvocab *srv_vocab_get(srv_vocab *sv, kvc_err *err);
 
 /* Parse and validate a request body of `len` bytes (not NUL-terminated; any
  * bytes). On success returns 0 and fills *out (free with srv_request_free).

@@ -4,11 +4,13 @@
  * /detokenize; and the check that no request field is silently ignored. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grammar.h"
+#include "model.h"
 #include "sampler.h"
 #include "server.h"
 #include "tool_calls.h"
@@ -311,6 +313,74 @@ static int parse_prompts(srv_request *r, const cJSON *root, const srv_limits *li
     return 0;
 }
 
+/* ---------------------------------------------------------------- admission */
+
+struct srv_vocab {
+    pthread_mutex_t  mu;
+    const kvc_model *model;
+    kvc_gvocab      *v;              /* NULL until first use */
+};
+
+srv_vocab *srv_vocab_new(const kvc_model *model)
+{
+    srv_vocab *sv = calloc(1, sizeof(*sv));
+    if (!sv)
+        return NULL;
+    pthread_mutex_init(&sv->mu, NULL);
+    sv->model = model;
+    return sv;
+}
+
+void srv_vocab_free(srv_vocab *sv)
+{
+    if (!sv)
+        return;
+    kvc_gvocab_free(sv->v);
+    pthread_mutex_destroy(&sv->mu);
+    free(sv);
+}
+
+const kvc_gvocab *srv_vocab_get(srv_vocab *sv, kvc_err *err)
+{
+    pthread_mutex_lock(&sv->mu);
+    if (!sv->v && sv->model)
+        kvc_gvocab_new(sv->model->tok, &sv->v, err);
+    const kvc_gvocab *v = sv->v;
+    pthread_mutex_unlock(&sv->mu);
+    if (!v && !sv->model)
+        kvc_fail(err, KVC_ERR_INVALID_ARG, "no model");
+    return v;
+}
+
+/* Steps after the start whose masks admission computes. */
+enum { ADMIT_STEPS = 8 };
+
+/* The request's grammar compiles and, with a vocabulary to check against,
+ * its first masks stay within the matcher's cost limits (grammar.h): a
+ * grammar too ambiguous to serve is a 400 here, on the worker thread,
+ * instead of stalling the engine. */
+static int admit_grammar(srv_request *r, const char *param, const srv_limits *lim, srv_error *e)
+{
+    kvc_grammar *g = NULL;
+    kvc_err ke = { 0 };
+    int rc = kvc_grammar_parse(r->grammar, strlen(r->grammar), &g, &ke);
+    if (rc)
+        return rc == KVC_ERR_NOMEM ? OOM(e) : BAD(e, param, "%s", ke.msg);
+    /* no trie (no model, or none can be built): the engine's own limits still hold */
+    const kvc_gvocab *v = lim->vocab ? srv_vocab_get(lim->vocab, &ke) : NULL;
+    if (lim->vocab && !v && ke.code == KVC_ERR_NOMEM)
+        rc = KVC_ERR_NOMEM;
+    else if (v)
+        rc = kvc_grammar_check_cost(g, v, ADMIT_STEPS, 0, &ke);
+    kvc_grammar_free(g);
+    if (rc == KVC_ERR_NOMEM)
+        return OOM(e);
+    if (rc)
+        return BAD(e, param, "%s", ke.msg);
+    r->params.chat.grammar = r->grammar;
+    return 0;
+}
+
 int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, srv_error *e)
 {
     const cJSON *root = root_json, *nv = get(root, "n");
@@ -325,8 +395,13 @@ int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim
     if ((rc = check_fields(r->kind, root, e)) || (rc = parse_logprobs(r, root, e)) ||
         (rc = parse_bias(r, root, lim, e)))
         return rc;
+    const char *grammar_param = "tool_choice";
     if (r->kind == SRV_CHAT) {
-        if ((rc = parse_response_format(r, root, e)) || (rc = parse_tools(r, root, lim, e)))
+        if ((rc = parse_response_format(r, root, e)))
+            return rc;
+        if (r->grammar)
+            grammar_param = "response_format";
+        if ((rc = parse_tools(r, root, lim, e)))
             return rc;
     } else if ((rc = parse_prompts(r, root, lim, e))) {
         return rc;
@@ -334,14 +409,8 @@ int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim
     if (r->n * r->n_prompts > SRV_MAX_CHOICES)
         return BAD(e, "n", "n times the prompts is %d; at most %d choices", r->n * r->n_prompts,
                    SRV_MAX_CHOICES);
-    if (r->grammar) {                          /* check it compiles: the engine parses it */
-        kvc_grammar *g = NULL;
-        kvc_err ke = { 0 };
-        if ((rc = kvc_grammar_parse(r->grammar, strlen(r->grammar), &g, &ke)))
-            return rc == KVC_ERR_NOMEM ? OOM(e) : BAD(e, "response_format", "%s", ke.msg);
-        kvc_grammar_free(g);
-        r->params.chat.grammar = r->grammar;
-    }
+    if (r->grammar && (rc = admit_grammar(r, grammar_param, lim, e)))
+        return rc;
     if (r->kind != SRV_CHAT) {
         r->params.prompt = r->prompts[0];
         r->params.prompt_tokens = r->prompt_toks[0];

@@ -657,16 +657,21 @@ static bool ends_reply(const kvc_tokenizer *tok, int32_t id)
 static void on_logits(kvc_turn *t, const float *logits)
 {
     const kvc_tokenizer *tok = t->s->ctx->model->tok;
-    int32_t id = turn_sample_pick(&t->ts, t->smp, logits, t->s->ctx->model->hp.n_vocab,
-                                  t->max_out - t->n_out);
+    int32_t id;
+    int rc = turn_sample_pick(&t->ts, t->smp, logits, t->s->ctx->model->hp.n_vocab,
+                              t->max_out - t->n_out, &id, &t->err);
     if (t->n_out == 0)
         t->t_first = kvc_time_us();
+    if (rc) {                                /* an error, never a "stop" on a cut reply */
+        fail(t, rc);
+        return;
+    }
     if (id < 0 || ends_reply(tok, id)) {     /* -1: the grammar has ended */
         to_finish(t, "stop");
         return;
     }
-    if (turn_sample_accept(&t->ts, id)) {
-        fail(t, kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory"));
+    if ((rc = turn_sample_accept(&t->ts, id, &t->err))) {
+        fail(t, rc);
         return;
     }
     kvc_sampler_accept(t->smp, id);
@@ -680,8 +685,8 @@ static void on_logits(kvc_turn *t, const float *logits)
     int k = kvc_token_to_piece(tok, id, false, piece, sizeof(piece));
     if (k > (int)sizeof(piece) && (big = malloc((size_t)k)))   /* a long token */
         k = kvc_token_to_piece(tok, id, false, big, k);
-    int rc = k > 0 && (k <= (int)sizeof(piece) || big) ? gen_append(t, big ? big : piece, k)
-                                                       : k > 0 ? KVC_ERR_NOMEM : KVC_OK;
+    rc = k > 0 && (k <= (int)sizeof(piece) || big) ? gen_append(t, big ? big : piece, k)
+                                                   : k > 0 ? KVC_ERR_NOMEM : KVC_OK;
     free(big);
     if (!rc && t->ts.top >= 0)
         rc = note_token_end(t);

@@ -24,10 +24,13 @@ int turn_sample_init(turn_sample *ts, kvc_context *c, const kvc_chat_params *p,
     }
     if (!c->gvocab && (rc = kvc_gvocab_new(c->model->tok, &c->gvocab, err)))
         return rc;
-    ts->m = kvc_gmatch_new(ts->g, c->gvocab);
+    kvc_err me = { 0 };
+    if (!(ts->m = kvc_gmatch_new_budget(ts->g, c->gvocab, 0, &me)))
+        return me.code == KVC_ERR_NOMEM ? kvc_fail(err, KVC_ERR_NOMEM, "out of memory")
+                                        : kvc_fail(err, KVC_ERR_INVALID_ARG, "grammar: %.400s", me.msg);
     ts->n_mask = kvc_gvocab_n_vocab(c->gvocab);
     ts->mask = malloc(kvc_mask_words(ts->n_mask) * sizeof(uint32_t));
-    if (!ts->m || !ts->mask)
+    if (!ts->mask)
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
     return KVC_OK;
 }
@@ -64,53 +67,52 @@ static void record(turn_sample *ts, const float *logits, int32_t n_vocab, int32_
     }
 }
 
-/* When the tokens left (left) are about what the grammar still needs to
- * end, keep in the mask only the tokens that bring the end closer (fewer
- * characters left, or the end itself): a reply cut by max_tokens would not
- * parse. Each candidate is tried (accept, measure, roll back), so this costs
- * a matcher step per allowed token, only for the last steps. */
-static void steer(turn_sample *ts, int32_t n_vocab, int32_t left)
+/* The matcher's failure rc as the turn's error: what the grammar's limits
+ * refused, after how many tokens. */
+static int matcher_failed(const turn_sample *ts, int rc, kvc_err *err)
 {
-    int32_t need = kvc_gmatch_min_remaining(ts->m);
-    if (left > need + 1)
-        return;
-    for (int32_t id = 0; id < n_vocab; id++) {
-        if (!kvc_mask_test(ts->mask, id))
-            continue;
-        bool keep = false;
-        if (kvc_gmatch_accept_token(ts->m, id) == KVC_OK) {
-            keep = kvc_gmatch_is_done(ts->m) || kvc_gmatch_min_remaining(ts->m) < need;
-            kvc_gmatch_rollback(ts->m, 1);
-        }
-        if (!keep)
-            ts->mask[id >> 5] &= ~(1u << (id & 31));
-    }
+    if (rc == KVC_ERR_NOMEM)
+        return kvc_fail(err, rc, "out of memory");
+    /* the request's grammar is at fault: an invalid request (HTTP 400) */
+    return kvc_fail(err, KVC_ERR_INVALID_ARG, "constrained decoding stopped after %d tokens: %.400s",
+                    kvc_gmatch_n_steps(ts->m), kvc_gmatch_error(ts->m));
 }
 
-int32_t turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab,
-                         int32_t left)
+int turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab,
+                     int32_t left, int32_t *id, kvc_err *err)
 {
+    *id = -1;
     if (ts->m) {
-        if (kvc_gmatch_mask(ts->m, ts->mask) <= 0)
-            return -1;
-        steer(ts, ts->n_mask, left);
+        /* when the tokens left are about what the grammar still needs, only
+         * the tokens that bring its end closer: a reply cut by max_tokens
+         * would not parse */
+        int32_t n = 0;
+        if (left <= kvc_gmatch_min_remaining(ts->m) + 1)
+            n = kvc_gmatch_mask_closer(ts->m, ts->mask);
+        if (n == 0)
+            n = kvc_gmatch_mask(ts->m, ts->mask);
+        if (n < 0)
+            return matcher_failed(ts, n, err);
+        if (n == 0)
+            return KVC_OK;                   /* an EOG was accepted: the grammar ended */
         kvc_sampler_set_mask(smp, ts->mask);
     }
-    int32_t id = kvc_sampler_sample(smp, logits);
-    if (id >= 0 && ts->top >= 0)
-        record(ts, logits, n_vocab, id);
-    return id;
+    *id = kvc_sampler_sample(smp, logits);
+    if (*id >= 0 && ts->top >= 0)
+        record(ts, logits, n_vocab, *id);
+    return KVC_OK;
 }
 
-int turn_sample_accept(turn_sample *ts, int32_t token)
+int turn_sample_accept(turn_sample *ts, int32_t token, kvc_err *err)
 {
     if (ts->top >= 0) {
         if (ts->n_lp == ts->cap_lp || ts->lp[ts->n_lp].token != token)
-            return KVC_ERR_NOMEM;
+            return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
         ts->n_lp++;
     }
-    /* the mask allowed it: only out of memory can refuse it */
-    return ts->m ? kvc_gmatch_accept_token(ts->m, token) : KVC_OK;
+    /* the mask allowed it: only a cost limit or out of memory can refuse it */
+    int rc = ts->m ? kvc_gmatch_accept_token(ts->m, token) : KVC_OK;
+    return rc ? matcher_failed(ts, rc, err) : KVC_OK;
 }
 
 bool turn_sample_complete(const turn_sample *ts)

@@ -30,17 +30,20 @@ int  turn_sample_init(turn_sample *ts, kvc_context *c, const kvc_chat_params *p,
                       kvc_sampler *smp, kvc_err *err);
 void turn_sample_free(turn_sample *ts);
 
-/* The next token from logits: masked by the grammar when there is one, and
- * steered to the grammar's end when only `left` tokens remain for it. -1
- * when the grammar allows nothing more (it has ended). Records the token's
- * log-probability when asked for (see turn_sample_accept). */
-int32_t turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab,
-                         int32_t left);
+/* The next token from logits in *id: masked by the grammar when there is
+ * one, and steered to the grammar's end when only `left` tokens remain for
+ * it; -1 when the grammar allows nothing more (it has ended). Records the
+ * token's log-probability when asked for (see turn_sample_accept). KVC_OK,
+ * or the matcher's failure with err saying why: KVC_ERR_UNSUPPORTED when the
+ * grammar is too costly to match here (a cost limit of grammar.h), which
+ * ends the reply as an error, never as a finished one; KVC_ERR_NOMEM. */
+int  turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int32_t n_vocab,
+                      int32_t left, int32_t *id, kvc_err *err);
 
 /* The token picked is kept in the reply (the grammar advances; its logprob
- * stays recorded). A token that ends the reply is not accepted. KVC_OK or
- * KVC_ERR_NOMEM. */
-int  turn_sample_accept(turn_sample *ts, int32_t token);
+ * stays recorded). A token that ends the reply is not accepted. KVC_OK,
+ * KVC_ERR_NOMEM, or the matcher's KVC_ERR_UNSUPPORTED (err says why). */
+int  turn_sample_accept(turn_sample *ts, int32_t token, kvc_err *err);
 
 /* Whether the grammar (if any) is complete: a reply may end here. */
 bool turn_sample_complete(const turn_sample *ts);
