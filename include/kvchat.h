@@ -26,6 +26,13 @@
 extern "C" {
 #endif
 
+/* The API of libkvchat.so: the library is compiled with -fvisibility=hidden,
+ * and what this header declares, only that, is exported (the pop is at its
+ * end). A function added below is part of the API by being declared here. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* ---------------------------------------------------------------- status */
 
 enum kvc_status {
@@ -632,6 +639,10 @@ const kvc_model *kvc_engine_model(const kvc_engine *engine);
  * raise_exception: err has its message), KVC_ERR_NOMEM. */
 int kvc_engine_render(kvc_engine *engine, const kvc_request_params *params, char **prompt,
                       char *err, size_t err_size);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
