@@ -97,6 +97,7 @@ typedef struct cli_common {
     int32_t     n_batch;        /* -b; 0 = 512 */
     int32_t     kv_type;        /* --kv-type f16|f32|q8_0 */
     bool        json;           /* --json, of the commands that take it */
+    bool        quiet;          /* serve --quiet: no summary, no loading progress */
     kvc_sampler_params sampling;
 } cli_common;
 
@@ -151,6 +152,23 @@ void cli_note_n_ctx(const kvc_model *m, int32_t asked, int32_t used);
 /* Path of the demo model, generated on first use (in $KVCHAT_CACHE, else
  * $XDG_CACHE_HOME/kvchat, else ~/.cache/kvchat). NULL on failure (printed). */
 const char *cli_demo_model_path(void);
+
+/* What `kvchat serve` runs, for its start summary (cli/summary.c). */
+typedef struct kvc_server_params kvc_server_params;
+typedef struct cli_serve_info {
+    const kvc_model         *model;
+    const char              *model_path;
+    const char              *served_name;   /* --alias, else the model's name */
+    kvc_engine              *engine;
+    const kvc_engine_params *params;        /* as the engine was made with them */
+    const kvc_server_params *server;
+    int                      n_api_keys;    /* --api-key(-file) keys, or 1 for $KVCHAT_API_KEY */
+} cli_serve_info;
+
+/* Print the start summary, one fact a line: model, architecture, weight
+ * types, parameters, context, KV budget (tokens and MiB), threads, ISA,
+ * template, the disk tier (directory, size, budget), Redis, API keys. */
+void cli_serve_summary(FILE *out, const cli_serve_info *s);
 
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

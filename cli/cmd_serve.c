@@ -23,7 +23,7 @@ static const char serve_help[] =
 enum { OPT_HOST = CLI_OPT_CMD, OPT_PORT, OPT_API_KEY, OPT_API_KEY_FILE, OPT_SHARE_KEYS,
        OPT_ALIAS, OPT_CORS, OPT_PARALLEL, OPT_KV_BUDGET, OPT_MAX_QUEUE, OPT_MAX_SESSIONS,
        OPT_OVERFLOW, OPT_NO_CACHE, OPT_SPECIAL, OPT_TIMEOUT, OPT_REQUEST_TIMEOUT,
-       OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY };
+       OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY, OPT_QUIET };
 
 static const cli_option serve_opts[] = {
     { "host", 0, "ADDR", OPT_HOST, 0, "address to bind (default 127.0.0.1)" },
@@ -68,6 +68,9 @@ static const cli_option serve_opts[] = {
       "from one address (default: no limit on a loopback\n"
       "--host, as behind a reverse proxy; else 64; 0 = no limit)" },
     { "max-body", 0, "MIB", OPT_MAX_BODY, 0, "request body limit (default 8)" },
+    { "quiet", 'q', NULL, 'q', 0,
+      "no start summary and no loading progress: only warnings,\n"
+      "errors and the 'listening on' line" },
     { 0 }
 };
 
@@ -199,6 +202,10 @@ static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
         }
         if (id == 's')
             sp->fixed_seed = true;
+        if (id == 'q') {
+            c->quiet = true;
+            continue;
+        }
         if ((r = serve_apply(sp, ep, id, cli_opt_name(&p), v)) == 0 &&
             (r = cli_template_apply(tmpl, id, v)) == 0 && (r = cli_cache_apply(cache, id, v)) == 0)
             r = cli_common_apply(c, id, v);
@@ -210,37 +217,39 @@ static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
     return cli_no_operands(&p) ? 2 : -1;
 }
 
-/* Start engine and server; wait for SIGINT/SIGTERM (blocked in every thread
- * and taken here with sigwait); stop. */
-static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *sp)
+/* Start engine and server, say what runs (unless quiet) and where; wait for
+ * SIGINT/SIGTERM (blocked in every thread and taken here with sigwait); stop. */
+static int serve(kvc_model *m, const char *model_path, const kvc_engine_params *ep,
+                 kvc_server_params *sp, bool quiet)
 {
     char err[512];
     kvc_engine *e = NULL;
     kvc_server *s = NULL;
-    int rc = kvc_engine_new(m, ep, &e, err, sizeof(err));
-    if (rc != KVC_OK && ep->cache_disk_mib > 0) {   /* say so, and serve from RAM */
+    kvc_engine_params used = *ep;
+    int rc = kvc_engine_new(m, &used, &e, err, sizeof(err));
+    if (rc != KVC_OK && used.cache_disk_mib > 0) {   /* say so, and serve from RAM */
         fprintf(stderr, "kvchat: the disk cache is off: %s\n", err);
-        kvc_engine_params no_disk = *ep;
-        no_disk.cache_disk_mib = 0;
-        rc = kvc_engine_new(m, &no_disk, &e, err, sizeof(err));
+        used.cache_disk_mib = 0;
+        rc = kvc_engine_new(m, &used, &e, err, sizeof(err));
     }
     if (rc != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         return 1;
     }
-    cli_note_n_ctx(m, ep->n_ctx, kvc_engine_n_ctx(e));
     if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         kvc_engine_free(e);
         return 1;
     }
+    if (!quiet) {
+        cli_serve_info info = { m, model_path, sp->model_name, e, &used, sp,
+                                sp->n_api_keys + (sp->api_key != NULL) };
+        cli_serve_summary(stderr, &info);
+    }
     bool v6 = strchr(sp->host, ':') != NULL;
-    fprintf(stderr, "kvchat: chat template: %s\n", kvc_engine_template(e));
-    fprintf(stderr, "kvchat: model %s; %s; up to %d connections\nlistening on http://%s%s%s:%d\n",
-            sp->model_name, sp->api_key || sp->n_api_keys ? "API key required" : "no API key",
-            sp->max_connections > 0 ? sp->max_connections
-                                    : kvc_server_default_max_connections(),
-            v6 ? "[" : "", sp->host, v6 ? "]" : "", kvc_server_port(s));
+    fprintf(stderr, "listening on http://%s%s%s:%d (up to %d connections)\n", v6 ? "[" : "",
+            sp->host, v6 ? "]" : "", kvc_server_port(s),
+            sp->max_connections > 0 ? sp->max_connections : kvc_server_default_max_connections());
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -315,7 +324,7 @@ int cmd_serve(int argc, char **argv)
     kvc_model_get_info(m, &info);
     if (!sp.model_name)                         /* --alias wins */
         sp.model_name = info.name;
-    rc = serve(m, &ep, &sp);
+    rc = serve(m, ep.model_path, &ep, &sp, c.quiet);
     kvc_model_free(m);
     free(tmpl.owned);
     return rc;

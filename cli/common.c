@@ -40,15 +40,25 @@ const char *cli_model_path(const cli_common *c)
 
 /* ----------------------------------------------------------- loading */
 
+/* Loading progress on stderr: a bar redrawn in place on a terminal, a line
+ * every 25% in a log. */
+typedef struct load_progress {
+    int  last;                  /* percent (terminal) or quarter (log) shown last */
+    bool tty;
+} load_progress;
+
 static void progress_bar(float f, void *user)
 {
-    int *last = user;
+    load_progress *p = user;
     int pct = (int)(f * 100.0f);
-    if (pct != *last) {
-        *last = pct;
-        fprintf(stderr, "\rloading model: %3d%%", pct);
+    if (p->tty && pct != p->last) {
+        p->last = pct;
+        fprintf(stderr, "\rkvchat: loading model: %3d%%", pct);
         if (pct >= 100)
             fputc('\n', stderr);
+    } else if (!p->tty && pct / 25 != p->last) {
+        p->last = pct / 25;
+        fprintf(stderr, "kvchat: loading model: %d%%\n", p->last * 25);
     }
 }
 
@@ -108,11 +118,12 @@ kvc_model *cli_load_model(const cli_common *c)
     if (!path)
         return NULL;
     struct stat st;
-    int last = -1;
+    load_progress progress = { -1, isatty(2) };
     kvc_model_params mp = kvc_model_default_params();
-    if (stat(path, &st) == 0 && st.st_size > (64 << 20) && isatty(2)) {
+    if (stat(path, &st) == 0 && st.st_size > (64 << 20) && !c->quiet) {
+        fprintf(stderr, "kvchat: loading %s (%.2f GiB)\n", path, st.st_size / 1073741824.0);
         mp.progress = progress_bar;
-        mp.progress_user = &last;
+        mp.progress_user = &progress;
     }
     kvc_model *m = NULL;
     char err[512];

@@ -621,6 +621,8 @@ void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);
 /* The context length in use: params.n_ctx, or the model's training context
  * capped by what the KV budget holds (lower than n_ctx_train when capped). */
 int32_t kvc_engine_n_ctx(const kvc_engine *engine);
+/* The threads each forward pass runs on: params.n_threads, or (0) the online CPUs. */
+int32_t kvc_engine_n_threads(const kvc_engine *engine);
 
 /* The chat template in use, for logs ("the model's Jinja chat template, family
  * chatml"). Owned by the engine. */
