@@ -64,4 +64,30 @@ if ldd ./hello_static | grep -q libkvchat; then fail "hello_static uses a shared
 ./hello_static "$tmp/tiny.gguf" || fail "hello (static) failed"
 
 "$tmp/prefix/bin/kvchat" --version | grep -q '^kvchat ' || fail "installed kvchat --version"
+
+# the Python package: `import kvchat` from the prefix's python path finds the
+# prefix's libkvchat.so and kvchat.h (not the build tree's), and chats
+init=$(find "$tmp/prefix" -path '*/kvchat/__init__.py')
+[ -n "$init" ] || fail "the Python package is not installed"
+[ -f "$(dirname "$init")/_paths.py" ] || fail "no _paths.py beside $init"
+py=""
+for p in /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null 2>&1 && "$p" -c "import cffi" 2>/dev/null; then py=$p; break; fi
+done
+if [ -n "$py" ]; then
+  out=$(cd / && env -u KVCHAT_LIB -u KVCHAT_HEADER PYTHONPATH="$(dirname "$(dirname "$init")")" "$py" -c "
+import kvchat
+kvchat.make_model('$tmp/py.gguf', 'tiny')
+m = kvchat.Model('$tmp/py.gguf', n_ctx=256, n_threads=1)
+r = m.create_chat_completion([{'role': 'user', 'content': 'Hi'}], max_tokens=4)
+print(kvchat.library_path, kvchat.header_path, r['object'], kvchat.__version__)
+") || fail "python3 -c 'import kvchat' from the install: $out"
+  case "$out" in
+    "$(cd "$libdir" && pwd)/libkvchat.so.0 $(dirname "$init")/kvchat.h chat.completion "*) ;;
+    *) fail "the installed Python package uses: $out" ;;
+  esac
+  echo "test_install: python: $out"
+else
+  echo "test_install: no python3 with cffi: the Python import not checked"
+fi
 echo "test_install: ok"
