@@ -78,7 +78,7 @@ static void redis_masked(const char *url, char *buf, size_t size)
 {
     const char *at = strrchr(url, '@'), *scheme = strstr(url, "://");
     const char *creds = scheme ? scheme + 3 : url;
-    const char *colon = at ? memchr(creds, ':', (size_t)(at - creds)) : NULL;
+    const char *colon = at && at > creds ? memchr(creds, ':', (size_t)(at - creds)) : NULL;
     if (colon)
         snprintf(buf, size, "%.*s:***%s", (int)(colon - url), url, at);
     else
