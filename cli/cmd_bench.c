@@ -12,13 +12,22 @@
 
 static const char help[] =
     "usage: kvchat bench [-m MODEL.gguf] [-p N] [-n N] [-d N] [-r N] [-t N] [options]\n"
-    "       kvchat bench chat [...]   a growing conversation, cached and cold (--help)\n"
-    "       kvchat bench sessions [...]   many conversations at once, batched and not (--help)\n\n"
-    "  -p, --n-prompt N    prompt tokens processed in one go (default 512; 0 = skip)\n"
-    "  -n, --n-gen N       tokens generated one at a time (default 128; 0 = skip)\n"
-    "  -d, --n-depth N     cached tokens before each test (default 0), filled once and\n"
-    "                      cut back to N between runs, not timed\n"
-    "  -r, --repetitions N runs of each test (default 3)\n";
+    "       kvchat bench chat [...]       a growing conversation, cached and cold (--help)\n"
+    "       kvchat bench sessions [...]   many conversations at once, batched and not (--help)\n";
+
+static const cli_option bench_opts[] = {
+    { "n-prompt", 'p', "N", 'p', 0, "prompt tokens processed in one go (default 512; 0 = skip)" },
+    { "n-gen", 'n', "N", 'n', 0, "tokens generated one at a time (default 128; 0 = skip)" },
+    { "n-depth", 'd', "N", 'd', 0,
+      "cached tokens before each test (default 0), filled once and\n"
+      "cut back to N between runs, not timed" },
+    { "repetitions", 'r', "N", 'r', 0, "runs of each test (default 3)" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = {
+    cli_help_opts, cli_model_opts, bench_opts, cli_context_opts, NULL
+};
 
 static double now_s(void)
 {
@@ -123,32 +132,28 @@ int cmd_bench(int argc, char **argv)
     cli_common c;
     cli_common_init(&c);
     int64_t n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nOptions:\n%s", help, cli_common_help);
+    cli_parser p;
+    cli_parser_init(&p, "bench", argc, argv, groups);
+    const char *v;
+    int id, r;
+    while ((id = cli_next(&p, &v)) != CLI_END) {
+        if (id == CLI_ERR)
+            return 2;
+        if (id == 'h') {
+            printf("%s\nOptions:\n", help);
+            cli_print_options(stdout, groups);
             return 0;
         }
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0)
+        if ((r = cli_common_apply(&c, id, v)) < 0)
             return 2;
         if (r > 0)
             continue;
-        int64_t *dst = NULL, lo = 0;
-        if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt"))
-            dst = &n_prompt;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
-            dst = &n_gen;
-        else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth"))
-            dst = &n_depth;
-        else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions"))
-            dst = &reps, lo = 1;
-        else
-            return cli_bad_option("bench", a);
-        if (i + 1 >= argc || !cli_int(a, argv[i + 1], lo, 1 << 20, dst))
+        int64_t *dst = id == 'p' ? &n_prompt : id == 'n' ? &n_gen : id == 'd' ? &n_depth : &reps;
+        if (!cli_int(cli_opt_name(&p), v, id == 'r' ? 1 : 0, 1 << 20, dst))
             return 2;
-        i++;
     }
+    if (cli_no_operands(&p))
+        return 2;
     if (c.n_ctx == 0)
         c.n_ctx = (int32_t)(n_depth + KVC_MAX(n_prompt, n_gen) + 16);
     if (c.n_batch == 0)

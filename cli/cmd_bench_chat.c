@@ -16,14 +16,27 @@
 #include "cli.h"
 
 static const char help[] =
-    "usage: kvchat bench chat [-m MODEL.gguf] [--turns N] [--turn-tokens N] [--reply-tokens N] [-t N]\n\n"
-    "  --turns N          turns (default 20)\n"
-    "  --turn-tokens N    tokens the conversation grows by per turn (default 130)\n"
-    "  --reply-tokens N   tokens per reply (default 16)\n"
-    "  --reps N           runs of the cached conversation, each on a fresh context (default 3;\n"
-    "                     the cold one runs once); a line gives the median TTFTs\n"
-    "  --pairs N          then turn 1 and an edited turn N side by side, N times (default 10;\n"
-    "                     0 = skip); the last line gives the median ratio\n";
+    "usage: kvchat bench chat [-m MODEL.gguf] [--turns N] [--turn-tokens N] [--reply-tokens N] [-t N]\n";
+
+enum { OPT_TURNS = CLI_OPT_CMD, OPT_TURN_TOKENS, OPT_REPLY_TOKENS, OPT_REPS, OPT_PAIRS };
+
+static const cli_option bench_chat_opts[] = {
+    { "turns", 0, "N", OPT_TURNS, 0, "turns (default 20)" },
+    { "turn-tokens", 0, "N", OPT_TURN_TOKENS, 0,
+      "tokens the conversation grows by per turn (default 130)" },
+    { "reply-tokens", 0, "N", OPT_REPLY_TOKENS, 0, "tokens per reply (default 16)" },
+    { "reps", 0, "N", OPT_REPS, 0,
+      "runs of the cached conversation, each on a fresh context\n"
+      "(default 3; the cold one runs once); a line gives the median TTFTs" },
+    { "pairs", 0, "N", OPT_PAIRS, 0,
+      "then turn 1 and an edited turn N side by side, N times\n"
+      "(default 10; 0 = skip); the last line gives the median ratio" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = {
+    cli_help_opts, cli_model_opts, bench_chat_opts, cli_context_opts, NULL
+};
 
 static const char *const words[] = {
     "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
@@ -190,26 +203,29 @@ int cmd_bench_chat(int argc, char **argv)
     cli_common c;
     cli_common_init(&c);
     int64_t turns = 20, turn_tokens = 130, reply_tokens = 16, reps = 3, pairs = 10;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nOptions:\n%s", help, cli_common_help);
+    cli_parser ps;
+    cli_parser_init(&ps, "bench chat", argc, argv, groups);
+    const char *v;
+    int id, r;
+    while ((id = cli_next(&ps, &v)) != CLI_END) {
+        if (id == CLI_ERR)
+            return 2;
+        if (id == 'h') {
+            printf("%s\nOptions:\n", help);
+            cli_print_options(stdout, groups);
             return 0;
         }
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0)
+        if ((r = cli_common_apply(&c, id, v)) < 0)
             return 2;
         if (r > 0)
             continue;
-        int64_t *dst = !strcmp(a, "--turns") ? &turns : !strcmp(a, "--turn-tokens") ? &turn_tokens
-                     : !strcmp(a, "--reply-tokens") ? &reply_tokens
-                     : !strcmp(a, "--reps") ? &reps : !strcmp(a, "--pairs") ? &pairs : NULL;
-        if (!dst)
-            return cli_bad_option("bench chat", a);
-        if (i + 1 >= argc || !cli_int(a, argv[i + 1], dst == &pairs ? 0 : 1, 100000, dst))
+        int64_t *dst = id == OPT_TURNS ? &turns : id == OPT_TURN_TOKENS ? &turn_tokens
+                     : id == OPT_REPLY_TOKENS ? &reply_tokens : id == OPT_REPS ? &reps : &pairs;
+        if (!cli_int(cli_opt_name(&ps), v, dst == &pairs ? 0 : 1, 100000, dst))
             return 2;
-        i++;
     }
+    if (cli_no_operands(&ps))
+        return 2;
     if (c.n_ctx == 0)
         c.n_ctx = (int32_t)(turns * (turn_tokens + reply_tokens + 16) + 256);
     kvc_model *m = cli_load_model(&c);

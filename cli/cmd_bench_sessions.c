@@ -22,15 +22,31 @@
 int cmd_bench_sessions(int argc, char **argv);
 
 static const char help[] =
-    "usage: kvchat bench sessions [-m MODEL.gguf] [options]\n\n"
-    "  --conversations N   conversations at once, one client thread each (default 16)\n"
-    "  --turns N           turns per conversation (default 8)\n"
-    "  --system-tokens N   tokens of the shared system prompt (default 500)\n"
-    "  --turn-tokens N     tokens of each user message (default 40)\n"
-    "  --reply-tokens N    tokens per reply (default 32)\n"
-    "  --kv-budget MIB     KV budget of both runs (default: every conversation's full length)\n"
-    "  --cache-disk MIB    a disk tier of that size for both runs (default: none; each run\n"
-    "                      starts from an empty directory, --cache-dir or a temporary one)\n";
+    "usage: kvchat bench sessions [-m MODEL.gguf] [options]\n";
+
+enum { OPT_CONVERSATIONS = CLI_OPT_CMD, OPT_TURNS, OPT_SYSTEM_TOKENS, OPT_TURN_TOKENS,
+       OPT_REPLY_TOKENS, OPT_KV_BUDGET };
+
+static const cli_option bench_sessions_opts[] = {
+    { "conversations", 0, "N", OPT_CONVERSATIONS, 0,
+      "conversations at once, one client thread each (default 16)" },
+    { "turns", 0, "N", OPT_TURNS, 0, "turns per conversation (default 8)" },
+    { "system-tokens", 0, "N", OPT_SYSTEM_TOKENS, 0,
+      "tokens of the shared system prompt (default 500)" },
+    { "turn-tokens", 0, "N", OPT_TURN_TOKENS, 0, "tokens of each user message (default 40)" },
+    { "reply-tokens", 0, "N", OPT_REPLY_TOKENS, 0, "tokens per reply (default 32)" },
+    { "kv-budget", 0, "MIB", OPT_KV_BUDGET, 0,
+      "KV budget of both runs (default: every conversation's full\nlength)" },
+    { "cache-disk", 0, "MIB", CLI_OPT_CACHE_DISK, 0,
+      "a disk tier of that size for both runs (default: none; each\n"
+      "run starts from an empty directory, --cache-dir or a temporary one)" },
+    { "cache-dir", 0, "DIR", CLI_OPT_CACHE_DIR, 0, "the disk tier's directory" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = {
+    cli_help_opts, cli_model_opts, bench_sessions_opts, cli_context_opts, NULL
+};
 
 static const char *const words[] = {
     "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
@@ -252,30 +268,32 @@ int cmd_bench_sessions(int argc, char **argv)
     cli_cache cache = { NULL, 0 };           /* no disk tier unless asked */
     int64_t n_conv = 16, turns = 8, sys_tokens = 500, turn_tokens = 40, reply_tokens = 32;
     int64_t budget = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nOptions:\n%s", help, cli_common_help);
+    cli_parser p;
+    cli_parser_init(&p, "bench sessions", argc, argv, groups);
+    const char *v;
+    int id, r;
+    while ((id = cli_next(&p, &v)) != CLI_END) {
+        if (id == CLI_ERR)
+            return 2;
+        if (id == 'h') {
+            printf("%s\nOptions:\n", help);
+            cli_print_options(stdout, groups);
             return 0;
         }
-        int r = cli_parse_cache(&cache, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_common(&c, argc, argv, &i);
+        if ((r = cli_cache_apply(&cache, id, v)) == 0)
+            r = cli_common_apply(&c, id, v);
         if (r < 0)
             return 2;
         if (r > 0)
             continue;
-        int64_t *dst = !strcmp(a, "--conversations") ? &n_conv : !strcmp(a, "--turns") ? &turns
-                     : !strcmp(a, "--system-tokens") ? &sys_tokens
-                     : !strcmp(a, "--turn-tokens") ? &turn_tokens
-                     : !strcmp(a, "--reply-tokens") ? &reply_tokens
-                     : !strcmp(a, "--kv-budget") ? &budget : NULL;
-        if (!dst)
-            return cli_bad_option("bench sessions", a);
-        if (i + 1 >= argc || !cli_int(a, argv[i + 1], dst == &budget ? 0 : 1, 1 << 20, dst))
+        int64_t *dst = id == OPT_CONVERSATIONS ? &n_conv : id == OPT_TURNS ? &turns
+                     : id == OPT_SYSTEM_TOKENS ? &sys_tokens : id == OPT_TURN_TOKENS ? &turn_tokens
+                     : id == OPT_REPLY_TOKENS ? &reply_tokens : &budget;
+        if (!cli_int(cli_opt_name(&p), v, dst == &budget ? 0 : 1, 1 << 20, dst))
             return 2;
-        i++;
     }
+    if (cli_no_operands(&p))
+        return 2;
     if (c.n_ctx == 0)
         c.n_ctx = (int32_t)(sys_tokens + turns * (turn_tokens + reply_tokens + 16) + 256);
     kvc_model *m = cli_load_model(&c);

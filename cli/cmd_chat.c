@@ -23,15 +23,31 @@
 static const char help[] =
     "usage: kvchat chat [-m MODEL.gguf] [--system TEXT] [options]\n"
     "       kvchat chat [-m MODEL.gguf] --script CONV.json [--json] [--no-cache]\n\n"
-    "  --system TEXT            system prompt\n"
-    "  --script FILE            run a scripted conversation (see the source for the format)\n"
-    "  --no-cache               recompute the whole prompt every turn (a cold run)\n"
-    "  --allow-special-in-content  control-token text typed in a message becomes control\n"
-    "                           tokens (default: plain text; only the template makes them)\n"
-    "  -n, --n-predict N        reply length limit (default 256)\n"
-    "  --show-prompt            print each rendered prompt (stderr) before its reply\n"
-    "  --context-overflow M     error (default) or shift\n"
     "Interactive commands: /clear /stats /regen /system TEXT /quit\n";
+
+enum { OPT_SYSTEM = CLI_OPT_CMD, OPT_SCRIPT, OPT_JSON, OPT_NO_CACHE, OPT_SPECIAL,
+       OPT_SHOW_PROMPT, OPT_OVERFLOW };
+
+static const cli_option chat_options[] = {
+    { "system", 0, "TEXT", OPT_SYSTEM, 0, "system prompt" },
+    { "script", 0, "FILE", OPT_SCRIPT, 0,
+      "run a scripted conversation (see the top of cli/cmd_chat.c)" },
+    { "json", 0, NULL, OPT_JSON, 0, "with --script: one JSON line per turn" },
+    { "no-cache", 0, NULL, OPT_NO_CACHE, 0, "recompute the whole prompt every turn (a cold run)" },
+    { "allow-special-in-content", 0, NULL, OPT_SPECIAL, 0,
+      "control-token text typed in a message becomes control\n"
+      "tokens (default: plain text; only the template makes them)" },
+    { "n-predict", 'n', "N", 'n', 0, "reply length limit (default 256)" },
+    { "show-prompt", 0, NULL, OPT_SHOW_PROMPT, 0, "print each rendered prompt (stderr) before its reply" },
+    { "context-overflow", 0, "M", OPT_OVERFLOW, 0,
+      "prompt + reply over the context: error (default) or shift\n(drop the oldest turns)" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = {
+    cli_help_opts, cli_model_opts, chat_options, cli_template_opts, cli_context_opts,
+    cli_cache_opts, cli_sampling_opts, NULL
+};
 
 /* ------------------------------------------------------ the conversation */
 
@@ -91,9 +107,7 @@ typedef struct chat_opts {
     cli_common  c;
     const char *system;
     const char *script;
-    const char *tmpl;          /* --chat-template NAME or --chat-template-file's text */
-    const char *kwargs;        /* --chat-template-kwargs */
-    char       *tmpl_src;      /* owned: the file's text */
+    cli_template tmpl;         /* --chat-template*, its file's text owned */
     bool        show_prompt;
     bool        no_cache;
     bool        special_in_content;
@@ -127,7 +141,7 @@ static int turn(kvc_session *s, convo *c, const chat_opts *o, bool stream, kvc_c
     p.no_cache = o->no_cache;
     p.special_in_content = o->special_in_content;
     p.overflow = o->overflow;
-    p.template_kwargs_json = o->kwargs;
+    p.template_kwargs_json = o->tmpl.kwargs;
     char *reply = NULL, err[512];
     if (o->show_prompt) {
         char *prompt = NULL;
@@ -320,48 +334,53 @@ int cmd_chat(int argc, char **argv)
     cli_cache cache;
     cli_cache_init(&cache);
     o.n_predict = 256;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s\nOptions:\n%s%s%s", help, cli_template_help, cli_common_help,
-                   cli_cache_help, cli_sampling_help);
+    cli_parser p;
+    cli_parser_init(&p, "chat", argc, argv, groups);
+    const char *v;
+    int id, r;
+    while ((id = cli_next(&p, &v)) != CLI_END) {
+        if (id == CLI_ERR)
+            goto bad;
+        if (id == 'h') {
+            printf("%s\nOptions:\n", help);
+            cli_print_options(stdout, groups);
+            free(o.tmpl.owned);
             return 0;
         }
-        int r = cli_parse_template(argc, argv, &i, &o.tmpl, &o.kwargs, &o.tmpl_src);
-        if (r == 0)
-            r = cli_parse_common(&o.c, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_cache(&cache, argc, argv, &i);
+        if ((r = cli_template_apply(&o.tmpl, id, v)) == 0 &&
+            (r = cli_common_apply(&o.c, id, v)) == 0)
+            r = cli_cache_apply(&cache, id, v);
         if (r < 0)
-            return 2;
+            goto bad;
         if (r > 0)
             continue;
-        if (!strcmp(a, "--no-cache"))
+        if (id == OPT_NO_CACHE)
             o.no_cache = true;
-        else if (!strcmp(a, "--allow-special-in-content"))
+        else if (id == OPT_SPECIAL)
             o.special_in_content = true;
-        else if (!strcmp(a, "--system") && v)
-            o.system = argv[++i];
-        else if (!strcmp(a, "--script") && v)
-            o.script = argv[++i];
-        else if (!strcmp(a, "--show-prompt"))
+        else if (id == OPT_SYSTEM)
+            o.system = v;
+        else if (id == OPT_SCRIPT)
+            o.script = v;
+        else if (id == OPT_JSON)
+            o.c.json = true;
+        else if (id == OPT_SHOW_PROMPT)
             o.show_prompt = true;
-        else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v) {
-            if (!cli_int(a, argv[++i], 1, 1 << 24, &o.n_predict))
-                return 2;
-        } else if (!strcmp(a, "--context-overflow") && v) {
-            i++;
+        else if (id == 'n' && !cli_int("--n-predict", v, 1, 1 << 24, &o.n_predict))
+            goto bad;
+        else if (id == OPT_OVERFLOW) {
             if (!strcmp(v, "shift"))
                 o.overflow = KVC_OVERFLOW_SHIFT;
             else if (!strcmp(v, "error"))
                 o.overflow = KVC_OVERFLOW_ERROR;
             else {
-                fprintf(stderr, "kvchat chat: --context-overflow must be error or shift\n");
-                return 2;
+                fprintf(stderr, "kvchat chat: --context-overflow must be error or shift, got '%s'\n", v);
+                goto bad;
             }
-        } else
-            return cli_bad_option("chat", a);
+        }
     }
+    if (cli_no_operands(&p))
+        goto bad;
     kvc_model *m = cli_load_model(&o.c);
     kvc_context *ctx = m ? cli_new_context(&o.c, m, 1) : NULL;
     char err[512];
@@ -372,7 +391,7 @@ int cmd_chat(int argc, char **argv)
                      : kvc_context_enable_disk(ctx, cli_model_path(&o.c), cache.dir,
                                                cache.disk_mib, err, sizeof(err))) != KVC_OK)
         fprintf(stderr, "kvchat chat: the cache tiers are off: %s\n", err);
-    kvc_session *s = ctx ? kvc_session_new(ctx, 0, o.tmpl, err, sizeof(err)) : NULL;
+    kvc_session *s = ctx ? kvc_session_new(ctx, 0, o.tmpl.tmpl, err, sizeof(err)) : NULL;
     int rc = 1;
     if (ctx && !s)
         fprintf(stderr, "kvchat chat: %s\n", err);
@@ -383,6 +402,9 @@ int cmd_chat(int argc, char **argv)
     kvc_session_free(s);
     kvc_context_free(ctx);
     kvc_model_free(m);
-    free(o.tmpl_src);
+    free(o.tmpl.owned);
     return rc;
+bad:
+    free(o.tmpl.owned);
+    return 2;
 }

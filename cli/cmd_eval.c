@@ -10,11 +10,23 @@
 #include "cli.h"
 
 static const char help[] =
-    "usage: kvchat eval [-m MODEL.gguf] --tokens ID,ID,... [--from N] [--top K] --json\n\n"
-    "  --tokens LIST   comma-separated token ids\n"
-    "  --from N        first position to report (default 0)\n"
-    "  --top K         logits per position, highest first (default 20)\n"
-    "  -b N            tokens per forward pass (the result does not depend on it)\n";
+    "usage: kvchat eval [-m MODEL.gguf] --tokens ID,ID,... [--from N] [--top K]\n\n"
+    "Prints JSON: {\"logits\": [{\"pos\": p, \"top\": [[id, logit], ...]}, ...]}. The logits\n"
+    "do not depend on -b or -t.\n";
+
+enum { OPT_TOKENS = CLI_OPT_CMD, OPT_FROM, OPT_TOP, OPT_JSON };
+
+static const cli_option eval_opts[] = {
+    { "tokens", 0, "LIST", OPT_TOKENS, 0, "comma-separated token ids (required)" },
+    { "from", 0, "N", OPT_FROM, 0, "first position to report (default 0)" },
+    { "top", 0, "K", OPT_TOP, 0, "logits per position, highest first (default 20)" },
+    { "json", 0, NULL, OPT_JSON, 0, "JSON output (always: accepted for scripts that say so)" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = {
+    cli_help_opts, cli_model_opts, eval_opts, cli_context_opts, NULL
+};
 
 static int parse_ids(const char *s, int32_t **out, int64_t *n)
 {
@@ -72,28 +84,31 @@ int cmd_eval(int argc, char **argv)
     cli_common_init(&c);
     const char *list = NULL;
     int64_t from = 0, top = 20;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nOptions:\n%s", help, cli_common_help);
+    cli_parser p;
+    cli_parser_init(&p, "eval", argc, argv, groups);
+    const char *v;
+    int id, r;
+    while ((id = cli_next(&p, &v)) != CLI_END) {
+        if (id == CLI_ERR)
+            return 2;
+        if (id == 'h') {
+            printf("%s\nOptions:\n", help);
+            cli_print_options(stdout, groups);
             return 0;
         }
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0)
+        if ((r = cli_common_apply(&c, id, v)) < 0)
             return 2;
         if (r > 0)
             continue;
-        if (!strcmp(a, "--tokens") && i + 1 < argc)
-            list = argv[++i];
-        else if (!strcmp(a, "--from") && i + 1 < argc) {
-            if (!cli_int(a, argv[++i], 0, INT32_MAX, &from))
-                return 2;
-        } else if (!strcmp(a, "--top") && i + 1 < argc) {
-            if (!cli_int(a, argv[++i], 1, 1 << 20, &top))
-                return 2;
-        } else
-            return cli_bad_option("eval", a);
+        if (id == OPT_TOKENS)
+            list = v;
+        else if (id == OPT_FROM && !cli_int("--from", v, 0, INT32_MAX, &from))
+            return 2;
+        else if (id == OPT_TOP && !cli_int("--top", v, 1, 1 << 20, &top))
+            return 2;
     }
+    if (cli_no_operands(&p))
+        return 2;
     if (!list) {
         fprintf(stderr, "kvchat eval: --tokens is required\n");
         return 2;

@@ -9,13 +9,25 @@
 #include "cli.h"
 
 static const char help[] =
-    "usage: kvchat generate [-m MODEL.gguf] -p TEXT [-n N] [options]\n\n"
+    "usage: kvchat generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [options]\n\n"
     "Continue TEXT with up to N tokens (default 128), stopping at an end-of-generation token.\n"
-    "The prompt is tokenized with BOS as the vocabulary asks and special tokens parsed.\n\n"
-    "  -p, --prompt TEXT       the prompt\n"
-    "  -f, --file FILE         read the prompt from FILE\n"
-    "  -n, --n-predict N       tokens to generate (default 128)\n"
-    "      --ignore-eos        keep going past end-of-generation tokens\n";
+    "The prompt is tokenized with BOS as the vocabulary asks and special tokens parsed.\n";
+
+enum { OPT_IGNORE_EOS = CLI_OPT_CMD, OPT_JSON };
+
+static const cli_option generate_opts[] = {
+    { "prompt", 'p', "TEXT", 'p', 0, "the prompt (default: \"Once upon a time\")" },
+    { "file", 'f', "FILE", 'f', 0, "read the prompt from FILE" },
+    { "n-predict", 'n', "N", 'n', 0, "tokens to generate (default 128)" },
+    { "ignore-eos", 0, NULL, OPT_IGNORE_EOS, 0, "keep going past end-of-generation tokens" },
+    { "json", 0, NULL, OPT_JSON, 0,
+      "print one JSON object (text, prompt and output token ids, speed)\ninstead of the text" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = {
+    cli_help_opts, cli_model_opts, generate_opts, cli_context_opts, cli_sampling_opts, NULL
+};
 
 static double now_ms(void)
 {
@@ -92,43 +104,51 @@ typedef struct gen_opts {
     bool        ignore_eos;
 } gen_opts;
 
+/* Returns -1 to go on, else the exit code (0 after --help). */
 static int parse(gen_opts *o, int argc, char **argv)
 {
     memset(o, 0, sizeof(*o));
     cli_common_init(&o->c);
     o->n_predict = 128;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nOptions:\n%s%s", help, cli_common_help, cli_sampling_help);
-            exit(0);
+    cli_parser p;
+    cli_parser_init(&p, "generate", argc, argv, groups);
+    const char *v;
+    int id, r;
+    while ((id = cli_next(&p, &v)) != CLI_END) {
+        if (id == CLI_ERR)
+            return 2;
+        if (id == 'h') {
+            printf("%s\nOptions:\n", help);
+            cli_print_options(stdout, groups);
+            return 0;
         }
-        int r = cli_parse_common(&o->c, argc, argv, &i);
-        if (r < 0)
+        if ((r = cli_common_apply(&o->c, id, v)) < 0)
             return 2;
         if (r > 0)
             continue;
-        if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc)
-            o->prompt = argv[++i];
-        else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && i + 1 < argc)
-            o->file = argv[++i];
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            if (i + 1 >= argc || !cli_int(a, argv[i + 1], 0, 1 << 30, &o->n_predict))
-                return 2;
-            i++;
-        } else if (!strcmp(a, "--ignore-eos"))
+        if (id == 'p')
+            o->prompt = v;
+        else if (id == 'f')
+            o->file = v;
+        else if (id == 'n' && !cli_int("--n-predict", v, 0, 1 << 30, &o->n_predict))
+            return 2;
+        else if (id == OPT_IGNORE_EOS)
             o->ignore_eos = true;
-        else
-            return cli_bad_option("generate", a);
+        else if (id == OPT_JSON)
+            o->c.json = true;
     }
-    return 0;
+    if (o->prompt && o->file) {
+        fprintf(stderr, "kvchat generate: -p and -f: give one\n");
+        return 2;
+    }
+    return cli_no_operands(&p) ? 2 : -1;
 }
 
 int cmd_generate(int argc, char **argv)
 {
     gen_opts o;
     int rc = parse(&o, argc, argv);
-    if (rc)
+    if (rc >= 0)
         return rc;
     char *file_text = NULL;
     if (o.file && !(file_text = read_all(o.file))) {

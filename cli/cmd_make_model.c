@@ -7,86 +7,130 @@
 static const char help[] =
     "usage: kvchat make-model -o OUT.gguf [--preset NAME] [shape and type options]\n\n"
     "Writes a model with random weights, a built-in vocabulary and a ChatML template.\n"
-    "Options override the preset (default: demo).\n\n"
-    "  -o, --output FILE     where to write (required)\n"
-    "      --preset NAME     demo, tiny, tiny-llama, tiny-qwen3, qwen2.5-0.5b\n"
-    "      --arch A          llama, qwen2, qwen3\n"
-    "      --type T          f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
-    "      --n-embd N  --n-layer N  --n-head N  --n-head-kv N  --head-dim N  --n-ff N\n"
-    "      --n-ctx N   --n-vocab N  --vocab bpe|spm  --tied | --untied\n"
-    "      --rope-theta X  --rms-eps X  --seed N  --name NAME\n"
-    "      --all-tokens      every token as likely as any other (by default bytes outside\n"
-    "                        printable ASCII and control tokens but EOS are made unlikely)\n";
+    "Options override the preset (default: demo), wherever they stand.\n";
+
+enum { OPT_PRESET = CLI_OPT_CMD, OPT_ARCH, OPT_TYPE, OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD,
+       OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB, OPT_VOCAB, OPT_TIED,
+       OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_SEED, OPT_NAME, OPT_ALL_TOKENS };
+
+static const cli_option make_model_opts[] = {
+    { "output", 'o', "FILE", 'o', 0, "where to write (required)" },
+    { "preset", 0, "NAME", OPT_PRESET, 0, "demo, tiny, tiny-llama, tiny-qwen3, qwen2.5-0.5b" },
+    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3" },
+    { "type", 0, "T", OPT_TYPE, 0,
+      "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m" },
+    { "n-embd", 0, "N", OPT_N_EMBD, 0, "embedding width" },
+    { "n-layer", 0, "N", OPT_N_LAYER, 0, "layers" },
+    { "n-head", 0, "N", OPT_N_HEAD, 0, "attention heads" },
+    { "n-head-kv", 0, "N", OPT_N_HEAD_KV, 0, "key/value heads" },
+    { "head-dim", 0, "N", OPT_HEAD_DIM, 0, "width of a head" },
+    { "n-ff", 0, "N", OPT_N_FF, 0, "feed-forward width" },
+    { "n-ctx", 0, "N", OPT_N_CTX, 0, "training context length" },
+    { "n-vocab", 0, "N", OPT_N_VOCAB, 0, "vocabulary size" },
+    { "vocab", 0, "bpe|spm", OPT_VOCAB, 0, "tokenizer kind" },
+    { "tied", 0, NULL, OPT_TIED, 0, "output weights tied to the embeddings" },
+    { "untied", 0, NULL, OPT_UNTIED, 0, "a separate output matrix" },
+    { "rope-theta", 0, "X", OPT_ROPE_THETA, 0, "RoPE base frequency" },
+    { "rms-eps", 0, "X", OPT_RMS_EPS, 0, "RMS norm epsilon" },
+    { "seed", 0, "N", OPT_SEED, 0, "seed of the random weights" },
+    { "name", 0, "NAME", OPT_NAME, 0, "general.name" },
+    { "all-tokens", 0, NULL, OPT_ALL_TOKENS, 0,
+      "every token as likely as any other (by default bytes outside\n"
+      "printable ASCII and control tokens but EOS are made unlikely)" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = { cli_help_opts, make_model_opts, NULL };
+
+/* Apply option id (not --preset), named name ("n-embd"), to p. false after
+ * printing a bad value. */
+static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, const char **out,
+                  bool *tied_set)
+{
+    int64_t n;
+    int32_t *ip = NULL;
+    switch (id) {
+    case 'o': *out = v; return true;
+    case OPT_ARCH: p->arch = v; return true;
+    case OPT_TYPE: p->ftype = v; return true;
+    case OPT_VOCAB: p->vocab = v; return true;
+    case OPT_NAME: p->name = v; return true;
+    case OPT_ALL_TOKENS: p->all_tokens = true; return true;
+    case OPT_TIED:
+    case OPT_UNTIED:
+        if (*tied_set) {
+            fprintf(stderr, "kvchat make-model: --tied and --untied: give one\n");
+            return false;
+        }
+        *tied_set = true;
+        p->tied = id == OPT_TIED;
+        return true;
+    case OPT_ROPE_THETA: return cli_float("--rope-theta", v, &p->rope_theta);
+    case OPT_RMS_EPS: return cli_float("--rms-eps", v, &p->rms_eps);
+    case OPT_SEED:
+        if (!cli_int("--seed", v, 0, INT64_MAX, &n))
+            return false;
+        p->seed = (uint64_t)n;
+        return true;
+    case OPT_N_EMBD: ip = &p->n_embd; break;
+    case OPT_N_LAYER: ip = &p->n_layer; break;
+    case OPT_N_HEAD: ip = &p->n_head; break;
+    case OPT_N_HEAD_KV: ip = &p->n_head_kv; break;
+    case OPT_HEAD_DIM: ip = &p->head_dim; break;
+    case OPT_N_FF: ip = &p->n_ff; break;
+    case OPT_N_CTX: ip = &p->n_ctx; break;
+    case OPT_N_VOCAB: ip = &p->n_vocab; break;
+    default: return true;
+    }
+    char opt[64];
+    snprintf(opt, sizeof(opt), "--%s", name);
+    if (!cli_int(opt, v, 0, 1 << 24, &n))
+        return false;
+    *ip = (int32_t)n;
+    return true;
+}
+
+typedef struct given_opt {
+    int         id;
+    const char *name, *value;
+} given_opt;
 
 int cmd_make_model(int argc, char **argv)
 {
     kvc_gen_params p = kvc_gen_default_params();
-    const char *out = NULL;
-    /* the preset first, so the other options override it wherever they stand */
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--preset") && kvc_gen_preset(argv[i + 1], &p) != KVC_OK) {
-            fprintf(stderr, "kvchat make-model: unknown preset '%s'; presets:", argv[i + 1]);
-            for (int k = 0; kvc_gen_preset_name(k); k++)
-                fprintf(stderr, " %s", kvc_gen_preset_name(k));
-            fputc('\n', stderr);
+    const char *out = NULL, *preset = NULL;
+    given_opt given[CLI_MAX_OPTS];       /* all but --preset, applied after it */
+    int n_given = 0;
+    cli_parser ps;
+    cli_parser_init(&ps, "make-model", argc, argv, groups);
+    const char *v;
+    int id;
+    while ((id = cli_next(&ps, &v)) != CLI_END) {
+        if (id == CLI_ERR)
             return 2;
-        }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t n;
-        int32_t *ip = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s", help);
+        if (id == 'h') {
+            printf("%s\nOptions:\n", help);
+            cli_print_options(stdout, groups);
             return 0;
         }
-        if (!strcmp(a, "--tied") || !strcmp(a, "--untied")) {
-            p.tied = !strcmp(a, "--tied");
-            continue;
-        }
-        if (!strcmp(a, "--all-tokens")) {
-            p.all_tokens = true;
-            continue;
-        }
-        if (!v) {
-            if (!strcmp(a, "-o") || !strncmp(a, "--", 2))
-                fprintf(stderr, "kvchat make-model: %s needs a value\n", a);
-            else
-                return cli_bad_option("make-model", a);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
-        else if (!strcmp(a, "--preset")) continue;
-        else if (!strcmp(a, "--arch")) p.arch = v;
-        else if (!strcmp(a, "--type")) p.ftype = v;
-        else if (!strcmp(a, "--vocab")) p.vocab = v;
-        else if (!strcmp(a, "--name")) p.name = v;
-        else if (!strcmp(a, "--n-embd")) ip = &p.n_embd;
-        else if (!strcmp(a, "--n-layer")) ip = &p.n_layer;
-        else if (!strcmp(a, "--n-head")) ip = &p.n_head;
-        else if (!strcmp(a, "--n-head-kv")) ip = &p.n_head_kv;
-        else if (!strcmp(a, "--head-dim")) ip = &p.head_dim;
-        else if (!strcmp(a, "--n-ff")) ip = &p.n_ff;
-        else if (!strcmp(a, "--n-ctx")) ip = &p.n_ctx;
-        else if (!strcmp(a, "--n-vocab")) ip = &p.n_vocab;
-        else if (!strcmp(a, "--rope-theta")) {
-            if (!cli_float(a, v, &p.rope_theta))
-                return 2;
-        } else if (!strcmp(a, "--rms-eps")) {
-            if (!cli_float(a, v, &p.rms_eps))
-                return 2;
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_int(a, v, 0, INT64_MAX, &n))
-                return 2;
-            p.seed = (uint64_t)n;
-        } else
-            return cli_bad_option("make-model", a);
-        if (ip) {
-            if (!cli_int(a, v, 0, 1 << 24, &n))
-                return 2;
-            *ip = (int32_t)n;
-        }
+        if (id == OPT_PRESET)
+            preset = v;
+        else if (n_given < CLI_MAX_OPTS)
+            given[n_given++] = (given_opt){ id, ps.current->name, v };
     }
+    if (cli_no_operands(&ps))
+        return 2;
+    if (preset && kvc_gen_preset(preset, &p) != KVC_OK) {
+        fprintf(stderr, "kvchat make-model: unknown preset '%s'; presets:", preset);
+        for (int k = 0; kvc_gen_preset_name(k); k++)
+            fprintf(stderr, " %s", kvc_gen_preset_name(k));
+        fputc('\n', stderr);
+        return 2;
+    }
+    bool tied_set = false;
+    for (int i = 0; i < n_given; i++)
+        if (!apply(&p, given[i].id, given[i].name, given[i].value, &out, &tied_set))
+            return 2;
     if (!out) {
         fprintf(stderr, "kvchat make-model: -o OUT.gguf is required\n");
         return 2;

@@ -17,42 +17,67 @@ static const char serve_help[] =
     "usage: kvchat serve [options]\n\n"
     "Serve the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
     "GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize,\n"
-    "POST /detokenize, POST /apply-template.\n\n"
-    "      --alias NAME        the model name served (/v1/models, responses; default:\n"
-    "                          the GGUF's general.name)\n"
-    "      --cors-origins LIST browser origins allowed to call: '*' or a comma list\n"
-    "                          (default none; OPTIONS preflights are answered 204)\n"
-    "      --host ADDR         address to bind (default 127.0.0.1)\n"
-    "      --port N            port (default 8080; 0 = any free port)\n"
-    "      --api-key KEY       require 'Authorization: Bearer KEY' (default: $KVCHAT_API_KEY,\n"
-    "                          else none); /health stays open. Repeat it for several keys\n"
-    "      --api-key-file F    more keys, one per line ('#' starts a comment)\n"
-    "      --share-cache-across-keys  one cache for every key (default: each key is its own\n"
-    "                          cache namespace: no cached block or session is shared, so\n"
-    "                          cached_tokens and timing tell nothing about other keys)\n"
-    "      --parallel N        conversations computed at once (default 8)\n"
-    "      --kv-budget MIB     KV cache size in MiB (default: N parallel full contexts)\n"
-    "      --max-queue N       requests waiting beyond the running ones (default 64);\n"
-    "                          more are answered 503\n"
-    "      --max-sessions N    keyed conversations kept (default 256)\n"
-    "      --chat-template NAME, --chat-template-file F, --chat-template-kwargs JSON:\n"
-    "                          see below (default: the model's own template)\n"
-    "      --context-overflow error|shift  prompt + max_tokens over the context: a 400\n"
-    "                          error (default) or drop the oldest turns\n"
-    "      --no-cache          every request cold: reuse nothing, keep nothing (a reference\n"
-    "                          server to compare against)\n"
-    "      --allow-special-in-content  control-token text in messages becomes control tokens\n"
-    "                          (default: message text is plain text; only the template's\n"
-    "                          markup gives control tokens)\n"
-    "      --timeout S         close connections idle for S seconds (default 60)\n"
-    "      --request-timeout S a request's headers and body must arrive within S seconds\n"
-    "                          of the connection opening (or of the previous answer);\n"
-    "                          bytes do not extend it (default 30)\n"
-    "      --max-connections N open connections (default: the file-descriptor limit - 64,\n"
-    "                          at most 8192; the soft limit is raised to the hard one)\n"
-    "      --max-connections-per-ip N  from one address (default: no limit on a loopback\n"
-    "                          --host, as behind a reverse proxy; else 64; 0 = no limit)\n"
-    "      --max-body MIB      request body limit (default 8)\n";
+    "POST /detokenize, POST /apply-template. The sampling options set the\n"
+    "defaults of requests that leave them out.\n";
+
+enum { OPT_HOST = CLI_OPT_CMD, OPT_PORT, OPT_API_KEY, OPT_API_KEY_FILE, OPT_SHARE_KEYS,
+       OPT_ALIAS, OPT_CORS, OPT_PARALLEL, OPT_KV_BUDGET, OPT_MAX_QUEUE, OPT_MAX_SESSIONS,
+       OPT_OVERFLOW, OPT_NO_CACHE, OPT_SPECIAL, OPT_TIMEOUT, OPT_REQUEST_TIMEOUT,
+       OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY, OPT_QUIET };
+
+static const cli_option serve_opts[] = {
+    { "host", 0, "ADDR", OPT_HOST, 0, "address to bind (default 127.0.0.1)" },
+    { "port", 0, "N", OPT_PORT, 0, "port (default 8080; 0 = any free port)" },
+    { "alias", 0, "NAME", OPT_ALIAS, 0,
+      "the model name served (/v1/models, responses; default:\nthe GGUF's general.name)" },
+    { "api-key", 0, "KEY", OPT_API_KEY, CLI_REPEAT,
+      "require 'Authorization: Bearer KEY' (default: $KVCHAT_API_KEY,\n"
+      "else none); /health stays open. Repeat it for several keys" },
+    { "api-key-file", 0, "F", OPT_API_KEY_FILE, CLI_REPEAT,
+      "more keys, one per line ('#' starts a comment)" },
+    { "share-cache-across-keys", 0, NULL, OPT_SHARE_KEYS, 0,
+      "one cache for every key (default: each key is its own\n"
+      "cache namespace: no cached block or session is shared, so\n"
+      "cached_tokens and timing tell nothing about other keys)" },
+    { "cors-origins", 0, "LIST", OPT_CORS, 0,
+      "browser origins allowed to call: '*' or a comma list\n"
+      "(default none; OPTIONS preflights are answered 204)" },
+    { "parallel", 0, "N", OPT_PARALLEL, 0, "conversations computed at once (default 8)" },
+    { "kv-budget", 0, "MIB", OPT_KV_BUDGET, 0,
+      "KV cache size in MiB (default: N parallel full contexts)" },
+    { "max-queue", 0, "N", OPT_MAX_QUEUE, 0,
+      "requests waiting beyond the running ones (default 64);\nmore are answered 503" },
+    { "max-sessions", 0, "N", OPT_MAX_SESSIONS, 0, "keyed conversations kept (default 256)" },
+    { "context-overflow", 0, "error|shift", OPT_OVERFLOW, 0,
+      "prompt + max_tokens over the context: a 400 error\n(default) or drop the oldest turns" },
+    { "no-cache", 0, NULL, OPT_NO_CACHE, 0,
+      "every request cold: reuse nothing, keep nothing (a\nreference server to compare against)" },
+    { "allow-special-in-content", 0, NULL, OPT_SPECIAL, 0,
+      "control-token text in messages becomes control tokens\n"
+      "(default: message text is plain text; only the template's\n"
+      "markup gives control tokens)" },
+    { "timeout", 0, "S", OPT_TIMEOUT, 0, "close connections idle for S seconds (default 60)" },
+    { "request-timeout", 0, "S", OPT_REQUEST_TIMEOUT, 0,
+      "a request's headers and body must arrive within S seconds\n"
+      "of the connection opening (or of the previous answer);\n"
+      "bytes do not extend it (default 30)" },
+    { "max-connections", 0, "N", OPT_MAX_CONNECTIONS, 0,
+      "open connections (default: the file-descriptor limit - 64,\n"
+      "at most 8192; the soft limit is raised to the hard one)" },
+    { "max-connections-per-ip", 0, "N", OPT_MAX_CONNECTIONS_PER_IP, 0,
+      "from one address (default: no limit on a loopback\n"
+      "--host, as behind a reverse proxy; else 64; 0 = no limit)" },
+    { "max-body", 0, "MIB", OPT_MAX_BODY, 0, "request body limit (default 8)" },
+    { "quiet", 'q', NULL, 'q', 0,
+      "no start summary and no loading progress: only warnings,\n"
+      "errors and the 'listening on' line" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = {
+    cli_help_opts, cli_model_opts, serve_opts, cli_template_opts, cli_context_opts,
+    cli_cache_opts, cli_sampling_opts, NULL
+};
 
 /* The API keys of --api-key and --api-key-file (the process's lifetime). */
 #define MAX_KEYS 4096
@@ -101,164 +126,130 @@ static bool read_keys(const char *path)
     return ok;
 }
 
-/* Options of serve beyond the shared ones. Same return as cli_parse_common. */
-static int parse_serve(kvc_server_params *sp, kvc_engine_params *ep, int argc, char **argv,
-                       int *i)
+/* Apply option id of serve_opts. Same return as cli_common_apply. */
+static int serve_apply(kvc_server_params *sp, kvc_engine_params *ep, int id, const char *opt,
+                       const char *v)
 {
-    static const char *const names[] = {
-        "--host", "--api-key", "--api-key-file", "--context-overflow", "--port", "--parallel",
-        "--max-queue", "--max-sessions", "--timeout", "--kv-budget", "--max-body",
-        "--request-timeout", "--max-connections", "--max-connections-per-ip",
-        "--alias", "--cors-origins",
-    };
-    const char *a = argv[*i];
     int64_t n = 0;
-    size_t k = 0;
-    while (k < sizeof(names) / sizeof(names[0]) && strcmp(a, names[k]))
-        k++;
-    if (k == sizeof(names) / sizeof(names[0]))
-        return 0;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "kvchat: %s needs a value\n", a);
-        return -1;
-    }
-    const char *v = argv[*i + 1];
-    if (!strcmp(a, "--host"))
-        sp->host = v;
-    else if (!strcmp(a, "--alias"))
-        sp->model_name = v;
-    else if (!strcmp(a, "--cors-origins"))
-        sp->cors_origins = v;
-    else if (!strcmp(a, "--api-key")) {
-        if (!add_key(v))
-            return -1;
-    } else if (!strcmp(a, "--api-key-file")) {
-        if (!read_keys(v))
-            return -1;
-    }
-    else if (!strcmp(a, "--context-overflow")) {
+    switch (id) {
+    case OPT_HOST: sp->host = v; return 1;
+    case OPT_ALIAS: sp->model_name = v; return 1;
+    case OPT_CORS: sp->cors_origins = v; return 1;
+    case OPT_API_KEY: return add_key(v) ? 1 : -1;
+    case OPT_API_KEY_FILE: return read_keys(v) ? 1 : -1;
+    case OPT_SHARE_KEYS: sp->share_cache_across_keys = true; return 1;
+    case OPT_NO_CACHE: ep->no_cache = true; return 1;
+    case OPT_SPECIAL: ep->special_in_content = true; return 1;
+    case OPT_OVERFLOW:
         if (strcmp(v, "error") && strcmp(v, "shift")) {
             fprintf(stderr, "kvchat: --context-overflow must be error or shift, got '%s'\n", v);
             return -1;
         }
         ep->overflow = !strcmp(v, "shift") ? KVC_OVERFLOW_SHIFT : KVC_OVERFLOW_ERROR;
-    } else if (!strcmp(a, "--port")) {
-        if (!cli_int(a, v, 0, 65535, &n))
+        return 1;
+    case OPT_PORT:
+        if (!cli_int(opt, v, 0, 65535, &n))
             return -1;
         sp->port = (int)n;
-    } else if (!strcmp(a, "--parallel") || !strcmp(a, "--max-queue") ||
-               !strcmp(a, "--max-sessions") || !strcmp(a, "--timeout")) {
-        if (!cli_int(a, v, 1, 1 << 20, &n))
+        return 1;
+    case OPT_PARALLEL: case OPT_MAX_QUEUE: case OPT_MAX_SESSIONS: case OPT_TIMEOUT:
+    case OPT_REQUEST_TIMEOUT: case OPT_MAX_CONNECTIONS:
+        if (!cli_int(opt, v, 1, 1 << 20, &n))
             return -1;
-        int32_t *dst = !strcmp(a, "--parallel") ? &ep->n_parallel
-                     : !strcmp(a, "--max-queue") ? &ep->max_queue
-                     : !strcmp(a, "--max-sessions") ? &ep->max_sessions : NULL;
-        if (dst)
-            *dst = (int32_t)n;
-        else
-            sp->timeout_s = (int)n;
-    } else if (!strcmp(a, "--request-timeout") || !strcmp(a, "--max-connections")) {
-        if (!cli_int(a, v, 1, 1 << 20, &n))
-            return -1;
-        *(!strcmp(a, "--request-timeout") ? &sp->request_timeout_s : &sp->max_connections) =
-            (int)n;
-    } else if (!strcmp(a, "--max-connections-per-ip")) {
-        if (!cli_int(a, v, 0, 1 << 20, &n))
+        if (id == OPT_PARALLEL) ep->n_parallel = (int32_t)n;
+        else if (id == OPT_MAX_QUEUE) ep->max_queue = (int32_t)n;
+        else if (id == OPT_MAX_SESSIONS) ep->max_sessions = (int32_t)n;
+        else if (id == OPT_TIMEOUT) sp->timeout_s = (int)n;
+        else if (id == OPT_REQUEST_TIMEOUT) sp->request_timeout_s = (int)n;
+        else sp->max_connections = (int)n;
+        return 1;
+    case OPT_MAX_CONNECTIONS_PER_IP:
+        if (!cli_int(opt, v, 0, 1 << 20, &n))
             return -1;
         sp->max_connections_per_ip = n ? (int)n : -1;
-    } else if (!strcmp(a, "--kv-budget")) {
-        if (!cli_int(a, v, 1, INT64_MAX / (1 << 20), &n))
+        return 1;
+    case OPT_KV_BUDGET:
+        if (!cli_int(opt, v, 1, INT64_MAX / (1 << 20), &n))
             return -1;
         ep->kv_budget_mib = n;
-    } else if (!strcmp(a, "--max-body")) {
-        if (!cli_int(a, v, 1, 1024, &n))
+        return 1;
+    case OPT_MAX_BODY:
+        if (!cli_int(opt, v, 1, 1024, &n))
             return -1;
         sp->max_body = (size_t)n << 20;
+        return 1;
+    default:
+        return 0;
     }
-    ++*i;
-    return 1;
 }
 
-/* Parse argv into the three parameter sets. Returns -1 to go on, else the
- * exit code (0 after --help). */
+/* Parse argv into the parameter sets. Returns -1 to go on, else the exit
+ * code (0 after --help). */
 static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
-                      kvc_engine_params *ep, int argc, char **argv, char **tmpl_src)
+                      kvc_engine_params *ep, int argc, char **argv, cli_template *tmpl)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            /* serve samples by default (OpenAI's temperature 1), unlike the CLI */
-            const char *t = strstr(cli_sampling_help, "(default 0)");
-            printf("%s%s%s%s", serve_help, cli_template_help, cli_cache_help, cli_common_help);
-            if (t)
-                printf("%.*s(default 1, OpenAI's)%s", (int)(t - cli_sampling_help),
-                       cli_sampling_help, t + strlen("(default 0)"));
-            else
-                printf("%s", cli_sampling_help);
-            printf("\nThe sampling options set the defaults for requests that leave them out.\n");
+    cli_parser p;
+    cli_parser_init(&p, "serve", argc, argv, groups);
+    const char *v;
+    int id, r;
+    while ((id = cli_next(&p, &v)) != CLI_END) {
+        if (id == CLI_ERR)
+            return 2;
+        if (id == 'h') {
+            printf("%s\nOptions:\n", serve_help);
+            cli_print_options(stdout, groups);
             return 0;
         }
-        if (!strcmp(a, "--seed") || !strcmp(a, "-s"))
+        if (id == 's')
             sp->fixed_seed = true;
-        if (!strcmp(a, "--no-cache")) {
-            ep->no_cache = true;
+        if (id == 'q') {
+            c->quiet = true;
             continue;
         }
-        if (!strcmp(a, "--share-cache-across-keys")) {
-            sp->share_cache_across_keys = true;
-            continue;
-        }
-        if (!strcmp(a, "--allow-special-in-content")) {
-            ep->special_in_content = true;
-            continue;
-        }
-        int r = cli_parse_template(argc, argv, &i, &ep->chat_template, &ep->chat_template_kwargs,
-                                   tmpl_src);
-        if (r == 0)
-            r = parse_serve(sp, ep, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_cache(cache, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_common(c, argc, argv, &i);
+        if ((r = serve_apply(sp, ep, id, cli_opt_name(&p), v)) == 0 &&
+            (r = cli_template_apply(tmpl, id, v)) == 0 && (r = cli_cache_apply(cache, id, v)) == 0)
+            r = cli_common_apply(c, id, v);
         if (r < 0)
             return 2;
-        if (r == 0)
-            return cli_bad_option("serve", a);
     }
-    return -1;
+    ep->chat_template = tmpl->tmpl;
+    ep->chat_template_kwargs = tmpl->kwargs;
+    return cli_no_operands(&p) ? 2 : -1;
 }
 
-/* Start engine and server; wait for SIGINT/SIGTERM (blocked in every thread
- * and taken here with sigwait); stop. */
-static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *sp)
+/* Start engine and server, say what runs (unless quiet) and where; wait for
+ * SIGINT/SIGTERM (blocked in every thread and taken here with sigwait); stop. */
+static int serve(kvc_model *m, const char *model_path, const kvc_engine_params *ep,
+                 kvc_server_params *sp, bool quiet)
 {
     char err[512];
     kvc_engine *e = NULL;
     kvc_server *s = NULL;
-    int rc = kvc_engine_new(m, ep, &e, err, sizeof(err));
-    if (rc != KVC_OK && ep->cache_disk_mib > 0) {   /* say so, and serve from RAM */
+    kvc_engine_params used = *ep;
+    int rc = kvc_engine_new(m, &used, &e, err, sizeof(err));
+    if (rc != KVC_OK && used.cache_disk_mib > 0) {   /* say so, and serve from RAM */
         fprintf(stderr, "kvchat: the disk cache is off: %s\n", err);
-        kvc_engine_params no_disk = *ep;
-        no_disk.cache_disk_mib = 0;
-        rc = kvc_engine_new(m, &no_disk, &e, err, sizeof(err));
+        used.cache_disk_mib = 0;
+        rc = kvc_engine_new(m, &used, &e, err, sizeof(err));
     }
     if (rc != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         return 1;
     }
-    cli_note_n_ctx(m, ep->n_ctx, kvc_engine_n_ctx(e));
     if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         kvc_engine_free(e);
         return 1;
     }
+    if (!quiet) {
+        cli_serve_info info = { m, model_path, sp->model_name, e, &used, sp,
+                                sp->n_api_keys + (sp->api_key != NULL) };
+        cli_serve_summary(stderr, &info);
+    }
     bool v6 = strchr(sp->host, ':') != NULL;
-    fprintf(stderr, "kvchat: chat template: %s\n", kvc_engine_template(e));
-    fprintf(stderr, "kvchat: model %s; %s; up to %d connections\nlistening on http://%s%s%s:%d\n",
-            sp->model_name, sp->api_key || sp->n_api_keys ? "API key required" : "no API key",
-            sp->max_connections > 0 ? sp->max_connections
-                                    : kvc_server_default_max_connections(),
-            v6 ? "[" : "", sp->host, v6 ? "]" : "", kvc_server_port(s));
+    fprintf(stderr, "listening on http://%s%s%s:%d (up to %d connections)\n", v6 ? "[" : "",
+            sp->host, v6 ? "]" : "", kvc_server_port(s),
+            sp->max_connections > 0 ? sp->max_connections : kvc_server_default_max_connections());
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -283,10 +274,10 @@ int cmd_serve(int argc, char **argv)
     cli_cache_init(&cache);
     const char *env_key = getenv("KVCHAT_API_KEY");
     sp.api_key = env_key && *env_key ? env_key : NULL;
-    char *tmpl_src = NULL;   /* --chat-template-file's text */
-    int rc = parse_args(&c, &cache, &sp, &ep, argc, argv, &tmpl_src);
+    cli_template tmpl = { 0 };
+    int rc = parse_args(&c, &cache, &sp, &ep, argc, argv, &tmpl);
     if (rc >= 0) {
-        free(tmpl_src);
+        free(tmpl.owned);
         return rc;
     }
     ep.n_ctx = c.n_ctx;
@@ -326,15 +317,15 @@ int cmd_serve(int argc, char **argv)
 
     kvc_model *m = cli_load_model(&c);
     if (!m) {
-        free(tmpl_src);
+        free(tmpl.owned);
         return 1;
     }
     kvc_model_info info;
     kvc_model_get_info(m, &info);
     if (!sp.model_name)                         /* --alias wins */
         sp.model_name = info.name;
-    rc = serve(m, &ep, &sp);
+    rc = serve(m, ep.model_path, &ep, &sp, c.quiet);
     kvc_model_free(m);
-    free(tmpl_src);
+    free(tmpl.owned);
     return rc;
 }

@@ -9,7 +9,21 @@
 static const char help[] =
     "usage: kvchat tokenize [-m MODEL.gguf] [--ids] [--no-bos] [--no-parse-special] TEXT\n\n"
     "Prints one token a line (id and text), or with --ids the list [id, id, ...].\n"
-    "BOS is added when the vocabulary asks for it, unless --no-bos.\n";
+    "BOS is added when the vocabulary asks for it, unless --no-bos. Only the model's\n"
+    "vocabulary is read: a vocab-only GGUF will do.\n";
+
+enum { OPT_IDS = CLI_OPT_CMD, OPT_NO_BOS, OPT_NO_PARSE_SPECIAL };
+
+static const cli_option tokenize_opts[] = {
+    { "prompt", 'p', "TEXT", 'p', 0, "the text (or give it as the operand TEXT)" },
+    { "ids", 0, NULL, OPT_IDS, 0, "print the ids only, as a JSON list" },
+    { "no-bos", 0, NULL, OPT_NO_BOS, 0, "add no BOS token" },
+    { "no-parse-special", 0, NULL, OPT_NO_PARSE_SPECIAL, 0,
+      "control-token text in TEXT stays plain text" },
+    { 0 }
+};
+
+static const cli_option *const groups[] = { cli_help_opts, cli_model_opts, tokenize_opts, NULL };
 
 int cmd_tokenize(int argc, char **argv)
 {
@@ -17,30 +31,38 @@ int cmd_tokenize(int argc, char **argv)
     cli_common_init(&c);
     bool ids_only = false, bos = true, special = true;
     const char *text = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s\nOptions:\n%s", help, cli_common_help);
+    cli_parser p;
+    cli_parser_init(&p, "tokenize", argc, argv, groups);
+    const char *v;
+    int id;
+    while ((id = cli_next(&p, &v)) != CLI_END) {
+        if (id == CLI_ERR)
+            return 2;
+        if (id == 'h') {
+            printf("%s\nOptions:\n", help);
+            cli_print_options(stdout, groups);
             return 0;
         }
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0)
-            return 2;
-        if (r > 0)
+        if (cli_common_apply(&c, id, v) > 0)
             continue;
-        if (!strcmp(a, "--ids"))
+        if (id == OPT_IDS)
             ids_only = true;
-        else if (!strcmp(a, "--no-bos"))
+        else if (id == OPT_NO_BOS)
             bos = false;
-        else if (!strcmp(a, "--no-parse-special"))
+        else if (id == OPT_NO_PARSE_SPECIAL)
             special = false;
-        else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc)
-            text = argv[++i];
-        else if (a[0] == '-' && a[1] != 0)
-            return cli_bad_option("tokenize", a);
-        else
-            text = a;
+        else if (id == 'p')
+            text = v;
     }
+    int n_operands;
+    char **operands = cli_operands(&p, &n_operands);
+    if (n_operands > 1 || (n_operands == 1 && text)) {
+        fprintf(stderr, "kvchat tokenize: one text only (quote it), got '%s' too\n",
+                operands[n_operands - 1]);
+        return 2;
+    }
+    if (n_operands == 1)
+        text = operands[0];
     if (!text) {
         fprintf(stderr, "kvchat tokenize: no text given\n");
         return 2;

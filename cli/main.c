@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kvc_version.h"
 
 typedef struct command {
     const char *name;
@@ -22,7 +23,8 @@ static const command commands[] = {
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: kvchat COMMAND [options]   (kvchat COMMAND --help for its options)\n\n"
+    fprintf(out, "usage: kvchat COMMAND [options]   (kvchat COMMAND --help for its options)\n"
+                 "       kvchat --version\n\n"
                  "commands:\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].summary);
@@ -37,6 +39,11 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
+        printf("kvchat %s%s%s%s\n", KVC_VERSION, *KVC_GIT_DESCRIBE ? " (git " : "",
+               KVC_GIT_DESCRIBE, *KVC_GIT_DESCRIBE ? ")" : "");
         return 0;
     }
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)

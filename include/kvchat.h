@@ -26,6 +26,13 @@
 extern "C" {
 #endif
 
+/* The API of libkvchat.so: the library is compiled with -fvisibility=hidden,
+ * and what this header declares, only that, is exported (the pop is at its
+ * end). A function added below is part of the API by being declared here. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* ---------------------------------------------------------------- status */
 
 enum kvc_status {
@@ -614,6 +621,8 @@ void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);
 /* The context length in use: params.n_ctx, or the model's training context
  * capped by what the KV budget holds (lower than n_ctx_train when capped). */
 int32_t kvc_engine_n_ctx(const kvc_engine *engine);
+/* The threads each forward pass runs on: params.n_threads, or (0) the online CPUs. */
+int32_t kvc_engine_n_threads(const kvc_engine *engine);
 
 /* The chat template in use, for logs ("the model's Jinja chat template, family
  * chatml"). Owned by the engine. */
@@ -632,6 +641,10 @@ const kvc_model *kvc_engine_model(const kvc_engine *engine);
  * raise_exception: err has its message), KVC_ERR_NOMEM. */
 int kvc_engine_render(kvc_engine *engine, const kvc_request_params *params, char **prompt,
                       char *err, size_t err_size);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

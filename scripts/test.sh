@@ -6,7 +6,7 @@
 #   scripts/test.sh --quick   the Release build only
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --test
 # Node.js and the official openai package, for the client tests (they skip without)
 scripts/install-node-deps.sh || echo "node tests will skip" >&2
 

@@ -56,6 +56,33 @@ static void write_file(const char *name, const void *data, size_t n)
     }
 }
 
+/* Every option --help lists for cmd is one it takes: given with a value
+ * (--opt=x) before --help, it may be refused for its value but never as
+ * unknown. */
+static void check_help_true(const char *cmd, const char *help)
+{
+    int n = 0;
+    for (const char *l = help; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *o = !strncmp(l, "      --", 8) ? l + 6 : !strncmp(l, "  -", 3) && !strncmp(l + 5, ", --", 4)
+                        ? l + 7 : NULL;
+        if (!o)
+            continue;
+        char name[64];
+        size_t len = strspn(o, "-abcdefghijklmnopqrstuvwxyz0123456789");
+        if (len >= sizeof(name) || !strncmp(o, "--help", 6) || !strncmp(o, "--version", 9))
+            continue;
+        memcpy(name, o, len);
+        name[len] = 0;
+        char *out;
+        int rc = run(&out, "%s %s %s=1 --help </dev/null", bin, cmd, name);
+        CHECKF(rc < 1000 && !strstr(out, "unknown option") && !strstr(out, "ambiguous"),
+               "%s: --help lists %s, which it refuses (%d):\n%s", cmd, name, rc, out);
+        free(out);
+        n++;
+    }
+    CHECKF(n > 0, "%s --help lists no option", cmd);
+}
+
 int main(void)
 {
     bin = getenv("KVC_BIN");
@@ -69,13 +96,35 @@ int main(void)
     setenv("KVCHAT_CACHE", tmpdir, 1);
     char *out;
 
-    /* help for every command */
-    const char *cmds[] = { "generate", "eval", "tokenize", "bench", "make-model", "chat" };
+    /* help for every command, true to what it takes */
+    const char *cmds[] = { "generate", "eval", "tokenize", "bench", "bench chat", "bench sessions",
+                           "make-model", "chat", "serve" };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
         int rc = run(&out, "%s %s --help", bin, cmds[i]);
         CHECKF(rc == 0 && strstr(out, "usage: kvchat"), "%s --help: %d\n%s", cmds[i], rc, out);
+        check_help_true(cmds[i], out);
         free(out);
     }
+    /* options a command does not take are refused, not silently ignored */
+    expect_error("serve --json", "unknown option '--json'", "%s serve --json%s", "");
+    expect_error("tokenize --temp", "unknown option '--temp'", "%s tokenize --temp 1 hi%s", "");
+    expect_error("bench --seed", "unknown option '--seed'", "%s bench --seed 1%s", "");
+    expect_error("generate --port=", "unknown option '--port'", "%s generate --port=9000%s", "");
+    expect_error("a flag given a value", "--ids takes no value", "%s tokenize --ids=1 hi%s", "");
+    expect_error("missing value", "--threads needs a value", "%s generate --threads%s", "");
+    expect_error("ambiguous abbreviation", "ambiguous option '--max-conn'", "%s serve --max-conn 3%s", "");
+    expect_error("stray operand", "unexpected argument 'stray'", "%s generate -p hi stray%s", "");
+    /* a single-valued option given twice: refused, naming both values (it used to take the last) */
+    expect_error("-m twice", "-m/--model given twice ('a.gguf', then 'b.gguf')",
+                 "%s serve -m a.gguf -m b.gguf%s", "");
+    expect_error("--temp twice, by alias", "--temp given twice", "%s generate --temp 1 --temperature=2%s", "");
+    expect_error("--port twice", "--port given twice", "%s serve --port=1 --port 2%s", "");
+    expect_error("--chat-template and its file", "give one",
+                 "%s chat --chat-template chatml --chat-template-file /dev/null%s", "");
+    /* --version: the project's version */
+    int vrc = run(&out, "%s --version", bin);
+    CHECKF(vrc == 0 && !strncmp(out, "kvchat 0.", 9), "--version: %d %s", vrc, out);
+    free(out);
     expect_error("unknown command", "unknown command 'frobnicate'", "%s frobnicate%s", "");
 
     /* a model: the tiny preset */
@@ -110,6 +159,20 @@ int main(void)
     char cmd[12000];
     snprintf(cmd, sizeof(cmd), "%%s generate -c 64 -n 4 -p '%s' -m %%s", long_prompt);
     expect_error("prompt longer than the context", "exceed the context", cmd, model);
+
+    /* --opt=value, --opt value, -xVALUE and -x VALUE are the same */
+    char *a1, *a2;
+    int r1 = run(&a1, "%s generate -m %s --n-predict=3 --threads=1 --prompt=Hi --json", bin, model);
+    int r2 = run(&a2, "%s generate -m%s -n3 -t 1 -p Hi --json", bin, model);
+    const char *e1 = strstr(a1, ",\"prompt_ms\""), *e2 = strstr(a2, ",\"prompt_ms\"");   /* before the timings */
+    CHECKF(r1 == 0 && r2 == 0 && e1 && e2 && e1 - a1 == e2 - a2 && !memcmp(a1, a2, (size_t)(e1 - a1)),
+           "option forms differ:\n%s\n%s", a1, a2);
+    free(a1);
+    free(a2);
+    /* operands may stand before options (GNU order) */
+    rc = run(&out, "%s tokenize 'Hello world' --ids -m %s", bin, model);
+    CHECKF(rc == 0 && out[0] == '[', "tokenize TEXT --ids: %s", out);
+    free(out);
 
     /* tokenize --ids, eval --json */
     rc = run(&out, "%s tokenize -m %s --ids 'Hello world'", bin, model);

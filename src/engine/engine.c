@@ -122,6 +122,11 @@ int32_t kvc_engine_n_ctx(const kvc_engine *e)
     return e->p.n_ctx;
 }
 
+int32_t kvc_engine_n_threads(const kvc_engine *e)
+{
+    return kvc_context_n_threads(e->ctx);
+}
+
 void kvc_engine_free(kvc_engine *e)
 {
     if (!e)
