@@ -116,13 +116,16 @@ struct kvc_server {
                                      bulk thread (server_bulk.c) */
 
 enum route {
-    ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
+    ROUTE_NONE = 0, ROUTE_GENERATE, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
     ROUTE_METRICS, ROUTE_APPLY_TEMPLATE, ROUTE_TOKENIZE, ROUTE_DETOKENIZE,
 };
 
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */
 typedef struct conn {
     int    route;        /* enum route */
+    const srv_dialect *dialect;   /* the API of the route (errors are in its shape);
+                                     chat's for routes of no API */
+    bool   post;         /* the route takes POST (else GET) */
     srv_error err;       /* decided from the headers; http_status 0 = none */
     char  *body;         /* [len] bytes of [cap] */
     size_t len, cap;
@@ -194,13 +197,6 @@ static enum MHD_Result respond(const kvc_server *s, struct MHD_Connection *mc, i
     return ret;
 }
 
-static bool is_completion(const conn *c)
-{
-    return c->route == ROUTE_CHAT || c->route == ROUTE_COMPLETIONS ||
-           c->route == ROUTE_APPLY_TEMPLATE || c->route == ROUTE_TOKENIZE ||
-           c->route == ROUTE_DETOKENIZE;
-}
-
 static enum MHD_Result respond_error(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                      const srv_error *e)
 {
@@ -208,14 +204,14 @@ static enum MHD_Result respond_error(kvc_server *s, struct MHD_Connection *mc, c
     if (e->http_status == 401)
         *p++ = MHD_HTTP_HEADER_WWW_AUTHENTICATE, *p++ = "Bearer";
     else if (e->http_status == 405)
-        *p++ = MHD_HTTP_HEADER_ALLOW, *p++ = is_completion(c) ? "POST" : "GET";
+        *p++ = MHD_HTTP_HEADER_ALLOW, *p++ = c->post ? "POST" : "GET";
     else if (e->http_status == 503)
         *p++ = MHD_HTTP_HEADER_RETRY_AFTER, *p++ = "1";
     if (c->unread_body)   /* answered before the body: do not wait for it */
         *p++ = MHD_HTTP_HEADER_CONNECTION, *p++ = "close";
-    if (is_completion(c))
+    if (c->post)
         srv_metrics_failed(s->metrics);
-    return respond(s, mc, e->http_status, srv_error_json(e), "application/json", h);
+    return respond(s, mc, e->http_status, c->dialect->error(e), "application/json", h);
 }
 
 static enum MHD_Result respond_json(const kvc_server *s, struct MHD_Connection *mc, char *json)
@@ -273,14 +269,13 @@ static bool wait_end(kvc_server *s, int fd, kvc_request *r, kvc_event *ev)
 
 /* ========================================================== completions */
 
-static void make_id(kvc_server *s, int kind, srv_reply_id *id, const char *model)
+static void make_id(kvc_server *s, const srv_dialect *d, srv_reply_id *id, const char *model)
 {
     uint64_t x = atomic_fetch_add(&s->next_id, 1) * 0x9E3779B97F4A7C15ull ^ s->id_salt;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     x ^= x >> 31;
-    snprintf(id->id, sizeof(id->id), "%s-%016llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)x);
+    snprintf(id->id, sizeof(id->id), "%s%016llx", d->id_prefix, (unsigned long long)x);
     id->created = time(NULL);
     id->model = model;
 }
@@ -293,7 +288,7 @@ static kvc_request_params choice_params(const srv_request *rq, int i)
 {
     kvc_request_params p = rq->params;
     int k = i % rq->n, j = i / rq->n;
-    if (rq->kind != SRV_CHAT) {
+    if (rq->prompts) {                      /* completions */
         p.prompt = rq->prompts[j];
         p.prompt_tokens = rq->prompt_toks[j];
         p.n_prompt_tokens = rq->n_prompt_toks[j];
@@ -390,7 +385,7 @@ static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, cons
                                   const srv_request *rq)
 {
     srv_reply_id id;
-    make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
+    make_id(s, rq->dialect, &id, rq->model ? rq->model : s->model_name);
     srv_stream *st = srv_stream_new(rq, &id, &s->lim, s->metrics, &s->stopping, conn_fd(mc));
     if (!st)
         return respond(s, mc, 500, NULL, NULL, NULL);
@@ -423,11 +418,14 @@ static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
                                     const srv_request *rq, const kvc_event *done, int n)
 {
     srv_reply_id id;
-    make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
-    for (int i = 0; i < n; i++)
+    make_id(s, rq->dialect, &id, rq->model ? rq->model : s->model_name);
+    srv_reply rp[SRV_MAX_CHOICES];
+    for (int i = 0; i < n; i++) {
         srv_metrics_done(s->metrics, &done[i].stats);
-    return respond_json(s, mc, srv_response_json(rq->kind, &id, done, n, rq->n, s->lim.model,
-                                                 rq->logprobs >= 0));
+        rp[i] = srv_reply_whole(&done[i], true);
+    }
+    return respond_json(s, mc, rq->dialect->response(&id, rq, rp, n, rq->n, s->lim.model,
+                                                     rq->logprobs >= 0));
 }
 
 /* Every choice submitted at once (they share the prompt through the prefix
@@ -499,7 +497,7 @@ static const char *namespace_of(const kvc_server *s, const conn *c, const srv_re
 typedef struct parse_job {
     kvc_server  *s;
     const conn  *c;
-    int          kind;
+    const srv_dialect *dialect;
     srv_request *rq;
     srv_error   *e;
     int          rc;
@@ -508,7 +506,7 @@ typedef struct parse_job {
 static void parse_now(void *arg)
 {
     parse_job *j = arg;
-    j->rc = srv_request_parse(j->kind, j->c->body ? j->c->body : "", j->c->len, &j->s->lim,
+    j->rc = srv_request_parse(j->dialect, j->c->body ? j->c->body : "", j->c->len, &j->s->lim,
                               j->rq, j->e);
 }
 
@@ -532,8 +530,7 @@ static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *m
         return json ? respond_json(s, mc, json) : respond_error(s, mc, c, &e);
     }
     srv_request rq;
-    int kind = c->route == ROUTE_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT;
-    parse_job pj = { s, c, kind, &rq, &e, 0 };
+    parse_job pj = { s, c, c->dialect, &rq, &e, 0 };
     run_for_body(s, c, parse_now, &pj);
     if (pj.rc != 0)
         return respond_error(s, mc, c, &e);
@@ -583,22 +580,37 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
 
 /* ============================================================ dispatch */
 
-static int find_route(const char *url)
+/* c's route, its dialect and method, from the path (the query string is not
+ * part of url: /v1/messages?beta=true is /v1/messages). */
+static void find_route(conn *c, const char *url)
 {
-    static const struct { const char *path; int route; } routes[] = {
-        { "/v1/chat/completions", ROUTE_CHAT }, { "/chat/completions", ROUTE_CHAT },
-        { "/v1/completions", ROUTE_COMPLETIONS }, { "/completions", ROUTE_COMPLETIONS },
-        { "/v1/models", ROUTE_MODELS }, { "/models", ROUTE_MODELS },
-        { "/apply-template", ROUTE_APPLY_TEMPLATE },
-        { "/tokenize", ROUTE_TOKENIZE }, { "/detokenize", ROUTE_DETOKENIZE },
-        { "/health", ROUTE_HEALTH }, { "/metrics", ROUTE_METRICS },
+    static const struct {
+        const char *path;
+        int route;
+        const srv_dialect *dialect;   /* NULL = chat's */
+        bool post;
+    } routes[] = {
+        { "/v1/chat/completions", ROUTE_GENERATE, NULL, true },
+        { "/chat/completions", ROUTE_GENERATE, NULL, true },
+        { "/v1/completions", ROUTE_GENERATE, &srv_dialect_completions, true },
+        { "/completions", ROUTE_GENERATE, &srv_dialect_completions, true },
+        { "/v1/models", ROUTE_MODELS, NULL, false }, { "/models", ROUTE_MODELS, NULL, false },
+        { "/apply-template", ROUTE_APPLY_TEMPLATE, NULL, true },
+        { "/tokenize", ROUTE_TOKENIZE, NULL, true }, { "/detokenize", ROUTE_DETOKENIZE, NULL, true },
+        { "/health", ROUTE_HEALTH, NULL, false }, { "/metrics", ROUTE_METRICS, NULL, false },
     };
+    c->dialect = &srv_dialect_chat;
+    c->route = ROUTE_NONE;
+    c->post = false;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-        if (!strcmp(url, routes[i].path))
-            return routes[i].route;
+        if (!strcmp(url, routes[i].path)) {
+            c->route = routes[i].route;
+            c->dialect = routes[i].dialect ? routes[i].dialect : &srv_dialect_chat;
+            c->post = routes[i].post;
+            return;
+        }
     if (!strncmp(url, "/v1/models/", 11) && url[11])
-        return ROUTE_MODEL;
-    return ROUTE_NONE;
+        c->route = ROUTE_MODEL;
 }
 
 /* Whether token equals key, in time that does not depend on where they
@@ -644,12 +656,12 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
                        const char *method, enum MHD_Result *ret)
 {
     srv_error *e = &c->err;
-    c->route = find_route(url);
+    find_route(c, url);
     if (!strcmp(method, "OPTIONS")) {        /* a CORS preflight: no API key is sent */
         c->preflight = true;
         return true;
     }
-    bool post = is_completion(c);
+    bool post = c->post;
     if (post)
         srv_metrics_request(s->metrics);
     const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
@@ -724,7 +736,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return respond(s, mc, 204, strdup(""), "text/plain", NULL);
     if (c->err.http_status)
         return respond_error(s, mc, c, &c->err);
-    if (!is_completion(c))
+    if (!c->post)
         return handle_get(s, mc, c, url);
     return handle_completion(s, mc, c);
 }

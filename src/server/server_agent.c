@@ -55,9 +55,9 @@ static const char *const completion_fields[] = {
     NULL,
 };
 
-static int check_fields(int kind, const cJSON *root, srv_error *e)
+static int check_fields(bool completion, const cJSON *root, srv_error *e)
 {
-    const char *const *known = kind == SRV_CHAT ? chat_fields : completion_fields;
+    const char *const *known = completion ? completion_fields : chat_fields;
     const cJSON *f;
     cJSON_ArrayForEach(f, root) {
         int i = 0;
@@ -227,11 +227,11 @@ static int parse_bias(srv_request *r, const cJSON *root, const srv_limits *lim, 
 }
 
 /* chat: logprobs (bool), top_logprobs (0-20); completions: logprobs (0-20). */
-static int parse_logprobs(srv_request *r, const cJSON *root, srv_error *e)
+static int parse_logprobs(srv_request *r, const cJSON *root, bool completion, srv_error *e)
 {
     const cJSON *lp = get(root, "logprobs"), *top = get(root, "top_logprobs");
     r->logprobs = -1;
-    if (r->kind == SRV_CHAT) {
+    if (!completion) {
         if (lp && !cJSON_IsBool(lp))
             return BAD(e, "logprobs", "logprobs must be a boolean");
         bool on = lp && cJSON_IsTrue(lp);
@@ -311,7 +311,8 @@ static int parse_prompts(srv_request *r, const cJSON *root, const srv_limits *li
     return 0;
 }
 
-int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, srv_error *e)
+int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, bool completion,
+                    srv_error *e)
 {
     const cJSON *root = root_json, *nv = get(root, "n");
     int rc;
@@ -322,10 +323,10 @@ int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim
         return BAD(e, "n", "n must be an integer between 1 and %d", SRV_MAX_CHOICES);
     if (nv)
         r->n = (int)nv->valuedouble;
-    if ((rc = check_fields(r->kind, root, e)) || (rc = parse_logprobs(r, root, e)) ||
+    if ((rc = check_fields(completion, root, e)) || (rc = parse_logprobs(r, root, completion, e)) ||
         (rc = parse_bias(r, root, lim, e)))
         return rc;
-    if (r->kind == SRV_CHAT) {
+    if (!completion) {
         if ((rc = parse_response_format(r, root, e)) || (rc = parse_tools(r, root, lim, e)))
             return rc;
     } else if ((rc = parse_prompts(r, root, lim, e))) {
@@ -342,7 +343,7 @@ int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim
         kvc_grammar_free(g);
         r->params.chat.grammar = r->grammar;
     }
-    if (r->kind != SRV_CHAT) {
+    if (completion) {
         r->params.prompt = r->prompts[0];
         r->params.prompt_tokens = r->prompt_toks[0];
         r->params.n_prompt_tokens = r->n_prompt_toks[0];
@@ -389,11 +390,11 @@ static cJSON *token_entry(const kvc_model *m, int32_t id, float lp, bool bytes)
     return o;
 }
 
-void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
-                        const kvc_model *model, size_t *text_offset)
+void *srv_logprobs_chat_json(const kvc_token_logprob *lp, int32_t n, const kvc_model *model,
+                             size_t *text_offset)
 {
     cJSON *o = cJSON_CreateObject();
-    if (kind == SRV_CHAT) {
+    {
         cJSON *c = cJSON_AddArrayToObject(o, "content");
         for (int32_t i = 0; i < n; i++) {
             const kvc_token_logprob *t = &lp[i];
@@ -405,8 +406,14 @@ void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
             cJSON_AddItemToArray(c, x);
         }
         cJSON_AddArrayToObject(o, "refusal");
-        return o;
     }
+    return o;
+}
+
+void *srv_logprobs_completion_json(const kvc_token_logprob *lp, int32_t n,
+                                   const kvc_model *model, size_t *text_offset)
+{
+    cJSON *o = cJSON_CreateObject();
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
@@ -428,39 +435,6 @@ void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
         cJSON_AddItemToArray(tops, top);
     }
     return o;
-}
-
-void *srv_choice_json(int kind, int index, const kvc_event *done, const kvc_model *model,
-                      bool logprobs)
-{
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", index);
-    const char *text = done->text ? done->text : "";
-    if (kind == SRV_CHAT) {
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON *calls = done->tool_calls ? cJSON_Parse(done->tool_calls) : NULL;
-        if (calls) {
-            if (done->content && *done->content)
-                cJSON_AddStringToObject(m, "content", done->content);
-            else
-                cJSON_AddNullToObject(m, "content");
-            cJSON_AddItemToObject(m, "tool_calls", calls);
-        } else {
-            cJSON_AddStringToObject(m, "content", text);
-        }
-    } else {
-        cJSON_AddStringToObject(c, "text", text);
-    }
-    size_t offset = 0;
-    if (logprobs && model)
-        cJSON_AddItemToObject(c, "logprobs", srv_logprobs_json(kind, done->logprobs,
-                                                               done->n_logprobs, model, &offset));
-    else
-        cJSON_AddNullToObject(c, "logprobs");
-    const char *f = done->stats.finish_reason;
-    cJSON_AddStringToObject(c, "finish_reason", f && *f ? f : "stop");
-    return c;
 }
 
 /* ---------------------------------------------------------------- tokenize */

@@ -456,11 +456,39 @@ static int parse_identity(srv_request *r, const cJSON *root, srv_error *e)
 
 /* ================================================================ parse */
 
-int srv_request_parse(int kind, const char *body, size_t len, const srv_limits *lim,
+/* The fields every OpenAI request shares, after the dialect's own. */
+static int parse_common(srv_request *r, const cJSON *root, const srv_limits *lim, srv_error *e)
+{
+    int rc;
+    if ((rc = parse_lengths(r, root, e)) ||
+        (rc = parse_sampling(&r->params.chat.sampling, root, lim, e)) ||
+        (rc = parse_stop(r, root, e)) || (rc = parse_stream(r, root, e)))
+        return rc;
+    return parse_identity(r, root, e);
+}
+
+int srv_parse_chat(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e)
+{
+    const cJSON *root = root_json;
+    int rc;
+    if ((rc = parse_messages(r, root, lim->max_messages, e)) ||
+        (rc = parse_common(r, root, lim, e)))
+        return rc;
+    return srv_agent_parse(r, root, lim, false, e);
+}
+
+int srv_parse_completion(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e)
+{
+    const cJSON *root = root_json;
+    int rc = parse_common(r, root, lim, e);
+    return rc ? rc : srv_agent_parse(r, root, lim, true, e);
+}
+
+int srv_request_parse(const srv_dialect *d, const char *body, size_t len, const srv_limits *lim,
                       srv_request *out, srv_error *e)
 {
     memset(out, 0, sizeof(*out));
-    out->kind = kind;
+    out->dialect = d;
     out->params.chat = kvc_chat_default_params();
     out->params.chat.sampling = lim->sampling;
     const char *end = NULL;
@@ -477,15 +505,8 @@ int srv_request_parse(int kind, const char *body, size_t len, const srv_limits *
             return bad(e, NULL, "the request body is not valid JSON (trailing data at byte %zu)",
                        (size_t)(p - body));
         }
-    int rc;
-    if (!cJSON_IsObject(root))
-        rc = bad(e, NULL, "the request body must be a JSON object");
-    else if (!(rc = kind == SRV_CHAT ? parse_messages(out, root, lim->max_messages, e) : 0) &&
-             !(rc = parse_lengths(out, root, e)) &&
-             !(rc = parse_sampling(&out->params.chat.sampling, root, lim, e)) &&
-             !(rc = parse_stop(out, root, e)) && !(rc = parse_stream(out, root, e)) &&
-             !(rc = parse_identity(out, root, e)))
-        rc = srv_agent_parse(out, root, lim, e);
+    int rc = cJSON_IsObject(root) ? d->parse(out, root, lim, e)
+                                  : bad(e, NULL, "the request body must be a JSON object");
     if (rc)
         srv_request_free(out);
     return rc;
@@ -558,33 +579,35 @@ static bool utf8_repair_tree(cJSON *o)
     return !oom;
 }
 
-/* Print and free `o`; NULL when o is NULL or printing ran out of memory.
- * The text is valid UTF-8 whatever the strings held. */
-static char *print(cJSON *o)
+char *srv_json_print(void *cjson)
 {
+    cJSON *o = cjson;
     char *s = o && utf8_repair_tree(o) ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;
 }
 
-/* "data: " + print(o) + "\n\n" */
-static char *sse(cJSON *o)
+char *srv_sse_event(const char *name, void *cjson)
 {
-    char *j = print(o);
+    char *j = srv_json_print(cjson);
     if (!j)
         return NULL;
-    size_t n = strlen(j);
-    char *s = malloc(n + 9);
+    size_t n = strlen(j), k = name ? strlen(name) + 8 : 0;
+    char *s = malloc(k + n + 9);
     if (s) {
-        memcpy(s, "data: ", 6);
-        memcpy(s + 6, j, n);
-        memcpy(s + 6 + n, "\n\n", 3);
+        if (name)
+            snprintf(s, k + 1, "event: %s\n", name);
+        memcpy(s + k, "data: ", 6);
+        memcpy(s + k + 6, j, n);
+        memcpy(s + k + 6 + n, "\n\n", 3);
     }
     free(j);
     return s;
 }
 
-static cJSON *error_object(const srv_error *e)
+char *srv_sse_data(void *cjson) { return srv_sse_event(NULL, cjson); }
+
+void *srv_error_object(const srv_error *e)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *x = cJSON_AddObjectToObject(o, "error");
@@ -601,8 +624,6 @@ static cJSON *error_object(const srv_error *e)
     return o;
 }
 
-char *srv_error_json(const srv_error *e) { return print(error_object(e)); }
-
 char *srv_prompt_json(const char *prompt)
 {
     cJSON *o = cJSON_CreateObject();
@@ -610,186 +631,36 @@ char *srv_prompt_json(const char *prompt)
         cJSON_Delete(o);
         return NULL;
     }
-    return print(o);
-}
-char *srv_sse_error(const srv_error *e) { return sse(error_object(e)); }
-
-static void add_usage(cJSON *o, const kvc_chat_stats *st)
-{
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", st->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", st->output_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)st->prompt_tokens + st->output_tokens);
-    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", st->cached_tokens);
-    cJSON_AddNumberToObject(d, "cached_disk_tokens", st->cached_disk_tokens);  /* ours */
+    return srv_json_print(o);
 }
 
-/* llama-server's timings object: prompt_n is what was computed, cache_n what
- * was reused. */
-static void add_timings(cJSON *o, const kvc_chat_stats *st)
+kvc_chat_stats srv_stats_sum(const kvc_chat_stats *stats, int n, int per_prompt)
 {
-    cJSON *t = cJSON_AddObjectToObject(o, "timings");
-    cJSON_AddNumberToObject(t, "prompt_n", st->computed_tokens);
-    cJSON_AddNumberToObject(t, "cache_n", st->cached_tokens);
-    cJSON_AddNumberToObject(t, "cache_disk_n", st->cached_disk_tokens);
-    cJSON_AddNumberToObject(t, "prompt_ms", st->prompt_ms);
-    cJSON_AddNumberToObject(t, "prompt_per_second", st->prompt_tps);
-    cJSON_AddNumberToObject(t, "predicted_n", st->output_tokens);
-    cJSON_AddNumberToObject(t, "predicted_ms", st->decode_ms);
-    cJSON_AddNumberToObject(t, "predicted_per_second", st->decode_tps);
-    cJSON_AddNumberToObject(t, "ttft_ms", st->ttft_ms);
-    if (st->grammar_masks > 0) {           /* constrained decoding's cost */
-        cJSON_AddNumberToObject(t, "grammar_masks", st->grammar_masks);
-        cJSON_AddNumberToObject(t, "grammar_mask_ms", st->grammar_mask_ms);
-        cJSON_AddNumberToObject(t, "grammar_mask_ms_per_token", st->grammar_mask_ms / st->grammar_masks);
-    }
-}
-
-static const char *finish_name(const char *f)
-{
-    return f && *f ? f : "stop";
-}
-
-/* The envelope every response and chunk shares. */
-static cJSON *envelope(const srv_reply_id *id, const char *object)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", id->id);
-    cJSON_AddStringToObject(o, "object", object);
-    cJSON_AddNumberToObject(o, "created", (double)id->created);
-    cJSON_AddStringToObject(o, "model", id->model ? id->model : "");
-    cJSON_AddStringToObject(o, "system_fingerprint", "kvchat");
-    return o;
-}
-
-/* Add choice i's stats to the usage *sum (stats of choice 0 first): the
- * prompt counted once per prompt (per_prompt choices each). */
-static void add_choice_stats(kvc_chat_stats *sum, const kvc_chat_stats *s, int i, int per_prompt)
-{
-    if (i == 0) {
-        *sum = *s;
-        return;
-    }
-    if (per_prompt > 0 && i % per_prompt == 0)
-        sum->prompt_tokens += s->prompt_tokens;
-    sum->output_tokens += s->output_tokens;
-    sum->computed_tokens += s->computed_tokens;
-    sum->cached_tokens += s->cached_tokens;
-    sum->grammar_masks += s->grammar_masks;
-    sum->grammar_mask_ms += s->grammar_mask_ms;
-}
-
-char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
-                        int per_prompt, const kvc_model *model, bool logprobs)
-{
-    bool chat = kind == SRV_CHAT;
-    cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
     kvc_chat_stats sum = { 0 };
-    for (int i = 0; i < n_done; i++) {
-        cJSON_AddItemToArray(ch, srv_choice_json(kind, i, &done[i], model, logprobs));
-        add_choice_stats(&sum, &done[i].stats, i, per_prompt);
+    for (int i = 0; i < n; i++) {
+        const kvc_chat_stats *s = &stats[i];
+        if (i == 0) {
+            sum = *s;
+            continue;
+        }
+        if (per_prompt > 0 && i % per_prompt == 0)
+            sum.prompt_tokens += s->prompt_tokens;
+        sum.output_tokens += s->output_tokens;
+        sum.computed_tokens += s->computed_tokens;
+        sum.cached_tokens += s->cached_tokens;
+        sum.grammar_masks += s->grammar_masks;
+        sum.grammar_mask_ms += s->grammar_mask_ms;
     }
-    add_usage(o, &sum);
-    add_timings(o, &sum);
-    return print(o);
+    return sum;
 }
 
-/* A chunk of the choice h names, with its logprobs (taken; NULL = null);
- * *choice gets its delta (chat) or the choice itself (completion, for its
- * text), to be filled by the caller. */
-static cJSON *chunk(const srv_chunk_head *h, const char *finish, cJSON *logprobs, cJSON **choice)
+bool srv_buf_put(srv_buf *b, char *s)
 {
-    bool chat = h->kind == SRV_CHAT;
-    cJSON *o = envelope(h->id, chat ? "chat.completion.chunk" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, c);
-    cJSON_AddNumberToObject(c, "index", h->index);
-    *choice = chat ? cJSON_AddObjectToObject(c, "delta") : c;
-    if (logprobs)
-        cJSON_AddItemToObject(c, "logprobs", logprobs);
-    else
-        cJSON_AddNullToObject(c, "logprobs");
-    if (finish)
-        cJSON_AddStringToObject(c, "finish_reason", finish);
-    else
-        cJSON_AddNullToObject(c, "finish_reason");
-    if (h->include_usage)
-        cJSON_AddNullToObject(o, "usage");
-    return o;
-}
-
-char *srv_sse_role(const srv_chunk_head *h)
-{
-    cJSON *d;
-    cJSON *o = chunk(h, NULL, NULL, &d);
-    cJSON_AddStringToObject(d, "role", "assistant");
-    cJSON_AddStringToObject(d, "content", "");
-    return sse(o);
-}
-
-char *srv_sse_text(const srv_chunk_head *h, const char *text, size_t len, void *logprobs)
-{
-    char *t = malloc(len + 1);
-    if (!t) {
-        cJSON_Delete(logprobs);
-        return NULL;
-    }
-    memcpy(t, text, len);
-    t[len] = 0;
-    cJSON *d;
-    cJSON *o = chunk(h, NULL, logprobs, &d);
-    cJSON_AddStringToObject(d, h->kind == SRV_CHAT ? "content" : "text", t);
-    free(t);
-    return sse(o);
-}
-
-char *srv_sse_tool_calls(const srv_chunk_head *h, const char *calls_json)
-{
-    cJSON *calls = cJSON_Parse(calls_json), *c;
-    char *out = NULL;
-    size_t len = 0, cap = 0;
-    bool oom = !calls;
-    int i = 0;
-    cJSON_ArrayForEach(c, calls) {
-        cJSON *d;
-        cJSON *o = chunk(h, NULL, NULL, &d);
-        cJSON *x = cJSON_Duplicate(c, true);
-        cJSON_AddNumberToObject(x, "index", i++);
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), x);
-        if (!srv_sse_put(&out, &len, &cap, sse(o)))
-            oom = true;
-    }
-    cJSON_Delete(calls);
-    if (oom) {
-        free(out);
-        return NULL;
-    }
-    return out ? out : strdup("");
-}
-
-char *srv_sse_finish(const srv_chunk_head *h, const char *finish_reason, void *logprobs)
-{
-    cJSON *d;
-    cJSON *o = chunk(h, finish_name(finish_reason), logprobs, &d);
-    if (h->kind != SRV_CHAT)
-        cJSON_AddStringToObject(d, "text", "");
-    return sse(o);
-}
-
-char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats, int n,
-                    int per_prompt)
-{
-    cJSON *o = envelope(id, kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
-    cJSON_AddArrayToObject(o, "choices");
-    kvc_chat_stats sum = { 0 };
-    for (int i = 0; i < n; i++)
-        add_choice_stats(&sum, &stats[i], i, per_prompt);
-    add_usage(o, &sum);
-    add_timings(o, &sum);
-    return sse(o);
+    b->oom |= !s;
+    if (s && !b->oom)
+        kvc_text_append(&b->p, &b->len, &b->cap, &b->oom, s, strlen(s));
+    free(s);
+    return !b->oom;
 }
 
 static cJSON *model_object(const char *model, time_t created)
@@ -805,10 +676,10 @@ static cJSON *model_object(const char *model, time_t created)
 char *srv_models_json(const char *model, time_t created, bool one)
 {
     if (one)
-        return print(model_object(model, created));
+        return srv_json_print(model_object(model, created));
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *d = cJSON_AddArrayToObject(o, "data");
     cJSON_AddItemToArray(d, model_object(model, created));
-    return print(o);
+    return srv_json_print(o);
 }
