@@ -580,6 +580,17 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
 
 /* ============================================================ dispatch */
 
+/* The dialect whose name is `name` ("chat.completions", "responses",
+ * "messages"); NULL when none is. */
+static const srv_dialect *dialect_named(const char *name)
+{
+    static const srv_dialect *const all[] = { &srv_dialect_chat, &srv_dialect_responses };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (!strcmp(name, all[i]->name))
+            return all[i];
+    return NULL;
+}
+
 /* c's route, its dialect and method, from the path (the query string is not
  * part of url: /v1/messages?beta=true is /v1/messages). */
 static void find_route(conn *c, const char *url)
@@ -593,6 +604,8 @@ static void find_route(conn *c, const char *url)
         { "/v1/chat/completions", ROUTE_GENERATE, NULL, true },
         { "/chat/completions", ROUTE_GENERATE, NULL, true },
         { "/v1/completions", ROUTE_GENERATE, &srv_dialect_completions, true },
+        { "/v1/responses", ROUTE_GENERATE, &srv_dialect_responses, true },
+        { "/responses", ROUTE_GENERATE, &srv_dialect_responses, true },
         { "/completions", ROUTE_GENERATE, &srv_dialect_completions, true },
         { "/v1/models", ROUTE_MODELS, NULL, false }, { "/models", ROUTE_MODELS, NULL, false },
         { "/apply-template", ROUTE_APPLY_TEMPLATE, NULL, true },
@@ -657,6 +670,13 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
 {
     srv_error *e = &c->err;
     find_route(c, url);
+    const char *api = c->route == ROUTE_APPLY_TEMPLATE
+                    ? MHD_lookup_connection_value(mc, MHD_GET_ARGUMENT_KIND, "api") : NULL;
+    if (api && !(c->dialect = dialect_named(api))) {   /* the request in another API's shape */
+        c->dialect = &srv_dialect_chat;
+        srv_error_set(&c->err, 400, "invalid_request_error", "api", NULL,
+                      "api '%.40s' is not one of chat.completions, responses, messages", api);
+    }
     if (!strcmp(method, "OPTIONS")) {        /* a CORS preflight: no API key is sent */
         c->preflight = true;
         return true;

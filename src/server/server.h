@@ -303,6 +303,7 @@ struct srv_dialect {
 
 extern const srv_dialect srv_dialect_chat;          /* POST /v1/chat/completions */
 extern const srv_dialect srv_dialect_completions;   /* POST /v1/completions */
+extern const srv_dialect srv_dialect_responses;     /* POST /v1/responses (server_responses.c) */
 
 /* ======================================= the agent API (server_agent.c) */
 
@@ -346,6 +347,9 @@ char *srv_json_print(void *cjson);
  * JSON\n\n", or with a name "event: NAME\ndata: JSON\n\n". */
 char *srv_sse_data(void *cjson);
 char *srv_sse_event(const char *name, void *cjson);
+/* A cJSON string of s[0, n) (s need not be NUL-terminated there); NULL
+ * when memory ran out. */
+void *srv_json_string_n(const char *s, size_t n);
 /* OpenAI's error object {"error": {"message", "type", "param", "code"}},
  * and its text. */
 void *srv_error_object(const srv_error *e);

@@ -41,7 +41,7 @@ static const char *const chat_fields[] = {
     "seed", "stop", "stream", "stream_options", "user", "prompt_cache_key", "cache_prompt",
     "cache_salt",
     "tools", "tool_choice", "parallel_tool_calls", "response_format", "logit_bias", "logprobs",
-    "top_logprobs", "chat_template_kwargs",
+    "top_logprobs", "chat_template_kwargs", "reasoning_effort", "enable_thinking",
     "store", "metadata", "service_tier",                       /* ignored */
     NULL,
 };

@@ -10,18 +10,6 @@
 #include "common.h"
 #include "server.h"
 
-/* A cJSON string of s[0, n) (s need not be NUL-terminated there). */
-static cJSON *string_n(const char *s, size_t n)
-{
-    char *t = malloc(n + 1);
-    if (!t)
-        return NULL;
-    memcpy(t, s, n);
-    t[n] = 0;
-    cJSON *o = cJSON_CreateString(t);
-    free(t);
-    return o;
-}
 
 srv_reply srv_reply_whole(const kvc_event *done, bool tool_calls)
 {
@@ -106,9 +94,9 @@ static cJSON *chat_choice(int index, const srv_reply *rp, const kvc_model *model
     if (calls && !rp->n_content)
         cJSON_AddNullToObject(m, "content");
     else
-        cJSON_AddItemToObject(m, "content", string_n(rp->content, rp->n_content));
+        cJSON_AddItemToObject(m, "content", srv_json_string_n(rp->content, rp->n_content));
     if (rp->reasoning)
-        cJSON_AddItemToObject(m, "reasoning_content", string_n(rp->reasoning, rp->n_reasoning));
+        cJSON_AddItemToObject(m, "reasoning_content", srv_json_string_n(rp->reasoning, rp->n_reasoning));
     if (calls)
         cJSON_AddItemToObject(m, "tool_calls", calls);
     size_t offset = 0;
@@ -216,7 +204,7 @@ static bool completion_begin(srv_emit *h, srv_buf *out) { return true; }
 static char *text_chunk(const srv_chunk_head *h, const char *field, const char *text, size_t len,
                         void *logprobs)
 {
-    cJSON *s = string_n(text, len);
+    cJSON *s = srv_json_string_n(text, len);
     if (!s) {
         cJSON_Delete(logprobs);
         return NULL;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "chat_template.h"
+#include "common.h"
 #include "sampler.h"
 #include "server.h"
 #include "unicode.h"
@@ -312,6 +313,39 @@ static int parse_message(srv_request *r, const cJSON *m, int i, srv_error *e)
     return bad(e, param, "messages[%d].content must be a string or an array of content parts", i);
 }
 
+/* chat_template_kwargs, with the thinking switches of the APIs added where
+ * the request's kwargs do not set them: reasoning_effort ("none" turns the
+ * template's enable_thinking off, any other effort on; the effort itself is
+ * passed as reasoning_effort, gpt-oss's variable) and enable_thinking given
+ * at the top level (as some clients send it). */
+static int parse_thinking(srv_request *r, const cJSON *root, const cJSON *kw, srv_error *e)
+{
+    static const char *const efforts[] = { "none", "minimal", "low", "medium", "high", "xhigh" };
+    const cJSON *eff = field(root, "reasoning_effort"), *on = field(root, "enable_thinking");
+    if (eff) {
+        size_t i = 0;
+        while (cJSON_IsString(eff) && i < KVC_ARRAY_LEN(efforts) && strcmp(eff->valuestring, efforts[i]))
+            i++;
+        if (!cJSON_IsString(eff) || i == KVC_ARRAY_LEN(efforts))
+            return bad(e, "reasoning_effort", "reasoning_effort must be one of none, minimal, "
+                       "low, medium, high, xhigh");
+    }
+    if (on && !cJSON_IsBool(on))
+        return bad(e, "enable_thinking", "enable_thinking must be a boolean");
+    if (!eff && !on)
+        return kw ? own_json(r, kw, &r->params.chat.template_kwargs_json, e) : 0;
+    cJSON *all = kw ? cJSON_Duplicate(kw, true) : cJSON_CreateObject();
+    if (all && !cJSON_HasObjectItem(all, "enable_thinking"))
+        cJSON_AddBoolToObject(all, "enable_thinking",
+                              on ? cJSON_IsTrue(on) : strcmp(eff->valuestring, "none") != 0);
+    if (all && eff && !cJSON_HasObjectItem(all, "reasoning_effort"))
+        cJSON_AddStringToObject(all, "reasoning_effort", eff->valuestring);
+    int rc = all ? own_json(r, all, &r->params.chat.template_kwargs_json, e)
+                 : srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    cJSON_Delete(all);
+    return rc;
+}
+
 static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error *e)
 {
     const cJSON *ms = field(root, "messages");
@@ -342,9 +376,7 @@ static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error 
         return bad(e, "chat_template_kwargs", "chat_template_kwargs must be an object");
     if (tools && cJSON_GetArraySize(tools) > 0 && (rc = own_json(r, tools, &r->params.chat.tools_json, e)))
         return rc;
-    if (kw && (rc = own_json(r, kw, &r->params.chat.template_kwargs_json, e)))
-        return rc;
-    return 0;
+    return parse_thinking(r, root, kw, e);
 }
 
 /* ============================================================ parameters */
@@ -603,6 +635,18 @@ char *srv_sse_event(const char *name, void *cjson)
     }
     free(j);
     return s;
+}
+
+void *srv_json_string_n(const char *s, size_t n)
+{
+    char *t = malloc(n + 1);
+    if (!t)
+        return NULL;
+    memcpy(t, s, n);
+    t[n] = 0;
+    cJSON *o = cJSON_CreateString(t);
+    free(t);
+    return o;
 }
 
 char *srv_sse_data(void *cjson) { return srv_sse_event(NULL, cjson); }
