@@ -16,9 +16,10 @@ int cmd_serve(int argc, char **argv);
 static const char serve_help[] =
     "usage: kvchat serve [options]\n\n"
     "Serve the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
-    "POST /v1/responses (stateless), GET /v1/models, GET /health, GET /metrics\n"
+    "POST /v1/responses (stateless), and Anthropic's POST /v1/messages and\n"
+    "/v1/messages/count_tokens; GET /v1/models, GET /health, GET /metrics\n"
     "(Prometheus), POST /tokenize, POST /detokenize, POST /apply-template\n"
-    "(?api=responses: a request of that API).\n\n"
+    "(?api=responses or ?api=messages: a request of that API).\n\n"
     "      --alias NAME        the model name served (/v1/models, responses; default:\n"
     "                          the GGUF's general.name)\n"
     "      --cors-origins LIST browser origins allowed to call: '*' or a comma list\n"

@@ -16,9 +16,16 @@
 static const char *bin;
 static char model_path[64];
 
+#define KEY "dialects-key"
+
+/* POST with the API key as each API's clients send it: Anthropic's in
+ * x-api-key (with anthropic-version), OpenAI's as a bearer token. */
 static http_resp post(int port, const char *path, const char *body)
 {
-    return http_request(port, "POST", path, body, 60);
+    bool anthropic = strstr(path, "messages") || strstr(path, "api=messages");
+    return http_request_ex(port, "POST", path,
+                           anthropic ? "x-api-key: " KEY "\r\nanthropic-version: 2023-06-01\r\n"
+                                     : "Authorization: Bearer " KEY "\r\n", body, 60);
 }
 
 /* The JSON body of a POST (NULL when not JSON); *status its status. */
@@ -242,6 +249,149 @@ static void test_responses_tools(int port)
     cJSON_Delete(j);
 }
 
+/* ============================================================ Messages */
+
+static const char tools_msg[] =
+    "[{\"name\":\"get_weather\",\"description\":\"Weather of a city\",\"input_schema\":"
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+    "\"required\":[\"city\"]}}]";
+
+/* The text of a message's first text block (malloc'd; NULL when none). */
+static char *first_text(const cJSON *j)
+{
+    const cJSON *b;
+    cJSON_ArrayForEach(b, at(j, "content"))
+        if (str_at(b, "type") && !strcmp(str_at(b, "type"), "text"))
+            return strdup(str_at(b, "text"));
+    return NULL;
+}
+
+static void test_messages_plain(int port)
+{
+    int st;
+    const char *body = "{\"model\":\"claude-x\",\"system\":[{\"type\":\"text\",\"text\":"
+                       "\"Be brief.\",\"cache_control\":{\"type\":\"ephemeral\"}}],\"messages\":"
+                       "[{\"role\":\"user\",\"content\":\"Tell me about the sea.\"}],"
+                       "\"max_tokens\":10,\"temperature\":0}";
+    cJSON *j = post_json(port, "/v1/messages?beta=true", body, &st);
+    CHECKF(st == 200, "messages: %d", st);
+    CHECK(str_at(j, "id") && !strncmp(str_at(j, "id"), "msg_", 4));
+    CHECK(str_at(j, "type") && !strcmp(str_at(j, "type"), "message"));
+    CHECK(str_at(j, "role") && !strcmp(str_at(j, "role"), "assistant"));
+    CHECK(str_at(j, "stop_reason") && !strcmp(str_at(j, "stop_reason"), "max_tokens"));
+    CHECK(num_at(j, "usage.output_tokens") == 10);
+    double in = num_at(j, "usage.input_tokens") + num_at(j, "usage.cache_read_input_tokens");
+    char *text = first_text(j);
+    CHECK(text != NULL);
+    cJSON_Delete(j);
+
+    /* count_tokens: what the message's usage counted */
+    j = post_json(port, "/v1/messages/count_tokens", body, &st);
+    CHECKF(st == 200 && num_at(j, "input_tokens") == in, "count_tokens %g, usage %g",
+           num_at(j, "input_tokens"), in);
+    cJSON_Delete(j);
+
+    /* a stop sequence taken from the greedy reply ends it there, and is named */
+    size_t n = text ? strlen(text) : 0;
+    CHECKF(n >= 3, "reply '%s' too short to take a stop sequence from", text ? text : "");
+    if (n >= 3) {
+        char stop[3] = { text[1], text[2], 0 }, b2[1024];
+        size_t cut = (size_t)(strstr(text, stop) - text);
+        cJSON *js = cJSON_CreateString(stop);
+        char *q = cJSON_PrintUnformatted(js);
+        snprintf(b2, sizeof(b2), "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about "
+                 "the sea.\"}],\"system\":\"Be brief.\",\"max_tokens\":10,\"temperature\":0,"
+                 "\"stop_sequences\":[\"zzz\",%s]}", q);
+        free(q);
+        cJSON_Delete(js);
+        j = post_json(port, "/v1/messages", b2, &st);
+        char *t2 = first_text(j);
+        CHECKF(str_at(j, "stop_reason") && !strcmp(str_at(j, "stop_reason"), "stop_sequence"),
+               "stop_reason %s", str_at(j, "stop_reason") ? str_at(j, "stop_reason") : "null");
+        CHECK(str_at(j, "stop_sequence") && !strcmp(str_at(j, "stop_sequence"), stop));
+        CHECKF(t2 && strlen(t2) == cut && !strncmp(t2, text, cut), "'%s' cut at '%s'", text, stop);
+        free(t2);
+        cJSON_Delete(j);
+    }
+
+    /* the same request streamed: the events, and the same text */
+    char sbody[1024];
+    snprintf(sbody, sizeof(sbody), "%.*s,\"stream\":true}", (int)strlen(body) - 1, body);
+    http_resp r = post(port, "/v1/messages", sbody);
+    sse s;
+    sse_parse(&s, r.body ? r.body : "");
+    static const char *const order[] = {
+        "message_start", "ping", "content_block_start", "content_block_delta",
+        "content_block_stop", "message_delta", "message_stop",
+    };
+    int k = 0;
+    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+        int f = sse_find(&s, order[i], k);
+        CHECKF(f >= k, "event %s missing or out of order", order[i]);
+        k = f >= 0 ? f : k;
+    }
+    char streamed[4096] = "";
+    for (int i = 0; i < s.n; i++)
+        if (s.name[i] && !strcmp(s.name[i], "content_block_delta"))
+            strncat(streamed, str_at(s.data[i], "delta.text"), sizeof(streamed) - strlen(streamed) - 1);
+    CHECKF(text && !strcmp(streamed, text), "streamed '%s' != whole '%s'", streamed, text ? text : "");
+    int md = sse_find(&s, "message_delta", 0);
+    CHECK(md >= 0 && !strcmp(str_at(s.data[md], "delta.stop_reason"), "max_tokens"));
+    CHECK(md >= 0 && num_at(s.data[md], "usage.output_tokens") == 10);
+    sse_free(&s);
+    http_resp_free(&r);
+    free(text);
+
+    /* errors in Anthropic's shape; a missing key is a 401 */
+    check_400(port, "/v1/messages", "{\"messages\":[{\"role\":\"user\",\"content\":"
+              "[{\"type\":\"image\"}]}],\"max_tokens\":3}", "\"type\":\"invalid_request_error\"");
+    check_400(port, "/v1/messages", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+              "\"max_tokens\":3,\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"w\"}]}",
+              "web_search_20250305");
+    r = http_request(port, "POST", "/v1/messages", "{}", 10);
+    CHECKF(r.status == 401 && r.body && strstr(r.body, "authentication_error"), "no key: %d %s",
+           r.status, r.body ? r.body : "");
+    http_resp_free(&r);
+}
+
+static void test_messages_tools(int port)
+{
+    char body[2048];
+    int st;
+    snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in "
+             "Paris?\"}],\"tools\":%s,\"tool_choice\":{\"type\":\"tool\",\"name\":"
+             "\"get_weather\",\"disable_parallel_tool_use\":true},\"max_tokens\":60,"
+             "\"temperature\":0%%s}", tools_msg);
+    char b[2100];
+    snprintf(b, sizeof(b), body, "");
+    cJSON *j = post_json(port, "/v1/messages", b, &st);
+    const cJSON *blk, *use = NULL;
+    cJSON_ArrayForEach(blk, at(j, "content"))
+        if (str_at(blk, "type") && !strcmp(str_at(blk, "type"), "tool_use"))
+            use = blk;
+    CHECKF(st == 200 && use, "forced tool: no tool_use block");
+    CHECK(use && !strcmp(str_at(use, "name"), "get_weather") && str_at(use, "id"));
+    CHECK(use && cJSON_IsString(at(use, "input.city")));
+    CHECK(str_at(j, "stop_reason") && !strcmp(str_at(j, "stop_reason"), "tool_use"));
+    cJSON_Delete(j);
+
+    snprintf(b, sizeof(b), body, ",\"stream\":true");
+    http_resp r = post(port, "/v1/messages", b);
+    sse s;
+    sse_parse(&s, r.body ? r.body : "");
+    int d = -1;
+    for (int i = 0; i < s.n; i++)
+        if (str_at(s.data[i], "delta.type") && !strcmp(str_at(s.data[i], "delta.type"), "input_json_delta"))
+            d = i;
+    cJSON *in = d >= 0 ? cJSON_Parse(str_at(s.data[d], "delta.partial_json")) : NULL;
+    CHECKF(cJSON_IsString(at(in, "city")), "stream: input_json_delta");
+    int md = sse_find(&s, "message_delta", 0);
+    CHECK(md >= 0 && !strcmp(str_at(s.data[md], "delta.stop_reason"), "tool_use"));
+    cJSON_Delete(in);
+    sse_free(&s);
+    http_resp_free(&r);
+}
+
 /* ============================================ one conversation, three APIs */
 
 /* The prompt body renders to through `api`'s /apply-template. malloc'd. */
@@ -277,14 +427,28 @@ static void test_same_conversation(int port)
              "{\"type\":\"function_call_output\",\"call_id\":\"call_1\",\"output\":\"sunny\"},"
              "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"And tomorrow?\"}]}],"
              "\"tools\":%s,\"max_output_tokens\":12,\"temperature\":0%%s}", tools_resp);
-    char b1[4200], b2[4200];
+    char msg[4096];
+    snprintf(msg, sizeof(msg),
+             "{\"system\":\"You are terse.\",\"messages\":["
+             "{\"role\":\"user\",\"content\":\"Weather in Oslo?\"},"
+             "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"call_1\","
+             "\"name\":\"get_weather\",\"input\":{\"city\":\"Oslo\"}}]},"
+             "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":"
+             "\"call_1\",\"content\":\"sunny\"},{\"type\":\"text\",\"text\":\"And tomorrow?\"}]}],"
+             "\"tools\":%s,\"max_tokens\":12,\"temperature\":0%%s}", tools_msg);
+    char b1[4200], b2[4200], b3[4200];
     snprintf(b1, sizeof(b1), chat, "");
     snprintf(b2, sizeof(b2), resp, "");
+    snprintf(b3, sizeof(b3), msg, "");
     char *p1 = rendered(port, "chat.completions", b1), *p2 = rendered(port, "responses", b2);
+    char *p3 = rendered(port, "messages", b3);
     CHECKF(p1 && p2 && !strcmp(p1, p2), "chat and Responses render differently:\n%s\n---\n%s",
            p1 ? p1 : "", p2 ? p2 : "");
+    CHECKF(p1 && p3 && !strcmp(p1, p3), "chat and Messages render differently:\n%s\n---\n%s",
+           p1 ? p1 : "", p3 ? p3 : "");
     free(p1);
     free(p2);
+    free(p3);
 
     /* a cold reference, then chat, then Responses hitting chat's cache */
     int st;
@@ -303,7 +467,17 @@ static void test_same_conversation(int port)
     CHECKF(num_at(r, "usage.input_tokens") == pt, "prompt tokens %g vs %g", pt,
            num_at(r, "usage.input_tokens"));
     CHECKF(cached >= pt - 16 && cached > 0, "Responses after chat: %g of %g tokens cached", cached, pt);
-    printf("same conversation: %g prompt tokens; Responses after chat: %g cached\n", pt, cached);
+    cJSON *m = post_json(port, "/v1/messages", b3, &st);
+    char *t3 = first_text(m);
+    double read = num_at(m, "usage.cache_read_input_tokens");
+    CHECKF(t3 && t1 && !strcmp(t3, t1), "Messages reply '%s' != chat '%s'", t3 ? t3 : "",
+           t1 ? t1 : "");
+    CHECKF(read + num_at(m, "usage.input_tokens") == pt && read >= pt - 16,
+           "Messages after Responses: %g read, %g not", read, num_at(m, "usage.input_tokens"));
+    printf("same conversation: %g prompt tokens; Responses after chat: %g cached; Messages "
+           "after both: %g cached\n", pt, cached, read);
+    free(t3);
+    cJSON_Delete(m);
     cJSON_Delete(cold);
     cJSON_Delete(c);
     cJSON_Delete(r);
@@ -319,13 +493,16 @@ int main(void)
     snprintf(model_path, sizeof(model_path), "/tmp/kvc_dialects_%d.gguf", (int)getpid());
     char err[256];
     CHECK(kvc_gen_write(&gp, model_path, err, sizeof(err)) == KVC_OK);
-    const char *args[] = { "-m", model_path, "--parallel", "2", "--cache-disk", "0", NULL };
+    const char *args[] = { "-m", model_path, "--parallel", "2", "--cache-disk", "0",
+                           "--api-key", KEY, NULL };
     http_server s;
     CHECK(http_server_start(&s, bin, args, 60));
     if (s.port > 0) {
         test_responses_plain(s.port);
         test_responses_stream(s.port);
         test_responses_tools(s.port);
+        test_messages_plain(s.port);
+        test_messages_tools(s.port);
         test_same_conversation(s.port);
     }
     http_server_stop(&s);

@@ -117,7 +117,7 @@ struct kvc_server {
 
 enum route {
     ROUTE_NONE = 0, ROUTE_GENERATE, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
-    ROUTE_METRICS, ROUTE_APPLY_TEMPLATE, ROUTE_TOKENIZE, ROUTE_DETOKENIZE,
+    ROUTE_METRICS, ROUTE_APPLY_TEMPLATE, ROUTE_TOKENIZE, ROUTE_DETOKENIZE, ROUTE_COUNT_TOKENS,
 };
 
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */
@@ -168,7 +168,8 @@ static void add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_
                             "X-Stainless-Arch, X-Stainless-Lang, X-Stainless-OS, "
                             "X-Stainless-Package-Version, X-Stainless-Runtime, "
                             "X-Stainless-Runtime-Version, X-Stainless-Retry-Count, "
-                            "X-Stainless-Timeout");
+                            "X-Stainless-Timeout, x-api-key, anthropic-version, anthropic-beta, "
+                            "anthropic-dangerous-direct-browser-access");
     MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
 }
 
@@ -422,7 +423,8 @@ static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
     srv_reply rp[SRV_MAX_CHOICES];
     for (int i = 0; i < n; i++) {
         srv_metrics_done(s->metrics, &done[i].stats);
-        rp[i] = srv_reply_whole(&done[i], true);
+        rp[i] = srv_reply_make(&done[i], true, rq->params.chat.stop, rq->params.chat.n_stop,
+                               s->lim.model);
     }
     return respond_json(s, mc, rq->dialect->response(&id, rq, rp, n, rq->n, s->lim.model,
                                                      rq->logprobs >= 0));
@@ -482,6 +484,30 @@ static enum MHD_Result handle_apply_template(kvc_server *s, struct MHD_Connectio
     return respond_json(s, mc, json);
 }
 
+/* POST /v1/messages/count_tokens: the tokens the request's prompt has. */
+static enum MHD_Result handle_count_tokens(kvc_server *s, struct MHD_Connection *mc,
+                                           const conn *c, const srv_request *rq)
+{
+    srv_error e;
+    char err[512] = "", *prompt = NULL;
+    int rc = kvc_engine_render(s->engine, &rq->params, &prompt, err, sizeof(err));
+    if (rc) {
+        srv_error_from_status(&e, rc, err);
+        return respond_error(s, mc, c, &e);
+    }
+    size_t n = strlen(prompt);
+    int32_t *t = malloc((n + 8) * sizeof(int32_t));
+    int64_t k = t ? kvc_model_tokenize(s->lim.model, prompt, n, true, true, t, (int64_t)n + 8)
+                  : -1;
+    free(t);
+    free(prompt);
+    if (k < 0) {
+        srv_error_set(&e, 500, "server_error", NULL, NULL, "tokenization failed");
+        return respond_error(s, mc, c, &e);
+    }
+    return respond_json(s, mc, srv_count_tokens_json(k));
+}
+
 /* The request's cache namespace (DESIGN.md §5): its API key's, unless keys
  * share the cache, and its cache_salt. Into buf; NULL for the default. */
 static const char *namespace_of(const kvc_server *s, const conn *c, const srv_request *rq,
@@ -539,6 +565,7 @@ static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *m
     char ns[MAX_NAMESPACE];
     rq.params.cache_namespace = namespace_of(s, c, &rq, ns, sizeof(ns));
     enum MHD_Result ret = c->route == ROUTE_APPLY_TEMPLATE ? handle_apply_template(s, mc, c, &rq)
+                        : c->route == ROUTE_COUNT_TOKENS   ? handle_count_tokens(s, mc, c, &rq)
                                                            : run_request(s, mc, c, &rq);
     srv_request_free(&rq);
     return ret;
@@ -584,7 +611,8 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
  * "messages"); NULL when none is. */
 static const srv_dialect *dialect_named(const char *name)
 {
-    static const srv_dialect *const all[] = { &srv_dialect_chat, &srv_dialect_responses };
+    static const srv_dialect *const all[] = { &srv_dialect_chat, &srv_dialect_responses,
+                                              &srv_dialect_messages };
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         if (!strcmp(name, all[i]->name))
             return all[i];
@@ -606,6 +634,8 @@ static void find_route(conn *c, const char *url)
         { "/v1/completions", ROUTE_GENERATE, &srv_dialect_completions, true },
         { "/v1/responses", ROUTE_GENERATE, &srv_dialect_responses, true },
         { "/responses", ROUTE_GENERATE, &srv_dialect_responses, true },
+        { "/v1/messages", ROUTE_GENERATE, &srv_dialect_messages, true },
+        { "/v1/messages/count_tokens", ROUTE_COUNT_TOKENS, &srv_dialect_messages, true },
         { "/completions", ROUTE_GENERATE, &srv_dialect_completions, true },
         { "/v1/models", ROUTE_MODELS, NULL, false }, { "/models", ROUTE_MODELS, NULL, false },
         { "/apply-template", ROUTE_APPLY_TEMPLATE, NULL, true },
@@ -645,9 +675,13 @@ static bool authorized(const kvc_server *s, struct MHD_Connection *mc, int *key)
     if (s->n_api_keys == 0)
         return true;
     const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+    const char *x = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "x-api-key");
+    if (h && strncasecmp(h, "Bearer ", 7) == 0)
+        h += 7;
+    else if (x)                       /* Anthropic's clients send the key so */
+        h = x;
+    else
         return false;
-    h += 7;
     while (*h == ' ')
         h++;
     for (int i = 0; i < s->n_api_keys; i++)
@@ -692,7 +726,8 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
     bool open = c->route == ROUTE_HEALTH && !strcmp(method, "GET");
     if (!open && !authorized(s, mc, &c->key))
         srv_error_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
-                      "a valid API key is required: send the header 'Authorization: Bearer KEY'");
+                      "a valid API key is required: send the header 'Authorization: Bearer KEY' "
+                      "(or 'x-api-key: KEY')");
     else if (c->route == ROUTE_NONE)
         srv_error_set(e, 404, "invalid_request_error", NULL, "not_found",
                       "Invalid URL (%.16s %.200s)", method, url);

@@ -253,6 +253,8 @@ typedef struct srv_reply {
     const char      *content;     /* [n_content] bytes: the text besides the rest */
     size_t           n_content;
     const char      *tool_calls;  /* the OpenAI tool_calls JSON array text; NULL = none */
+    const char      *stop_sequence; /* the stop string that ended it (one of the
+                                     request's, borrowed); NULL = none or not known */
 } srv_reply;
 
 /* One choice of a stream as a dialect writes it: the head, and the state of
@@ -304,6 +306,7 @@ struct srv_dialect {
 extern const srv_dialect srv_dialect_chat;          /* POST /v1/chat/completions */
 extern const srv_dialect srv_dialect_completions;   /* POST /v1/completions */
 extern const srv_dialect srv_dialect_responses;     /* POST /v1/responses (server_responses.c) */
+extern const srv_dialect srv_dialect_messages;      /* POST /v1/messages (server_messages.c) */
 
 /* ======================================= the agent API (server_agent.c) */
 
@@ -374,6 +377,13 @@ char *srv_sse_text(const srv_chunk_head *h, const char *text, size_t len, void *
 char *srv_sse_finish(const srv_chunk_head *h, const char *finish_reason, void *logprobs);
 /* A reply of the DONE event done, not split (content = its text). */
 srv_reply srv_reply_whole(const kvc_event *done, bool tool_calls);
+/* The same, with the stop string of stop[0, n_stop) that ended it found
+ * from its tokens (done->logprobs, which name every generated token: the
+ * text after the reply's begins with the stop string) when model is given. */
+srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *const *stop,
+                         int n_stop, const kvc_model *model);
+/* {"input_tokens": n}, the answer of /v1/messages/count_tokens. */
+char *srv_count_tokens_json(int64_t n);
 
 /* ======================================== metrics (server_metrics.c) */
 
@@ -421,6 +431,9 @@ typedef struct srv_stream_choice {   /* the fields are private to server_stream.
     size_t             text_offset;    /* completions: the text_offset of token lp_sent */
     kvc_chat_stats     stats;          /* DONE's */
     bool               done;           /* DONE came */
+    const char *const *stop;           /* the request's stop strings [n_stop] (borrowed) ... */
+    int                n_stop;
+    const kvc_model   *vocab;          /* ... and the model: which one ended the reply */
 } srv_stream_choice;
 
 /* Set c up (zeroed first) for the choice head names. */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_template.h"
 #include "common.h"
 #include "server.h"
 
@@ -21,6 +22,28 @@ srv_reply srv_reply_whole(const kvc_event *done, bool tool_calls)
         rp.content = done->text ? done->text : "";
     }
     rp.n_content = strlen(rp.content);
+    return rp;
+}
+
+srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *const *stop,
+                         int n_stop, const kvc_model *model)
+{
+    srv_reply rp = srv_reply_whole(done, tool_calls);
+    const char *f = done->stats.finish_reason;
+    if (!model || n_stop <= 0 || done->n_logprobs <= 0 || (f && strcmp(f, "stop")))
+        return rp;
+    char *all = NULL;
+    size_t len = 0, cap = 0, reply = done->text ? strlen(done->text) : 0;
+    bool oom = false;
+    for (int32_t i = 0; i < done->n_logprobs && len < reply + 4096; i++) {
+        char buf[256];
+        int k = kvc_model_token_to_piece(model, done->logprobs[i].token, true, buf, sizeof(buf));
+        kvc_text_append(&all, &len, &cap, &oom, buf, k > 0 && k < (int)sizeof(buf) ? (size_t)k : 0);
+    }
+    for (int i = 0; all && len > reply && i < n_stop && !rp.stop_sequence; i++)
+        if (!strncmp(all + reply, stop[i], strlen(stop[i])))
+            rp.stop_sequence = stop[i];
+    free(all);
     return rp;
 }
 

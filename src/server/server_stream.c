@@ -100,7 +100,7 @@ static bool send_ready(srv_stream_choice *c, srv_buf *out)
 static bool send_end(srv_stream_choice *c, const kvc_event *done, srv_buf *out)
 {
     const srv_dialect *d = c->em.head.dialect;
-    srv_reply rp = srv_reply_whole(done, c->tools);
+    srv_reply rp = srv_reply_make(done, c->tools, c->stop, c->n_stop, c->vocab);
     bool ok = true;
     if (!rp.tool_calls && c->len > c->sent) {
         cJSON *lp = logprobs_of(c, c->lp, c->lp_sent, c->n_lp);
@@ -138,6 +138,7 @@ struct srv_stream {
                                        * wait for */
     srv_reply_id       id;
     char              *model;         /* id.model's storage */
+    char              *stop[SRV_MAX_STOP];   /* the request's stop strings (copies) */
     srv_buf            buf;           /* the SSE text; sent up to pos */
     size_t             pos;
     int                n, per_prompt; /* choices, of which per_prompt for each prompt */
@@ -241,6 +242,8 @@ void srv_stream_free(srv_stream *st)
         srv_stream_choice_free(&st->choice[i]);
     }
     free(st->model);
+    for (int i = 0; i < SRV_MAX_STOP; i++)
+        free(st->stop[i]);
     free(st->buf.p);
     free(st);
 }
@@ -260,11 +263,21 @@ srv_stream *srv_stream_new(const srv_request *rq, const srv_reply_id *id, const 
                         .n = rq->n * rq->n_prompts, .per_prompt = rq->n };
     st->id.model = model;
     st->open = st->n;
-    for (int i = 0; i < st->n; i++)
-        srv_stream_choice_init(&st->choice[i], (srv_chunk_head){ rq->dialect, &st->id, i,
-                                                                 rq->include_usage },
+    int n_stop = rq->params.chat.n_stop;
+    for (int i = 0; i < n_stop; i++)
+        if (!(st->stop[i] = strdup(rq->params.chat.stop[i]))) {
+            srv_stream_free(st);
+            return NULL;
+        }
+    for (int i = 0; i < st->n; i++) {
+        srv_stream_choice *c = &st->choice[i];
+        srv_stream_choice_init(c, (srv_chunk_head){ rq->dialect, &st->id, i, rq->include_usage },
                                rq->logprobs >= 0 ? lim->model : NULL,
                                rq->params.chat.parse_tool_calls, lim->tool_format);
+        c->stop = (const char *const *)st->stop;
+        c->n_stop = n_stop;
+        c->vocab = lim->model;
+    }
     return st;
 }
 
