@@ -209,6 +209,13 @@ int  srv_request_parse(int kind, const char *body, size_t len, const srv_limits 
                        srv_request *out, srv_error *e);
 void srv_request_free(srv_request *r);
 
+/* Parse a JSON body of `len` bytes (any bytes) into a cJSON tree (a cJSON *,
+ * the caller's to cJSON_Delete), or NULL with *e a 400: not JSON, trailing
+ * data, or a string (value or member name) with invalid UTF-8 or a \u0000,
+ * the message naming where ("messages[0].content"). Every dialect's parser
+ * starts here, so what reaches the engine is a valid C string. */
+void *srv_json_parse(const char *body, size_t len, srv_error *e);
+
 /* Identity of one response: id ("chatcmpl-..." / "cmpl-..."), creation time
  * and the model name to echo. */
 typedef struct srv_reply_id {
@@ -265,7 +272,7 @@ char *srv_prompt_json(const char *prompt);
 /* The whole non-streamed response (chat.completion or text_completion) for
  * the DONE events of its n_done choices (per_prompt choices per prompt, whose
  * prompt usage counts once): their replies, finish reasons, usage and
- * timings (summed). */
+ * timings (the prompt and its cached part once per prompt, the rest summed). */
 char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
                         int per_prompt, const kvc_model *model, bool logprobs);
 /* One SSE event "data: {...}\n\n" of a stream (several for tool calls), for

@@ -467,7 +467,9 @@ void *srv_choice_json(int kind, int index, const kvc_event *done, const kvc_mode
 
 static cJSON *parse_body(const char *body, size_t len, srv_error *e)
 {
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = srv_json_parse(body, len, e);
+    if (!root)
+        return NULL;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         BAD(e, NULL, "the request body must be a JSON object");
