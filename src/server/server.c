@@ -281,10 +281,20 @@ static void make_id(kvc_server *s, const srv_dialect *d, srv_reply_id *id, const
     id->model = model;
 }
 
+/* The seed of the k-th choice of a prompt whose request gave `seed`: seed + k
+ * modulo 2^64 - 1, so a fixed seed never becomes KVC_SEED_RANDOM (all ones,
+ * what -1 asks for) and each choice k is deterministic (seed -2, k 1: 0). */
+static uint64_t choice_seed(uint64_t seed, int k)
+{
+    if (seed == KVC_SEED_RANDOM)
+        return seed;
+    uint64_t room = KVC_SEED_RANDOM - 1 - seed;    /* steps before all ones */
+    return (uint64_t)k <= room ? seed + (uint64_t)k : (uint64_t)k - room - 1;
+}
+
 /* The parameters of choice i: its prompt (a completion's list: n choices
- * each), its own seed (seed + k for the k-th choice of a prompt when the seed
- * is fixed), and only the first keeps the session key (the others find the
- * prompt in the prefix tree: it is computed once). */
+ * each), its own seed (choice_seed), and only the first keeps the session key
+ * (the others find the prompt in the prefix tree: it is computed once). */
 static kvc_request_params choice_params(const srv_request *rq, int i)
 {
     kvc_request_params p = rq->params;
@@ -294,8 +304,7 @@ static kvc_request_params choice_params(const srv_request *rq, int i)
         p.prompt_tokens = rq->prompt_toks[j];
         p.n_prompt_tokens = rq->n_prompt_toks[j];
     }
-    if (k > 0 && p.chat.sampling.seed != KVC_SEED_RANDOM)
-        p.chat.sampling.seed += (uint64_t)k;
+    p.chat.sampling.seed = choice_seed(p.chat.sampling.seed, k);
     if (i > 0)
         p.session_key = NULL;
     return p;

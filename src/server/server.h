@@ -208,6 +208,13 @@ int  srv_request_parse(const srv_dialect *d, const char *body, size_t len, const
                        srv_request *out, srv_error *e);
 void srv_request_free(srv_request *r);
 
+/* Parse a JSON body of `len` bytes (any bytes) into a cJSON tree (a cJSON *,
+ * the caller's to cJSON_Delete), or NULL with *e a 400: not JSON, trailing
+ * data, or a string (value or member name) with invalid UTF-8 or a \u0000,
+ * the message naming where ("messages[0].content"). Every dialect's parser
+ * starts here, so what reaches the engine is a valid C string. */
+void *srv_json_parse(const char *body, size_t len, srv_error *e);
+
 /* Identity of one response: id (the dialect's prefix + 16 hex digits),
  * creation time and the model name to echo. */
 typedef struct srv_reply_id {

@@ -441,7 +441,9 @@ void *srv_logprobs_completion_json(const kvc_token_logprob *lp, int32_t n,
 
 static cJSON *parse_body(const char *body, size_t len, srv_error *e)
 {
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = srv_json_parse(body, len, e);
+    if (!root)
+        return NULL;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         BAD(e, NULL, "the request body must be a JSON object");

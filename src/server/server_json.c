@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "chat_template.h"
 #include "common.h"
@@ -465,6 +466,40 @@ static int parse_stream(srv_request *r, const cJSON *root, srv_error *e)
     return 0;
 }
 
+/* The session key of a chat request that names only its end user: `user` is
+ * who is asking, not which conversation (one user may hold several at once,
+ * which must not wait for each other), so the key is the user with the
+ * conversation's start, its messages up to the first user message: the
+ * requests of one conversation (its later turns, edits, regenerations) share
+ * it. A completion has no messages to tell its conversations apart: no key
+ * (the engine finds its session by prefix). */
+static int user_session_key(srv_request *r, const char *user, srv_error *e)
+{
+    if (!r->msgs)
+        return 0;
+    XXH3_state_t *h = XXH3_createState();
+    if (!h || XXH3_64bits_reset(h) != XXH_OK) {
+        XXH3_freeState(h);
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    for (size_t i = 0; i < r->params.n_messages; i++) {
+        const kvc_chat_message *m = &r->msgs[i];
+        XXH3_64bits_update(h, m->role, strlen(m->role) + 1);
+        XXH3_64bits_update(h, m->content, strlen(m->content) + 1);
+        if (!strcmp(m->role, "user"))
+            break;
+    }
+    unsigned long long start = (unsigned long long)XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    size_t n = strlen(user) + 32;
+    char *k = malloc(n);
+    if (!k || !own(r, k))
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    snprintf(k, n, "user\x1f%s\x1f%016llx", user, start);
+    r->params.session_key = k;
+    return 0;
+}
+
 /* model, user, prompt_cache_key (the session key), cache_prompt (extension),
  * cache_salt (vLLM's: requests with different salts share no cache). */
 static int parse_identity(srv_request *r, const cJSON *root, srv_error *e)
@@ -480,13 +515,122 @@ static int parse_identity(srv_request *r, const cJSON *root, srv_error *e)
         return rc;
     if (key && *key)
         r->params.session_key = key;
-    else if (user && *user)
-        r->params.session_key = user;
+    else if (user && *user && (rc = user_session_key(r, user, e)))
+        return rc;
     r->params.chat.no_cache = !cache;
     return 0;
 }
 
 /* ================================================================ parse */
+
+/* The body with each \u0000 escape inside a JSON string rewritten as the two
+ * bytes C0 80 (an overlong NUL, invalid UTF-8), so that check_strings finds
+ * and names the string instead of cJSON ending it there; malloc'd, length in
+ * *out_len. NULL when the body has no such escape (or memory ran out: the
+ * body is then parsed as it is and a NUL truncates, as before). */
+static char *nul_escapes_marked(const char *body, size_t len, size_t *out_len)
+{
+    bool any = false;
+    for (size_t i = 0; i + 6 <= len && !any; i++)
+        any = body[i] == '\\' && body[i + 1] == 'u' && !memcmp(body + i + 2, "0000", 4);
+    char *out = any ? malloc(len + 1) : NULL;
+    if (!out)
+        return NULL;
+    size_t w = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string && c == '\\' && i + 6 <= len && body[i + 1] == 'u' &&
+            !memcmp(body + i + 2, "0000", 4)) {
+            out[w++] = (char)0xC0;
+            out[w++] = (char)0x80;
+            i += 5;
+            continue;
+        }
+        out[w++] = c;
+        if (in_string && c == '\\' && i + 1 < len)
+            out[w++] = body[++i];            /* an escape: \" does not end the string */
+        else if (c == '"')
+            in_string = !in_string;
+    }
+    out[w] = 0;
+    *out_len = w;
+    return out;
+}
+
+/* Where t first stops being valid UTF-8 (*nul: at a marked NUL); false when
+ * it is valid throughout. */
+static bool utf8_flaw(const char *t, size_t *at, bool *nul)
+{
+    size_t n = strlen(t), i = 0;
+    for (int r; i < n; i += (size_t)r)
+        if ((r = kvc_utf8_decode(t + i, n - i, NULL)) <= 0) {
+            *at = i;
+            *nul = (unsigned char)t[i] == 0xC0 && i + 1 < n && (unsigned char)t[i + 1] == 0x80;
+            return true;
+        }
+    return false;
+}
+
+/* 400 naming the first string under v (path: v's, plen bytes of cap used)
+ * that is not valid UTF-8 or holds a NUL: a value (named by its path) or a
+ * member's name (named by its object's path). Strings reach the tokenizer,
+ * the template and session keys as C strings. */
+static int check_strings(const cJSON *v, char *path, size_t cap, size_t plen, srv_error *e)
+{
+    size_t at;
+    bool nul;
+    const char *where = plen ? path : "the request body";
+    if (cJSON_IsString(v) && utf8_flaw(v->valuestring, &at, &nul))
+        return bad(e, plen ? path : NULL, "%s has %s at byte %zu%s", where,
+                   nul ? "a NUL character (\\u0000)" : "invalid UTF-8", at,
+                   nul ? ", which is not allowed" : "");
+    int i = 0, rc;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, v) {
+        if (c->string && utf8_flaw(c->string, &at, &nul))
+            return bad(e, plen ? path : NULL, "a member name in %s has %s at byte %zu%s", where,
+                       nul ? "a NUL character (\\u0000)" : "invalid UTF-8", at,
+                       nul ? ", which is not allowed" : "");
+        size_t n = cJSON_IsArray(v) ? (size_t)snprintf(path + plen, cap - plen, "[%d]", i++)
+                 : (size_t)snprintf(path + plen, cap - plen, plen ? ".%s" : "%s",
+                                    c->string ? c->string : "");
+        if ((rc = check_strings(c, path, cap, KVC_MIN(plen + n, cap - 1), e)))
+            return rc;
+        path[plen] = 0;
+    }
+    return 0;
+}
+
+void *srv_json_parse(const char *body, size_t len, srv_error *e)
+{
+    size_t mlen = 0;
+    char *marked = nul_escapes_marked(body, len, &mlen);
+    const char *b = marked ? marked : body, *end = NULL;
+    size_t n = marked ? mlen : len;
+    cJSON *root = cJSON_ParseWithLengthOpts(b, n, &end, false);
+    size_t at = end && end >= b ? (size_t)(end - b) : 0;
+    if (!root) {
+        bad(e, NULL, "the request body is not valid JSON (error near byte %zu)", at);
+    } else {
+        /* Only whitespace may follow the value (a NUL byte ends cJSON's view). */
+        for (const char *p = end; p && p < b + n; p++)
+            if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+                bad(e, NULL, "the request body is not valid JSON (trailing data at byte %zu)",
+                    (size_t)(p - b));
+                cJSON_Delete(root);
+                root = NULL;
+                break;
+            }
+    }
+    char path[256] = "";
+    if (root && check_strings(root, path, sizeof(path), 0, e)) {
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    free(marked);
+    return root;
+}
 
 /* The fields every OpenAI request shares, after the dialect's own. */
 static int parse_common(srv_request *r, const cJSON *root, const srv_limits *lim, srv_error *e)
@@ -523,20 +667,10 @@ int srv_request_parse(const srv_dialect *d, const char *body, size_t len, const 
     out->dialect = d;
     out->params.chat = kvc_chat_default_params();
     out->params.chat.sampling = lim->sampling;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
-    if (!root) {
-        size_t at = end && end >= body ? (size_t)(end - body) : 0;
-        return bad(e, NULL, "the request body is not valid JSON (error near byte %zu)", at);
-    }
+    cJSON *root = srv_json_parse(body, len, e);
+    if (!root)
+        return e->http_status;
     out->json = root;
-    /* Only whitespace may follow the value (a NUL byte ends cJSON's view). */
-    for (const char *p = end; p && p < body + len; p++)
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            srv_request_free(out);
-            return bad(e, NULL, "the request body is not valid JSON (trailing data at byte %zu)",
-                       (size_t)(p - body));
-        }
     int rc = cJSON_IsObject(root) ? d->parse(out, root, lim, e)
                                   : bad(e, NULL, "the request body must be a JSON object");
     if (rc)
@@ -678,24 +812,55 @@ char *srv_prompt_json(const char *prompt)
     return srv_json_print(o);
 }
 
+/* The usage of a response's choices, added one by one in index order
+ * (per_prompt choices per prompt, consecutive). A prompt and its cached part
+ * count once, as OpenAI reports n > 1: the cached part is what was cached
+ * when the request came, the fewest tokens any of the prompt's choices found
+ * (the others find what the first computed), with that choice's disk part.
+ * Output, computed tokens and grammar work are summed over all choices. */
+typedef struct {
+    kvc_chat_stats sum;
+    int32_t        cached, disk;   /* the current prompt's fewest cached, its disk part */
+} usage_acc;
+
+static void usage_add(usage_acc *a, const kvc_chat_stats *s, int i, int per_prompt)
+{
+    if (i == 0) {
+        a->sum = *s;
+        a->sum.cached_tokens = a->sum.cached_disk_tokens = 0;
+    } else {
+        a->sum.output_tokens += s->output_tokens;
+        a->sum.computed_tokens += s->computed_tokens;
+        a->sum.grammar_masks += s->grammar_masks;
+        a->sum.grammar_mask_ms += s->grammar_mask_ms;
+    }
+    bool first = i == 0 || per_prompt <= 0 || i % per_prompt == 0;
+    if (first) {
+        a->sum.cached_tokens += a->cached;     /* the previous prompt's */
+        a->sum.cached_disk_tokens += a->disk;
+        if (i > 0)
+            a->sum.prompt_tokens += s->prompt_tokens;
+    }
+    if (first || s->cached_tokens < a->cached) {
+        a->cached = s->cached_tokens;
+        a->disk = s->cached_disk_tokens;
+    }
+}
+
+static const kvc_chat_stats *usage_sum(usage_acc *a)
+{
+    a->sum.cached_tokens += a->cached;
+    a->sum.cached_disk_tokens += a->disk;
+    a->cached = a->disk = 0;
+    return &a->sum;
+}
+
 kvc_chat_stats srv_stats_sum(const kvc_chat_stats *stats, int n, int per_prompt)
 {
-    kvc_chat_stats sum = { 0 };
-    for (int i = 0; i < n; i++) {
-        const kvc_chat_stats *s = &stats[i];
-        if (i == 0) {
-            sum = *s;
-            continue;
-        }
-        if (per_prompt > 0 && i % per_prompt == 0)
-            sum.prompt_tokens += s->prompt_tokens;
-        sum.output_tokens += s->output_tokens;
-        sum.computed_tokens += s->computed_tokens;
-        sum.cached_tokens += s->cached_tokens;
-        sum.grammar_masks += s->grammar_masks;
-        sum.grammar_mask_ms += s->grammar_mask_ms;
-    }
-    return sum;
+    usage_acc a = { 0 };
+    for (int i = 0; i < n; i++)
+        usage_add(&a, &stats[i], i, per_prompt);
+    return *usage_sum(&a);
 }
 
 bool srv_buf_put(srv_buf *b, char *s)
