@@ -13,6 +13,13 @@
 
 int cmd_serve(int argc, char **argv);
 
+/* The server's notices, on stderr. */
+static void log_line(const char *line, void *user)
+{
+    (void)user;
+    fprintf(stderr, "kvchat: %s\n", line);
+}
+
 static const char serve_help[] =
     "usage: kvchat serve [options]\n\n"
     "Serve the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
@@ -46,6 +53,10 @@ static const char serve_help[] =
     "      --allow-special-in-content  control-token text in messages becomes control tokens\n"
     "                          (default: message text is plain text; only the template's\n"
     "                          markup gives control tokens)\n"
+    "      --strict-fields     a request field kvchat does not use is a 400 (default: hints\n"
+    "                          such as metadata or return_progress are accepted, logged once\n"
+    "                          and named in the X-Kvchat-Ignored-Fields header; fields that\n"
+    "                          would change the answer are 400s either way)\n"
     "      --timeout S         close connections idle for S seconds (default 60)\n"
     "      --request-timeout S a request's headers and body must arrive within S seconds\n"
     "                          of the connection opening (or of the previous answer);\n"
@@ -214,6 +225,10 @@ static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
             ep->special_in_content = true;
             continue;
         }
+        if (!strcmp(a, "--strict-fields")) {
+            sp->strict_fields = true;
+            continue;
+        }
         int r = cli_parse_template(argc, argv, &i, &ep->chat_template, &ep->chat_template_kwargs,
                                    tmpl_src);
         if (r == 0)
@@ -249,6 +264,7 @@ static int serve(kvc_model *m, const kvc_engine_params *ep, kvc_server_params *s
         return 1;
     }
     cli_note_n_ctx(m, ep->n_ctx, kvc_engine_n_ctx(e));
+    sp->log = log_line;
     if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         kvc_engine_free(e);

@@ -9,6 +9,8 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 
+#include "common.h"
+
 #include "http_client.h"
 #include "kvchat.h"
 #include "test.h"
@@ -392,6 +394,168 @@ static void test_messages_tools(int port)
     http_resp_free(&r);
 }
 
+/* =========================================================== field policy */
+
+#define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3"
+
+/* Request bodies common clients send (OpenAI SDKs, llama.cpp's web UI and
+ * clients, vLLM clients, LangChain, the AI SDK, Ollama-minded tools), and
+ * what each must get: 200, with the hint fields named in the
+ * X-Kvchat-Ignored-Fields header, or a 400 naming a field that would change
+ * the answer and cannot be honoured. */
+static const struct {
+    const char *path, *body;
+    int         status;
+    const char *named;     /* 200: in the header (NULL: no header); 400: error.param */
+} bodies[] = {
+    { "/v1/chat/completions", "{\"model\":\"gpt-4o\"," MSG ",\"stream\":false}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"store\":false,\"metadata\":{\"a\":\"b\"},"
+      "\"service_tier\":\"auto\"}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"reasoning_effort\":\"low\"}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"reasoning_effort\":\"none\"}", 200, NULL },
+    { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+      "\"max_tokens\":-1,\"stop\":[\"a\",\"e\",\"o\",\"i\",\" \"]}", 200, NULL },
+    { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+      "\"n_predict\":4}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"repetition_penalty\":1.1}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"cache_prompt\":true,\"slot_id\":-1}", 200, "slot_id" },
+    { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+      "\"max_tokens\":8,\"grammar\":\"root ::= \\\"yes\\\" | \\\"no\\\"\"}", 200, NULL },
+    { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+      "\"max_tokens\":40,\"json_schema\":{\"type\":\"object\",\"properties\":{\"a\":"
+      "{\"type\":\"boolean\"}},\"required\":[\"a\"]}}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"return_progress\":true}", 200, "return_progress" },
+    { "/v1/chat/completions", "{" MSG ",\"timings_per_token\":true,\"id_slot\":0}", 200,
+      "timings_per_token, id_slot" },
+    { "/v1/chat/completions", "{" MSG ",\"samplers\":[\"top_k\",\"top_p\",\"min_p\","
+      "\"temperature\"]}", 200, "samplers" },
+    { "/v1/chat/completions", "{" MSG ",\"n_probs\":0,\"min_keep\":0,\"post_sampling_probs\":"
+      "false}", 200, "n_probs, min_keep, post_sampling_probs" },
+    { "/v1/chat/completions", "{" MSG ",\"typical_p\":1,\"tfs_z\":1,\"mirostat\":0,"
+      "\"mirostat_tau\":5,\"mirostat_eta\":0.1}", 200, "mirostat_tau, mirostat_eta" },
+    { "/v1/chat/completions", "{" MSG ",\"typical_p\":0.9}", 400, "typical_p" },
+    { "/v1/chat/completions", "{" MSG ",\"mirostat\":2}", 400, "mirostat" },
+    { "/v1/chat/completions", "{" MSG ",\"ignore_eos\":true}", 400, "ignore_eos" },
+    { "/v1/chat/completions", "{" MSG ",\"dry_multiplier\":0,\"xtc_probability\":0,"
+      "\"top_n_sigma\":-1,\"dynatemp_range\":0}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"dry_multiplier\":0.8}", 400, "dry_multiplier" },
+    { "/v1/chat/completions", "{" MSG ",\"stream_options\":{\"include_usage\":true},"
+      "\"stream\":true,\"user\":\"u1\",\"prompt_cache_key\":\"k1\"}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"prediction\":{\"type\":\"content\",\"content\":"
+      "\"x\"}}", 200, "prediction" },
+    { "/v1/chat/completions", "{" MSG ",\"modalities\":[\"text\"]}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"modalities\":[\"text\",\"audio\"]}", 400,
+      "modalities" },
+    { "/v1/chat/completions", "{" MSG ",\"functions\":[{\"name\":\"f\"}]}", 400, "functions" },
+    { "/v1/chat/completions", "{" MSG ",\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+      200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"enable_thinking\":false}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"foo_bar\":1}", 200, "foo_bar" },
+    { "/v1/chat/completions", "{" MSG ",\"skip_special_tokens\":true,"
+      "\"spaces_between_special_tokens\":true}", 200, "spaces_between_special_tokens" },
+    { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+      "\"max_tokens\":40,\"guided_json\":{\"type\":\"object\",\"properties\":{\"a\":"
+      "{\"type\":\"integer\"}},\"required\":[\"a\"]}}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"stop_token_ids\":[],\"include_stop_str_in_output\":"
+      "false,\"min_tokens\":0}", 200, NULL },
+    { "/v1/chat/completions", "{" MSG ",\"stop_token_ids\":[2]}", 400, "stop_token_ids" },
+    { "/v1/chat/completions", "{" MSG ",\"keep_alive\":\"5m\"}", 200, "keep_alive" },
+    { "/v1/chat/completions", "{" MSG ",\"verbosity\":\"low\",\"safety_identifier\":\"s\"}",
+      200, "verbosity, safety_identifier" },
+    { "/v1/chat/completions", "{" MSG ",\"parallel_tool_calls\":true,\"tools\":[{\"type\":"
+      "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}],"
+      "\"tool_choice\":\"auto\"}", 200, NULL },
+    { "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3,\"echo\":false,\"logprobs\":"
+      "null,\"suffix\":\"\",\"best_of\":1}", 200, NULL },
+    { "/v1/completions", "{\"prompt\":\"Hi\",\"n_predict\":3,\"cache_prompt\":true,"
+      "\"return_tokens\":true}", 200, "return_tokens" },
+    { "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3,\"echo\":true}", 400, "echo" },
+    { "/v1/responses", "{\"model\":\"m\",\"input\":\"Hi\",\"max_output_tokens\":3,"
+      "\"store\":false,\"include\":[\"reasoning.encrypted_content\"],\"reasoning\":"
+      "{\"effort\":\"medium\",\"summary\":\"auto\"},\"prompt_cache_key\":\"x\"}", 200,
+      "include" },
+    { "/v1/responses", "{\"input\":\"Hi\",\"max_output_tokens\":3,\"truncation\":"
+      "\"disabled\",\"text\":{\"verbosity\":\"low\"}}", 200, "truncation" },
+    { "/v1/messages", "{\"model\":\"claude\",\"max_tokens\":3,\"messages\":[{\"role\":"
+      "\"user\",\"content\":\"Hi\"}],\"metadata\":{\"user_id\":\"u\"},\"thinking\":"
+      "{\"type\":\"enabled\",\"budget_tokens\":1024},\"context_management\":{}}", 200,
+      "context_management" },
+};
+
+/* The X-Kvchat-Ignored-Fields header of a raw answer into out ("" = none). */
+static void ignored_header(const http_resp *r, char *out, size_t cap)
+{
+    const char *h = r->raw ? strcasestr(r->raw, "\r\nX-Kvchat-Ignored-Fields: ") : NULL;
+    out[0] = 0;
+    if (h && (!r->body || h < r->body)) {
+        h += strlen("\r\nX-Kvchat-Ignored-Fields: ");
+        size_t n = strcspn(h, "\r\n");
+        snprintf(out, cap, "%.*s", (int)KVC_MIN(n, cap - 1), h);
+    }
+}
+
+static void test_field_policy(int port)
+{
+    int refused = 0;
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        http_resp r = post(port, bodies[i].path, bodies[i].body);
+        char hdr[256];
+        ignored_header(&r, hdr, sizeof(hdr));
+        CHECKF(r.status == bodies[i].status, "body %zu %s: status %d, wanted %d: %.300s", i,
+               bodies[i].body, r.status, bodies[i].status, r.body ? r.body : "");
+        if (bodies[i].status == 200) {
+            CHECKF(bodies[i].named ? !strcmp(hdr, bodies[i].named) : !hdr[0],
+                   "body %zu: ignored '%s', wanted '%s'", i, hdr,
+                   bodies[i].named ? bodies[i].named : "");
+        } else {
+            char want[80];
+            snprintf(want, sizeof(want), "\"param\":\"%s\"", bodies[i].named);
+            CHECKF(r.body && strstr(r.body, want), "body %zu: %s lacks %s", i, r.body, want);
+            refused++;
+        }
+        http_resp_free(&r);
+    }
+    printf("field policy: %zu bodies, %d refused (fields that would change the answer)\n",
+           sizeof(bodies) / sizeof(bodies[0]), refused);
+    /* what they honour */
+    int st;
+    cJSON *j = post_json(port, "/v1/chat/completions", bodies[8].body, &st);
+    const char *c = str_at(j, "choices.0.message.content");
+    CHECKF(c && (!strcmp(c, "yes") || !strcmp(c, "no")), "grammar: '%s'", c ? c : "");
+    cJSON_Delete(j);
+    j = post_json(port, "/v1/chat/completions", bodies[5].body, &st);
+    CHECKF(num_at(j, "usage.completion_tokens") == 4, "n_predict 4: %g tokens",
+           num_at(j, "usage.completion_tokens"));
+    cJSON_Delete(j);
+    j = post_json(port, "/v1/chat/completions", bodies[4].body, &st);
+    CHECKF(num_at(j, "usage.completion_tokens") > 3, "max_tokens -1: %g tokens",
+           num_at(j, "usage.completion_tokens"));
+    cJSON_Delete(j);
+}
+
+/* --strict-fields: a field not used is a 400 again (OpenAI's bookkeeping
+ * fields stay accepted). */
+static void test_strict(void)
+{
+    const char *args[] = { "-m", model_path, "--parallel", "1", "--cache-disk", "0",
+                           "--api-key", KEY, "--strict-fields", NULL };
+    http_server s;
+    CHECK(http_server_start(&s, bin, args, 60));
+    if (s.port > 0) {
+        check_400(s.port, "/v1/chat/completions", "{" MSG ",\"foo_bar\":1}", "foo_bar");
+        check_400(s.port, "/v1/chat/completions", "{" MSG ",\"return_progress\":true}",
+                  "return_progress");
+        check_400(s.port, "/v1/messages", "{\"max_tokens\":3,\"messages\":[{\"role\":\"user\","
+                  "\"content\":\"Hi\"}],\"context_management\":{}}", "context_management");
+        http_resp r = post(s.port, "/v1/chat/completions", "{" MSG ",\"store\":false,"
+                           "\"metadata\":{},\"reasoning_effort\":\"low\",\"n_predict\":2}");
+        CHECKF(r.status == 200, "strict: bookkeeping and used fields: %d %s", r.status,
+               r.body ? r.body : "");
+        http_resp_free(&r);
+    }
+    http_server_stop(&s);
+}
+
 /* ============================================ one conversation, three APIs */
 
 /* The prompt body renders to through `api`'s /apply-template. malloc'd. */
@@ -504,8 +668,10 @@ int main(void)
         test_messages_plain(s.port);
         test_messages_tools(s.port);
         test_same_conversation(s.port);
+        test_field_policy(s.port);
     }
     http_server_stop(&s);
+    test_strict();
     unlink(model_path);
     return test_done("test_dialects_http");
 }

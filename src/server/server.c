@@ -109,7 +109,37 @@ struct kvc_server {
     atomic_uint_least64_t next_id;   /* response ids: a counter, mixed with id_salt */
     uint64_t           id_salt;
     srv_bulk          *bulk;         /* where large bodies are parsed and tokenized */
+    void             (*log)(const char *line, void *user);   /* params.log */
+    void              *log_user;
+    pthread_mutex_t    logged_mu;    /* guards logged */
+    char             **logged;       /* ignored field names already logged [n_logged] */
+    size_t             n_logged, cap_logged;
 };
+
+#define MAX_LOGGED 256   /* distinct ignored field names logged (then no more) */
+
+/* srv_limits.log_ignored: tell the log of an ignored field, once per name. */
+static void log_ignored(const char *field, void *user)
+{
+    kvc_server *s = user;
+    bool seen = false, full;
+    pthread_mutex_lock(&s->logged_mu);
+    for (size_t i = 0; i < s->n_logged && !seen; i++)
+        seen = !strcmp(s->logged[i], field);
+    full = s->n_logged >= MAX_LOGGED;
+    char *copy = seen || full ? NULL : strdup(field);
+    if (copy && kvc_grow((void **)&s->logged, &s->cap_logged, s->n_logged, sizeof(char *)))
+        s->logged[s->n_logged++] = copy;
+    else
+        free(copy), copy = NULL;
+    pthread_mutex_unlock(&s->logged_mu);
+    if (copy && s->log) {
+        char line[200];
+        snprintf(line, sizeof(line), "request field '%.100s' accepted and ignored (it changes "
+                 "nothing kvchat does; told once)", field);
+        s->log(line, s->log_user);
+    }
+}
 
 #define MAX_NAMESPACE 640         /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
 #define LARGE_BODY    (1u << 20)  /* bytes: a body this large is parsed and tokenized on the
@@ -371,7 +401,7 @@ static void stream_free(void *cls)
 
 /* Start the SSE response (taking st) with the first event, of choice i. */
 static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, srv_stream *st,
-                                    int i, const kvc_event *first)
+                                    int i, const kvc_event *first, const srv_request *rq)
 {
     struct MHD_Response *resp = srv_stream_begin(st, i, first) ? MHD_create_response_from_callback(
         MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
@@ -382,6 +412,8 @@ static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, sr
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    if (rq->ignored[0])
+        MHD_add_response_header(resp, "X-Kvchat-Ignored-Fields", rq->ignored);
     add_cors(s, mc, resp);
     enum MHD_Result ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
@@ -412,7 +444,7 @@ static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, cons
         srv_stream_free(st);                  /* cancels the others */
         ret = respond_error(s, mc, c, &e);
     } else if (i >= 0) {
-        ret = start_stream(s, mc, st, i, &ev);
+        ret = start_stream(s, mc, st, i, &ev, rq);
     } else {
         srv_stream_free(st);
     }
@@ -435,8 +467,10 @@ static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
         rp[i] = srv_reply_make(&done[i], true, rq->params.chat.stop, rq->params.chat.n_stop,
                                s->lim.model);
     }
-    return respond_json(s, mc, rq->dialect->response(&id, rq, rp, n, rq->n, s->lim.model,
-                                                     rq->logprobs >= 0));
+    const char *h[] = { "X-Kvchat-Ignored-Fields", rq->ignored, NULL };
+    return respond(s, mc, 200, rq->dialect->response(&id, rq, rp, n, rq->n, s->lim.model,
+                                                     rq->logprobs >= 0),
+                   "application/json", rq->ignored[0] ? h : NULL);
 }
 
 /* Every choice submitted at once (they share the prompt through the prefix
@@ -889,6 +923,10 @@ static void server_free(kvc_server *s)
     free(s->model_name);
     free(s->cors);
     srv_bulk_free(s->bulk);
+    for (size_t i = 0; i < s->n_logged; i++)
+        free(s->logged[i]);
+    free(s->logged);
+    pthread_mutex_destroy(&s->logged_mu);
     free(s);
 }
 
@@ -921,6 +959,7 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     kvc_server *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
+    pthread_mutex_init(&s->logged_mu, NULL);
     s->engine = engine;
     s->metrics = srv_metrics_new();
     s->model_name = strdup(p->model_name && *p->model_name ? p->model_name : "kvchat");
@@ -939,6 +978,11 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->lim.fixed_seed = p->fixed_seed;
     s->lim.model = kvc_engine_model(engine);
     s->lim.tool_format = kvc_tool_format_from_name(kvc_engine_tool_format(engine));
+    s->lim.strict_fields = p->strict_fields;
+    s->lim.log_ignored = log_ignored;
+    s->lim.log_user = s;
+    s->log = p->log;
+    s->log_user = p->log_user;
     if (p->cors_origins && *p->cors_origins && !(s->cors = strdup(p->cors_origins))) {
         server_free(s);
         return NULL;

@@ -70,6 +70,14 @@ typedef struct kvc_server_params {
     kvc_sampler_params sampling; /* defaults for fields a request leaves out */
     bool        fixed_seed;      /* a request without "seed" uses sampling.seed;
                                   * false: a random seed per request */
+    bool        strict_fields;   /* a request field that is not used is a 400 (default:
+                                  * hints are accepted and named in the answer's
+                                  * X-Kvchat-Ignored-Fields header; fields that would
+                                  * change the answer are 400s either way) */
+    void      (*log)(const char *line, void *user);  /* the server's notices (an ignored
+                                  * field, once per name); NULL = none. Called from
+                                  * connection threads */
+    void       *log_user;
     const char *cors_origins;    /* origins allowed to call from a browser: "*" or a comma
                                   * list ("https://a.example,https://b.example"); NULL = none.
                                   * OPTIONS preflights are answered 204 either way */
@@ -188,6 +196,8 @@ typedef struct srv_request {
     char              *grammar;         /* response_format / forced tool call (owned) */
     struct kvc_logit_bias *bias;        /* logit_bias (owned) */
     int                logprobs;        /* -1 = none, else the top_logprobs count */
+    char               ignored[256];    /* fields accepted and not used: "a, b" (the
+                                         * X-Kvchat-Ignored-Fields header); "" = none */
 } srv_request;
 
 typedef struct srv_limits {
@@ -196,6 +206,10 @@ typedef struct srv_limits {
     bool               fixed_seed;      /* see kvc_server_params */
     const kvc_model   *model;           /* token ids are checked against it; NULL = not */
     int                tool_format;     /* enum kvc_tool_format of the template */
+    bool               strict_fields;   /* a field not used is a 400 (server_fields.c) */
+    void             (*log_ignored)(const char *field, void *user); /* a request carried a
+                                         * field accepted and not used; NULL = not told */
+    void              *log_user;
 } srv_limits;
 
 /* Parse and validate a request body of `len` bytes (not NUL-terminated; any
@@ -283,6 +297,7 @@ typedef struct srv_emit {
 struct srv_dialect {
     const char *name;             /* "chat.completions", "completions", "responses", "messages" */
     const char *id_prefix;        /* of response ids: "chatcmpl-", "cmpl-", "resp_", "msg_" */
+    const struct srv_field *fields; /* its request's fields (server_fields.c) */
     /* The dialect's fields of root (a JSON object; it may be replaced: the
      * request keeps r->json) into r, whose common defaults are set. 0 or the
      * HTTP status with *e filled. */
@@ -309,6 +324,34 @@ struct srv_dialect {
                      int n, int per_prompt, srv_buf *out);
     char *(*sse_error)(const srv_error *e);           /* a failure after the stream began */
 };
+
+/* ================================================= fields (server_fields.c) */
+
+enum srv_field_use {
+    SRV_FIELD_USED    = 0,   /* honoured */
+    SRV_FIELD_IGNORED = 1,   /* a hint or bookkeeping: accepted, logged, named in a header */
+    SRV_FIELD_REFUSED = 2,   /* would change the answer and cannot be done: a 400 */
+};
+
+/* One row of a dialect's field policy. */
+typedef struct srv_field {
+    const char *name;
+    int         use;         /* enum srv_field_use */
+    const char *noop;        /* REFUSED: the JSON of the value that changes nothing
+                                (accepted), NULL = none */
+} srv_field;
+
+extern const srv_field srv_fields_chat[], srv_fields_completions[], srv_fields_responses[],
+                       srv_fields_messages[];
+
+/* Check every member of root (a JSON object) against the dialect's table
+ * and the extensions every route knows: 0, with the fields accepted and not
+ * used in r->ignored (and told to lim->log_ignored), or 400 naming a refused
+ * field (any field not used, with lim->strict_fields). */
+int srv_fields_check(srv_request *r, const void *root_json, const srv_field *table,
+                     const srv_limits *lim, srv_error *e);
+/* The enum srv_field_use of name in table (or the extensions); -1 = none. */
+int srv_field_use(const srv_field *table, const char *name);
 
 extern const srv_dialect srv_dialect_chat;          /* POST /v1/chat/completions */
 extern const srv_dialect srv_dialect_completions;   /* POST /v1/completions */

@@ -1,7 +1,7 @@
 /* server_agent.c - the agent API's request fields and response parts
  * (server.h): structured output and forced tool calls as grammars, tool
  * calls in replies, logprobs, logit_bias, n and prompt lists, /tokenize and
- * /detokenize; and the check that no request field is silently ignored. */
+ * /detokenize. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -29,53 +29,6 @@ static int32_t vocab_size(const kvc_model *m)
     kvc_model_info info;
     kvc_model_get_info(m, &info);
     return info.n_vocab;
-}
-
-/* ------------------------------------------------------------ known fields */
-
-/* Every field a request may carry. Those marked "ignored" are accepted for
- * compatibility and do nothing (README lists them). */
-static const char *const chat_fields[] = {
-    "messages", "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p",
-    "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n",
-    "seed", "stop", "stream", "stream_options", "user", "prompt_cache_key", "cache_prompt",
-    "cache_salt",
-    "tools", "tool_choice", "parallel_tool_calls", "response_format", "logit_bias", "logprobs",
-    "top_logprobs", "chat_template_kwargs", "reasoning_effort", "enable_thinking",
-    "store", "metadata", "service_tier",                       /* ignored */
-    NULL,
-};
-static const char *const completion_fields[] = {
-    "prompt", "model", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p",
-    "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
-    "stream", "stream_options", "user", "prompt_cache_key", "cache_prompt", "cache_salt",
-    "logit_bias",
-    "logprobs", "echo", "best_of", "suffix",
-    "store", "metadata", "service_tier",                       /* ignored */
-    NULL,
-};
-
-static int check_fields(bool completion, const cJSON *root, srv_error *e)
-{
-    const char *const *known = completion ? completion_fields : chat_fields;
-    const cJSON *f;
-    cJSON_ArrayForEach(f, root) {
-        int i = 0;
-        while (known[i] && strcmp(known[i], f->string))
-            i++;
-        if (!known[i])
-            return BAD(e, f->string, "unknown field '%.60s': kvchat does not support it",
-                       f->string);
-    }
-    /* completions fields accepted only at their no-op values */
-    const cJSON *v;
-    if ((v = get(root, "echo")) && !cJSON_IsFalse(v))
-        return BAD(e, "echo", "echo is not supported (only false)");
-    if ((v = get(root, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
-        return BAD(e, "best_of", "best_of is not supported (only 1)");
-    if ((v = get(root, "suffix")) && !(cJSON_IsString(v) && !*v->valuestring))
-        return BAD(e, "suffix", "suffix is not supported");
-    return 0;
 }
 
 /* ----------------------------------------------------------------- grammar */
@@ -122,6 +75,45 @@ static int parse_response_format(srv_request *r, const cJSON *root, srv_error *e
         return OOM(e);
     if (rc)
         return BAD(e, "response_format.json_schema.schema", "response_format: %s", ke.msg);
+    return 0;
+}
+
+/* The grammar fields of llama.cpp and vLLM: grammar (GBNF text, our
+ * dialect of it: grammar.h), json_schema (llama.cpp) and guided_json (vLLM)
+ * (a schema, as response_format's). At most one of them and
+ * response_format; *from names the one given. */
+static int parse_grammar_fields(srv_request *r, const cJSON *root, const char **from,
+                                srv_error *e)
+{
+    static const char *const names[] = { "grammar", "json_schema", "guided_json" };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        const cJSON *v = get(root, names[i]);
+        if (!v)
+            continue;
+        if (r->grammar)
+            return BAD(e, names[i], "%s cannot be combined with %s: give one", names[i], *from);
+        *from = names[i];
+        if (i == 0) {
+            if (!cJSON_IsString(v))
+                return BAD(e, "grammar", "grammar must be a string (GBNF)");
+            if (!(r->grammar = strdup(v->valuestring)))
+                return OOM(e);
+            continue;
+        }
+        char *schema = cJSON_IsString(v) ? strdup(v->valuestring)
+                     : cJSON_IsObject(v) ? cJSON_PrintUnformatted(v) : NULL;
+        if (!schema && !cJSON_IsString(v) && !cJSON_IsObject(v))
+            return BAD(e, names[i], "%s must be a JSON schema (an object)", names[i]);
+        if (!schema)
+            return OOM(e);
+        kvc_err ke = { 0 };
+        int rc = kvc_schema_to_gbnf(schema, strlen(schema), NULL, &r->grammar, &ke);
+        free(schema);
+        if (rc == KVC_ERR_NOMEM)
+            return OOM(e);
+        if (rc)
+            return BAD(e, names[i], "%s: %s", names[i], ke.msg);
+    }
     return 0;
 }
 
@@ -323,13 +315,16 @@ int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim
         return BAD(e, "n", "n must be an integer between 1 and %d", SRV_MAX_CHOICES);
     if (nv)
         r->n = (int)nv->valuedouble;
-    if ((rc = check_fields(completion, root, e)) || (rc = parse_logprobs(r, root, completion, e)) ||
+    if ((rc = parse_logprobs(r, root, completion, e)) ||
         (rc = parse_bias(r, root, lim, e)))
         return rc;
+    const char *from = "response_format";
     if (!completion) {
-        if ((rc = parse_response_format(r, root, e)) || (rc = parse_tools(r, root, lim, e)))
+        if ((rc = parse_response_format(r, root, e)) ||
+            (rc = parse_grammar_fields(r, root, &from, e)) || (rc = parse_tools(r, root, lim, e)))
             return rc;
-    } else if ((rc = parse_prompts(r, root, lim, e))) {
+    } else if ((rc = parse_prompts(r, root, lim, e)) ||
+               (rc = parse_grammar_fields(r, root, &from, e))) {
         return rc;
     }
     if (r->n * r->n_prompts > SRV_MAX_CHOICES)
@@ -339,7 +334,7 @@ int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim
         kvc_grammar *g = NULL;
         kvc_err ke = { 0 };
         if ((rc = kvc_grammar_parse(r->grammar, strlen(r->grammar), &g, &ke)))
-            return rc == KVC_ERR_NOMEM ? OOM(e) : BAD(e, "response_format", "%s", ke.msg);
+            return rc == KVC_ERR_NOMEM ? OOM(e) : BAD(e, from, "%s: %s", from, ke.msg);
         kvc_grammar_free(g);
         r->params.chat.grammar = r->grammar;
     }

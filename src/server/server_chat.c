@@ -318,6 +318,7 @@ static bool completion_end(const srv_reply_id *id, bool include_usage,
 const srv_dialect srv_dialect_chat = {
     .name = "chat.completions",
     .id_prefix = "chatcmpl-",
+    .fields = srv_fields_chat,
     .parse = srv_parse_chat,
     .response = chat_response,
     .error = srv_error_json,
@@ -332,6 +333,7 @@ const srv_dialect srv_dialect_chat = {
 const srv_dialect srv_dialect_completions = {
     .name = "completions",
     .id_prefix = "cmpl-",
+    .fields = srv_fields_completions,
     .parse = srv_parse_completion,
     .response = completion_response,
     .error = srv_error_json,

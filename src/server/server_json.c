@@ -422,6 +422,7 @@ static int parse_sampling(kvc_sampler_params *s, const cJSON *root, const srv_li
         (rc = num_field(root, "min_p", 0, 1, &s->min_p, e)) ||
         (rc = num_field(root, "presence_penalty", -2, 2, &s->presence_penalty, e)) ||
         (rc = num_field(root, "frequency_penalty", -2, 2, &s->frequency_penalty, e)) ||
+        (rc = num_field(root, "repetition_penalty", 1e-3, 100, &s->repeat_penalty, e)) ||
         (rc = num_field(root, "repeat_penalty", 1e-3, 100, &s->repeat_penalty, e)))
         return rc;
     v = s->top_k;
@@ -439,14 +440,21 @@ static int parse_sampling(kvc_sampler_params *s, const cJSON *root, const srv_li
     return 0;
 }
 
-/* max_tokens / max_completion_tokens (the newer name wins); n is server_agent.c's. */
+/* n_predict (llama.cpp's), max_tokens, max_completion_tokens (the newer name
+ * wins); -1 is no limit; n is server_agent.c's. */
 static int parse_lengths(srv_request *r, const cJSON *root, srv_error *e)
 {
+    static const char *const names[] = { "n_predict", "max_tokens", "max_completion_tokens" };
     int64_t v = 0;
     int rc;
-    if ((rc = int_field(root, "max_tokens", 1, INT32_MAX, &v, NULL, e)) ||
-        (rc = int_field(root, "max_completion_tokens", 1, INT32_MAX, &v, NULL, e)))
-        return rc;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(names); i++) {
+        const cJSON *f = field(root, names[i]);
+        if (cJSON_IsNumber(f) && f->valuedouble == -1)   /* llama.cpp's "no limit" */
+            v = 0;
+        else if ((rc = int_field(root, names[i], 1, INT32_MAX, &v, NULL, e)))
+            return bad(e, names[i], "%s must be an integer between 1 and %d, or -1 (no limit)",
+                       names[i], INT32_MAX);
+    }
     r->params.chat.max_tokens = (int32_t)v;
     return 0;
 }
@@ -671,8 +679,10 @@ int srv_request_parse(const srv_dialect *d, const char *body, size_t len, const 
     if (!root)
         return e->http_status;
     out->json = root;
-    int rc = cJSON_IsObject(root) ? d->parse(out, root, lim, e)
-                                  : bad(e, NULL, "the request body must be a JSON object");
+    int rc = !cJSON_IsObject(root) ? bad(e, NULL, "the request body must be a JSON object")
+           : srv_fields_check(out, root, d->fields, lim, e);
+    if (!rc)
+        rc = d->parse(out, root, lim, e);
     if (rc)
         srv_request_free(out);
     return rc;

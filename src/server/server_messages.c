@@ -283,47 +283,24 @@ static int translate_tool_choice(cJSON *chat, const cJSON *tc, srv_error *e)
     return 0;
 }
 
-/* Fields accepted and not used: hints and bookkeeping. */
-static const char *const ignored[] = {
-    "anthropic_version", "service_tier", "container", "context_management", "mcp_servers",
-    "cache_control",
-};
-/* Fields translated (or copied) into the chat request. */
-static const char *const used[] = {
-    "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stream",
-    "stop_sequences", "tools", "tool_choice", "thinking", "metadata",
-    /* kvchat's and llama.cpp's own, as on every route */
-    "seed", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
-    "frequency_penalty", "cache_prompt", "cache_salt", "prompt_cache_key",
-    "chat_template_kwargs", "reasoning_format",
-};
-
+/* The Messages request as a chat request (the fields were checked:
+ * srv_fields_messages). */
 static int translate(cJSON *chat, const cJSON *root, srv_error *e)
 {
     const cJSON *v;
     int rc;
-    cJSON_ArrayForEach(v, root) {
-        bool known = false;
-        for (size_t i = 0; !known && i < KVC_ARRAY_LEN(used); i++)
-            known = !strcmp(v->string, used[i]);
-        for (size_t i = 0; !known && i < KVC_ARRAY_LEN(ignored); i++)
-            known = !strcmp(v->string, ignored[i]);
-        if (!known)
-            return BAD(e, v->string, "unknown field '%.60s': kvchat does not support it",
-                       v->string);
-    }
     static const char *const same[] = {
-        "model", "max_tokens", "temperature", "top_p", "top_k", "stream", "seed", "min_p",
-        "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
-        "cache_prompt", "cache_salt", "prompt_cache_key", "chat_template_kwargs",
-        "reasoning_format",
+        "model", "max_tokens", "temperature", "top_p", "stream", "presence_penalty",
+        "frequency_penalty",
     };
-    if ((v = get(root, "mcp_servers")) && cJSON_GetArraySize(v) > 0)
-        return BAD(e, "mcp_servers", "mcp_servers is not supported (kvchat calls no tools)");
     if ((v = get(root, "temperature")) && cJSON_IsNumber(v) && v->valuedouble > 1)
         return BAD(e, "temperature", "temperature must be a number between 0 and 1");
     for (size_t i = 0; i < KVC_ARRAY_LEN(same); i++)
         copy_as(chat, root, same[i], same[i]);
+    cJSON_ArrayForEach(v, root)        /* the extensions every route honours */
+        if (srv_field_use(NULL, v->string) == SRV_FIELD_USED && !cJSON_IsNull(v) &&
+            strcmp(v->string, "user"))
+            cJSON_AddItemToObject(chat, v->string, cJSON_Duplicate(v, true));
     copy_as(chat, root, "stop_sequences", "stop");
     if ((rc = translate_messages(chat, root, e)))
         return rc;
@@ -577,6 +554,7 @@ static bool msg_end(const srv_reply_id *id, bool include_usage, const kvc_chat_s
 const srv_dialect srv_dialect_messages = {
     .name = "messages",
     .id_prefix = "msg_",
+    .fields = srv_fields_messages,
     .parse = messages_parse,
     .response = messages_response,
     .error = messages_error,

@@ -282,22 +282,13 @@ static int translate_text(cJSON *chat, const cJSON *text, srv_error *e)
     return 0;
 }
 
-/* Fields of the Responses API accepted and not used: hints and bookkeeping. */
-static const char *const ignored[] = {
-    "include", "truncation", "max_tool_calls", "top_logprobs", "safety_identifier",
-    "stream_options", "background", "input", "instructions", "tools", "tool_choice", "text",
-    "reasoning", "max_output_tokens",
-};
-
-/* The Responses fields that have a chat counterpart, the rest refused. */
+/* The Responses request as a chat request (the fields were checked:
+ * srv_fields_responses). */
 static int translate(cJSON *chat, const cJSON *root, srv_error *e)
 {
     static const char *const same[] = {
-        "model", "temperature", "top_p", "top_k", "min_p", "seed", "stream", "user",
-        "prompt_cache_key", "cache_salt", "cache_prompt", "parallel_tool_calls", "stop",
-        "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n",
-        "logit_bias", "chat_template_kwargs", "reasoning_effort", "reasoning_format",
-        "store", "metadata", "service_tier",
+        "model", "temperature", "top_p", "stream", "parallel_tool_calls", "stop",
+        "presence_penalty", "frequency_penalty", "logit_bias",
     };
     const cJSON *v;
     int rc;
@@ -306,18 +297,11 @@ static int translate(cJSON *chat, const cJSON *root, srv_error *e)
                    "llama-server and Ollama); send the whole conversation in input", v->string);
     if ((v = get(root, "background")) && cJSON_IsTrue(v))
         return BAD(e, "background", "background is not supported (only false)");
-    cJSON_ArrayForEach(v, root) {
-        bool known = false;
-        for (size_t i = 0; !known && i < KVC_ARRAY_LEN(same); i++)
-            known = !strcmp(v->string, same[i]);
-        for (size_t i = 0; !known && i < KVC_ARRAY_LEN(ignored); i++)
-            known = !strcmp(v->string, ignored[i]);
-        if (!known)
-            return BAD(e, v->string, "unknown field '%.60s': kvchat does not support it",
-                       v->string);
-    }
     for (size_t i = 0; i < KVC_ARRAY_LEN(same); i++)
         copy_as(chat, root, same[i], same[i]);
+    cJSON_ArrayForEach(v, root)        /* the extensions every route honours */
+        if (srv_field_use(NULL, v->string) == SRV_FIELD_USED && !cJSON_IsNull(v))
+            cJSON_AddItemToObject(chat, v->string, cJSON_Duplicate(v, true));
     copy_as(chat, root, "max_output_tokens", "max_tokens");
     xlate x = { .msgs = cJSON_AddArrayToObject(chat, "messages") };
     const cJSON *ins = get(root, "instructions"), *input = get(root, "input");
@@ -671,6 +655,7 @@ static char *resp_sse_error(const srv_error *e)
 const srv_dialect srv_dialect_responses = {
     .name = "responses",
     .id_prefix = "resp_",
+    .fields = srv_fields_responses,
     .parse = responses_parse,
     .response = responses_response,
     .error = srv_error_json,
