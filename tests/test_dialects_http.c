@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "common.h"
+#include "reasoning.h"
 
 #include "http_client.h"
 #include "kvchat.h"
@@ -533,6 +534,176 @@ static void test_field_policy(int port)
     cJSON_Delete(j);
 }
 
+/* ============================================================= reasoning */
+
+static char *rendered(int port, const char *api, const char *body);
+
+/* A Qwen3.5-style template: past reasoning in <think> tags, the generation
+ * prompt opening the block unless enable_thinking is false. */
+static const char think_template[] =
+    "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n"
+    "</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{%- endif -%}";
+
+/* A body whose reply is forced by a grammar to be `reply`, with extra
+ * members (JSON text without braces, "" = none). malloc'd. */
+static char *forced(const char *api, const char *reply, const char *extra)
+{
+    cJSON *o = cJSON_CreateObject(), *ms, *m;
+    char g[256];
+    snprintf(g, sizeof(g), "root ::= \"%s\"", reply);
+    if (!strcmp(api, "responses")) {
+        cJSON_AddStringToObject(o, "input", "Think first.");
+        cJSON_AddNumberToObject(o, "max_output_tokens", 40);
+    } else {
+        ms = cJSON_AddArrayToObject(o, "messages");
+        m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "user");
+        cJSON_AddStringToObject(m, "content", "Think first.");
+        cJSON_AddItemToArray(ms, m);
+        cJSON_AddNumberToObject(o, "max_tokens", 40);
+    }
+    cJSON_AddStringToObject(o, "grammar", g);
+    char *t = cJSON_PrintUnformatted(o), *out = malloc(strlen(t) + strlen(extra) + 4);
+    size_t n = strlen(t);
+    t[n - 1] = 0;
+    sprintf(out, "%s%s%s}", t, *extra ? "," : "", extra);
+    free(t);
+    cJSON_Delete(o);
+    return out;
+}
+
+/* The reasoning and content text of a stream, by the dialect's events. */
+static void streamed_parts(const sse *s, char *reasoning, char *content, size_t cap)
+{
+    reasoning[0] = content[0] = 0;
+    for (int i = 0; i < s->n; i++) {
+        const cJSON *d = s->data[i];
+        const char *r = str_at(d, "choices.0.delta.reasoning_content");
+        const char *c = str_at(d, "choices.0.delta.content");
+        const char *name = s->name[i] ? s->name[i] : "";
+        if (!strcmp(name, "response.reasoning_text.delta"))
+            r = str_at(d, "delta");
+        if (!strcmp(name, "response.output_text.delta"))
+            c = str_at(d, "delta");
+        if (!strcmp(name, "content_block_delta")) {
+            r = str_at(d, "delta.thinking");
+            c = str_at(d, "delta.text");
+        }
+        if (r)
+            strncat(reasoning, r, cap - strlen(reasoning) - 1);
+        if (c)
+            strncat(content, c, cap - strlen(content) - 1);
+    }
+}
+
+/* kvc_think_find on replies as they come: nothing that may be a tag goes out. */
+static void test_think_find(void)
+{
+    kvc_think_span sp = kvc_think_find(" \n<thi", 6, false, false);
+    CHECK(sp.state == KVC_THINK_UNDECIDED);
+    sp = kvc_think_find(" \n<thi", 6, false, true);
+    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
+    sp = kvc_think_find("Hello", 5, false, false);
+    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
+    sp = kvc_think_find("<think>ab</th", 13, false, false);
+    CHECK(sp.state == KVC_THINK_OPEN && sp.r_begin == 7 && sp.r_end == 9);
+    sp = kvc_think_find("ab</think>\n\nhi", 14, true, false);
+    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_begin == 0 && sp.r_end == 2 && sp.c_begin == 12);
+    sp = kvc_think_find("ab<", 3, true, true);
+    CHECK(sp.state == KVC_THINK_OPEN && sp.r_end == 3);
+    CHECK(kvc_think_prompt_open("<|im_start|>assistant\n<think>\n"));
+    CHECK(!kvc_think_prompt_open("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+}
+
+static void test_reasoning(void)
+{
+    char tpath[64];
+    snprintf(tpath, sizeof(tpath), "/tmp/kvc_think_%d.jinja", (int)getpid());
+    FILE *f = fopen(tpath, "w");
+    if (f) {
+        fputs(think_template, f);
+        fclose(f);
+    }
+    const char *args[] = { "-m", model_path, "--parallel", "1", "--cache-disk", "0",
+                           "--api-key", KEY, "--chat-template-file", tpath, NULL };
+    http_server s;
+    CHECK(f && http_server_start(&s, bin, args, 60));
+    int port = s.port, st;
+    if (port <= 0)
+        goto done;
+    static const char *const apis[] = { "chat.completions", "responses", "messages" };
+    static const char *const paths[] = { "/v1/chat/completions", "/v1/responses", "/v1/messages" };
+    for (int a = 0; a < 3; a++) {
+        /* whole */
+        char *b = forced(apis[a], "abc</think>\\n\\nhello", "\"temperature\":0");
+        cJSON *j = post_json(port, paths[a], b, &st);
+        const char *r = a == 0 ? str_at(j, "choices.0.message.reasoning_content")
+                      : a == 1 ? str_at(j, "output.0.content.0.text") : str_at(j, "content.0.thinking");
+        const char *c = a == 0 ? str_at(j, "choices.0.message.content")
+                      : a == 1 ? str_at(j, "output.1.content.0.text") : str_at(j, "content.1.text");
+        CHECKF(r && !strcmp(r, "abc") && c && !strcmp(c, "hello"), "%s: reasoning '%s' content '%s'",
+               apis[a], r ? r : "(none)", c ? c : "(none)");
+        if (a == 1)
+            CHECK(str_at(j, "output.0.type") && !strcmp(str_at(j, "output.0.type"), "reasoning"));
+        cJSON_Delete(j);
+        free(b);
+        /* streamed */
+        b = forced(apis[a], "abc</think>\\n\\nhello", "\"temperature\":0,\"stream\":true");
+        http_resp h = post(port, paths[a], b);
+        sse ev;
+        sse_parse(&ev, h.body ? h.body : "");
+        char rs[256], cs[256];
+        streamed_parts(&ev, rs, cs, sizeof(rs));
+        CHECKF(!strcmp(rs, "abc") && !strcmp(cs, "hello"), "%s stream: reasoning '%s' content '%s'",
+               apis[a], rs, cs);
+        sse_free(&ev);
+        http_resp_free(&h);
+        free(b);
+    }
+    /* reasoning_format none: the reply as it came */
+    char *b = forced("chat.completions", "abc</think>\\n\\nhello", "\"reasoning_format\":\"none\"");
+    cJSON *j = post_json(port, "/v1/chat/completions", b, &st);
+    const char *c = str_at(j, "choices.0.message.content");
+    CHECKF(c && !strcmp(c, "abc</think>\n\nhello") &&
+           !at(j, "choices.0.message.reasoning_content"), "reasoning_format none: '%s'", c ? c : "");
+    cJSON_Delete(j);
+    free(b);
+    /* thinking off: the prompt closes the block, the reply is content */
+    b = forced("chat.completions", "hello", "\"reasoning_effort\":\"none\"");
+    j = post_json(port, "/v1/chat/completions", b, &st);
+    c = str_at(j, "choices.0.message.content");
+    CHECKF(c && !strcmp(c, "hello") && !at(j, "choices.0.message.reasoning_content"),
+           "thinking off: '%s'", c ? c : "");
+    cJSON_Delete(j);
+    free(b);
+    /* reasoning sent back reaches the template, from each API */
+    char *p1 = rendered(port, "chat.completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
+                        "\"Q\"},{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":"
+                        "\"R1\"}]}");
+    char *p2 = rendered(port, "responses", "{\"input\":[{\"role\":\"user\",\"content\":\"Q\"},"
+                        "{\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":"
+                        "\"reasoning_text\",\"text\":\"R1\"}]},{\"type\":\"message\",\"role\":"
+                        "\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"A\"}]}]}");
+    char *p3 = rendered(port, "messages", "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\","
+                        "\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":[{\"type\":"
+                        "\"thinking\",\"thinking\":\"R1\",\"signature\":\"\"},{\"type\":\"text\","
+                        "\"text\":\"A\"}]}]}");
+    CHECKF(p1 && strstr(p1, "<think>\nR1\n</think>"), "reasoning not rendered: %s", p1 ? p1 : "");
+    CHECKF(p1 && p2 && p3 && !strcmp(p1, p2) && !strcmp(p1, p3),
+           "reasoning history renders differently:\n%s\n%s\n%s", p1 ? p1 : "", p2 ? p2 : "",
+           p3 ? p3 : "");
+    free(p1);
+    free(p2);
+    free(p3);
+done:
+    http_server_stop(&s);
+    unlink(tpath);
+}
+
 /* --strict-fields: a field not used is a 400 again (OpenAI's bookkeeping
  * fields stay accepted). */
 static void test_strict(void)
@@ -672,6 +843,8 @@ int main(void)
     }
     http_server_stop(&s);
     test_strict();
+    test_think_find();
+    test_reasoning();
     unlink(model_path);
     return test_done("test_dialects_http");
 }

@@ -51,6 +51,7 @@
 #include "common.h"
 #include "sampler.h"
 #include "server.h"
+#include "reasoning.h"
 #include "tool_calls.h"
 
 kvc_server_params kvc_server_default_params(void)
@@ -466,6 +467,8 @@ static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
         srv_metrics_done(s->metrics, &done[i].stats);
         rp[i] = srv_reply_make(&done[i], true, rq->params.chat.stop, rq->params.chat.n_stop,
                                s->lim.model);
+        if (rq->think)
+            srv_reply_think(&rp[i], rq->think_open);
     }
     const char *h[] = { "X-Kvchat-Ignored-Fields", rq->ignored, NULL };
     return respond(s, mc, 200, rq->dialect->response(&id, rq, rp, n, rq->n, s->lim.model,
@@ -572,11 +575,34 @@ typedef struct parse_job {
     int          rc;
 } parse_job;
 
+/* Whether the reply to p begins inside a <think> block: whether the prompt
+ * ends with "<think>". The end of a prompt is the generation prompt, which
+ * depends on the template's variables, not on the conversation before: the
+ * last message alone is rendered (microseconds, where a coding agent's whole
+ * prompt takes tens of milliseconds), and the whole one only when that
+ * fails (a template that wants a user turn first). */
+static bool reply_opens_thinking(kvc_engine *engine, const kvc_request_params *p)
+{
+    kvc_request_params last = *p;
+    last.messages = p->messages + p->n_messages - 1;
+    last.n_messages = 1;
+    last.chat.tools_json = NULL;
+    char *prompt = NULL, err[8];
+    bool open = false;
+    if (kvc_engine_render(engine, &last, &prompt, err, sizeof(err)) == KVC_OK ||
+        kvc_engine_render(engine, p, &prompt, err, sizeof(err)) == KVC_OK)
+        open = kvc_think_prompt_open(prompt);
+    free(prompt);
+    return open;
+}
+
 static void parse_now(void *arg)
 {
     parse_job *j = arg;
     j->rc = srv_request_parse(j->dialect, j->c->body ? j->c->body : "", j->c->len, &j->s->lim,
                               j->rq, j->e);
+    if (!j->rc && j->rq->think)
+        j->rq->think_open = reply_opens_thinking(j->s->engine, &j->rq->params);
 }
 
 /* The last call for a completion POST (the whole body is in c): 413 when it
@@ -954,6 +980,25 @@ static bool add_keys(kvc_server *s, const kvc_server_params *p)
     return true;
 }
 
+/* Whether the engine's template writes reasoning in <think> tags: in a
+ * past turn's reasoning_content or in its generation prompt. */
+static bool template_thinks(kvc_engine *engine)
+{
+    kvc_chat_message m[2] = { { .role = "user", .content = "Hi" },
+                              { .role = "assistant", .content = "Hello",
+                                .reasoning_content = "kvchat-probe" } };
+    bool found = false;
+    for (size_t n = 1; n <= 2 && !found; n++) {
+        kvc_request_params p = { .messages = m, .n_messages = n,
+                                 .chat = kvc_chat_default_params() };
+        char *prompt = NULL, err[8];
+        if (kvc_engine_render(engine, &p, &prompt, err, sizeof(err)) == KVC_OK)
+            found = strstr(prompt, "<think>") || strstr(prompt, "</think>");
+        free(prompt);
+    }
+    return found;
+}
+
 static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
 {
     kvc_server *s = calloc(1, sizeof(*s));
@@ -979,6 +1024,7 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->lim.model = kvc_engine_model(engine);
     s->lim.tool_format = kvc_tool_format_from_name(kvc_engine_tool_format(engine));
     s->lim.strict_fields = p->strict_fields;
+    s->lim.think_tags = template_thinks(engine);
     s->lim.log_ignored = log_ignored;
     s->lim.log_user = s;
     s->log = p->log;

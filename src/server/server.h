@@ -198,6 +198,10 @@ typedef struct srv_request {
     int                logprobs;        /* -1 = none, else the top_logprobs count */
     char               ignored[256];    /* fields accepted and not used: "a, b" (the
                                          * X-Kvchat-Ignored-Fields header); "" = none */
+    bool               think;           /* split the reply's <think> block into reasoning
+                                         * (a thinking template, reasoning_format not none) */
+    bool               think_open;      /* ... the reply begins inside it (the prompt
+                                         * ended with <think>: server.c finds out) */
 } srv_request;
 
 typedef struct srv_limits {
@@ -207,6 +211,7 @@ typedef struct srv_limits {
     const kvc_model   *model;           /* token ids are checked against it; NULL = not */
     int                tool_format;     /* enum kvc_tool_format of the template */
     bool               strict_fields;   /* a field not used is a 400 (server_fields.c) */
+    bool               think_tags;      /* the template writes reasoning in <think> tags */
     void             (*log_ignored)(const char *field, void *user); /* a request carried a
                                          * field accepted and not used; NULL = not told */
     void              *log_user;
@@ -432,6 +437,9 @@ srv_reply srv_reply_whole(const kvc_event *done, bool tool_calls);
  * text after the reply's begins with the stop string) when model is given. */
 srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *const *stop,
                          int n_stop, const kvc_model *model);
+/* Split rp's content into reasoning and content at its <think> block
+ * (reasoning.h; open: the reply began inside it). */
+void srv_reply_think(srv_reply *rp, bool open);
 /* {"input_tokens": n}, the answer of /v1/messages/count_tokens. */
 char *srv_count_tokens_json(int64_t n);
 
@@ -484,6 +492,9 @@ typedef struct srv_stream_choice {   /* the fields are private to server_stream.
     const char *const *stop;           /* the request's stop strings [n_stop] (borrowed) ... */
     int                n_stop;
     const kvc_model   *vocab;          /* ... and the model: which one ended the reply */
+    bool               think, think_open; /* split reasoning (srv_request's) ... */
+    size_t             r_sent;         /* ... text[0, r_sent) looked at for it */
+    bool               content_begun;  /* content went out: its start is fixed */
 } srv_stream_choice;
 
 /* Set c up (zeroed first) for the choice head names. */

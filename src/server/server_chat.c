@@ -9,6 +9,7 @@
 
 #include "chat_template.h"
 #include "common.h"
+#include "reasoning.h"
 #include "server.h"
 
 
@@ -45,6 +46,17 @@ srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *con
             rp.stop_sequence = stop[i];
     free(all);
     return rp;
+}
+
+void srv_reply_think(srv_reply *rp, bool open)
+{
+    kvc_think_span sp = kvc_think_find(rp->content, rp->n_content, open, true);
+    if (sp.state != KVC_THINK_OPEN && sp.state != KVC_THINK_CLOSED)
+        return;
+    rp->reasoning = rp->content + sp.r_begin;
+    rp->n_reasoning = sp.r_end - sp.r_begin;
+    rp->content += sp.c_begin;
+    rp->n_content -= sp.c_begin;
 }
 
 /* ================================================================ pieces */

@@ -314,7 +314,9 @@ static int parse_message(srv_request *r, const cJSON *m, int i, srv_error *e)
     return bad(e, param, "messages[%d].content must be a string or an array of content parts", i);
 }
 
-/* chat_template_kwargs, with the thinking switches of the APIs added where
+/* reasoning_format (none: the reply as it is; auto, deepseek: its thinking
+ * split out, as llama-server does), and chat_template_kwargs, with the
+ * thinking switches of the APIs added where
  * the request's kwargs do not set them: reasoning_effort ("none" turns the
  * template's enable_thinking off, any other effort on; the effort itself is
  * passed as reasoning_effort, gpt-oss's variable) and enable_thinking given
@@ -333,6 +335,13 @@ static int parse_thinking(srv_request *r, const cJSON *root, const cJSON *kw, sr
     }
     if (on && !cJSON_IsBool(on))
         return bad(e, "enable_thinking", "enable_thinking must be a boolean");
+    const cJSON *rf = field(root, "reasoning_format");
+    const char *f = cJSON_IsString(rf) ? rf->valuestring : rf ? "?" : "auto";
+    if (strcmp(f, "none") && strcmp(f, "auto") && strcmp(f, "deepseek") &&
+        strcmp(f, "deepseek-legacy"))
+        return bad(e, "reasoning_format", "reasoning_format must be none, auto, deepseek or "
+                   "deepseek-legacy");
+    r->think = strcmp(f, "none") != 0;      /* the template's tags decide: srv_parse_chat */
     if (!eff && !on)
         return kw ? own_json(r, kw, &r->params.chat.template_kwargs_json, e) : 0;
     cJSON *all = kw ? cJSON_Duplicate(kw, true) : cJSON_CreateObject();
@@ -658,6 +667,7 @@ int srv_parse_chat(srv_request *r, void *root_json, const srv_limits *lim, srv_e
     if ((rc = parse_messages(r, root, lim->max_messages, e)) ||
         (rc = parse_common(r, root, lim, e)))
         return rc;
+    r->think = r->think && lim->think_tags;
     return srv_agent_parse(r, root, lim, false, e);
 }
 

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "reasoning.h"
 #include "server.h"
 #include "tool_calls.h"
 
@@ -76,8 +77,30 @@ static bool keep(srv_stream_choice *c, const kvc_event *ev)
 
 /* Send the text that may go: not what may begin a tool call, and with
  * logprobs only up to the end of a piece whose tokens came with it. */
+/* With reasoning split: send the reasoning that may go (final: the reply is
+ * whole), and fix where the content starts once it has. false when no
+ * content may go yet, or memory ran out (*ok). */
+static bool send_reasoning(srv_stream_choice *c, bool final, srv_buf *out, bool *ok)
+{
+    kvc_think_span sp = kvc_think_find(c->text, c->len, c->think_open, final);
+    size_t from = KVC_MAX(c->r_sent, sp.r_begin);
+    if (sp.r_end > from) {
+        *ok = c->em.head.dialect->sse_text(&c->em, SRV_REASONING, c->text + from,
+                                           sp.r_end - from, NULL, out) && *ok;
+        c->r_sent = sp.r_end;
+    }
+    if (sp.state != KVC_THINK_NONE && sp.state != KVC_THINK_CLOSED)
+        return false;
+    if (!c->content_begun)
+        c->sent = KVC_MAX(c->sent, sp.c_begin);
+    return true;
+}
+
 static bool send_ready(srv_stream_choice *c, srv_buf *out)
 {
+    bool ok = true;
+    if (c->think && !send_reasoning(c, false, out, &ok))
+        return ok;
     size_t upto = c->len, k = c->lp_sent;
     if (c->tools)
         upto -= kvc_tool_calls_holdback(c->tool_format, c->text, c->len);
@@ -87,12 +110,14 @@ static bool send_ready(srv_stream_choice *c, srv_buf *out)
         upto = k > c->lp_sent ? c->lp_at[k - 1] : c->sent;
     }
     if (upto <= c->sent)
-        return true;
+        return ok;
     cJSON *lp = logprobs_of(c, c->lp, c->lp_sent, k);
     size_t from = c->sent;
     c->sent = upto;
     c->lp_sent = k;
-    return c->em.head.dialect->sse_text(&c->em, SRV_CONTENT, c->text + from, upto - from, lp, out);
+    c->content_begun = true;
+    return c->em.head.dialect->sse_text(&c->em, SRV_CONTENT, c->text + from, upto - from, lp,
+                                        out) && ok;
 }
 
 /* The reply ended: the text held back (unless tool calls came instead),
@@ -102,6 +127,12 @@ static bool send_end(srv_stream_choice *c, const kvc_event *done, srv_buf *out)
     const srv_dialect *d = c->em.head.dialect;
     srv_reply rp = srv_reply_make(done, c->tools, c->stop, c->n_stop, c->vocab);
     bool ok = true;
+    if (c->think) {
+        srv_reply_think(&rp, c->think_open);
+        send_reasoning(c, true, out, &ok);
+        if (!c->content_begun && !rp.n_content)
+            c->sent = c->len;                  /* nothing but reasoning */
+    }
     if (!rp.tool_calls && c->len > c->sent) {
         cJSON *lp = logprobs_of(c, c->lp, c->lp_sent, c->n_lp);
         ok = d->sse_text(&c->em, SRV_CONTENT, c->text + c->sent, c->len - c->sent, lp, out);
@@ -277,6 +308,8 @@ srv_stream *srv_stream_new(const srv_request *rq, const srv_reply_id *id, const 
         c->stop = (const char *const *)st->stop;
         c->n_stop = n_stop;
         c->vocab = lim->model;
+        c->think = rq->think;
+        c->think_open = rq->think_open;
     }
     return st;
 }
