@@ -355,6 +355,8 @@ extern const srv_field srv_fields_chat[], srv_fields_completions[], srv_fields_r
  * field (any field not used, with lim->strict_fields). */
 int srv_fields_check(srv_request *r, const void *root_json, const srv_field *table,
                      const srv_limits *lim, srv_error *e);
+/* Add name to the fields accepted and not used, r->ignored. */
+void srv_note_ignored(srv_request *r, const char *name);
 /* The enum srv_field_use of name in table (or the extensions); -1 = none. */
 int srv_field_use(const srv_field *table, const char *name);
 

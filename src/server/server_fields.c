@@ -135,9 +135,9 @@ static bool is_noop(const srv_field *f, const cJSON *v)
     return same;
 }
 
-/* Append name to the comma list r->ignored (names that do not fit are left
- * out of the header; the log has them). */
-static void note_ignored(srv_request *r, const char *name)
+/* (server.h) Names that do not fit are left out of the header; the log has
+ * them. */
+void srv_note_ignored(srv_request *r, const char *name)
 {
     size_t n = strlen(r->ignored), k = strlen(name);
     if (n + k + 3 < sizeof(r->ignored))
@@ -174,7 +174,7 @@ int srv_fields_check(srv_request *r, const void *root_json, const srv_field *tab
                                  f ? "ignored" : "unknown", v->string);
         if (bookkeeping)
             continue;                            /* OpenAI's own: nothing to tell */
-        note_ignored(r, v->string);
+        srv_note_ignored(r, v->string);
         if (lim->log_ignored)
             lim->log_ignored(v->string, lim->log_user);
     }

@@ -236,8 +236,10 @@ static int translate_messages(cJSON *chat, const cJSON *root, srv_error *e)
     return 0;
 }
 
-/* tools: [{name, description?, input_schema}] (custom tools) as chat's. */
-static int translate_tools(cJSON *chat, const cJSON *tools, srv_error *e)
+/* tools: [{name, description?, input_schema}] (custom tools) as chat's.
+ * Server tools (web_search_..., bash_..., text_editor_..., code_execution_...)
+ * are left out and named in r->ignored: kvchat runs none of them. */
+static int translate_tools(srv_request *r, cJSON *chat, const cJSON *tools, srv_error *e)
 {
     if (!cJSON_IsArray(tools))
         return BAD(e, "tools", "tools must be an array");
@@ -245,12 +247,15 @@ static int translate_tools(cJSON *chat, const cJSON *tools, srv_error *e)
     const cJSON *t;
     int i = 0;
     cJSON_ArrayForEach(t, tools) {
-        char p[32];
-        snprintf(p, sizeof(p), "tools[%d]", i++);
         const cJSON *type = get(t, "type");
-        if (type && !is_type(t, "custom"))
-            return BAD(e, p, "%s.type '%.40s' is not supported (only custom tools: kvchat has "
-                       "no server tools)", p, cJSON_IsString(type) ? type->valuestring : "");
+        char note[64];
+        i++;
+        if (type && !is_type(t, "custom")) {
+            snprintf(note, sizeof(note), "tools[%d] (%.40s)", i - 1,
+                     cJSON_IsString(type) ? type->valuestring : "?");
+            srv_note_ignored(r, note);
+            continue;
+        }
         cJSON *x = cJSON_CreateObject(), *f;
         cJSON_AddStringToObject(x, "type", "function");
         f = cJSON_AddObjectToObject(x, "function");
@@ -259,6 +264,8 @@ static int translate_tools(cJSON *chat, const cJSON *tools, srv_error *e)
         copy_as(f, t, "input_schema", "parameters");
         cJSON_AddItemToArray(out, x);
     }
+    if (cJSON_GetArraySize(out) == 0)
+        cJSON_DeleteItemFromObject(chat, "tools");
     return 0;
 }
 
@@ -285,7 +292,7 @@ static int translate_tool_choice(cJSON *chat, const cJSON *tc, srv_error *e)
 
 /* The Messages request as a chat request (the fields were checked:
  * srv_fields_messages). */
-static int translate(cJSON *chat, const cJSON *root, srv_error *e)
+static int translate(srv_request *r, cJSON *chat, const cJSON *root, srv_error *e)
 {
     const cJSON *v;
     int rc;
@@ -304,7 +311,7 @@ static int translate(cJSON *chat, const cJSON *root, srv_error *e)
     copy_as(chat, root, "stop_sequences", "stop");
     if ((rc = translate_messages(chat, root, e)))
         return rc;
-    if ((v = get(root, "tools")) && (rc = translate_tools(chat, v, e)))
+    if ((v = get(root, "tools")) && (rc = translate_tools(r, chat, v, e)))
         return rc;
     if ((v = get(root, "tool_choice")) && (rc = translate_tool_choice(chat, v, e)))
         return rc;
@@ -326,7 +333,7 @@ static int messages_parse(srv_request *r, void *root_json, const srv_limits *lim
     cJSON *chat = cJSON_CreateObject();
     if (!chat)
         return OOM(e);
-    int rc = translate(chat, root_json, e);
+    int rc = translate(r, chat, root_json, e);
     if (rc) {
         cJSON_Delete(chat);
         return rc;

@@ -215,31 +215,50 @@ static int translate_input(xlate *x, const cJSON *input, srv_error *e)
     return 0;
 }
 
-/* tools: [{type: "function", name, description?, parameters?, strict?}] in
- * chat's shape. */
-static int translate_tools(cJSON *chat, const cJSON *tools, srv_error *e)
+/* A function tool {type: "function", name, description?, parameters?} in
+ * chat's shape, appended to out. */
+static void add_function(cJSON *out, const cJSON *t)
+{
+    cJSON *x = cJSON_CreateObject(), *f;
+    cJSON_AddStringToObject(x, "type", "function");
+    f = cJSON_AddObjectToObject(x, "function");
+    copy_as(f, t, "name", "name");
+    copy_as(f, t, "description", "description");
+    copy_as(f, t, "parameters", "parameters");
+    cJSON_AddItemToArray(out, x);
+}
+
+/* tools in chat's shape: function tools, and those of a namespace (Codex
+ * groups tools so). Built-in tools (web_search, file_search, local_shell,
+ * custom, mcp, ...) are left out and named in r->ignored: kvchat runs none,
+ * so the model is not shown them; refusing them would make Codex, which
+ * always sends web_search, unusable. */
+static int translate_tools(srv_request *r, cJSON *chat, const cJSON *tools, srv_error *e)
 {
     if (!cJSON_IsArray(tools))
         return BAD(e, "tools", "tools must be an array");
     cJSON *out = cJSON_AddArrayToObject(chat, "tools");
-    const cJSON *t;
+    const cJSON *t, *inner;
     int i = 0;
     cJSON_ArrayForEach(t, tools) {
         const cJSON *type = get(t, "type");
-        char param[32];
-        snprintf(param, sizeof(param), "tools[%d]", i++);
-        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function"))
-            return BAD(e, param, "%s.type '%.40s' is not supported (only function tools: "
-                       "kvchat has no built-in tools)", param,
-                       cJSON_IsString(type) ? type->valuestring : "");
-        cJSON *x = cJSON_CreateObject(), *f;
-        cJSON_AddStringToObject(x, "type", "function");
-        f = cJSON_AddObjectToObject(x, "function");
-        copy_as(f, t, "name", "name");
-        copy_as(f, t, "description", "description");
-        copy_as(f, t, "parameters", "parameters");
-        cJSON_AddItemToArray(out, x);
+        const char *ty = cJSON_IsString(type) ? type->valuestring : "";
+        char note[64];
+        i++;
+        if (!strcmp(ty, "function")) {
+            add_function(out, t);
+        } else if (!strcmp(ty, "namespace") && cJSON_IsArray(get(t, "tools"))) {
+            cJSON_ArrayForEach(inner, get(t, "tools"))
+                if (cJSON_IsString(get(inner, "type")) &&
+                    !strcmp(get(inner, "type")->valuestring, "function"))
+                    add_function(out, inner);
+        } else {
+            snprintf(note, sizeof(note), "tools[%d] (%.40s)", i - 1, ty);
+            srv_note_ignored(r, note);
+        }
     }
+    if (cJSON_GetArraySize(out) == 0)
+        cJSON_DeleteItemFromObject(chat, "tools");
     return 0;
 }
 
@@ -284,7 +303,7 @@ static int translate_text(cJSON *chat, const cJSON *text, srv_error *e)
 
 /* The Responses request as a chat request (the fields were checked:
  * srv_fields_responses). */
-static int translate(cJSON *chat, const cJSON *root, srv_error *e)
+static int translate(srv_request *r, cJSON *chat, const cJSON *root, srv_error *e)
 {
     static const char *const same[] = {
         "model", "temperature", "top_p", "stream", "parallel_tool_calls", "stop",
@@ -313,7 +332,7 @@ static int translate(cJSON *chat, const cJSON *root, srv_error *e)
         return BAD(e, "input", "input is required");
     if ((rc = translate_input(&x, input, e)))
         return rc;
-    if ((v = get(root, "tools")) && (rc = translate_tools(chat, v, e)))
+    if ((v = get(root, "tools")) && (rc = translate_tools(r, chat, v, e)))
         return rc;
     if ((v = get(root, "tool_choice")) && (rc = translate_tool_choice(chat, v, e)))
         return rc;
@@ -332,7 +351,7 @@ static int responses_parse(srv_request *r, void *root_json, const srv_limits *li
     cJSON *chat = cJSON_CreateObject();
     if (!chat)
         return OOM(e);
-    int rc = translate(chat, root_json, e);
+    int rc = translate(r, chat, root_json, e);
     if (rc) {
         cJSON_Delete(chat);
         return rc;
