@@ -1,9 +1,17 @@
-/* server.h - the OpenAI-compatible HTTP server over a kvc_engine (DESIGN.md §4, §6).
+/* server.h - the HTTP server over a kvc_engine (DESIGN.md §4, §6): one
+ * internal request model, several API dialects (OpenAI chat completions,
+ * completions and Responses, Anthropic Messages) as ops tables.
  *
  * The parts, one file each:
  *   server.c          the HTTP layer (libmicrohttpd, one thread per connection):
- *                     routing, API key, body limits, waiting on the engine,
- *                     the streamed (SSE) response;
+ *                     routing (which picks the dialect), API key, body limits,
+ *                     answers, life cycle (server_http.h: what it shares);
+ *   server_run.c      one generation request: parse, submit its choices,
+ *                     wait on the engine, answer whole or start the stream;
+ *   server_chat.c     the chat completions and completions dialects;
+ *   server_responses.c the Responses dialect (POST /v1/responses);
+ *   server_messages.c the Anthropic Messages dialect (POST /v1/messages);
+ *   server_fields.c   the field policy: used, ignored (hints), refused;
  *   server_json.c     request bodies -> kvc_request_params (validated, with
  *                     errors naming the field), and the JSON helpers the
  *                     dialects share;
