@@ -99,7 +99,9 @@ static void check_params(const srv_request *r)
         sink += strlen(r->model);
 }
 
-/* Build what the server would send for a reply whose text is `text`. */
+/* Build what the server would send for a reply whose text is `text`: the
+ * whole answer, and a stream's events (every dialect's); for chat and
+ * completions the text must be found where those APIs put it. */
 static void check_output(const srv_request *r, const char *text)
 {
     srv_reply_id id = { .id = "chatcmpl-fuzz", .created = 1, .model = r->model ? r->model : "m" };
@@ -107,6 +109,27 @@ static void check_output(const srv_request *r, const char *text)
     done.stats.finish_reason = "stop";
     bool chat = r->dialect == &srv_dialect_chat;
     srv_reply rp = srv_reply_whole(&done, false);
+    srv_reply split = rp;
+    srv_reply_think(&split, text[0] == 'a');           /* reasoning: either start */
+    if (r->dialect != &srv_dialect_chat && r->dialect != &srv_dialect_completions) {
+        check_json(r->dialect->response(&id, r, &split, 1, 1, NULL, false), NULL, NULL, NULL);
+        srv_emit em = { .head = { r->dialect, &id, 0, false }, .open = -1 };
+        srv_buf b = { 0 };
+        r->dialect->sse_begin(&em, &b);
+        r->dialect->sse_text(&em, SRV_REASONING, text, strlen(text), NULL, &b);
+        r->dialect->sse_text(&em, SRV_CONTENT, text, strlen(text), NULL, &b);
+        r->dialect->sse_finish(&em, &split, NULL, &b);
+        for (char *p = b.p, *d; p && (d = strstr(p, "data: ")); p = d + 6) {
+            char *end = strstr(d, "\n\n");
+            cJSON *j = cJSON_ParseWithLength(d + 6, end ? (size_t)(end - d - 6) : strlen(d + 6));
+            if (!j)
+                fail("a stream event is not JSON");
+            cJSON_Delete(j);
+        }
+        free(b.p);
+        free(em.acc.p);
+        return;
+    }
     check_json(r->dialect->response(&id, r, &rp, 1, 1, NULL, false), "choices",
                chat ? "message\0content\0" : "text\0", text);
     srv_chunk_head h = { r->dialect, &id, 0, r->include_usage };
@@ -119,7 +142,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    const srv_dialect *kind = data[0] & 1 ? &srv_dialect_completions : &srv_dialect_chat;
+    static const srv_dialect *const dialects[] = { &srv_dialect_chat, &srv_dialect_completions,
+                                                   &srv_dialect_responses, &srv_dialect_messages };
+    const srv_dialect *kind = dialects[data[0] & 3];
     size_t n = size - 1;
     char *body = malloc(n ? n : 1);
     if (!body)
@@ -135,8 +160,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_json(srv_error_json(&e), "error", "message\0", e.message);
     } else {
         check_params(&r);
-        const char *text = kind == &srv_dialect_chat ? r.params.messages[r.params.n_messages - 1].content
-                                            : r.params.prompt;
+        const char *text = kind != &srv_dialect_completions
+                         ? r.params.messages[r.params.n_messages - 1].content : r.params.prompt;
         check_output(&r, text);
     }
     srv_request_free(&r);
