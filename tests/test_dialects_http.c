@@ -422,9 +422,10 @@ static const struct {
     { "/v1/chat/completions", "{" MSG ",\"reasoning_effort\":\"low\"}", 200, NULL },
     { "/v1/chat/completions", "{" MSG ",\"reasoning_effort\":\"none\"}", 200, NULL },
     { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
-      "\"max_tokens\":-1,\"stop\":[\"a\",\"e\",\"o\",\"i\",\" \"]}", 200, NULL },
+      "\"max_tokens\":-1,\"temperature\":0,\"stop\":[\"a\",\"e\",\"o\",\"i\",\" \"]}", 200,
+      NULL },
     { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
-      "\"n_predict\":4}", 200, NULL },
+      "\"n_predict\":4,\"temperature\":0}", 200, NULL },
     { "/v1/chat/completions", "{" MSG ",\"repetition_penalty\":1.1}", 200, NULL },
     { "/v1/chat/completions", "{" MSG ",\"cache_prompt\":true,\"slot_id\":-1}", 200, "slot_id" },
     { "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
