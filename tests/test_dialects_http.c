@@ -244,6 +244,24 @@ static void test_responses_tools(int port)
     sse_free(&s);
     http_resp_free(&r);
 
+    /* parallel calls allowed and cut by max_tokens inside a second call: the
+     * fragment ("</tool_ca" on this model) is not content, in any API */
+    snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in "
+             "Paris?\"}],\"tools\":%s,\"tool_choice\":\"required\",\"max_tokens\":60,"
+             "\"temperature\":0}", tools_chat);
+    j = post_json(port, "/v1/chat/completions", body, &st);
+    CHECKF(at(j, "choices.0.message.tool_calls") && cJSON_IsNull(at(j, "choices.0.message.content")),
+           "forced calls with a fragment: content %s",
+           str_at(j, "choices.0.message.content") ? str_at(j, "choices.0.message.content") : "null");
+    cJSON_Delete(j);
+    snprintf(body, sizeof(body), "{\"input\":\"Weather in Paris?\",\"tools\":%s,\"tool_choice\":"
+             "\"required\",\"max_output_tokens\":60,\"temperature\":0}", tools_resp);
+    j = post_json(port, "/v1/responses", body, &st);
+    CHECKF(str_at(j, "output.0.type") && !strcmp(str_at(j, "output.0.type"), "function_call"),
+           "forced calls with a fragment: Responses output[0] is %s",
+           str_at(j, "output.0.type") ? str_at(j, "output.0.type") : "none");
+    cJSON_Delete(j);
+
     /* structured output through text.format */
     j = post_json(port, "/v1/responses",
                   "{\"input\":\"A person\",\"max_output_tokens\":80,\"temperature\":0,"

@@ -206,6 +206,8 @@ typedef struct srv_request {
     int                logprobs;        /* -1 = none, else the top_logprobs count */
     char               ignored[256];    /* fields accepted and not used: "a, b" (the
                                          * X-Kvchat-Ignored-Fields header); "" = none */
+    bool               forced_calls;    /* tool_choice forces calls: the reply is only calls,
+                                         * text besides them is a call cut short */
     bool               think;           /* split the reply's <think> block into reasoning
                                          * (a thinking template, reasoning_format not none) */
     bool               think_open;      /* ... the reply begins inside it (the prompt
@@ -447,6 +449,11 @@ srv_reply srv_reply_whole(const kvc_event *done, bool tool_calls);
  * text after the reply's begins with the stop string) when model is given. */
 srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *const *stop,
                          int n_stop, const kvc_model *model);
+/* A reply whose tool calls were forced (tool_choice required or named): the
+ * grammar allows nothing but calls, so text besides the parsed calls is a
+ * further call cut short by the token limit (e.g. "</tool_ca"): it is
+ * dropped, not shown as content. */
+void srv_reply_only_calls(srv_reply *rp);
 /* Split rp's content into reasoning and content at its <think> block
  * (reasoning.h; open: the reply began inside it). */
 void srv_reply_think(srv_reply *rp, bool open);
@@ -502,6 +509,7 @@ typedef struct srv_stream_choice {   /* the fields are private to server_stream.
     const char *const *stop;           /* the request's stop strings [n_stop] (borrowed) ... */
     int                n_stop;
     const kvc_model   *vocab;          /* ... and the model: which one ended the reply */
+    bool               forced_calls;   /* srv_request's */
     bool               think, think_open; /* split reasoning (srv_request's) ... */
     size_t             r_sent;         /* ... text[0, r_sent) looked at for it */
     bool               content_begun;  /* content went out: its start is fixed */

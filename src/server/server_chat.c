@@ -48,6 +48,14 @@ srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *con
     return rp;
 }
 
+void srv_reply_only_calls(srv_reply *rp)
+{
+    if (rp->tool_calls) {
+        rp->content = "";
+        rp->n_content = 0;
+    }
+}
+
 void srv_reply_think(srv_reply *rp, bool open)
 {
     kvc_think_span sp = kvc_think_find(rp->content, rp->n_content, open, true);

@@ -207,6 +207,8 @@ static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
         srv_metrics_done(s->metrics, &done[i].stats);
         rp[i] = srv_reply_make(&done[i], true, rq->params.chat.stop, rq->params.chat.n_stop,
                                s->lim.model);
+        if (rq->forced_calls)
+            srv_reply_only_calls(&rp[i]);
         if (rq->think)
             srv_reply_think(&rp[i], rq->think_open);
     }

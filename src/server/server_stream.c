@@ -127,6 +127,8 @@ static bool send_end(srv_stream_choice *c, const kvc_event *done, srv_buf *out)
     const srv_dialect *d = c->em.head.dialect;
     srv_reply rp = srv_reply_make(done, c->tools, c->stop, c->n_stop, c->vocab);
     bool ok = true;
+    if (c->forced_calls)
+        srv_reply_only_calls(&rp);
     if (c->think) {
         srv_reply_think(&rp, c->think_open);
         send_reasoning(c, true, out, &ok);
@@ -308,6 +310,7 @@ srv_stream *srv_stream_new(const srv_request *rq, const srv_reply_id *id, const 
         c->stop = (const char *const *)st->stop;
         c->n_stop = n_stop;
         c->vocab = lim->model;
+        c->forced_calls = rq->forced_calls;
         c->think = rq->think;
         c->think_open = rq->think_open;
     }
