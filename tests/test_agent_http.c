@@ -554,6 +554,7 @@ static void test_cors_alias_tokenize(int port)
                                   "Access-Control-Request-Method: POST\r\n", NULL, 10);
     CHECKF(r.status == 204, "preflight: %d", r.status);
     CHECK(r.raw && strstr(r.raw, "Access-Control-Allow-Origin: http://ok.example"));
+    CHECK(r.raw && strstr(r.raw, "Access-Control-Expose-Headers: X-Kvchat-Ignored-Fields"));
     http_resp_free(&r);
     r = http_request_ex(port, "GET", "/v1/models", "Origin: http://bad.example\r\n", NULL, 10);
     CHECK(r.status == 200 && r.raw && !strstr(r.raw, "Access-Control-Allow-Origin"));

@@ -154,6 +154,7 @@ void srv_add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_Res
                             "X-Stainless-Timeout, x-api-key, anthropic-version, anthropic-beta, "
                             "anthropic-dangerous-direct-browser-access");
     MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Kvchat-Ignored-Fields");
 }
 
 enum MHD_Result srv_respond(const kvc_server *s, struct MHD_Connection *mc, int status,
