@@ -1,8 +1,11 @@
-/* server_json.c - request bodies to kvc_request_params, and the response JSON.
+/* server_json.c - request bodies to kvc_request_params, and the JSON helpers
+ * every dialect's answers use.
  *
- * The parser validates every field it uses against OpenAI's ranges and names
- * the field in the error; a field it does not know is a 400 naming it
- * (server_agent.c, which also parses the agent API's fields).
+ * srv_request_parse checks the body (srv_json_parse), the fields against the
+ * dialect's policy (server_fields.c), then hands it to the dialect's parser;
+ * the chat and completions parsers here (with server_agent.c's fields) are
+ * the ones the other dialects translate into. Every field used is validated
+ * against OpenAI's ranges and named in the error.
  * Strings are borrowed from the cJSON tree the request keeps, except joined
  * content parts, which are made here. Nesting is bounded by cJSON itself
  * (CJSON_NESTING_LIMIT, 1000), so hostile bodies cannot exhaust the stack. */
