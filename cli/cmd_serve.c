@@ -13,17 +13,27 @@
 
 int cmd_serve(int argc, char **argv);
 
+/* The server's notices, on stderr. */
+static void log_line(const char *line, void *user)
+{
+    (void)user;
+    fprintf(stderr, "kvchat: %s\n", line);
+}
+
 static const char serve_help[] =
     "usage: kvchat serve [options]\n\n"
     "Serve the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
-    "GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize,\n"
-    "POST /detokenize, POST /apply-template. The sampling options set the\n"
-    "defaults of requests that leave them out.\n";
+    "POST /v1/responses (stateless), and Anthropic's POST /v1/messages and\n"
+    "/v1/messages/count_tokens; GET /v1/models, GET /health, GET /metrics\n"
+    "(Prometheus), POST /tokenize, POST /detokenize, POST /apply-template\n"
+    "(?api=responses or ?api=messages: a request of that API). The sampling\n"
+    "options set the defaults of requests that leave them out.\n";
 
 enum { OPT_HOST = CLI_OPT_CMD, OPT_PORT, OPT_API_KEY, OPT_API_KEY_FILE, OPT_SHARE_KEYS,
        OPT_ALIAS, OPT_CORS, OPT_PARALLEL, OPT_KV_BUDGET, OPT_MAX_QUEUE, OPT_MAX_SESSIONS,
        OPT_OVERFLOW, OPT_NO_CACHE, OPT_SPECIAL, OPT_TIMEOUT, OPT_REQUEST_TIMEOUT,
-       OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY, OPT_QUIET };
+       OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY, OPT_QUIET,
+       OPT_STRICT_FIELDS };
 
 static const cli_option serve_opts[] = {
     { "host", 0, "ADDR", OPT_HOST, 0, "address to bind (default 127.0.0.1)" },
@@ -56,6 +66,11 @@ static const cli_option serve_opts[] = {
       "control-token text in messages becomes control tokens\n"
       "(default: message text is plain text; only the template's\n"
       "markup gives control tokens)" },
+    { "strict-fields", 0, NULL, OPT_STRICT_FIELDS, 0,
+      "a request field kvchat does not use is a 400 (default: hints\n"
+      "such as metadata or return_progress are accepted, logged once\n"
+      "and named in the X-Kvchat-Ignored-Fields header; fields that\n"
+      "would change the answer are 400s either way)" },
     { "timeout", 0, "S", OPT_TIMEOUT, 0, "close connections idle for S seconds (default 60)" },
     { "request-timeout", 0, "S", OPT_REQUEST_TIMEOUT, 0,
       "a request's headers and body must arrive within S seconds\n"
@@ -140,6 +155,7 @@ static int serve_apply(kvc_server_params *sp, kvc_engine_params *ep, int id, con
     case OPT_SHARE_KEYS: sp->share_cache_across_keys = true; return 1;
     case OPT_NO_CACHE: ep->no_cache = true; return 1;
     case OPT_SPECIAL: ep->special_in_content = true; return 1;
+    case OPT_STRICT_FIELDS: sp->strict_fields = true; return 1;
     case OPT_OVERFLOW:
         if (strcmp(v, "error") && strcmp(v, "shift")) {
             fprintf(stderr, "kvchat: --context-overflow must be error or shift, got '%s'\n", v);
@@ -236,6 +252,7 @@ static int serve(kvc_model *m, const char *model_path, const kvc_engine_params *
         fprintf(stderr, "kvchat: %s\n", err);
         return 1;
     }
+    sp->log = log_line;
     if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         kvc_engine_free(e);

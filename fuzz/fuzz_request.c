@@ -85,7 +85,7 @@ static void check_params(const srv_request *r)
             fail("empty stop string");
         else
             sink += strlen(p->chat.stop[i]);
-    if (r->kind == SRV_CHAT) {
+    if (r->dialect != &srv_dialect_completions) {
         if (!p->messages || p->n_messages < 1 || p->n_messages > MAX_MESSAGES || p->prompt)
             fail("bad message list");
         for (size_t i = 0; i < p->n_messages; i++)
@@ -99,29 +99,52 @@ static void check_params(const srv_request *r)
         sink += strlen(r->model);
 }
 
-/* Build what the server would send for a reply whose text is `text`. */
+/* Build what the server would send for a reply whose text is `text`: the
+ * whole answer, and a stream's events (every dialect's); for chat and
+ * completions the text must be found where those APIs put it. */
 static void check_output(const srv_request *r, const char *text)
 {
     srv_reply_id id = { .id = "chatcmpl-fuzz", .created = 1, .model = r->model ? r->model : "m" };
     kvc_event done = { .type = KVC_EVENT_DONE, .text = (char *)text, .len = strlen(text) };
     done.stats.finish_reason = "stop";
-    bool chat = r->kind == SRV_CHAT;
-    check_json(srv_response_json(r->kind, &id, &done, 1, 1, NULL, false), "choices",
+    bool chat = r->dialect == &srv_dialect_chat;
+    srv_reply rp = srv_reply_whole(&done, false);
+    srv_reply split = rp;
+    srv_reply_think(&split, text[0] == 'a');           /* reasoning: either start */
+    if (r->dialect != &srv_dialect_chat && r->dialect != &srv_dialect_completions) {
+        check_json(r->dialect->response(&id, r, &split, 1, 1, NULL, false), NULL, NULL, NULL);
+        srv_emit em = { .head = { r->dialect, &id, 0, false }, .open = -1 };
+        srv_buf b = { 0 };
+        r->dialect->sse_begin(&em, &b);
+        r->dialect->sse_text(&em, SRV_REASONING, text, strlen(text), NULL, &b);
+        r->dialect->sse_text(&em, SRV_CONTENT, text, strlen(text), NULL, &b);
+        r->dialect->sse_finish(&em, &split, NULL, &b);
+        for (char *p = b.p, *d; p && (d = strstr(p, "data: ")); p = d + 6) {
+            char *end = strstr(d, "\n\n");
+            cJSON *j = cJSON_ParseWithLength(d + 6, end ? (size_t)(end - d - 6) : strlen(d + 6));
+            if (!j)
+                fail("a stream event is not JSON");
+            cJSON_Delete(j);
+        }
+        free(b.p);
+        free(em.acc.p);
+        return;
+    }
+    check_json(r->dialect->response(&id, r, &rp, 1, 1, NULL, false), "choices",
                chat ? "message\0content\0" : "text\0", text);
-    srv_chunk_head h = { r->kind, &id, 0, r->include_usage };
+    srv_chunk_head h = { r->dialect, &id, 0, r->include_usage };
     check_json(srv_sse_text(&h, text, strlen(text), NULL), "choices",
                chat ? "delta\0content\0" : "text\0", text);
     check_json(srv_sse_finish(&h, "length", NULL), NULL, NULL, NULL);
-    check_json(srv_sse_usage(r->kind, &id, &done.stats, 1, 1), NULL, NULL, NULL);
-    if (chat)
-        check_json(srv_sse_role(&h), NULL, NULL, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    int kind = data[0] & 1 ? SRV_COMPLETION : SRV_CHAT;
+    static const srv_dialect *const dialects[] = { &srv_dialect_chat, &srv_dialect_completions,
+                                                   &srv_dialect_responses, &srv_dialect_messages };
+    const srv_dialect *kind = dialects[data[0] & 3];
     size_t n = size - 1;
     char *body = malloc(n ? n : 1);
     if (!body)
@@ -137,8 +160,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_json(srv_error_json(&e), "error", "message\0", e.message);
     } else {
         check_params(&r);
-        const char *text = kind == SRV_CHAT ? r.params.messages[r.params.n_messages - 1].content
-                                            : r.params.prompt;
+        const char *text = kind != &srv_dialect_completions
+                         ? r.params.messages[r.params.n_messages - 1].content : r.params.prompt;
         check_output(&r, text);
     }
     srv_request_free(&r);

@@ -500,7 +500,8 @@ typedef struct kvc_request_params {
     const char *prompt;                /* ... or a raw completion prompt (messages NULL) */
     const int32_t *prompt_tokens;      /* ... or one given as token ids (prompt NULL) */
     int64_t     n_prompt_tokens;
-    const char *session_key;           /* prompt_cache_key, else user; NULL = none */
+    const char *session_key;           /* one conversation's (the server: prompt_cache_key,
+                                          else user with the conversation's start); NULL = none */
     const char *cache_namespace;       /* the tenant: requests of different namespaces share
                                           no cached block (in RAM, on disk, in Redis) and no
                                           session; NULL or "" = the default namespace. The

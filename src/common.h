@@ -36,6 +36,10 @@ int kvc_err_prefix(kvc_err *err, const char *fmt, ...)
  * first). false (nothing changed) when memory runs out. */
 bool kvc_grow(void **arr, size_t *cap, size_t n, size_t elsize);
 
+/* A range [off, off + len) of a text: the template's provenance spans (which
+ * bytes came from the caller) that the tokenizer keeps from markup. */
+typedef struct kvc_text_span { size_t off, len; } kvc_text_span;
+
 /* Monotonic clock in microseconds. */
 int64_t kvc_time_us(void);
 

@@ -1,5 +1,5 @@
 /* test_agent_http.c - the agent API of `kvchat serve` over HTTP (issue 13):
- * nothing silently ignored (unknown fields, bad response_format, schema
+ * nothing silently dropped (answer-changing fields, bad response_format, schema
  * features, logit_bias, tool_choice: 400s naming them), logit_bias steering
  * greedy decoding, logprobs equal to `kvchat eval`'s for the same tokens,
  * completions with token ids and lists of prompts, streams with logprobs in
@@ -43,8 +43,10 @@ static void check_400(int port, const char *path, const char *body, const char *
 static void test_rejects(int port)
 {
     const char *chat = "/v1/chat/completions";
-    check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"foo\":1}",
-              "foo", "unknown field");
+    /* a field that would change the answer and cannot be honoured (unknown
+     * ones are hints now: test_dialects_http's field policy) */
+    check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+              "\"ignore_eos\":true}", "ignore_eos", "change the answer");
     check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
               "\"response_format\":{\"type\":\"sound\"}}", "response_format.type", "sound");
     check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
@@ -204,6 +206,15 @@ static void test_prompts_and_parts(int port)
     http_resp_free(&r);
 }
 
+static char *streamed_body(const char *body);
+
+static double usage_num(const cJSON *j, const char *detail)
+{
+    const cJSON *u = cJSON_GetObjectItem(j, "usage");
+    return cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(u, "prompt_tokens_details"),
+                                                    detail));
+}
+
 /* n = 3: the prompt computed once (the others find it in the prefix tree;
  * each recomputes at most its last partial block). */
 static void test_n(int port)
@@ -226,10 +237,76 @@ static void test_n(int port)
     CHECKF(prompt > 100 && done >= prompt && done < prompt + 2 * 16,
            "n=3: prompt %d, computed %.0f", prompt, done);
     printf("n=3: prompt %d tokens, computed %.0f\n", prompt, done);
+    /* its cached part once too: nothing of this new prompt was cached when it
+     * came (the choices after the first find it, which is not the prompt's
+     * cached part; summed they gave 2x the prompt) */
+    int cached = (int)usage_num(j, "cached_tokens");
+    CHECKF(cached == 0, "n=3, a new prompt: cached_tokens %d of %d", cached, prompt);
+    cJSON_Delete(j);
+    http_resp_free(&r);
+    /* the same again, whole and streamed: all but the last block cached, once */
+    r = post(port, "/v1/completions", body);
+    j = r.body ? cJSON_Parse(r.body) : NULL;
+    cached = (int)usage_num(j, "cached_tokens");
+    CHECKF(cached >= prompt - 16 && cached < prompt, "n=3 again: cached %d of %d", cached, prompt);
+    CHECKF(usage_num(j, "cached_disk_tokens") == 0, "no disk tier, yet disk tokens: %s", r.body);
+    cJSON_Delete(j);
+    http_resp_free(&r);
+    char *sb = streamed_body(body);
+    r = post(port, "/v1/completions", sb);
+    const char *u = r.body ? strstr(r.body, "\"usage\":{") : NULL;
+    j = u ? cJSON_Parse(u + 8) : NULL;       /* the usage object, up to its end */
+    int scached = (int)cJSON_GetNumberValue(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(j, "prompt_tokens_details"), "cached_tokens"));
+    CHECKF(scached >= prompt - 16 && scached < prompt, "n=3 streamed: cached %d of %d", scached,
+           prompt);
+    printf("n=3: cached_tokens %d new, %d again, %d streamed (prompt %d)\n", 0, cached, scached,
+           prompt);
+    free(sb);
     cJSON_Delete(j);
     http_resp_free(&r);
     http_resp_free(&m0);
     http_resp_free(&m1);
+}
+
+/* The texts of a completion's choices (malloc'd, n of them). */
+static void choice_texts(int port, const char *body, char **out, int n)
+{
+    http_resp r = post(port, "/v1/completions", body);
+    cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+    cJSON *ch = cJSON_GetObjectItem(j, "choices");
+    CHECKF(r.status == 200 && cJSON_GetArraySize(ch) == n, "%s: %s", body, r.body ? r.body : "");
+    for (int i = 0; i < n; i++) {
+        const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, i), "text"));
+        out[i] = strdup(t ? t : "(none)");
+    }
+    cJSON_Delete(j);
+    http_resp_free(&r);
+}
+
+/* A fixed seed makes every choice deterministic, whatever the seed: choice k
+ * samples with seed + k modulo 2^64 - 1, never the all-ones "random" (-2 + 1
+ * was -1, so choice 1 of seed -2 was random). */
+static void test_seed_choices(int port)
+{
+    const char *b2 = "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":1.5,"
+                     "\"seed\":-2,\"n\":2}";
+    const char *b0 = "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":1.5,"
+                     "\"seed\":0}";
+    char *a[2], *b[2], *z[1];
+    choice_texts(port, b2, a, 2);
+    choice_texts(port, b2, b, 2);
+    choice_texts(port, b0, z, 1);
+    CHECKF(!strcmp(a[0], b[0]) && !strcmp(a[1], b[1]), "seed -2, n 2: '%s' '%s', then '%s' '%s'",
+           a[0], a[1], b[0], b[1]);
+    CHECKF(!strcmp(a[1], z[0]), "choice 1 of seed -2 is '%s', seed 0 gives '%s'", a[1], z[0]);
+    printf("seed -2, n 2: choice 1 '%s' twice, = seed 0's\n", a[1]);
+    free(a[0]), free(a[1]), free(b[0]), free(b[1]), free(z[0]);
+    /* an empty prompt on a vocabulary without BOS: nothing to continue from */
+    http_resp r = post(port, "/v1/completions", "{\"prompt\":\"\",\"max_tokens\":2}");
+    CHECKF(r.status == 400 && r.body && strstr(r.body, "BOS"), "empty prompt: %d %s", r.status,
+           r.body ? r.body : "");
+    http_resp_free(&r);
 }
 
 /* ------------------------------------------------------------- streaming */
@@ -477,6 +554,7 @@ static void test_cors_alias_tokenize(int port)
                                   "Access-Control-Request-Method: POST\r\n", NULL, 10);
     CHECKF(r.status == 204, "preflight: %d", r.status);
     CHECK(r.raw && strstr(r.raw, "Access-Control-Allow-Origin: http://ok.example"));
+    CHECK(r.raw && strstr(r.raw, "Access-Control-Expose-Headers: X-Kvchat-Ignored-Fields"));
     http_resp_free(&r);
     r = http_request_ex(port, "GET", "/v1/models", "Origin: http://bad.example\r\n", NULL, 10);
     CHECK(r.status == 200 && r.raw && !strstr(r.raw, "Access-Control-Allow-Origin"));
@@ -541,6 +619,7 @@ int main(void)
         test_logprobs(s.port, info.n_vocab);
         test_prompts_and_parts(s.port);
         test_n(s.port);
+        test_seed_choices(s.port);
         test_stream_logprobs(s.port);
         test_stream_n(s.port);
         test_cors_alias_tokenize(s.port);

@@ -90,47 +90,33 @@ void kvc_server_stop(kvc_server *s) { }
 #include <microhttpd.h>
 #include <xxhash.h>
 
-struct kvc_server {
-    struct MHD_Daemon *daemon;
-    kvc_engine        *engine;       /* borrowed */
-    srv_metrics       *metrics;
-    srv_guard         *guard;        /* the request deadline */
-    srv_limits         lim;
-    char             **api_keys;     /* [n_api_keys]; none = no authentication */
-    int                n_api_keys;
-    char             **key_ns;       /* [n_api_keys]: each key's cache namespace */
-    bool               share_keys;   /* one cache namespace for every key */
-    char              *model_name;
-    char              *cors;         /* allowed origins ("*" or a comma list); NULL = none */
-    size_t             max_body;
-    int                port;
-    time_t             started;
-    atomic_bool        stopping;
-    atomic_uint_least64_t next_id;   /* response ids: a counter, mixed with id_salt */
-    uint64_t           id_salt;
-    srv_bulk          *bulk;         /* where large bodies are parsed and tokenized */
-};
+#include "server_http.h"
 
-#define MAX_NAMESPACE 640         /* "key:<16 hex>|salt:<cache_salt, at most 512 bytes>" */
-#define LARGE_BODY    (1u << 20)  /* bytes: a body this large is parsed and tokenized on the
-                                     bulk thread (server_bulk.c) */
+#define MAX_LOGGED 256   /* distinct ignored field names logged (then no more) */
 
-enum route {
-    ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
-    ROUTE_METRICS, ROUTE_APPLY_TEMPLATE, ROUTE_TOKENIZE, ROUTE_DETOKENIZE,
-};
+/* srv_limits.log_ignored: tell the log of an ignored field, once per name. */
+static void log_ignored(const char *field, void *user)
+{
+    kvc_server *s = user;
+    bool seen = false, full;
+    pthread_mutex_lock(&s->logged_mu);
+    for (size_t i = 0; i < s->n_logged && !seen; i++)
+        seen = !strcmp(s->logged[i], field);
+    full = s->n_logged >= MAX_LOGGED;
+    char *copy = seen || full ? NULL : strdup(field);
+    if (copy && kvc_grow((void **)&s->logged, &s->cap_logged, s->n_logged, sizeof(char *)))
+        s->logged[s->n_logged++] = copy;
+    else
+        free(copy), copy = NULL;
+    pthread_mutex_unlock(&s->logged_mu);
+    if (copy && s->log) {
+        char line[200];
+        snprintf(line, sizeof(line), "request field '%.100s' accepted and ignored (it changes "
+                 "nothing kvchat does; told once)", field);
+        s->log(line, s->log_user);
+    }
+}
 
-/* One HTTP request (MHD's con_cls): its route and the body read so far. */
-typedef struct conn {
-    int    route;        /* enum route */
-    srv_error err;       /* decided from the headers; http_status 0 = none */
-    char  *body;         /* [len] bytes of [cap] */
-    size_t len, cap;
-    size_t discarded;    /* bytes dropped past max_body (413 follows) */
-    bool   unread_body;  /* answering from the headers while a body may follow */
-    bool   preflight;    /* an OPTIONS request: answered 204 with the CORS headers */
-    int    key;          /* the API key it authenticated with, -1 = none */
-} conn;
 
 /* ============================================================ responses */
 
@@ -141,7 +127,7 @@ static const char oom_json[] =
 /* Queue `body` (malloc'd, taken; NULL = out of memory: a static 500) with
  * status and content type, plus extra headers: name, value, ..., NULL. */
 /* The CORS headers for the request's Origin when --cors-origins allows it. */
-static void add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_Response *r)
+void srv_add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_Response *r)
 {
     const char *origin = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin");
     if (!s->cors || !origin)
@@ -165,11 +151,13 @@ static void add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_
                             "X-Stainless-Arch, X-Stainless-Lang, X-Stainless-OS, "
                             "X-Stainless-Package-Version, X-Stainless-Runtime, "
                             "X-Stainless-Runtime-Version, X-Stainless-Retry-Count, "
-                            "X-Stainless-Timeout");
+                            "X-Stainless-Timeout, x-api-key, anthropic-version, anthropic-beta, "
+                            "anthropic-dangerous-direct-browser-access");
     MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Kvchat-Ignored-Fields");
 }
 
-static enum MHD_Result respond(const kvc_server *s, struct MHD_Connection *mc, int status,
+enum MHD_Result srv_respond(const kvc_server *s, struct MHD_Connection *mc, int status,
                                char *body, const char *ctype, const char *const *headers)
 {
     struct MHD_Response *r;
@@ -188,44 +176,37 @@ static enum MHD_Result respond(const kvc_server *s, struct MHD_Connection *mc, i
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     for (; headers && headers[0]; headers += 2)
         MHD_add_response_header(r, headers[0], headers[1]);
-    add_cors(s, mc, r);
+    srv_add_cors(s, mc, r);
     enum MHD_Result ret = MHD_queue_response(mc, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static bool is_completion(const conn *c)
-{
-    return c->route == ROUTE_CHAT || c->route == ROUTE_COMPLETIONS ||
-           c->route == ROUTE_APPLY_TEMPLATE || c->route == ROUTE_TOKENIZE ||
-           c->route == ROUTE_DETOKENIZE;
-}
-
-static enum MHD_Result respond_error(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+enum MHD_Result srv_respond_error(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                      const srv_error *e)
 {
     const char *h[6] = { 0 }, **p = h;
     if (e->http_status == 401)
         *p++ = MHD_HTTP_HEADER_WWW_AUTHENTICATE, *p++ = "Bearer";
     else if (e->http_status == 405)
-        *p++ = MHD_HTTP_HEADER_ALLOW, *p++ = is_completion(c) ? "POST" : "GET";
+        *p++ = MHD_HTTP_HEADER_ALLOW, *p++ = c->post ? "POST" : "GET";
     else if (e->http_status == 503)
         *p++ = MHD_HTTP_HEADER_RETRY_AFTER, *p++ = "1";
     if (c->unread_body)   /* answered before the body: do not wait for it */
         *p++ = MHD_HTTP_HEADER_CONNECTION, *p++ = "close";
-    if (is_completion(c))
+    if (c->post)
         srv_metrics_failed(s->metrics);
-    return respond(s, mc, e->http_status, srv_error_json(e), "application/json", h);
+    return srv_respond(s, mc, e->http_status, c->dialect->error(e), "application/json", h);
 }
 
-static enum MHD_Result respond_json(const kvc_server *s, struct MHD_Connection *mc, char *json)
+enum MHD_Result srv_respond_json(const kvc_server *s, struct MHD_Connection *mc, char *json)
 {
-    return respond(s, mc, 200, json, "application/json", NULL);
+    return srv_respond(s, mc, 200, json, "application/json", NULL);
 }
 
 /* ============================================================== waiting */
 
-static int conn_fd(struct MHD_Connection *mc)
+int srv_conn_fd(struct MHD_Connection *mc)
 {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -247,304 +228,11 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 {
     kvc_server *s = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        *socket_context = srv_guard_open(s->guard, conn_fd(mc));
+        *socket_context = srv_guard_open(s->guard, srv_conn_fd(mc));
     } else {
         srv_guard_close(s->guard, *socket_context);
         *socket_context = NULL;
     }
-}
-
-/* The end of r (DONE or ERROR) into *ev, its TEXT events dropped. false
- * when the client went away or the server is stopping (nothing in *ev). */
-static bool wait_end(kvc_server *s, int fd, kvc_request *r, kvc_event *ev)
-{
-    for (;;) {
-        if (kvc_request_next(r, ev, SRV_TICK_MS)) {
-            if (ev->type != KVC_EVENT_TEXT)
-                return true;
-            kvc_event_clear(ev);
-        }
-        /* after a dropped event too: a request answered whole gets an event
-         * per token and would otherwise never look (a poll is a microsecond) */
-        if (atomic_load(&s->stopping) || srv_peer_gone(fd))
-            return false;
-    }
-}
-
-/* ========================================================== completions */
-
-static void make_id(kvc_server *s, int kind, srv_reply_id *id, const char *model)
-{
-    uint64_t x = atomic_fetch_add(&s->next_id, 1) * 0x9E3779B97F4A7C15ull ^ s->id_salt;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    x ^= x >> 31;
-    snprintf(id->id, sizeof(id->id), "%s-%016llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)x);
-    id->created = time(NULL);
-    id->model = model;
-}
-
-/* The parameters of choice i: its prompt (a completion's list: n choices
- * each), its own seed (seed + k for the k-th choice of a prompt when the seed
- * is fixed), and only the first keeps the session key (the others find the
- * prompt in the prefix tree: it is computed once). */
-static kvc_request_params choice_params(const srv_request *rq, int i)
-{
-    kvc_request_params p = rq->params;
-    int k = i % rq->n, j = i / rq->n;
-    if (rq->kind != SRV_CHAT) {
-        p.prompt = rq->prompts[j];
-        p.prompt_tokens = rq->prompt_toks[j];
-        p.n_prompt_tokens = rq->n_prompt_toks[j];
-    }
-    if (k > 0 && p.chat.sampling.seed != KVC_SEED_RANDOM)
-        p.chat.sampling.seed += (uint64_t)k;
-    if (i > 0)
-        p.session_key = NULL;
-    return p;
-}
-
-typedef struct submit_job {
-    kvc_server               *s;
-    const kvc_request_params *p;
-    int                       n;
-    kvc_request             **r;
-    int                       status;
-    char                      err[512];
-} submit_job;
-
-static void submit_now(void *arg)
-{
-    submit_job *j = arg;
-    j->status = kvc_engine_submit_all(j->s->engine, j->p, j->n, j->r, j->err, sizeof(j->err));
-}
-
-/* Run fn(arg), the heavy work of c's body (parsing, rendering, tokenizing):
- * a large body's on the bulk thread, whose work never takes a core the
- * engine wants (a running stream's tokens would stall), others' here. */
-static void run_for_body(kvc_server *s, const conn *c, void (*fn)(void *), void *arg)
-{
-    if (c->len > LARGE_BODY)
-        srv_bulk_run(s->bulk, fn, arg);
-    else
-        fn(arg);
-}
-
-/* Submit every choice of rq into r[0, n) at once: the engine renders and
- * tokenizes their prompts in the calling thread (run_for_body) and queues
- * them together, so that they start together and share the prompt through
- * the prefix tree. false with *e set when one could not be (none queued). */
-static bool submit_choices(kvc_server *s, const conn *c, const srv_request *rq,
-                           kvc_request **r, int n, srv_error *e)
-{
-    kvc_request_params p[SRV_MAX_CHOICES];
-    for (int i = 0; i < n; i++)
-        p[i] = choice_params(rq, i);
-    submit_job j = { .s = s, .p = p, .n = n, .r = r, .status = KVC_ERR_NOMEM };
-    run_for_body(s, c, submit_now, &j);
-    if (j.status)
-        srv_error_from_status(e, j.status, j.err);
-    return !j.status;
-}
-
-/* ============================================================ streaming */
-
-/* MHD's content reader and free callback over the stream (server_stream.c). */
-static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
-{
-    ssize_t n = srv_stream_read(cls, out, max);
-    return n == SRV_STREAM_END     ? MHD_CONTENT_READER_END_OF_STREAM
-           : n == SRV_STREAM_ERROR ? MHD_CONTENT_READER_END_WITH_ERROR
-                                   : n;
-}
-
-static void stream_free(void *cls)
-{
-    srv_stream_free(cls);
-}
-
-/* Start the SSE response (taking st) with the first event, of choice i. */
-static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, srv_stream *st,
-                                    int i, const kvc_event *first)
-{
-    struct MHD_Response *resp = srv_stream_begin(st, i, first) ? MHD_create_response_from_callback(
-        MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
-    if (!resp) {
-        srv_stream_free(st);
-        return respond(s, mc, 500, NULL, NULL, NULL);
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    add_cors(s, mc, resp);
-    enum MHD_Result ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    return ret;
-}
-
-/* stream: true. Every choice is submitted at once; the first event of any
- * is awaited before a byte is sent, so an error known by then is a plain
- * JSON error. MHD_NO when the client left or the server is stopping. */
-static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, const conn *c,
-                                  const srv_request *rq)
-{
-    srv_reply_id id;
-    make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
-    srv_stream *st = srv_stream_new(rq, &id, &s->lim, s->metrics, &s->stopping, conn_fd(mc));
-    if (!st)
-        return respond(s, mc, 500, NULL, NULL, NULL);
-    int n;
-    kvc_request **req = srv_stream_requests(st, &n);
-    srv_error e = { 0 };
-    kvc_event ev;
-    int i = -1;
-    if (submit_choices(s, c, rq, req, n, &e) && (i = srv_stream_next(st, &ev, true)) >= 0 &&
-        ev.type == KVC_EVENT_ERROR)
-        srv_error_from_status(&e, ev.status, ev.message);
-    enum MHD_Result ret = MHD_NO;             /* gone or stopping: no answer */
-    if (e.http_status) {
-        srv_stream_free(st);                  /* cancels the others */
-        ret = respond_error(s, mc, c, &e);
-    } else if (i >= 0) {
-        ret = start_stream(s, mc, st, i, &ev);
-    } else {
-        srv_stream_free(st);
-    }
-    if (i >= 0)
-        kvc_event_clear(&ev);
-    return ret;
-}
-
-/* ======================================================= whole answers */
-
-/* The complete (non-streamed) answer, from the DONE events of its choices. */
-static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
-                                    const srv_request *rq, const kvc_event *done, int n)
-{
-    srv_reply_id id;
-    make_id(s, rq->kind, &id, rq->model ? rq->model : s->model_name);
-    for (int i = 0; i < n; i++)
-        srv_metrics_done(s->metrics, &done[i].stats);
-    return respond_json(s, mc, srv_response_json(rq->kind, &id, done, n, rq->n, s->lim.model,
-                                                 rq->logprobs >= 0));
-}
-
-/* Every choice submitted at once (they share the prompt through the prefix
- * tree), answered whole. MHD_NO when the client left or the server is
- * stopping. */
-static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, const conn *c,
-                                   const srv_request *rq)
-{
-    int n = rq->n * rq->n_prompts, got = 0, fd = conn_fd(mc);
-    kvc_request *r[SRV_MAX_CHOICES] = { 0 };
-    kvc_event ev[SRV_MAX_CHOICES];
-    memset(ev, 0, sizeof(ev));
-    srv_error e = { 0 };
-    enum MHD_Result ret = MHD_NO;
-    submit_choices(s, c, rq, r, n, &e);
-    for (; got < n && !e.http_status; got++) {
-        if (!wait_end(s, fd, r[got], &ev[got]))
-            break;                             /* gone or stopping: MHD_NO */
-        if (ev[got].type == KVC_EVENT_ERROR)
-            srv_error_from_status(&e, ev[got].status, ev[got].message);
-    }
-    for (int i = 0; i < n; i++)
-        kvc_request_free(r[i]);
-    if (e.http_status)
-        ret = respond_error(s, mc, c, &e);
-    else if (got == n)
-        ret = respond_done(s, mc, rq, ev, n);
-    for (int i = 0; i < n; i++)
-        kvc_event_clear(&ev[i]);
-    return ret;
-}
-
-/* Submit a parsed request and answer it, streamed or whole. */
-static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, const conn *c,
-                                   const srv_request *rq)
-{
-    return rq->stream ? run_stream(s, mc, c, rq) : run_choices(s, mc, c, rq);
-}
-
-/* POST /apply-template (as llama-server has it): the prompt a chat request
- * renders to, exactly as it will be tokenized; a failing template is a 400. */
-static enum MHD_Result handle_apply_template(kvc_server *s, struct MHD_Connection *mc,
-                                             const conn *c, const srv_request *rq)
-{
-    srv_error e;
-    char err[512] = "", *prompt = NULL;
-    int rc = kvc_engine_render(s->engine, &rq->params, &prompt, err, sizeof(err));
-    if (rc) {
-        srv_error_from_status(&e, rc, err);
-        return respond_error(s, mc, c, &e);
-    }
-    char *json = srv_prompt_json(prompt);
-    free(prompt);
-    return respond_json(s, mc, json);
-}
-
-/* The request's cache namespace (DESIGN.md §5): its API key's, unless keys
- * share the cache, and its cache_salt. Into buf; NULL for the default. */
-static const char *namespace_of(const kvc_server *s, const conn *c, const srv_request *rq,
-                                char *buf, size_t cap)
-{
-    const char *key = c->key >= 0 && !s->share_keys ? s->key_ns[c->key] : "";
-    if (!*key && !rq->cache_salt)
-        return NULL;
-    snprintf(buf, cap, "%s|salt:%s", key, rq->cache_salt ? rq->cache_salt : "");
-    return buf;
-}
-
-typedef struct parse_job {
-    kvc_server  *s;
-    const conn  *c;
-    int          kind;
-    srv_request *rq;
-    srv_error   *e;
-    int          rc;
-} parse_job;
-
-static void parse_now(void *arg)
-{
-    parse_job *j = arg;
-    j->rc = srv_request_parse(j->kind, j->c->body ? j->c->body : "", j->c->len, &j->s->lim,
-                              j->rq, j->e);
-}
-
-/* The last call for a completion POST (the whole body is in c): 413 when it
- * went past the limit, 400 when it does not validate, else run it. Parsed
- * through run_for_body. */
-static enum MHD_Result handle_completion(kvc_server *s, struct MHD_Connection *mc, conn *c)
-{
-    srv_error e;
-    if (c->discarded) {
-        srv_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
-                      "the request body is larger than the limit of %zu bytes", s->max_body);
-        return respond_error(s, mc, c, &e);
-    }
-    if (c->route == ROUTE_TOKENIZE || c->route == ROUTE_DETOKENIZE) {
-        memset(&e, 0, sizeof(e));
-        char *json = c->route == ROUTE_TOKENIZE
-                   ? srv_tokenize(s->lim.model, c->body ? c->body : "", c->len, &e)
-                   : srv_detokenize(s->lim.model, c->body ? c->body : "", c->len, &e);
-        e.http_status = json ? 0 : e.http_status ? e.http_status : 500;
-        return json ? respond_json(s, mc, json) : respond_error(s, mc, c, &e);
-    }
-    srv_request rq;
-    int kind = c->route == ROUTE_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT;
-    parse_job pj = { s, c, kind, &rq, &e, 0 };
-    run_for_body(s, c, parse_now, &pj);
-    if (pj.rc != 0)
-        return respond_error(s, mc, c, &e);
-    free(c->body);   /* the parsed tree holds what is needed */
-    c->body = NULL;
-    char ns[MAX_NAMESPACE];
-    rq.params.cache_namespace = namespace_of(s, c, &rq, ns, sizeof(ns));
-    enum MHD_Result ret = c->route == ROUTE_APPLY_TEMPLATE ? handle_apply_template(s, mc, c, &rq)
-                                                           : run_request(s, mc, c, &rq);
-    srv_request_free(&rq);
-    return ret;
 }
 
 /* ================================================================ GETs */
@@ -555,18 +243,18 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
 {
     switch (c->route) {
     case ROUTE_HEALTH:
-        return respond_json(s, mc, strdup("{\"status\":\"ok\"}"));
+        return srv_respond_json(s, mc, strdup("{\"status\":\"ok\"}"));
     case ROUTE_MODELS:
-        return respond_json(s, mc, srv_models_json(s->model_name, s->started, false));
+        return srv_respond_json(s, mc, srv_models_json(s->model_name, s->started, false));
     case ROUTE_MODEL: {
         const char *name = strrchr(url, '/') + 1;
         if (strcmp(name, s->model_name) != 0) {
             srv_error e;
             srv_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
                           "the model '%.200s' does not exist", name);
-            return respond_error(s, mc, c, &e);
+            return srv_respond_error(s, mc, c, &e);
         }
-        return respond_json(s, mc, srv_models_json(s->model_name, s->started, true));
+        return srv_respond_json(s, mc, srv_models_json(s->model_name, s->started, true));
     }
     default: {
         kvc_engine_metrics em;
@@ -575,7 +263,7 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
         kvc_engine_get_metrics(s->engine, &em);
         srv_guard_counts(s->guard, &open, &dropped);
         srv_metrics_connections(s->metrics, open, dropped);
-        return respond(s, mc, 200, srv_metrics_text(s->metrics, &em),
+        return srv_respond(s, mc, 200, srv_metrics_text(s->metrics, &em),
                        "text/plain; version=0.0.4; charset=utf-8", NULL);
     }
     }
@@ -583,22 +271,53 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
 
 /* ============================================================ dispatch */
 
-static int find_route(const char *url)
+/* The dialect whose name is `name` ("chat.completions", "responses",
+ * "messages"); NULL when none is. */
+static const srv_dialect *dialect_named(const char *name)
 {
-    static const struct { const char *path; int route; } routes[] = {
-        { "/v1/chat/completions", ROUTE_CHAT }, { "/chat/completions", ROUTE_CHAT },
-        { "/v1/completions", ROUTE_COMPLETIONS }, { "/completions", ROUTE_COMPLETIONS },
-        { "/v1/models", ROUTE_MODELS }, { "/models", ROUTE_MODELS },
-        { "/apply-template", ROUTE_APPLY_TEMPLATE },
-        { "/tokenize", ROUTE_TOKENIZE }, { "/detokenize", ROUTE_DETOKENIZE },
-        { "/health", ROUTE_HEALTH }, { "/metrics", ROUTE_METRICS },
+    static const srv_dialect *const all[] = { &srv_dialect_chat, &srv_dialect_responses,
+                                              &srv_dialect_messages };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (!strcmp(name, all[i]->name))
+            return all[i];
+    return NULL;
+}
+
+/* c's route, its dialect and method, from the path (the query string is not
+ * part of url: /v1/messages?beta=true is /v1/messages). */
+static void find_route(conn *c, const char *url)
+{
+    static const struct {
+        const char *path;
+        int route;
+        const srv_dialect *dialect;   /* NULL = chat's */
+        bool post;
+    } routes[] = {
+        { "/v1/chat/completions", ROUTE_GENERATE, NULL, true },
+        { "/chat/completions", ROUTE_GENERATE, NULL, true },
+        { "/v1/completions", ROUTE_GENERATE, &srv_dialect_completions, true },
+        { "/v1/responses", ROUTE_GENERATE, &srv_dialect_responses, true },
+        { "/responses", ROUTE_GENERATE, &srv_dialect_responses, true },
+        { "/v1/messages", ROUTE_GENERATE, &srv_dialect_messages, true },
+        { "/v1/messages/count_tokens", ROUTE_COUNT_TOKENS, &srv_dialect_messages, true },
+        { "/completions", ROUTE_GENERATE, &srv_dialect_completions, true },
+        { "/v1/models", ROUTE_MODELS, NULL, false }, { "/models", ROUTE_MODELS, NULL, false },
+        { "/apply-template", ROUTE_APPLY_TEMPLATE, NULL, true },
+        { "/tokenize", ROUTE_TOKENIZE, NULL, true }, { "/detokenize", ROUTE_DETOKENIZE, NULL, true },
+        { "/health", ROUTE_HEALTH, NULL, false }, { "/metrics", ROUTE_METRICS, NULL, false },
     };
+    c->dialect = &srv_dialect_chat;
+    c->route = ROUTE_NONE;
+    c->post = false;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-        if (!strcmp(url, routes[i].path))
-            return routes[i].route;
+        if (!strcmp(url, routes[i].path)) {
+            c->route = routes[i].route;
+            c->dialect = routes[i].dialect ? routes[i].dialect : &srv_dialect_chat;
+            c->post = routes[i].post;
+            return;
+        }
     if (!strncmp(url, "/v1/models/", 11) && url[11])
-        return ROUTE_MODEL;
-    return ROUTE_NONE;
+        c->route = ROUTE_MODEL;
 }
 
 /* Whether token equals key, in time that does not depend on where they
@@ -620,9 +339,13 @@ static bool authorized(const kvc_server *s, struct MHD_Connection *mc, int *key)
     if (s->n_api_keys == 0)
         return true;
     const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+    const char *x = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "x-api-key");
+    if (h && strncasecmp(h, "Bearer ", 7) == 0)
+        h += 7;
+    else if (x)                       /* Anthropic's clients send the key so */
+        h = x;
+    else
         return false;
-    h += 7;
     while (*h == ' ')
         h++;
     for (int i = 0; i < s->n_api_keys; i++)
@@ -644,12 +367,19 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
                        const char *method, enum MHD_Result *ret)
 {
     srv_error *e = &c->err;
-    c->route = find_route(url);
+    find_route(c, url);
+    const char *api = c->route == ROUTE_APPLY_TEMPLATE
+                    ? MHD_lookup_connection_value(mc, MHD_GET_ARGUMENT_KIND, "api") : NULL;
+    if (api && !(c->dialect = dialect_named(api))) {   /* the request in another API's shape */
+        c->dialect = &srv_dialect_chat;
+        srv_error_set(&c->err, 400, "invalid_request_error", "api", NULL,
+                      "api '%.40s' is not one of chat.completions, responses, messages", api);
+    }
     if (!strcmp(method, "OPTIONS")) {        /* a CORS preflight: no API key is sent */
         c->preflight = true;
         return true;
     }
-    bool post = is_completion(c);
+    bool post = c->post;
     if (post)
         srv_metrics_request(s->metrics);
     const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
@@ -660,7 +390,8 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
     bool open = c->route == ROUTE_HEALTH && !strcmp(method, "GET");
     if (!open && !authorized(s, mc, &c->key))
         srv_error_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
-                      "a valid API key is required: send the header 'Authorization: Bearer KEY'");
+                      "a valid API key is required: send the header 'Authorization: Bearer KEY' "
+                      "(or 'x-api-key: KEY')");
     else if (c->route == ROUTE_NONE)
         srv_error_set(e, 404, "invalid_request_error", NULL, "not_found",
                       "Invalid URL (%.16s %.200s)", method, url);
@@ -675,7 +406,7 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
         c->unread_body = false;   /* read (and for a GET or an error, ignored) */
         return true;
     }
-    *ret = respond_error(s, mc, c, e);
+    *ret = srv_respond_error(s, mc, c, e);
     return false;
 }
 
@@ -721,12 +452,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     srv_guard_disarm(conn_guard(mc));   /* the request is in: no deadline while answered */
     if (c->preflight)
-        return respond(s, mc, 204, strdup(""), "text/plain", NULL);
+        return srv_respond(s, mc, 204, strdup(""), "text/plain", NULL);
     if (c->err.http_status)
-        return respond_error(s, mc, c, &c->err);
-    if (!is_completion(c))
+        return srv_respond_error(s, mc, c, &c->err);
+    if (!c->post)
         return handle_get(s, mc, c, url);
-    return handle_completion(s, mc, c);
+    return srv_handle_completion(s, mc, c);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
@@ -814,6 +545,10 @@ static void server_free(kvc_server *s)
     free(s->cors);
     srv_bulk_free(s->bulk);
     srv_vocab_free(s->lim.vocab);
+    for (size_t i = 0; i < s->n_logged; i++)
+        free(s->logged[i]);
+    free(s->logged);
+    pthread_mutex_destroy(&s->logged_mu);
     free(s);
 }
 
@@ -841,11 +576,31 @@ static bool add_keys(kvc_server *s, const kvc_server_params *p)
     return true;
 }
 
+/* Whether the engine's template writes reasoning in <think> tags: in a
+ * past turn's reasoning_content or in its generation prompt. */
+static bool template_thinks(kvc_engine *engine)
+{
+    kvc_chat_message m[2] = { { .role = "user", .content = "Hi" },
+                              { .role = "assistant", .content = "Hello",
+                                .reasoning_content = "kvchat-probe" } };
+    bool found = false;
+    for (size_t n = 1; n <= 2 && !found; n++) {
+        kvc_request_params p = { .messages = m, .n_messages = n,
+                                 .chat = kvc_chat_default_params() };
+        char *prompt = NULL, err[8];
+        if (kvc_engine_render(engine, &p, &prompt, err, sizeof(err)) == KVC_OK)
+            found = strstr(prompt, "<think>") || strstr(prompt, "</think>");
+        free(prompt);
+    }
+    return found;
+}
+
 static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
 {
     kvc_server *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
+    pthread_mutex_init(&s->logged_mu, NULL);
     s->engine = engine;
     s->metrics = srv_metrics_new();
     s->model_name = strdup(p->model_name && *p->model_name ? p->model_name : "kvchat");
@@ -868,6 +623,12 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
         server_free(s);
         return NULL;
     }
+    s->lim.strict_fields = p->strict_fields;
+    s->lim.think_tags = template_thinks(engine);
+    s->lim.log_ignored = log_ignored;
+    s->lim.log_user = s;
+    s->log = p->log;
+    s->log_user = p->log_user;
     if (p->cors_origins && *p->cors_origins && !(s->cors = strdup(p->cors_origins))) {
         server_free(s);
         return NULL;

@@ -1,12 +1,22 @@
-/* server.h - the OpenAI-compatible HTTP server over a kvc_engine (DESIGN.md §4, §6).
+/* server.h - the HTTP server over a kvc_engine (DESIGN.md §4, §6): one
+ * internal request model, several API dialects (OpenAI chat completions,
+ * completions and Responses, Anthropic Messages) as ops tables.
  *
  * The parts, one file each:
  *   server.c          the HTTP layer (libmicrohttpd, one thread per connection):
- *                     routing, API key, body limits, waiting on the engine,
- *                     the streamed (SSE) response;
+ *                     routing (which picks the dialect), API key, body limits,
+ *                     answers, life cycle (server_http.h: what it shares);
+ *   server_run.c      one generation request: parse, submit its choices,
+ *                     wait on the engine, answer whole or start the stream;
+ *   server_chat.c     the chat completions and completions dialects;
+ *   server_responses.c the Responses dialect (POST /v1/responses);
+ *   server_messages.c the Anthropic Messages dialect (POST /v1/messages);
+ *   server_fields.c   the field policy: used, ignored (hints), refused;
  *   server_json.c     request bodies -> kvc_request_params (validated, with
- *                     OpenAI-style errors naming the field), and the response,
- *                     chunk and error JSON;
+ *                     errors naming the field), and the JSON helpers the
+ *                     dialects share;
+ *   server_chat.c     the OpenAI chat completions and completions dialects:
+ *                     their response, chunk and error JSON;
  *   server_agent.c    the agent API's fields (tools, response_format, logprobs,
  *                     n, ...) and their parts of a response;
  *   server_stream.c   a streamed response: its reader, taking its choices'
@@ -69,6 +79,14 @@ typedef struct kvc_server_params {
     kvc_sampler_params sampling; /* defaults for fields a request leaves out */
     bool        fixed_seed;      /* a request without "seed" uses sampling.seed;
                                   * false: a random seed per request */
+    bool        strict_fields;   /* a request field that is not used is a 400 (default:
+                                  * hints are accepted and named in the answer's
+                                  * X-Kvchat-Ignored-Fields header; fields that would
+                                  * change the answer are 400s either way) */
+    void      (*log)(const char *line, void *user);  /* the server's notices (an ignored
+                                  * field, once per name); NULL = none. Called from
+                                  * connection threads */
+    void       *log_user;
     const char *cors_origins;    /* origins allowed to call from a browser: "*" or a comma
                                   * list ("https://a.example,https://b.example"); NULL = none.
                                   * OPTIONS preflights are answered 204 either way */
@@ -140,10 +158,7 @@ void srv_bulk_free(srv_bulk *b);
 
 /* ============================================== requests (server_json.c) */
 
-enum srv_kind {
-    SRV_CHAT       = 0,   /* POST /v1/chat/completions */
-    SRV_COMPLETION = 1,   /* POST /v1/completions */
-};
+typedef struct srv_dialect srv_dialect;   /* an API's request and response shapes */
 
 /* An OpenAI-style error: the HTTP status and the fields of {"error": {...}}. */
 typedef struct srv_error {
@@ -170,7 +185,7 @@ int srv_error_from_status(srv_error *e, int status, const char *message);
 /* A parsed, validated request. `params` points into the storage below (and
  * into the parsed JSON tree), so it lives as long as the srv_request. */
 typedef struct srv_request {
-    int                kind;            /* enum srv_kind */
+    const srv_dialect *dialect;         /* the API it came through */
     kvc_request_params params;          /* what is submitted to the engine */
     const char        *model;           /* "model" of the request, NULL when absent */
     const char        *cache_salt;      /* "cache_salt": a namespace of its own, NULL = none */
@@ -190,6 +205,14 @@ typedef struct srv_request {
     char              *grammar;         /* response_format / forced tool call (owned) */
     struct kvc_logit_bias *bias;        /* logit_bias (owned) */
     int                logprobs;        /* -1 = none, else the top_logprobs count */
+    char               ignored[256];    /* fields accepted and not used: "a, b" (the
+                                         * X-Kvchat-Ignored-Fields header); "" = none */
+    bool               forced_calls;    /* tool_choice forces calls: the reply is only calls,
+                                         * text besides them is a call cut short */
+    bool               think;           /* split the reply's <think> block into reasoning
+                                         * (a thinking template, reasoning_format not none) */
+    bool               think_open;      /* ... the reply begins inside it (the prompt
+                                         * ended with <think>: server.c finds out) */
 } srv_request;
 
 typedef struct srv_limits {
@@ -200,6 +223,11 @@ typedef struct srv_limits {
     int                tool_format;     /* enum kvc_tool_format of the template */
     struct srv_vocab  *vocab;           /* the trie grammars are checked against
                                          * (srv_vocab_get); NULL = not checked */
+    bool               strict_fields;   /* a field not used is a 400 (server_fields.c) */
+    bool               think_tags;      /* the template writes reasoning in <think> tags */
+    void             (*log_ignored)(const char *field, void *user); /* a request carried a
+                                         * field accepted and not used; NULL = not told */
+    void              *log_user;
 } srv_limits;
 
 /* The token trie of the server's model for admission checks of grammars
@@ -217,12 +245,19 @@ const struct kvc_gvocab *srv_vocab_get(srv_vocab *sv, kvc_err *err);
  * wrong) with *e filled - the message names the field and what it must be
  * ("temperature must be a number between 0 and 2") and e->param the field -
  * and *out needs no freeing (freeing it is harmless). */
-int  srv_request_parse(int kind, const char *body, size_t len, const srv_limits *lim,
+int  srv_request_parse(const srv_dialect *d, const char *body, size_t len, const srv_limits *lim,
                        srv_request *out, srv_error *e);
 void srv_request_free(srv_request *r);
 
-/* Identity of one response: id ("chatcmpl-..." / "cmpl-..."), creation time
- * and the model name to echo. */
+/* Parse a JSON body of `len` bytes (any bytes) into a cJSON tree (a cJSON *,
+ * the caller's to cJSON_Delete), or NULL with *e a 400: not JSON, trailing
+ * data, or a string (value or member name) with invalid UTF-8 or a \u0000,
+ * the message naming where ("messages[0].content"). Every dialect's parser
+ * starts here, so what reaches the engine is a valid C string. */
+void *srv_json_parse(const char *body, size_t len, srv_error *e);
+
+/* Identity of one response: id (the dialect's prefix + 16 hex digits),
+ * creation time and the model name to echo. */
 typedef struct srv_reply_id {
     char        id[48];
     time_t      created;
@@ -231,11 +266,126 @@ typedef struct srv_reply_id {
 
 /* What every chunk of one streamed choice repeats. */
 typedef struct srv_chunk_head {
-    int                 kind;           /* enum srv_kind */
+    const srv_dialect  *dialect;
     const srv_reply_id *id;             /* borrowed */
     int                 index;          /* the choice's */
     bool                include_usage;  /* "usage": null in every chunk */
 } srv_chunk_head;
+
+/* A growing text (SSE events): [len] bytes of [cap], NUL-terminated; oom
+ * once an append failed (later appends do nothing). */
+typedef struct srv_buf {
+    char  *p;
+    size_t len, cap;
+    bool   oom;
+} srv_buf;
+
+/* Append s (malloc'd, taken; NULL = out of memory) to b. false when memory
+ * ran out now or before. */
+bool srv_buf_put(srv_buf *b, char *s);
+
+/* ============================================ dialects (server_chat.c, ...) */
+
+/* The channels of a reply's text. */
+enum srv_channel {
+    SRV_CONTENT   = 0,
+    SRV_REASONING = 1,   /* the model's thinking (<think>...</think>) */
+};
+
+/* One finished choice as the dialects format it: its DONE event, the text
+ * split into reasoning, content and tool calls. */
+typedef struct srv_reply {
+    const kvc_event *done;        /* stats, logprobs, the whole reply text */
+    const char      *reasoning;   /* [n_reasoning] bytes; NULL = none */
+    size_t           n_reasoning;
+    const char      *content;     /* [n_content] bytes: the text besides the rest */
+    size_t           n_content;
+    const char      *tool_calls;  /* the OpenAI tool_calls JSON array text; NULL = none */
+    const char      *stop_sequence; /* the stop string that ended it (one of the
+                                     request's, borrowed); NULL = none or not known */
+} srv_reply;
+
+/* One choice of a stream as a dialect writes it: the head, and the state of
+ * dialects that open and close blocks (Responses' output items, Messages'
+ * content blocks). Zeroed (but open -1) by srv_stream_choice_init. */
+typedef struct srv_emit {
+    srv_chunk_head head;
+    int            seq;           /* events written (Responses' sequence_number) */
+    int            blocks;        /* blocks begun */
+    int            open;          /* enum srv_channel of the open block, -1 = none */
+    srv_buf        acc;           /* the open block's text so far */
+} srv_emit;
+
+/* An API's shapes, chosen by the route (server.c) and used everywhere a
+ * request is parsed or an answer written: a new API is a new table, not a
+ * branch in each place. Every function returning char * returns malloc'd
+ * text (NULL when memory ran out); the sse_* ones append to *out and return
+ * false when memory ran out. */
+struct srv_dialect {
+    const char *name;             /* "chat.completions", "completions", "responses", "messages" */
+    const char *id_prefix;        /* of response ids: "chatcmpl-", "cmpl-", "resp_", "msg_" */
+    const struct srv_field *fields; /* its request's fields (server_fields.c) */
+    /* The dialect's fields of root (a JSON object; it may be replaced: the
+     * request keeps r->json) into r, whose common defaults are set. 0 or the
+     * HTTP status with *e filled. */
+    int   (*parse)(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e);
+    /* The whole answer of replies rp[0, n) (per_prompt choices per prompt). */
+    char *(*response)(const srv_reply_id *id, const srv_request *rq, const srv_reply *rp, int n,
+                      int per_prompt, const kvc_model *model, bool logprobs);
+    char *(*error)(const srv_error *e);               /* an error body */
+    /* The logprobs object of lp[0, n) (server_agent.c's shapes). */
+    void *(*logprobs)(const kvc_token_logprob *lp, int32_t n, const kvc_model *model,
+                      size_t *text_offset);
+    /* A stream: its first events (before any choice's text), ... */
+    bool  (*sse_begin)(srv_emit *h, srv_buf *out);
+    /* ... a piece of a choice's text in a channel, with its logprobs (a
+     * logprobs object, taken; NULL = none) ... */
+    bool  (*sse_text)(srv_emit *h, int channel, const char *text, size_t len, void *logprobs,
+                      srv_buf *out);
+    /* ... the choice's end: its tool calls (rp->tool_calls, when parsed) and
+     * its finish, with the logprobs no text carried (taken) ... */
+    bool  (*sse_finish)(srv_emit *h, const srv_reply *rp, void *logprobs, srv_buf *out);
+    /* ... and after every choice's end: the usage of stats[0, n) (chat:
+     * include_usage) and the terminator. */
+    bool  (*sse_end)(const srv_reply_id *id, bool include_usage, const kvc_chat_stats *stats,
+                     int n, int per_prompt, srv_buf *out);
+    char *(*sse_error)(const srv_error *e);           /* a failure after the stream began */
+};
+
+/* ================================================= fields (server_fields.c) */
+
+enum srv_field_use {
+    SRV_FIELD_USED    = 0,   /* honoured */
+    SRV_FIELD_IGNORED = 1,   /* a hint or bookkeeping: accepted, logged, named in a header */
+    SRV_FIELD_REFUSED = 2,   /* would change the answer and cannot be done: a 400 */
+};
+
+/* One row of a dialect's field policy. */
+typedef struct srv_field {
+    const char *name;
+    int         use;         /* enum srv_field_use */
+    const char *noop;        /* REFUSED: the JSON of the value that changes nothing
+                                (accepted), NULL = none */
+} srv_field;
+
+extern const srv_field srv_fields_chat[], srv_fields_completions[], srv_fields_responses[],
+                       srv_fields_messages[];
+
+/* Check every member of root (a JSON object) against the dialect's table
+ * and the extensions every route knows: 0, with the fields accepted and not
+ * used in r->ignored (and told to lim->log_ignored), or 400 naming a refused
+ * field (any field not used, with lim->strict_fields). */
+int srv_fields_check(srv_request *r, const void *root_json, const srv_field *table,
+                     const srv_limits *lim, srv_error *e);
+/* Add name to the fields accepted and not used, r->ignored. */
+void srv_note_ignored(srv_request *r, const char *name);
+/* The enum srv_field_use of name in table (or the extensions); -1 = none. */
+int srv_field_use(const srv_field *table, const char *name);
+
+extern const srv_dialect srv_dialect_chat;          /* POST /v1/chat/completions */
+extern const srv_dialect srv_dialect_completions;   /* POST /v1/completions */
+extern const srv_dialect srv_dialect_responses;     /* POST /v1/responses (server_responses.c) */
+extern const srv_dialect srv_dialect_messages;      /* POST /v1/messages (server_messages.c) */
 
 /* ======================================= the agent API (server_agent.c) */
 
@@ -243,21 +393,21 @@ typedef struct srv_chunk_head {
 
 /* The fields of the agent API (issue 13): response_format, tools,
  * tool_choice, parallel_tool_calls, logit_bias, logprobs, top_logprobs, n,
- * completions' prompt lists and token ids; and every field not known is a
- * 400 naming it. 0 or the HTTP status with *e filled. */
-int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, srv_error *e);
+ * completions' prompt lists and token ids (completion: the completions API's
+ * set, else chat's); and every field not known is a 400 naming it. 0 or the
+ * HTTP status with *e filled. */
+int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, bool completion,
+                    srv_error *e);
 void srv_agent_free(srv_request *r);
 
-/* The choice object of one finished choice (index i) with its message (or
- * text), tool_calls, logprobs and finish_reason, as cJSON (a cJSON *). */
-void *srv_choice_json(int kind, int index, const kvc_event *done, const kvc_model *model,
-                      bool logprobs);
-/* The logprobs object of the tokens lp[0, n) as cJSON ({"content": [...]}
- * for chat; the completions' {tokens, token_logprobs, top_logprobs,
- * text_offset}, whose offsets start at *text_offset, advanced past the
- * tokens' text: a stream's chunks count on from the one before). */
-void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
-                        const kvc_model *model, size_t *text_offset);
+/* The logprobs objects of the tokens lp[0, n) as cJSON: chat's
+ * {"content": [...]}, and the completions' {tokens, token_logprobs,
+ * top_logprobs, text_offset}, whose offsets start at *text_offset, advanced
+ * past the tokens' text (a stream's chunks count on from the one before). */
+void *srv_logprobs_chat_json(const kvc_token_logprob *lp, int32_t n, const kvc_model *model,
+                             size_t *text_offset);
+void *srv_logprobs_completion_json(const kvc_token_logprob *lp, int32_t n,
+                                   const kvc_model *model, size_t *text_offset);
 
 /* POST /tokenize {"content", "add_special"?, "with_pieces"?} -> {"tokens": [...]}
  * and POST /detokenize {"tokens": [...]} -> {"content"}, as llama-server.
@@ -265,43 +415,62 @@ void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
 char *srv_tokenize(const kvc_model *model, const char *body, size_t len, srv_error *e);
 char *srv_detokenize(const kvc_model *model, const char *body, size_t len, srv_error *e);
 
-/* ============================================= responses (server_json.c) */
+/* ========================================= JSON helpers (server_json.c) */
 
-/* All functions below return a malloc'd NUL-terminated string (the caller
- * frees it), or NULL when memory ran out. */
+/* The parsers of the chat and completions requests (their fields, the
+ * agent API's), which the other dialects reuse. 0 or the HTTP status. */
+int srv_parse_chat(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e);
+int srv_parse_completion(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e);
 
-/* {"error": {"message", "type", "param", "code"}} */
+/* Print and free a cJSON tree (NULL ok): valid UTF-8 JSON text whatever its
+ * strings held, malloc'd; NULL when o is NULL or memory ran out. */
+char *srv_json_print(void *cjson);
+/* An SSE event of the tree (printed and freed as srv_json_print): "data:
+ * JSON\n\n", or with a name "event: NAME\ndata: JSON\n\n". */
+char *srv_sse_data(void *cjson);
+char *srv_sse_event(const char *name, void *cjson);
+/* A cJSON string of s[0, n) (s need not be NUL-terminated there); NULL
+ * when memory ran out. */
+void *srv_json_string_n(const char *s, size_t n);
+/* OpenAI's error object {"error": {"message", "type", "param", "code"}},
+ * and its text. */
+void *srv_error_object(const srv_error *e);
 char *srv_error_json(const srv_error *e);
+/* llama-server's "timings" object of st, added to the cJSON object o. */
+void srv_add_timings(void *o, const kvc_chat_stats *st);
+/* The usage totals of choices stats[0, n) (per_prompt choices per prompt,
+ * whose prompt counts once). */
+kvc_chat_stats srv_stats_sum(const kvc_chat_stats *stats, int n, int per_prompt);
+
 /* {"prompt": prompt}, the answer of POST /apply-template. */
 char *srv_prompt_json(const char *prompt);
-/* The whole non-streamed response (chat.completion or text_completion) for
- * the DONE events of its n_done choices (per_prompt choices per prompt, whose
- * prompt usage counts once): their replies, finish reasons, usage and
- * timings (summed). */
-char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
-                        int per_prompt, const kvc_model *model, bool logprobs);
-/* One SSE event "data: {...}\n\n" of a stream (several for tool calls), for
- * the choice h names:
- *   srv_sse_role       chat only: the first chunk, delta {role, content ""};
- *   srv_sse_text       a piece of text (len bytes);
- *   srv_sse_tool_calls the tool calls, one delta per call (as OpenAI streams them);
- *   srv_sse_finish     the empty delta / text with finish_reason;
- *   srv_sse_usage      choices [] with the usage and timings of the n choices
- *                      in stats[0, n) (per_prompt per prompt, whose prompt
- *                      counts once), after the last choice (include_usage);
- *   srv_sse_error      {"error": {...}} for a failure after the stream began.
- * logprobs: a srv_logprobs_json object (taken), NULL for "logprobs": null.
- * include_usage adds "usage": null to the chunks before the last, as OpenAI does. */
-char *srv_sse_role(const srv_chunk_head *h);
-char *srv_sse_text(const srv_chunk_head *h, const char *text, size_t len, void *logprobs);
-char *srv_sse_tool_calls(const srv_chunk_head *h, const char *calls_json);
-char *srv_sse_finish(const srv_chunk_head *h, const char *finish_reason, void *logprobs);
-char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats, int n,
-                    int per_prompt);
-char *srv_sse_error(const srv_error *e);
 /* {"object": "list", "data": [{"id": model, "object": "model", ...}]}; and
  * the one model object when `one`. */
 char *srv_models_json(const char *model, time_t created, bool one);
+
+/* The chat dialect's pieces (server_chat.c), for its tests and fuzzing:
+ *   srv_sse_text       a chunk with a piece of text (len bytes);
+ *   srv_sse_finish     the empty delta / text with finish_reason;
+ * logprobs: a logprobs object (taken), NULL for "logprobs": null. */
+char *srv_sse_text(const srv_chunk_head *h, const char *text, size_t len, void *logprobs);
+char *srv_sse_finish(const srv_chunk_head *h, const char *finish_reason, void *logprobs);
+/* A reply of the DONE event done, not split (content = its text). */
+srv_reply srv_reply_whole(const kvc_event *done, bool tool_calls);
+/* The same, with the stop string of stop[0, n_stop) that ended it found
+ * from its tokens (done->logprobs, which name every generated token: the
+ * text after the reply's begins with the stop string) when model is given. */
+srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *const *stop,
+                         int n_stop, const kvc_model *model);
+/* A reply whose tool calls were forced (tool_choice required or named): the
+ * grammar allows nothing but calls, so text besides the parsed calls is a
+ * further call cut short by the token limit (e.g. "</tool_ca"): it is
+ * dropped, not shown as content. */
+void srv_reply_only_calls(srv_reply *rp);
+/* Split rp's content into reasoning and content at its <think> block
+ * (reasoning.h; open: the reply began inside it). */
+void srv_reply_think(srv_reply *rp, bool open);
+/* {"input_tokens": n}, the answer of /v1/messages/count_tokens. */
+char *srv_count_tokens_json(int64_t n);
 
 /* ======================================== metrics (server_metrics.c) */
 
@@ -337,7 +506,7 @@ void srv_metrics_connections(srv_metrics *m, int64_t open, uint64_t dropped);
  * stop string's, a tool call's): every token's once, in order, as the whole
  * response lists them. */
 typedef struct srv_stream_choice {   /* the fields are private to server_stream.c */
-    srv_chunk_head     head;
+    srv_emit           em;             /* the dialect's writer of this choice */
     const kvc_model   *model;          /* logprobs asked for (the tokens' text); NULL = not */
     bool               tools;          /* parse tool calls ... */
     int                tool_format;    /* ... in this enum kvc_tool_format */
@@ -349,19 +518,22 @@ typedef struct srv_stream_choice {   /* the fields are private to server_stream.
     size_t             text_offset;    /* completions: the text_offset of token lp_sent */
     kvc_chat_stats     stats;          /* DONE's */
     bool               done;           /* DONE came */
+    const char *const *stop;           /* the request's stop strings [n_stop] (borrowed) ... */
+    int                n_stop;
+    const kvc_model   *vocab;          /* ... and the model: which one ended the reply */
+    bool               forced_calls;   /* srv_request's */
+    bool               think, think_open; /* split reasoning (srv_request's) ... */
+    size_t             r_sent;         /* ... text[0, r_sent) looked at for it */
+    bool               content_begun;  /* content went out: its start is fixed */
 } srv_stream_choice;
 
 /* Set c up (zeroed first) for the choice head names. */
 void srv_stream_choice_init(srv_stream_choice *c, srv_chunk_head head, const kvc_model *model,
                             bool tools, int tool_format);
-/* The chunks of event ev (TEXT or DONE) of c, appended to *out ([*len] of
- * [*cap], grown as needed). false when memory ran out. */
-bool srv_stream_choice_event(srv_stream_choice *c, const kvc_event *ev, char **out,
-                             size_t *len, size_t *cap);
+/* The chunks of event ev (TEXT or DONE) of c, appended to out. false when
+ * memory ran out. */
+bool srv_stream_choice_event(srv_stream_choice *c, const kvc_event *ev, srv_buf *out);
 void srv_stream_choice_free(srv_stream_choice *c);   /* what c holds; NULL ok */
-/* Append the SSE text sse (taken; NULL, out of memory, appends nothing) to
- * *out ([*len] of [*cap], grown as needed). false when memory ran out. */
-bool srv_sse_put(char **out, size_t *len, size_t *cap, char *sse);
 
 /* A streamed response: the requests of its choices (n per prompt, at most
  * SRV_MAX_CHOICES), a srv_stream_choice each, and the SSE text not yet read.

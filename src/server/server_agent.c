@@ -1,7 +1,7 @@
 /* server_agent.c - the agent API's request fields and response parts
  * (server.h): structured output and forced tool calls as grammars, tool
  * calls in replies, logprobs, logit_bias, n and prompt lists, /tokenize and
- * /detokenize; and the check that no request field is silently ignored. */
+ * /detokenize. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
@@ -31,53 +31,6 @@ static int32_t vocab_size(const kvc_model *m)
     kvc_model_info info;
     kvc_model_get_info(m, &info);
     return info.n_vocab;
-}
-
-/* ------------------------------------------------------------ known fields */
-
-/* Every field a request may carry. Those marked "ignored" are accepted for
- * compatibility and do nothing (README lists them). */
-static const char *const chat_fields[] = {
-    "messages", "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p",
-    "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n",
-    "seed", "stop", "stream", "stream_options", "user", "prompt_cache_key", "cache_prompt",
-    "cache_salt",
-    "tools", "tool_choice", "parallel_tool_calls", "response_format", "logit_bias", "logprobs",
-    "top_logprobs", "chat_template_kwargs",
-    "store", "metadata", "service_tier",                       /* ignored */
-    NULL,
-};
-static const char *const completion_fields[] = {
-    "prompt", "model", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p",
-    "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
-    "stream", "stream_options", "user", "prompt_cache_key", "cache_prompt", "cache_salt",
-    "logit_bias",
-    "logprobs", "echo", "best_of", "suffix",
-    "store", "metadata", "service_tier",                       /* ignored */
-    NULL,
-};
-
-static int check_fields(int kind, const cJSON *root, srv_error *e)
-{
-    const char *const *known = kind == SRV_CHAT ? chat_fields : completion_fields;
-    const cJSON *f;
-    cJSON_ArrayForEach(f, root) {
-        int i = 0;
-        while (known[i] && strcmp(known[i], f->string))
-            i++;
-        if (!known[i])
-            return BAD(e, f->string, "unknown field '%.60s': kvchat does not support it",
-                       f->string);
-    }
-    /* completions fields accepted only at their no-op values */
-    const cJSON *v;
-    if ((v = get(root, "echo")) && !cJSON_IsFalse(v))
-        return BAD(e, "echo", "echo is not supported (only false)");
-    if ((v = get(root, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
-        return BAD(e, "best_of", "best_of is not supported (only 1)");
-    if ((v = get(root, "suffix")) && !(cJSON_IsString(v) && !*v->valuestring))
-        return BAD(e, "suffix", "suffix is not supported");
-    return 0;
 }
 
 /* ----------------------------------------------------------------- grammar */
@@ -124,6 +77,45 @@ static int parse_response_format(srv_request *r, const cJSON *root, srv_error *e
         return OOM(e);
     if (rc)
         return BAD(e, "response_format.json_schema.schema", "response_format: %s", ke.msg);
+    return 0;
+}
+
+/* The grammar fields of llama.cpp and vLLM: grammar (GBNF text, our
+ * dialect of it: grammar.h), json_schema (llama.cpp) and guided_json (vLLM)
+ * (a schema, as response_format's). At most one of them and
+ * response_format; *from names the one given. */
+static int parse_grammar_fields(srv_request *r, const cJSON *root, const char **from,
+                                srv_error *e)
+{
+    static const char *const names[] = { "grammar", "json_schema", "guided_json" };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        const cJSON *v = get(root, names[i]);
+        if (!v)
+            continue;
+        if (r->grammar)
+            return BAD(e, names[i], "%s cannot be combined with %s: give one", names[i], *from);
+        *from = names[i];
+        if (i == 0) {
+            if (!cJSON_IsString(v))
+                return BAD(e, "grammar", "grammar must be a string (GBNF)");
+            if (!(r->grammar = strdup(v->valuestring)))
+                return OOM(e);
+            continue;
+        }
+        char *schema = cJSON_IsString(v) ? strdup(v->valuestring)
+                     : cJSON_IsObject(v) ? cJSON_PrintUnformatted(v) : NULL;
+        if (!schema && !cJSON_IsString(v) && !cJSON_IsObject(v))
+            return BAD(e, names[i], "%s must be a JSON schema (an object)", names[i]);
+        if (!schema)
+            return OOM(e);
+        kvc_err ke = { 0 };
+        int rc = kvc_schema_to_gbnf(schema, strlen(schema), NULL, &r->grammar, &ke);
+        free(schema);
+        if (rc == KVC_ERR_NOMEM)
+            return OOM(e);
+        if (rc)
+            return BAD(e, names[i], "%s: %s", names[i], ke.msg);
+    }
     return 0;
 }
 
@@ -182,6 +174,7 @@ static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim,
         return BAD(e, "tool_choice", "tool_choice requires tools");
     r->params.chat.parse_tool_calls = have;
     r->params.chat.single_tool_call = par && cJSON_IsFalse(par);
+    r->forced_calls = force;
     if (!force)
         return 0;
     if (r->grammar)
@@ -229,11 +222,11 @@ static int parse_bias(srv_request *r, const cJSON *root, const srv_limits *lim, 
 }
 
 /* chat: logprobs (bool), top_logprobs (0-20); completions: logprobs (0-20). */
-static int parse_logprobs(srv_request *r, const cJSON *root, srv_error *e)
+static int parse_logprobs(srv_request *r, const cJSON *root, bool completion, srv_error *e)
 {
     const cJSON *lp = get(root, "logprobs"), *top = get(root, "top_logprobs");
     r->logprobs = -1;
-    if (r->kind == SRV_CHAT) {
+    if (!completion) {
         if (lp && !cJSON_IsBool(lp))
             return BAD(e, "logprobs", "logprobs must be a boolean");
         bool on = lp && cJSON_IsTrue(lp);
@@ -381,7 +374,8 @@ static int admit_grammar(srv_request *r, const char *param, const srv_limits *li
     return 0;
 }
 
-int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, srv_error *e)
+int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, bool completion,
+                    srv_error *e)
 {
     const cJSON *root = root_json, *nv = get(root, "n");
     int rc;
@@ -392,26 +386,24 @@ int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim
         return BAD(e, "n", "n must be an integer between 1 and %d", SRV_MAX_CHOICES);
     if (nv)
         r->n = (int)nv->valuedouble;
-    if ((rc = check_fields(r->kind, root, e)) || (rc = parse_logprobs(r, root, e)) ||
+    if ((rc = parse_logprobs(r, root, completion, e)) ||
         (rc = parse_bias(r, root, lim, e)))
         return rc;
-    const char *grammar_param = "tool_choice";
-    if (r->kind == SRV_CHAT) {
-        if ((rc = parse_response_format(r, root, e)))
+    const char *from = "response_format";
+    if (!completion) {
+        if ((rc = parse_response_format(r, root, e)) ||
+            (rc = parse_grammar_fields(r, root, &from, e)) || (rc = parse_tools(r, root, lim, e)))
             return rc;
-        if (r->grammar)
-            grammar_param = "response_format";
-        if ((rc = parse_tools(r, root, lim, e)))
-            return rc;
-    } else if ((rc = parse_prompts(r, root, lim, e))) {
+    } else if ((rc = parse_prompts(r, root, lim, e)) ||
+               (rc = parse_grammar_fields(r, root, &from, e))) {
         return rc;
     }
     if (r->n * r->n_prompts > SRV_MAX_CHOICES)
         return BAD(e, "n", "n times the prompts is %d; at most %d choices", r->n * r->n_prompts,
                    SRV_MAX_CHOICES);
-    if (r->grammar && (rc = admit_grammar(r, grammar_param, lim, e)))
+    if (r->grammar && (rc = admit_grammar(r, from, lim, e)))   /* sets params.chat.grammar */
         return rc;
-    if (r->kind != SRV_CHAT) {
+    if (completion) {
         r->params.prompt = r->prompts[0];
         r->params.prompt_tokens = r->prompt_toks[0];
         r->params.n_prompt_tokens = r->n_prompt_toks[0];
@@ -458,11 +450,11 @@ static cJSON *token_entry(const kvc_model *m, int32_t id, float lp, bool bytes)
     return o;
 }
 
-void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
-                        const kvc_model *model, size_t *text_offset)
+void *srv_logprobs_chat_json(const kvc_token_logprob *lp, int32_t n, const kvc_model *model,
+                             size_t *text_offset)
 {
     cJSON *o = cJSON_CreateObject();
-    if (kind == SRV_CHAT) {
+    {
         cJSON *c = cJSON_AddArrayToObject(o, "content");
         for (int32_t i = 0; i < n; i++) {
             const kvc_token_logprob *t = &lp[i];
@@ -474,8 +466,14 @@ void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
             cJSON_AddItemToArray(c, x);
         }
         cJSON_AddArrayToObject(o, "refusal");
-        return o;
     }
+    return o;
+}
+
+void *srv_logprobs_completion_json(const kvc_token_logprob *lp, int32_t n,
+                                   const kvc_model *model, size_t *text_offset)
+{
+    cJSON *o = cJSON_CreateObject();
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
@@ -499,44 +497,13 @@ void *srv_logprobs_json(int kind, const kvc_token_logprob *lp, int32_t n,
     return o;
 }
 
-void *srv_choice_json(int kind, int index, const kvc_event *done, const kvc_model *model,
-                      bool logprobs)
-{
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", index);
-    const char *text = done->text ? done->text : "";
-    if (kind == SRV_CHAT) {
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON *calls = done->tool_calls ? cJSON_Parse(done->tool_calls) : NULL;
-        if (calls) {
-            if (done->content && *done->content)
-                cJSON_AddStringToObject(m, "content", done->content);
-            else
-                cJSON_AddNullToObject(m, "content");
-            cJSON_AddItemToObject(m, "tool_calls", calls);
-        } else {
-            cJSON_AddStringToObject(m, "content", text);
-        }
-    } else {
-        cJSON_AddStringToObject(c, "text", text);
-    }
-    size_t offset = 0;
-    if (logprobs && model)
-        cJSON_AddItemToObject(c, "logprobs", srv_logprobs_json(kind, done->logprobs,
-                                                               done->n_logprobs, model, &offset));
-    else
-        cJSON_AddNullToObject(c, "logprobs");
-    const char *f = done->stats.finish_reason;
-    cJSON_AddStringToObject(c, "finish_reason", f && *f ? f : "stop");
-    return c;
-}
-
 /* ---------------------------------------------------------------- tokenize */
 
 static cJSON *parse_body(const char *body, size_t len, srv_error *e)
 {
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = srv_json_parse(body, len, e);
+    if (!root)
+        return NULL;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         BAD(e, NULL, "the request body must be a JSON object");

@@ -1,8 +1,11 @@
-/* server_json.c - request bodies to kvc_request_params, and the response JSON.
+/* server_json.c - request bodies to kvc_request_params, and the JSON helpers
+ * every dialect's answers use.
  *
- * The parser validates every field it uses against OpenAI's ranges and names
- * the field in the error; a field it does not know is a 400 naming it
- * (server_agent.c, which also parses the agent API's fields).
+ * srv_request_parse checks the body (srv_json_parse), the fields against the
+ * dialect's policy (server_fields.c), then hands it to the dialect's parser;
+ * the chat and completions parsers here (with server_agent.c's fields) are
+ * the ones the other dialects translate into. Every field used is validated
+ * against OpenAI's ranges and named in the error.
  * Strings are borrowed from the cJSON tree the request keeps, except joined
  * content parts, which are made here. Nesting is bounded by cJSON itself
  * (CJSON_NESTING_LIMIT, 1000), so hostile bodies cannot exhaust the stack. */
@@ -12,8 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "chat_template.h"
+#include "common.h"
 #include "sampler.h"
 #include "server.h"
 #include "unicode.h"
@@ -312,6 +317,48 @@ static int parse_message(srv_request *r, const cJSON *m, int i, srv_error *e)
     return bad(e, param, "messages[%d].content must be a string or an array of content parts", i);
 }
 
+/* reasoning_format (none: the reply as it is; auto, deepseek: its thinking
+ * split out, as llama-server does), and chat_template_kwargs, with the
+ * thinking switches of the APIs added where
+ * the request's kwargs do not set them: reasoning_effort ("none" turns the
+ * template's enable_thinking off, any other effort on; the effort itself is
+ * passed as reasoning_effort, gpt-oss's variable) and enable_thinking given
+ * at the top level (as some clients send it). */
+static int parse_thinking(srv_request *r, const cJSON *root, const cJSON *kw, srv_error *e)
+{
+    static const char *const efforts[] = { "none", "minimal", "low", "medium", "high", "xhigh" };
+    const cJSON *eff = field(root, "reasoning_effort"), *on = field(root, "enable_thinking");
+    if (eff) {
+        size_t i = 0;
+        while (cJSON_IsString(eff) && i < KVC_ARRAY_LEN(efforts) && strcmp(eff->valuestring, efforts[i]))
+            i++;
+        if (!cJSON_IsString(eff) || i == KVC_ARRAY_LEN(efforts))
+            return bad(e, "reasoning_effort", "reasoning_effort must be one of none, minimal, "
+                       "low, medium, high, xhigh");
+    }
+    if (on && !cJSON_IsBool(on))
+        return bad(e, "enable_thinking", "enable_thinking must be a boolean");
+    const cJSON *rf = field(root, "reasoning_format");
+    const char *f = cJSON_IsString(rf) ? rf->valuestring : rf ? "?" : "auto";
+    if (strcmp(f, "none") && strcmp(f, "auto") && strcmp(f, "deepseek") &&
+        strcmp(f, "deepseek-legacy"))
+        return bad(e, "reasoning_format", "reasoning_format must be none, auto, deepseek or "
+                   "deepseek-legacy");
+    r->think = strcmp(f, "none") != 0;      /* the template's tags decide: srv_parse_chat */
+    if (!eff && !on)
+        return kw ? own_json(r, kw, &r->params.chat.template_kwargs_json, e) : 0;
+    cJSON *all = kw ? cJSON_Duplicate(kw, true) : cJSON_CreateObject();
+    if (all && !cJSON_HasObjectItem(all, "enable_thinking"))
+        cJSON_AddBoolToObject(all, "enable_thinking",
+                              on ? cJSON_IsTrue(on) : strcmp(eff->valuestring, "none") != 0);
+    if (all && eff && !cJSON_HasObjectItem(all, "reasoning_effort"))
+        cJSON_AddStringToObject(all, "reasoning_effort", eff->valuestring);
+    int rc = all ? own_json(r, all, &r->params.chat.template_kwargs_json, e)
+                 : srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    cJSON_Delete(all);
+    return rc;
+}
+
 static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error *e)
 {
     const cJSON *ms = field(root, "messages");
@@ -342,9 +389,7 @@ static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error 
         return bad(e, "chat_template_kwargs", "chat_template_kwargs must be an object");
     if (tools && cJSON_GetArraySize(tools) > 0 && (rc = own_json(r, tools, &r->params.chat.tools_json, e)))
         return rc;
-    if (kw && (rc = own_json(r, kw, &r->params.chat.template_kwargs_json, e)))
-        return rc;
-    return 0;
+    return parse_thinking(r, root, kw, e);
 }
 
 /* ============================================================ parameters */
@@ -389,6 +434,7 @@ static int parse_sampling(kvc_sampler_params *s, const cJSON *root, const srv_li
         (rc = num_field(root, "min_p", 0, 1, &s->min_p, e)) ||
         (rc = num_field(root, "presence_penalty", -2, 2, &s->presence_penalty, e)) ||
         (rc = num_field(root, "frequency_penalty", -2, 2, &s->frequency_penalty, e)) ||
+        (rc = num_field(root, "repetition_penalty", 1e-3, 100, &s->repeat_penalty, e)) ||
         (rc = num_field(root, "repeat_penalty", 1e-3, 100, &s->repeat_penalty, e)))
         return rc;
     v = s->top_k;
@@ -406,14 +452,21 @@ static int parse_sampling(kvc_sampler_params *s, const cJSON *root, const srv_li
     return 0;
 }
 
-/* max_tokens / max_completion_tokens (the newer name wins); n is server_agent.c's. */
+/* n_predict (llama.cpp's), max_tokens, max_completion_tokens (the newer name
+ * wins); -1 is no limit; n is server_agent.c's. */
 static int parse_lengths(srv_request *r, const cJSON *root, srv_error *e)
 {
+    static const char *const names[] = { "n_predict", "max_tokens", "max_completion_tokens" };
     int64_t v = 0;
     int rc;
-    if ((rc = int_field(root, "max_tokens", 1, INT32_MAX, &v, NULL, e)) ||
-        (rc = int_field(root, "max_completion_tokens", 1, INT32_MAX, &v, NULL, e)))
-        return rc;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(names); i++) {
+        const cJSON *f = field(root, names[i]);
+        if (cJSON_IsNumber(f) && f->valuedouble == -1)   /* llama.cpp's "no limit" */
+            v = 0;
+        else if ((rc = int_field(root, names[i], 1, INT32_MAX, &v, NULL, e)))
+            return bad(e, names[i], "%s must be an integer between 1 and %d, or -1 (no limit)",
+                       names[i], INT32_MAX);
+    }
     r->params.chat.max_tokens = (int32_t)v;
     return 0;
 }
@@ -433,6 +486,40 @@ static int parse_stream(srv_request *r, const cJSON *root, srv_error *e)
     return 0;
 }
 
+/* The session key of a chat request that names only its end user: `user` is
+ * who is asking, not which conversation (one user may hold several at once,
+ * which must not wait for each other), so the key is the user with the
+ * conversation's start, its messages up to the first user message: the
+ * requests of one conversation (its later turns, edits, regenerations) share
+ * it. A completion has no messages to tell its conversations apart: no key
+ * (the engine finds its session by prefix). */
+static int user_session_key(srv_request *r, const char *user, srv_error *e)
+{
+    if (!r->msgs)
+        return 0;
+    XXH3_state_t *h = XXH3_createState();
+    if (!h || XXH3_64bits_reset(h) != XXH_OK) {
+        XXH3_freeState(h);
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    for (size_t i = 0; i < r->params.n_messages; i++) {
+        const kvc_chat_message *m = &r->msgs[i];
+        XXH3_64bits_update(h, m->role, strlen(m->role) + 1);
+        XXH3_64bits_update(h, m->content, strlen(m->content) + 1);
+        if (!strcmp(m->role, "user"))
+            break;
+    }
+    unsigned long long start = (unsigned long long)XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    size_t n = strlen(user) + 32;
+    char *k = malloc(n);
+    if (!k || !own(r, k))
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    snprintf(k, n, "user\x1f%s\x1f%016llx", user, start);
+    r->params.session_key = k;
+    return 0;
+}
+
 /* model, user, prompt_cache_key (the session key), cache_prompt (extension),
  * cache_salt (vLLM's: requests with different salts share no cache). */
 static int parse_identity(srv_request *r, const cJSON *root, srv_error *e)
@@ -448,44 +535,167 @@ static int parse_identity(srv_request *r, const cJSON *root, srv_error *e)
         return rc;
     if (key && *key)
         r->params.session_key = key;
-    else if (user && *user)
-        r->params.session_key = user;
+    else if (user && *user && (rc = user_session_key(r, user, e)))
+        return rc;
     r->params.chat.no_cache = !cache;
     return 0;
 }
 
 /* ================================================================ parse */
 
-int srv_request_parse(int kind, const char *body, size_t len, const srv_limits *lim,
+/* The body with each \u0000 escape inside a JSON string rewritten as the two
+ * bytes C0 80 (an overlong NUL, invalid UTF-8), so that check_strings finds
+ * and names the string instead of cJSON ending it there; malloc'd, length in
+ * *out_len. NULL when the body has no such escape (or memory ran out: the
+ * body is then parsed as it is and a NUL truncates, as before). */
+static char *nul_escapes_marked(const char *body, size_t len, size_t *out_len)
+{
+    bool any = false;
+    for (size_t i = 0; i + 6 <= len && !any; i++)
+        any = body[i] == '\\' && body[i + 1] == 'u' && !memcmp(body + i + 2, "0000", 4);
+    char *out = any ? malloc(len + 1) : NULL;
+    if (!out)
+        return NULL;
+    size_t w = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string && c == '\\' && i + 6 <= len && body[i + 1] == 'u' &&
+            !memcmp(body + i + 2, "0000", 4)) {
+            out[w++] = (char)0xC0;
+            out[w++] = (char)0x80;
+            i += 5;
+            continue;
+        }
+        out[w++] = c;
+        if (in_string && c == '\\' && i + 1 < len)
+            out[w++] = body[++i];            /* an escape: \" does not end the string */
+        else if (c == '"')
+            in_string = !in_string;
+    }
+    out[w] = 0;
+    *out_len = w;
+    return out;
+}
+
+/* Where t first stops being valid UTF-8 (*nul: at a marked NUL); false when
+ * it is valid throughout. */
+static bool utf8_flaw(const char *t, size_t *at, bool *nul)
+{
+    size_t n = strlen(t), i = 0;
+    for (int r; i < n; i += (size_t)r)
+        if ((r = kvc_utf8_decode(t + i, n - i, NULL)) <= 0) {
+            *at = i;
+            *nul = (unsigned char)t[i] == 0xC0 && i + 1 < n && (unsigned char)t[i + 1] == 0x80;
+            return true;
+        }
+    return false;
+}
+
+/* 400 naming the first string under v (path: v's, plen bytes of cap used)
+ * that is not valid UTF-8 or holds a NUL: a value (named by its path) or a
+ * member's name (named by its object's path). Strings reach the tokenizer,
+ * the template and session keys as C strings. */
+static int check_strings(const cJSON *v, char *path, size_t cap, size_t plen, srv_error *e)
+{
+    size_t at;
+    bool nul;
+    const char *where = plen ? path : "the request body";
+    if (cJSON_IsString(v) && utf8_flaw(v->valuestring, &at, &nul))
+        return bad(e, plen ? path : NULL, "%s has %s at byte %zu%s", where,
+                   nul ? "a NUL character (\\u0000)" : "invalid UTF-8", at,
+                   nul ? ", which is not allowed" : "");
+    int i = 0, rc;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, v) {
+        if (c->string && utf8_flaw(c->string, &at, &nul))
+            return bad(e, plen ? path : NULL, "a member name in %s has %s at byte %zu%s", where,
+                       nul ? "a NUL character (\\u0000)" : "invalid UTF-8", at,
+                       nul ? ", which is not allowed" : "");
+        size_t n = cJSON_IsArray(v) ? (size_t)snprintf(path + plen, cap - plen, "[%d]", i++)
+                 : (size_t)snprintf(path + plen, cap - plen, plen ? ".%s" : "%s",
+                                    c->string ? c->string : "");
+        if ((rc = check_strings(c, path, cap, KVC_MIN(plen + n, cap - 1), e)))
+            return rc;
+        path[plen] = 0;
+    }
+    return 0;
+}
+
+void *srv_json_parse(const char *body, size_t len, srv_error *e)
+{
+    size_t mlen = 0;
+    char *marked = nul_escapes_marked(body, len, &mlen);
+    const char *b = marked ? marked : body, *end = NULL;
+    size_t n = marked ? mlen : len;
+    cJSON *root = cJSON_ParseWithLengthOpts(b, n, &end, false);
+    size_t at = end && end >= b ? (size_t)(end - b) : 0;
+    if (!root) {
+        bad(e, NULL, "the request body is not valid JSON (error near byte %zu)", at);
+    } else {
+        /* Only whitespace may follow the value (a NUL byte ends cJSON's view). */
+        for (const char *p = end; p && p < b + n; p++)
+            if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+                bad(e, NULL, "the request body is not valid JSON (trailing data at byte %zu)",
+                    (size_t)(p - b));
+                cJSON_Delete(root);
+                root = NULL;
+                break;
+            }
+    }
+    char path[256] = "";
+    if (root && check_strings(root, path, sizeof(path), 0, e)) {
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    free(marked);
+    return root;
+}
+
+/* The fields every OpenAI request shares, after the dialect's own. */
+static int parse_common(srv_request *r, const cJSON *root, const srv_limits *lim, srv_error *e)
+{
+    int rc;
+    if ((rc = parse_lengths(r, root, e)) ||
+        (rc = parse_sampling(&r->params.chat.sampling, root, lim, e)) ||
+        (rc = parse_stop(r, root, e)) || (rc = parse_stream(r, root, e)))
+        return rc;
+    return parse_identity(r, root, e);
+}
+
+int srv_parse_chat(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e)
+{
+    const cJSON *root = root_json;
+    int rc;
+    if ((rc = parse_messages(r, root, lim->max_messages, e)) ||
+        (rc = parse_common(r, root, lim, e)))
+        return rc;
+    r->think = r->think && lim->think_tags;
+    return srv_agent_parse(r, root, lim, false, e);
+}
+
+int srv_parse_completion(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e)
+{
+    const cJSON *root = root_json;
+    int rc = parse_common(r, root, lim, e);
+    return rc ? rc : srv_agent_parse(r, root, lim, true, e);
+}
+
+int srv_request_parse(const srv_dialect *d, const char *body, size_t len, const srv_limits *lim,
                       srv_request *out, srv_error *e)
 {
     memset(out, 0, sizeof(*out));
-    out->kind = kind;
+    out->dialect = d;
     out->params.chat = kvc_chat_default_params();
     out->params.chat.sampling = lim->sampling;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
-    if (!root) {
-        size_t at = end && end >= body ? (size_t)(end - body) : 0;
-        return bad(e, NULL, "the request body is not valid JSON (error near byte %zu)", at);
-    }
+    cJSON *root = srv_json_parse(body, len, e);
+    if (!root)
+        return e->http_status;
     out->json = root;
-    /* Only whitespace may follow the value (a NUL byte ends cJSON's view). */
-    for (const char *p = end; p && p < body + len; p++)
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            srv_request_free(out);
-            return bad(e, NULL, "the request body is not valid JSON (trailing data at byte %zu)",
-                       (size_t)(p - body));
-        }
-    int rc;
-    if (!cJSON_IsObject(root))
-        rc = bad(e, NULL, "the request body must be a JSON object");
-    else if (!(rc = kind == SRV_CHAT ? parse_messages(out, root, lim->max_messages, e) : 0) &&
-             !(rc = parse_lengths(out, root, e)) &&
-             !(rc = parse_sampling(&out->params.chat.sampling, root, lim, e)) &&
-             !(rc = parse_stop(out, root, e)) && !(rc = parse_stream(out, root, e)) &&
-             !(rc = parse_identity(out, root, e)))
-        rc = srv_agent_parse(out, root, lim, e);
+    int rc = !cJSON_IsObject(root) ? bad(e, NULL, "the request body must be a JSON object")
+           : srv_fields_check(out, root, d->fields, lim, e);
+    if (!rc)
+        rc = d->parse(out, root, lim, e);
     if (rc)
         srv_request_free(out);
     return rc;
@@ -558,33 +768,47 @@ static bool utf8_repair_tree(cJSON *o)
     return !oom;
 }
 
-/* Print and free `o`; NULL when o is NULL or printing ran out of memory.
- * The text is valid UTF-8 whatever the strings held. */
-static char *print(cJSON *o)
+char *srv_json_print(void *cjson)
 {
+    cJSON *o = cjson;
     char *s = o && utf8_repair_tree(o) ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;
 }
 
-/* "data: " + print(o) + "\n\n" */
-static char *sse(cJSON *o)
+char *srv_sse_event(const char *name, void *cjson)
 {
-    char *j = print(o);
+    char *j = srv_json_print(cjson);
     if (!j)
         return NULL;
-    size_t n = strlen(j);
-    char *s = malloc(n + 9);
+    size_t n = strlen(j), k = name ? strlen(name) + 8 : 0;
+    char *s = malloc(k + n + 9);
     if (s) {
-        memcpy(s, "data: ", 6);
-        memcpy(s + 6, j, n);
-        memcpy(s + 6 + n, "\n\n", 3);
+        if (name)
+            snprintf(s, k + 1, "event: %s\n", name);
+        memcpy(s + k, "data: ", 6);
+        memcpy(s + k + 6, j, n);
+        memcpy(s + k + 6 + n, "\n\n", 3);
     }
     free(j);
     return s;
 }
 
-static cJSON *error_object(const srv_error *e)
+void *srv_json_string_n(const char *s, size_t n)
+{
+    char *t = malloc(n + 1);
+    if (!t)
+        return NULL;
+    memcpy(t, s, n);
+    t[n] = 0;
+    cJSON *o = cJSON_CreateString(t);
+    free(t);
+    return o;
+}
+
+char *srv_sse_data(void *cjson) { return srv_sse_event(NULL, cjson); }
+
+void *srv_error_object(const srv_error *e)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *x = cJSON_AddObjectToObject(o, "error");
@@ -601,8 +825,6 @@ static cJSON *error_object(const srv_error *e)
     return o;
 }
 
-char *srv_error_json(const srv_error *e) { return print(error_object(e)); }
-
 char *srv_prompt_json(const char *prompt)
 {
     cJSON *o = cJSON_CreateObject();
@@ -610,186 +832,67 @@ char *srv_prompt_json(const char *prompt)
         cJSON_Delete(o);
         return NULL;
     }
-    return print(o);
-}
-char *srv_sse_error(const srv_error *e) { return sse(error_object(e)); }
-
-static void add_usage(cJSON *o, const kvc_chat_stats *st)
-{
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", st->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", st->output_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)st->prompt_tokens + st->output_tokens);
-    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", st->cached_tokens);
-    cJSON_AddNumberToObject(d, "cached_disk_tokens", st->cached_disk_tokens);  /* ours */
+    return srv_json_print(o);
 }
 
-/* llama-server's timings object: prompt_n is what was computed, cache_n what
- * was reused. */
-static void add_timings(cJSON *o, const kvc_chat_stats *st)
-{
-    cJSON *t = cJSON_AddObjectToObject(o, "timings");
-    cJSON_AddNumberToObject(t, "prompt_n", st->computed_tokens);
-    cJSON_AddNumberToObject(t, "cache_n", st->cached_tokens);
-    cJSON_AddNumberToObject(t, "cache_disk_n", st->cached_disk_tokens);
-    cJSON_AddNumberToObject(t, "prompt_ms", st->prompt_ms);
-    cJSON_AddNumberToObject(t, "prompt_per_second", st->prompt_tps);
-    cJSON_AddNumberToObject(t, "predicted_n", st->output_tokens);
-    cJSON_AddNumberToObject(t, "predicted_ms", st->decode_ms);
-    cJSON_AddNumberToObject(t, "predicted_per_second", st->decode_tps);
-    cJSON_AddNumberToObject(t, "ttft_ms", st->ttft_ms);
-    if (st->grammar_masks > 0) {           /* constrained decoding's cost */
-        cJSON_AddNumberToObject(t, "grammar_masks", st->grammar_masks);
-        cJSON_AddNumberToObject(t, "grammar_mask_ms", st->grammar_mask_ms);
-        cJSON_AddNumberToObject(t, "grammar_mask_ms_per_token", st->grammar_mask_ms / st->grammar_masks);
-    }
-}
+/* The usage of a response's choices, added one by one in index order
+ * (per_prompt choices per prompt, consecutive). A prompt and its cached part
+ * count once, as OpenAI reports n > 1: the cached part is what was cached
+ * when the request came, the fewest tokens any of the prompt's choices found
+ * (the others find what the first computed), with that choice's disk part.
+ * Output, computed tokens and grammar work are summed over all choices. */
+typedef struct {
+    kvc_chat_stats sum;
+    int32_t        cached, disk;   /* the current prompt's fewest cached, its disk part */
+} usage_acc;
 
-static const char *finish_name(const char *f)
-{
-    return f && *f ? f : "stop";
-}
-
-/* The envelope every response and chunk shares. */
-static cJSON *envelope(const srv_reply_id *id, const char *object)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", id->id);
-    cJSON_AddStringToObject(o, "object", object);
-    cJSON_AddNumberToObject(o, "created", (double)id->created);
-    cJSON_AddStringToObject(o, "model", id->model ? id->model : "");
-    cJSON_AddStringToObject(o, "system_fingerprint", "kvchat");
-    return o;
-}
-
-/* Add choice i's stats to the usage *sum (stats of choice 0 first): the
- * prompt counted once per prompt (per_prompt choices each). */
-static void add_choice_stats(kvc_chat_stats *sum, const kvc_chat_stats *s, int i, int per_prompt)
+static void usage_add(usage_acc *a, const kvc_chat_stats *s, int i, int per_prompt)
 {
     if (i == 0) {
-        *sum = *s;
-        return;
+        a->sum = *s;
+        a->sum.cached_tokens = a->sum.cached_disk_tokens = 0;
+    } else {
+        a->sum.output_tokens += s->output_tokens;
+        a->sum.computed_tokens += s->computed_tokens;
+        a->sum.grammar_masks += s->grammar_masks;
+        a->sum.grammar_mask_ms += s->grammar_mask_ms;
     }
-    if (per_prompt > 0 && i % per_prompt == 0)
-        sum->prompt_tokens += s->prompt_tokens;
-    sum->output_tokens += s->output_tokens;
-    sum->computed_tokens += s->computed_tokens;
-    sum->cached_tokens += s->cached_tokens;
-    sum->grammar_masks += s->grammar_masks;
-    sum->grammar_mask_ms += s->grammar_mask_ms;
-}
-
-char *srv_response_json(int kind, const srv_reply_id *id, const kvc_event *done, int n_done,
-                        int per_prompt, const kvc_model *model, bool logprobs)
-{
-    bool chat = kind == SRV_CHAT;
-    cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    kvc_chat_stats sum = { 0 };
-    for (int i = 0; i < n_done; i++) {
-        cJSON_AddItemToArray(ch, srv_choice_json(kind, i, &done[i], model, logprobs));
-        add_choice_stats(&sum, &done[i].stats, i, per_prompt);
+    bool first = i == 0 || per_prompt <= 0 || i % per_prompt == 0;
+    if (first) {
+        a->sum.cached_tokens += a->cached;     /* the previous prompt's */
+        a->sum.cached_disk_tokens += a->disk;
+        if (i > 0)
+            a->sum.prompt_tokens += s->prompt_tokens;
     }
-    add_usage(o, &sum);
-    add_timings(o, &sum);
-    return print(o);
-}
-
-/* A chunk of the choice h names, with its logprobs (taken; NULL = null);
- * *choice gets its delta (chat) or the choice itself (completion, for its
- * text), to be filled by the caller. */
-static cJSON *chunk(const srv_chunk_head *h, const char *finish, cJSON *logprobs, cJSON **choice)
-{
-    bool chat = h->kind == SRV_CHAT;
-    cJSON *o = envelope(h->id, chat ? "chat.completion.chunk" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, c);
-    cJSON_AddNumberToObject(c, "index", h->index);
-    *choice = chat ? cJSON_AddObjectToObject(c, "delta") : c;
-    if (logprobs)
-        cJSON_AddItemToObject(c, "logprobs", logprobs);
-    else
-        cJSON_AddNullToObject(c, "logprobs");
-    if (finish)
-        cJSON_AddStringToObject(c, "finish_reason", finish);
-    else
-        cJSON_AddNullToObject(c, "finish_reason");
-    if (h->include_usage)
-        cJSON_AddNullToObject(o, "usage");
-    return o;
-}
-
-char *srv_sse_role(const srv_chunk_head *h)
-{
-    cJSON *d;
-    cJSON *o = chunk(h, NULL, NULL, &d);
-    cJSON_AddStringToObject(d, "role", "assistant");
-    cJSON_AddStringToObject(d, "content", "");
-    return sse(o);
-}
-
-char *srv_sse_text(const srv_chunk_head *h, const char *text, size_t len, void *logprobs)
-{
-    char *t = malloc(len + 1);
-    if (!t) {
-        cJSON_Delete(logprobs);
-        return NULL;
+    if (first || s->cached_tokens < a->cached) {
+        a->cached = s->cached_tokens;
+        a->disk = s->cached_disk_tokens;
     }
-    memcpy(t, text, len);
-    t[len] = 0;
-    cJSON *d;
-    cJSON *o = chunk(h, NULL, logprobs, &d);
-    cJSON_AddStringToObject(d, h->kind == SRV_CHAT ? "content" : "text", t);
-    free(t);
-    return sse(o);
 }
 
-char *srv_sse_tool_calls(const srv_chunk_head *h, const char *calls_json)
+static const kvc_chat_stats *usage_sum(usage_acc *a)
 {
-    cJSON *calls = cJSON_Parse(calls_json), *c;
-    char *out = NULL;
-    size_t len = 0, cap = 0;
-    bool oom = !calls;
-    int i = 0;
-    cJSON_ArrayForEach(c, calls) {
-        cJSON *d;
-        cJSON *o = chunk(h, NULL, NULL, &d);
-        cJSON *x = cJSON_Duplicate(c, true);
-        cJSON_AddNumberToObject(x, "index", i++);
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), x);
-        if (!srv_sse_put(&out, &len, &cap, sse(o)))
-            oom = true;
-    }
-    cJSON_Delete(calls);
-    if (oom) {
-        free(out);
-        return NULL;
-    }
-    return out ? out : strdup("");
+    a->sum.cached_tokens += a->cached;
+    a->sum.cached_disk_tokens += a->disk;
+    a->cached = a->disk = 0;
+    return &a->sum;
 }
 
-char *srv_sse_finish(const srv_chunk_head *h, const char *finish_reason, void *logprobs)
+kvc_chat_stats srv_stats_sum(const kvc_chat_stats *stats, int n, int per_prompt)
 {
-    cJSON *d;
-    cJSON *o = chunk(h, finish_name(finish_reason), logprobs, &d);
-    if (h->kind != SRV_CHAT)
-        cJSON_AddStringToObject(d, "text", "");
-    return sse(o);
-}
-
-char *srv_sse_usage(int kind, const srv_reply_id *id, const kvc_chat_stats *stats, int n,
-                    int per_prompt)
-{
-    cJSON *o = envelope(id, kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
-    cJSON_AddArrayToObject(o, "choices");
-    kvc_chat_stats sum = { 0 };
+    usage_acc a = { 0 };
     for (int i = 0; i < n; i++)
-        add_choice_stats(&sum, &stats[i], i, per_prompt);
-    add_usage(o, &sum);
-    add_timings(o, &sum);
-    return sse(o);
+        usage_add(&a, &stats[i], i, per_prompt);
+    return *usage_sum(&a);
+}
+
+bool srv_buf_put(srv_buf *b, char *s)
+{
+    b->oom |= !s;
+    if (s && !b->oom)
+        kvc_text_append(&b->p, &b->len, &b->cap, &b->oom, s, strlen(s));
+    free(s);
+    return !b->oom;
 }
 
 static cJSON *model_object(const char *model, time_t created)
@@ -805,10 +908,10 @@ static cJSON *model_object(const char *model, time_t created)
 char *srv_models_json(const char *model, time_t created, bool one)
 {
     if (one)
-        return print(model_object(model, created));
+        return srv_json_print(model_object(model, created));
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *d = cJSON_AddArrayToObject(o, "data");
     cJSON_AddItemToArray(d, model_object(model, created));
-    return print(o);
+    return srv_json_print(o);
 }

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "reasoning.h"
 #include "server.h"
 #include "tool_calls.h"
 
@@ -29,7 +30,8 @@ void srv_stream_choice_init(srv_stream_choice *c, srv_chunk_head head, const kvc
                             bool tools, int tool_format)
 {
     memset(c, 0, sizeof(*c));
-    c->head = head;
+    c->em.head = head;
+    c->em.open = -1;
     c->model = model;
     c->tools = tools;
     c->tool_format = tool_format;
@@ -40,18 +42,10 @@ void srv_stream_choice_free(srv_stream_choice *c)
     if (!c)
         return;
     free(c->text);
+    free(c->em.acc.p);
     free(c->lp);
     free(c->lp_at);
     memset(c, 0, sizeof(*c));
-}
-
-bool srv_sse_put(char **out, size_t *len, size_t *cap, char *sse)
-{
-    bool oom = !sse;
-    if (sse)
-        kvc_text_append(out, len, cap, &oom, sse, strlen(sse));
-    free(sse);
-    return !oom;
 }
 
 /* The logprobs object of lp[from, to), counting text offsets on; NULL when
@@ -61,8 +55,8 @@ static cJSON *logprobs_of(srv_stream_choice *c, const kvc_token_logprob *lp, siz
 {
     if (!c->model || to <= from)
         return NULL;
-    return srv_logprobs_json(c->head.kind, lp + from, (int32_t)(to - from), c->model,
-                             &c->text_offset);
+    return c->em.head.dialect->logprobs(lp + from, (int32_t)(to - from), c->model,
+                                        &c->text_offset);
 }
 
 /* Keep a TEXT event's text and logprobs. false when out of memory. */
@@ -83,8 +77,30 @@ static bool keep(srv_stream_choice *c, const kvc_event *ev)
 
 /* Send the text that may go: not what may begin a tool call, and with
  * logprobs only up to the end of a piece whose tokens came with it. */
-static bool send_ready(srv_stream_choice *c, char **out, size_t *len, size_t *cap)
+/* With reasoning split: send the reasoning that may go (final: the reply is
+ * whole), and fix where the content starts once it has. false when no
+ * content may go yet, or memory ran out (*ok). */
+static bool send_reasoning(srv_stream_choice *c, bool final, srv_buf *out, bool *ok)
 {
+    kvc_think_span sp = kvc_think_find(c->text, c->len, c->think_open, final);
+    size_t from = KVC_MAX(c->r_sent, sp.r_begin);
+    if (sp.r_end > from) {
+        *ok = c->em.head.dialect->sse_text(&c->em, SRV_REASONING, c->text + from,
+                                           sp.r_end - from, NULL, out) && *ok;
+        c->r_sent = sp.r_end;
+    }
+    if (sp.state != KVC_THINK_NONE && sp.state != KVC_THINK_CLOSED)
+        return false;
+    if (!c->content_begun)
+        c->sent = KVC_MAX(c->sent, sp.c_begin);
+    return true;
+}
+
+static bool send_ready(srv_stream_choice *c, srv_buf *out)
+{
+    bool ok = true;
+    if (c->think && !send_reasoning(c, false, out, &ok))
+        return ok;
     size_t upto = c->len, k = c->lp_sent;
     if (c->tools)
         upto -= kvc_tool_calls_holdback(c->tool_format, c->text, c->len);
@@ -94,44 +110,50 @@ static bool send_ready(srv_stream_choice *c, char **out, size_t *len, size_t *ca
         upto = k > c->lp_sent ? c->lp_at[k - 1] : c->sent;
     }
     if (upto <= c->sent)
-        return true;
+        return ok;
     cJSON *lp = logprobs_of(c, c->lp, c->lp_sent, k);
-    char *sse = srv_sse_text(&c->head, c->text + c->sent, upto - c->sent, lp);
+    size_t from = c->sent;
     c->sent = upto;
     c->lp_sent = k;
-    return srv_sse_put(out, len, cap, sse);
+    c->content_begun = true;
+    return c->em.head.dialect->sse_text(&c->em, SRV_CONTENT, c->text + from, upto - from, lp,
+                                        out) && ok;
 }
 
-/* The reply ended: its tool calls, or the text held back; then the finish
- * chunk with the logprobs no text chunk carried. */
-static bool send_end(srv_stream_choice *c, const kvc_event *done, char **out, size_t *len,
-                     size_t *cap)
+/* The reply ended: the text held back (unless tool calls came instead),
+ * then its end (tool calls, finish) with the logprobs no text carried. */
+static bool send_end(srv_stream_choice *c, const kvc_event *done, srv_buf *out)
 {
+    const srv_dialect *d = c->em.head.dialect;
+    srv_reply rp = srv_reply_make(done, c->tools, c->stop, c->n_stop, c->vocab);
     bool ok = true;
-    if (c->tools && done->tool_calls) {
-        ok = srv_sse_put(out, len, cap, srv_sse_tool_calls(&c->head, done->tool_calls));
-    } else if (c->len > c->sent) {
+    if (c->forced_calls)
+        srv_reply_only_calls(&rp);
+    if (c->think) {
+        srv_reply_think(&rp, c->think_open);
+        send_reasoning(c, true, out, &ok);
+        if (!c->content_begun && !rp.n_content)
+            c->sent = c->len;                  /* nothing but reasoning */
+    }
+    if (!rp.tool_calls && c->len > c->sent) {
         cJSON *lp = logprobs_of(c, c->lp, c->lp_sent, c->n_lp);
-        ok = srv_sse_put(out, len, cap, srv_sse_text(&c->head, c->text + c->sent,
-                                                     c->len - c->sent, lp));
+        ok = d->sse_text(&c->em, SRV_CONTENT, c->text + c->sent, c->len - c->sent, lp, out);
         c->sent = c->len;
         c->lp_sent = c->n_lp;
     }
     size_t n = done->n_logprobs > 0 ? (size_t)done->n_logprobs : 0;
     cJSON *lp = logprobs_of(c, done->logprobs, c->lp_sent, n);
     c->lp_sent = KVC_MAX(c->lp_sent, n);
-    char *finish = srv_sse_finish(&c->head, done->stats.finish_reason, lp);
-    return srv_sse_put(out, len, cap, finish) && ok;
+    return d->sse_finish(&c->em, &rp, lp, out) && ok;
 }
 
-bool srv_stream_choice_event(srv_stream_choice *c, const kvc_event *ev, char **out,
-                             size_t *len, size_t *cap)
+bool srv_stream_choice_event(srv_stream_choice *c, const kvc_event *ev, srv_buf *out)
 {
     if (ev->type == KVC_EVENT_TEXT)
-        return keep(c, ev) && send_ready(c, out, len, cap);
+        return keep(c, ev) && send_ready(c, out);
     c->done = true;
     c->stats = ev->stats;
-    return send_end(c, ev, out, len, cap);
+    return send_end(c, ev, out);
 }
 
 /* ================================================================ stream */
@@ -143,14 +165,15 @@ struct srv_stream {
     srv_metrics       *metrics;       /* borrowed */
     const atomic_bool *stopping;      /* borrowed: the server's; set = end the waits */
     int                fd;            /* the client's socket, polled for a hang-up */
-    int                kind;          /* enum srv_kind */
+    const srv_dialect *dialect;
     bool               include_usage;
     bool               finished;      /* the end or an error formatted: nothing more to
                                        * wait for */
     srv_reply_id       id;
     char              *model;         /* id.model's storage */
-    char              *buf;           /* [len] bytes of [cap]; sent up to pos */
-    size_t             len, pos, cap;
+    char              *stop[SRV_MAX_STOP];   /* the request's stop strings (copies) */
+    srv_buf            buf;           /* the SSE text; sent up to pos */
+    size_t             pos;
     int                n, per_prompt; /* choices, of which per_prompt for each prompt */
     int                open;          /* choices without their DONE yet */
     int                next;          /* the choice to look at first: they take turns */
@@ -161,7 +184,7 @@ struct srv_stream {
 /* Append a formatted SSE string (taken). false when out of memory. */
 static bool stream_put(srv_stream *st, char *s)
 {
-    return srv_sse_put(&st->buf, &st->len, &st->cap, s);
+    return srv_buf_put(&st->buf, s);
 }
 
 int srv_stream_next(srv_stream *st, kvc_event *ev, bool wait)
@@ -199,40 +222,37 @@ static bool stream_event(srv_stream *st, int i, const kvc_event *ev)
         srv_error_from_status(&e, ev->status, ev->message);
         srv_metrics_failed(st->metrics);
         st->finished = true;
-        return stream_put(st, srv_sse_error(&e));
+        return stream_put(st, st->dialect->sse_error(&e));
     }
     if (ev->type == KVC_EVENT_DONE) {
         srv_metrics_done(st->metrics, &ev->stats);
         st->open--;
     }
-    if (!srv_stream_choice_event(&st->choice[i], ev, &st->buf, &st->len, &st->cap))
+    if (!srv_stream_choice_event(&st->choice[i], ev, &st->buf))
         return false;
     if (st->open > 0)
         return true;
     st->finished = true;
-    if (st->include_usage) {
-        kvc_chat_stats stats[SRV_MAX_CHOICES];
-        for (int k = 0; k < st->n; k++)
-            stats[k] = st->choice[k].stats;
-        if (!stream_put(st, srv_sse_usage(st->kind, &st->id, stats, st->n, st->per_prompt)))
-            return false;
-    }
-    return stream_put(st, strdup("data: [DONE]\n\n"));
+    kvc_chat_stats stats[SRV_MAX_CHOICES];
+    for (int k = 0; k < st->n; k++)
+        stats[k] = st->choice[k].stats;
+    return st->dialect->sse_end(&st->id, st->include_usage, stats, st->n, st->per_prompt,
+                                &st->buf);
 }
 
 ssize_t srv_stream_read(srv_stream *st, char *out, size_t max)
 {
-    while (st->pos == st->len) {
+    while (st->pos == st->buf.len) {
         if (st->finished)
             return SRV_STREAM_END;
-        st->pos = st->len = 0;
+        st->pos = st->buf.len = 0;
         kvc_event ev;
         int i = srv_stream_next(st, &ev, true);
         if (i < 0)
             return SRV_STREAM_ERROR;
         bool ok = stream_event(st, i, &ev);
         kvc_event_clear(&ev);
-        while (ok && !st->finished && st->len < STREAM_BATCH &&
+        while (ok && !st->finished && st->buf.len < STREAM_BATCH &&
                (i = srv_stream_next(st, &ev, false)) >= 0) {
             ok = stream_event(st, i, &ev);
             kvc_event_clear(&ev);
@@ -240,8 +260,8 @@ ssize_t srv_stream_read(srv_stream *st, char *out, size_t max)
         if (!ok)
             return SRV_STREAM_ERROR;
     }
-    size_t n = st->len - st->pos < max ? st->len - st->pos : max;
-    memcpy(out, st->buf + st->pos, n);
+    size_t n = st->buf.len - st->pos < max ? st->buf.len - st->pos : max;
+    memcpy(out, st->buf.p + st->pos, n);
     st->pos += n;
     return (ssize_t)n;
 }
@@ -255,7 +275,9 @@ void srv_stream_free(srv_stream *st)
         srv_stream_choice_free(&st->choice[i]);
     }
     free(st->model);
-    free(st->buf);
+    for (int i = 0; i < SRV_MAX_STOP; i++)
+        free(st->stop[i]);
+    free(st->buf.p);
     free(st);
 }
 
@@ -269,16 +291,29 @@ srv_stream *srv_stream_new(const srv_request *rq, const srv_reply_id *id, const 
         free(model);
         return NULL;
     }
-    *st = (srv_stream){ .metrics = metrics, .stopping = stopping, .fd = fd, .kind = rq->kind,
+    *st = (srv_stream){ .metrics = metrics, .stopping = stopping, .fd = fd, .dialect = rq->dialect,
                         .include_usage = rq->include_usage, .id = *id, .model = model,
                         .n = rq->n * rq->n_prompts, .per_prompt = rq->n };
     st->id.model = model;
     st->open = st->n;
-    for (int i = 0; i < st->n; i++)
-        srv_stream_choice_init(&st->choice[i], (srv_chunk_head){ rq->kind, &st->id, i,
-                                                                 rq->include_usage },
+    int n_stop = rq->params.chat.n_stop;
+    for (int i = 0; i < n_stop; i++)
+        if (!(st->stop[i] = strdup(rq->params.chat.stop[i]))) {
+            srv_stream_free(st);
+            return NULL;
+        }
+    for (int i = 0; i < st->n; i++) {
+        srv_stream_choice *c = &st->choice[i];
+        srv_stream_choice_init(c, (srv_chunk_head){ rq->dialect, &st->id, i, rq->include_usage },
                                rq->logprobs >= 0 ? lim->model : NULL,
                                rq->params.chat.parse_tool_calls, lim->tool_format);
+        c->stop = (const char *const *)st->stop;
+        c->n_stop = n_stop;
+        c->vocab = lim->model;
+        c->forced_calls = rq->forced_calls;
+        c->think = rq->think;
+        c->think_open = rq->think_open;
+    }
     return st;
 }
 
@@ -291,7 +326,7 @@ kvc_request **srv_stream_requests(srv_stream *st, int *n)
 bool srv_stream_begin(srv_stream *st, int i, const kvc_event *first)
 {
     bool ok = true;
-    for (int k = 0; ok && st->kind == SRV_CHAT && k < st->n; k++)
-        ok = stream_put(st, srv_sse_role(&st->choice[k].head));
+    for (int k = 0; ok && k < st->n; k++)
+        ok = st->dialect->sse_begin(&st->choice[k].em, &st->buf);
     return ok && stream_event(st, i, first);
 }

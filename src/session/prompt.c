@@ -63,38 +63,24 @@ int kvc_prompt_tokenize(const kvc_model *m, const char *text, size_t len, kvc_to
     return KVC_OK;
 }
 
-/* Append the tokens of r->text[0, len) as a cold run has them. The text is
- * cut where its provenance changes: template text is tokenized with
- * control-token parsing, message content (the caller's data) without, unless
- * special_in_content, so content never becomes control tokens. Each run is
- * tokenized on its own (no merge crosses a boundary); BOS before the first;
- * SentencePiece's space prefix where whole-text tokenization would put it, at
- * the start and after a special token. */
+/* Append the tokens of r->text[0, len) as a cold run has them (DESIGN.md §3
+ * step 3): BOS as the vocabulary asks; the text cut only at control tokens of
+ * the template's own text (message content, the caller's data, is never
+ * matched for them, unless special_in_content); each piece between two such
+ * tokens tokenized whole, so a merge or SentencePiece's space prefix crosses
+ * from template text into content as llama.cpp's and transformers' do. */
 static int tokenize_rendered(const kvc_model *m, const kvc_rendered *r, size_t len,
                              bool special_in_content, kvc_tokbuf *out, kvc_err *err)
 {
-    size_t pos = 0, span = 0;
-    bool first = true;
-    while (pos < len || first) {
-        bool content = span < r->n_content && r->content[span].off <= pos;
-        size_t end = content ? r->content[span].off + r->content[span].len
-                   : span < r->n_content ? r->content[span].off : r->len;
-        end = KVC_MAX(KVC_MIN(end, len), pos);   /* spans are sorted; never step back */
-        bool after_special = first || (out->n > 0 && kvc_tokenizer_token_type(
-            m->tok, out->v[out->n - 1]) != KVC_TOKEN_NORMAL);
-        bool parse = !content || special_in_content;
-        int64_t k = kvc_tokenize_ex(m->tok, r->text + pos, end - pos, first, parse,
-                                    !after_special, NULL, 0);
-        if (k < 0 || kvc_tokbuf_reserve(out, out->n + k))
-            return kvc_fail(err, KVC_ERR_NOMEM, "out of memory tokenizing the prompt");
-        kvc_tokenize_ex(m->tok, r->text + pos, end - pos, first, parse, !after_special,
-                        out->v + out->n, k);
-        out->n += k;
-        first = false;
-        if (content)
-            span++;
-        pos = end;
-    }
+    size_t n_data = 0;                       /* the content spans inside [0, len) */
+    while (!special_in_content && n_data < r->n_content && r->content[n_data].off < len)
+        n_data++;
+    const kvc_text_span *data = n_data ? r->content : NULL;
+    int64_t k = kvc_tokenize_data(m->tok, r->text, len, true, data, n_data, NULL, 0);
+    if (k < 0 || kvc_tokbuf_reserve(out, out->n + k))
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory tokenizing the prompt");
+    kvc_tokenize_data(m->tok, r->text, len, true, data, n_data, out->v + out->n, k);
+    out->n += k;
     return KVC_OK;
 }
 
@@ -189,12 +175,9 @@ int kvc_prompt_next_turn(const kvc_model *m, const kvc_chat_template *tmpl,
      * hides it, keep the whole: the tokens are cut at a control token below) */
     char *at = strstr(r.text, SENTINEL);
     size_t len = at ? (size_t)(at - r.text) : r.len;
-    bool at_run = false;                     /* the cut begins a run of content */
-    for (size_t i = 0; at && i < r.n_content; i++)
-        at_run = at_run || r.content[i].off == len;
     rc = tokenize_rendered(m, &r, len, p && p->special_in_content, out, err);
     kvc_rendered_free(&r);
-    if (rc || at_run)                        /* runs are tokenized apart: all certain */
+    if (rc)
         return rc;
     /* the last control token ends a run of text: what follows cannot change
      * the tokens up to it. Past it, a token that begins with white space

@@ -30,9 +30,7 @@ void kvc_tokbuf_free(kvc_tokbuf *b);                    /* frees v, zeroes b */
 /* Render msgs[0, n) with chat template `tmpl`, with the generation prompt and
  * p's tools and template kwargs (p may be NULL), into a malloc'd string (*out;
  * NULL on failure). KVC_ERR_INVALID_ARG: a bad role, a template that fails
- * (its raise_exception...); KVC_ERR_NOMEM. The ranges of caller text that
- * kvc_chat_template_apply reports are not used yet (issue 11: tokenize them
- * without special tokens). */
+ * (its raise_exception...); KVC_ERR_NOMEM. */
 int kvc_prompt_render(const kvc_chat_template *tmpl, const kvc_chat_message *msgs, size_t n,
                       const kvc_chat_params *p, char **out, kvc_err *err);
 
@@ -42,7 +40,10 @@ int kvc_prompt_render(const kvc_chat_template *tmpl, const kvc_chat_message *msg
 int kvc_prompt_tokenize(const kvc_model *m, const char *text, size_t len, kvc_tokbuf *out,
                         kvc_err *err);
 
-/* The tokens of a chat request into *out (empty): render, tokenize. With
+/* The tokens of a chat request into *out (empty): render, tokenize as
+ * llama.cpp and transformers do (kvc_tokenize_data: cut only at the
+ * template's own control tokens, message content never read as markup unless
+ * p->special_in_content, each piece between them tokenized whole). With
  * p->overflow KVC_OVERFLOW_SHIFT, when they plus max_tokens (at least 1)
  * exceed n_ctx, the oldest whole turns (a user message and what follows it up
  * to the next user message) are dropped, a leading system message kept, until

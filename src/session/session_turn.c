@@ -420,7 +420,8 @@ int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int ki
     const int64_t n = t->n_prompt = t->toks.n, n_ctx = c->p.n_ctx;
     const int64_t B = kvc_kv_block_tokens(c->pool), pool_blocks = kvc_kv_n_blocks(c->pool);
     if (!rc && n == 0)
-        rc = kvc_fail(err, KVC_ERR_INVALID_ARG, "the prompt is empty");
+        rc = kvc_fail(err, KVC_ERR_INVALID_ARG, "the prompt has no tokens: it is empty and "
+                      "this model's vocabulary adds no BOS token to begin from");
     const bool bg = kind == KVC_TURN_BACKGROUND;   /* it generates nothing */
     const int64_t room = n_ctx - n;                  /* reply tokens the context leaves */
     if (!rc && (bg ? room < 0 : room < 1 || (t->p.max_tokens > 0 && t->p.max_tokens > room)))

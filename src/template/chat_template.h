@@ -82,8 +82,6 @@
 
 /* ---------------------------------------------------------------- the template object */
 
-typedef struct kvc_text_span { size_t off, len; } kvc_text_span;
-
 typedef struct kvc_rendered {
     char          *text;       /* malloc'd, NUL-terminated */
     size_t         len;

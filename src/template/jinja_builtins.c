@@ -719,6 +719,19 @@ jv *jfilter(jrender *r, int line, const char *name, jv *v, jv **a, size_t na, co
         bool use = v->k == JK_UNDEF || (bo && jv_truthy(bo) && !jv_truthy(v));
         return use ? (dv ? dv : jv_cstr(c, "")) : v;
     }
+    if (!strcmp(name, "format")) {       /* soft_str(value) % (kwargs or args) */
+        if (na && nkw) jfail(c, line, "can't handle positional and keyword arguments at the same time");
+        jv *operand;
+        if (nkw) {
+            operand = jv_dict(c);
+            for (size_t i = 0; i < nkw; i++) jv_dict_set(c, operand, jv_cstr(c, kwn[i]), kwv[i]);
+        } else {
+            operand = jv_list(c, na);
+            operand->u.l.tuple = true;
+            for (size_t i = 0; i < na; i++) jv_list_push(c, operand, a[i]);
+        }
+        return jinja_percent_format(r, line, sstr(r, v), operand);
+    }
     if (!strcmp(name, "trim")) return strip(r, sstr(r, v), ARG(0, "chars"), true, true);
     if (!strcmp(name, "string")) return sstr(r, v);
     if (!strcmp(name, "safe")) {

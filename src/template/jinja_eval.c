@@ -272,6 +272,8 @@ static int64_t floordiv(int64_t a, int64_t b)
 static jv *binop(jrender *r, int line, int op, jv *a, jv *b)
 {
     jctx *c = &r->c;
+    if (op == JOP_MOD && a->k == JK_STR)     /* str % x: str(undefined) is '' there */
+        return jinja_percent_format(r, line, a, b);
     if (a->k == JK_UNDEF) fail_undef(r, line, a);
     if (b->k == JK_UNDEF) fail_undef(r, line, b);
     static const char *const sym[] = { "+", "-", "*", "/", "//", "%", "**" };

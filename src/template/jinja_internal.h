@@ -245,6 +245,11 @@ jv *jiter_list(jrender *r, int line, jv *v);
 jv *jgetattr(jrender *r, int line, jv *obj, const char *name);
 jv *jgetitem(jrender *r, int line, jv *obj, jv *key);
 
+/* jinja_percent.c: Python's fmt % operand for a string fmt (a tuple operand
+ * gives the arguments, a dict serves %(key)s, anything else is the one
+ * argument); fails with Python's TypeError/ValueError messages. */
+jv *jinja_percent_format(jrender *r, int line, jv *fmt, jv *operand);
+
 /* jinja_builtins.c */
 jv *jfilter(jrender *r, int line, const char *name, jv *v, jv **args, size_t nargs,
             const char **kwn, jv **kwv, size_t nkw);

@@ -172,19 +172,46 @@ static bool c_space(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
+/* Text ranges where control and unknown tokens are not recognised (caller
+ * data inside a rendered prompt); sorted, non-overlapping. */
+typedef struct guard {
+    const kvc_text_span *span;
+    size_t               n;
+} guard;
+
+/* Does [pos, pos + n) overlap a guarded range? */
+static bool guarded(const guard *g, size_t pos, size_t n)
+{
+    size_t lo = 0, hi = g->n;            /* the first range ending after pos */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g->span[mid].off + g->span[mid].len <= pos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < g->n && g->span[lo].off < pos + n && g->span[lo].len > 0;
+}
+
 /* Split one raw fragment at every occurrence of special token id, appending
- * the pieces to out (llama.cpp's tokenizer_st_partition for one token). */
+ * the pieces to out (llama.cpp's tokenizer_st_partition for one token). An
+ * occurrence that overlaps g (control and unknown tokens only) is text. */
 static int split_at_token(const kvc_tokenizer *t, int32_t id, const char *text,
-                          const frag *in, frags *out)
+                          const frag *in, const guard *g, frags *out)
 {
     const char *tok = t->text + t->text_off[id];
-    size_t tlen = t->text_len[id], base = in->start, blen = in->len;
+    size_t tlen = t->text_len[id], base = in->start, blen = in->len, from = base;
     uint16_t a = t->attr[id];
+    bool check = g && g->n && (a & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN));
     for (;;) {
-        const char *m = memmem(text + base, blen, tok, tlen);
+        const char *m = memmem(text + from, base + blen - from, tok, tlen);
         if (!m)
             return blen ? frags_push(out, base, blen, -1) : KVC_OK;
         size_t mpos = (size_t)(m - text), left = mpos - base;
+        if (check && guarded(g, mpos, tlen)) {
+            from = mpos + 1;                 /* caller text: not a token; look further */
+            continue;
+        }
         if (a & TOK_ATTR_LSTRIP)
             while (left > 0 && c_space(text[base + left - 1]))
                 left--;
@@ -200,16 +227,17 @@ static int split_at_token(const kvc_tokenizer *t, int32_t id, const char *text,
             }
         if (rlen == 0)
             return KVC_OK;
-        base = rstart;
+        base = from = rstart;
         blen = rlen;
     }
 }
 
 /* Cut the text into raw runs and special tokens: each special token in turn,
  * longest first, splits every raw run it occurs in. Control and unknown
- * tokens only when parse_special; user-defined tokens always (llama.cpp). */
+ * tokens only when parse_special, and not inside g's ranges; user-defined
+ * tokens always (llama.cpp). */
 static int partition(const kvc_tokenizer *t, const char *text, size_t len,
-                     bool parse_special, frags *cur)
+                     bool parse_special, const guard *g, frags *cur)
 {
     frags next = {0};
     int rc = len ? frags_push(cur, 0, len, -1) : KVC_OK;
@@ -222,7 +250,7 @@ static int partition(const kvc_tokenizer *t, const char *text, size_t len,
         next.n = 0;
         for (size_t i = 0; i < cur->n && rc == KVC_OK; i++)
             rc = cur->a[i].id >= 0 ? frags_push(&next, 0, 0, cur->a[i].id)
-                                   : split_at_token(t, id, text, &cur->a[i], &next);
+                                   : split_at_token(t, id, text, &cur->a[i], g, &next);
         frags tmp = *cur;
         *cur = next;
         next = tmp;
@@ -231,22 +259,18 @@ static int partition(const kvc_tokenizer *t, const char *text, size_t len,
     return rc;
 }
 
-int64_t kvc_tokenize(const kvc_tokenizer *t, const char *text, size_t len,
-                     bool add_special, bool parse_special,
-                     int32_t *out, int64_t cap)
-{
-    return kvc_tokenize_ex(t, text, len, add_special, parse_special, false, out, cap);
-}
-
-int64_t kvc_tokenize_ex(const kvc_tokenizer *t, const char *text, size_t len,
-                        bool add_special, bool parse_special, bool continuation,
-                        int32_t *out, int64_t cap)
+/* The tokens of the partition's pieces: special tokens as they are, each
+ * raw run encoded whole (SentencePiece: with the space prefix at the start
+ * unless continuation, and after each special token). */
+static int64_t tokenize_guarded(const kvc_tokenizer *t, const char *text, size_t len,
+                                bool add_special, bool parse_special, bool continuation,
+                                const guard *g, int32_t *out, int64_t cap)
 {
     if (!t || (!text && len) || cap < 0 || (!out && cap > 0) || len > TOK_MAX_TEXT)
         return KVC_ERR_INVALID_ARG;
     tok_out o = { out, cap, 0 };
     frags fr = {0};
-    int rc = partition(t, text, len, parse_special, &fr);
+    int rc = partition(t, text, len, parse_special, g, &fr);
     if (add_special && t->add_bos && t->bos >= 0)
         tok_push(&o, t->bos);
     bool after_special = !continuation;   /* SPM: a run at the start or after a special token gets the prefix */
@@ -267,6 +291,31 @@ int64_t kvc_tokenize_ex(const kvc_tokenizer *t, const char *text, size_t len,
         tok_push(&o, t->eos);
     free(fr.a);
     return rc != KVC_OK ? rc : o.n;
+}
+
+int64_t kvc_tokenize(const kvc_tokenizer *t, const char *text, size_t len,
+                     bool add_special, bool parse_special,
+                     int32_t *out, int64_t cap)
+{
+    return tokenize_guarded(t, text, len, add_special, parse_special, false, NULL, out, cap);
+}
+
+int64_t kvc_tokenize_ex(const kvc_tokenizer *t, const char *text, size_t len,
+                        bool add_special, bool parse_special, bool continuation,
+                        int32_t *out, int64_t cap)
+{
+    return tokenize_guarded(t, text, len, add_special, parse_special, continuation, NULL, out,
+                            cap);
+}
+
+int64_t kvc_tokenize_data(const kvc_tokenizer *t, const char *text, size_t len,
+                          bool add_special, const kvc_text_span *data, size_t n_data,
+                          int32_t *out, int64_t cap)
+{
+    if (n_data && !data)
+        return KVC_ERR_INVALID_ARG;
+    guard g = { data, n_data };
+    return tokenize_guarded(t, text, len, add_special, true, false, &g, out, cap);
 }
 
 /* ================================================================ detokenize */

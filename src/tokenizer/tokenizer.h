@@ -79,6 +79,20 @@ int64_t kvc_tokenize_ex(const kvc_tokenizer *t, const char *text, size_t len,
                         bool add_special, bool parse_special, bool continuation,
                         int32_t *out, int64_t cap);
 
+/* Tokens of a rendered chat prompt, as llama.cpp and transformers tokenize
+ * it, except that caller text is never read as markup: control (and unknown)
+ * token strings are recognised only where they lie wholly outside the ranges
+ * data[0, n_data) (sorted, non-overlapping: message content and other caller
+ * data), and the text between two recognised special tokens is tokenized as
+ * one piece, template text and data together, so a merge or SentencePiece's
+ * space prefix crosses their boundary as in a whole-text tokenization.
+ * User-defined tokens are recognised everywhere (as kvc_tokenize does).
+ * Returns and errors as kvc_tokenize (also KVC_ERR_INVALID_ARG: data NULL
+ * with n_data > 0). */
+int64_t kvc_tokenize_data(const kvc_tokenizer *t, const char *text, size_t len,
+                          bool add_special, const kvc_text_span *data, size_t n_data,
+                          int32_t *out, int64_t cap);
+
 /* The bytes a token stands for: U+2581 -> ' ', <0xXX> -> the byte, byte-level
  * BPE code points -> bytes; unused tokens give "". Control and unknown tokens
  * give "" unless render_special (then their text). No NUL is written.

@@ -1,0 +1,43 @@
+/* reasoning.h - where a reply's reasoning (thinking) is, for templates that
+ * write it between <think> and </think> (Qwen3, Qwen3.5, DeepSeek-R1 and
+ * their distills, QwQ, ...), as llama-server's reasoning_format "auto"
+ * splits it.
+ *
+ * A reply either begins inside the thinking block (the template's
+ * generation prompt ended with "<think>": `open`) or may begin with
+ * "<think>" after whitespace. The block ends at "</think>"; the content
+ * starts after it and the whitespace that follows. A reply that never opens
+ * the block is all content. While a reply is still coming (`final` false)
+ * the answer holds back what may still be the start of a tag, so that a
+ * stream never sends "</thi" as reasoning or "<thi" as content. */
+#ifndef KVC_REASONING_H
+#define KVC_REASONING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum kvc_think_state {
+    KVC_THINK_UNDECIDED = 0,   /* only whitespace or a part of "<think>" so far */
+    KVC_THINK_NONE      = 1,   /* no reasoning: everything is content */
+    KVC_THINK_OPEN      = 2,   /* inside the block: no content yet */
+    KVC_THINK_CLOSED    = 3,   /* the block ended: content from c_begin */
+};
+
+typedef struct kvc_think_span {
+    int    state;              /* enum kvc_think_state */
+    size_t r_begin, r_end;     /* the reasoning text [r_begin, r_end) (empty when none;
+                                  while OPEN and not final, up to what may begin
+                                  "</think>") */
+    size_t c_begin;            /* NONE or CLOSED: where the content starts (len when
+                                  nothing of it came yet) */
+} kvc_think_span;
+
+/* The span of text[0, len). final: the reply is whole (UNDECIDED becomes
+ * NONE; an OPEN block runs to the end). */
+kvc_think_span kvc_think_find(const char *text, size_t len, bool open, bool final);
+
+/* Whether a rendered prompt leaves the reply inside a thinking block: it
+ * ends with "<think>" and whitespace. */
+bool kvc_think_prompt_open(const char *prompt);
+
+#endif
