@@ -358,7 +358,8 @@ int kvc_session_chat(kvc_session *s, const kvc_chat_message *msgs, size_t n,
  * architecture and weight type, any shape, with a built-in vocabulary and a
  * ChatML template. */
 typedef struct kvc_gen_params {
-    const char *arch;        /* "llama" | "qwen2" (q/k/v biases) | "qwen3" (q/k norms) */
+    const char *arch;        /* "llama" | "qwen2" (q/k/v biases) | "qwen3" (q/k norms) |
+                              * "qwen3moe" (qwen3 with a mixture-of-experts FFN) */
     const char *ftype;       /* "f32" "f16" "bf16" "q8_0" "q4_0" "q4_1" "q5_0" "q5_1"
                               * "q4_k" (= "q4_k_s") "q5_k" (= "q5_k_s") "q6_k"
                               * "q4_k_m" "q5_k_m"; case-insensitive */
@@ -385,6 +386,10 @@ typedef struct kvc_gen_params {
                               * tokens other than EOS get small output weights, so that
                               * random text reads as text; true: every token is as likely
                               * (tests of byte sequences and control tokens) */
+    /* mixture of experts (qwen3moe; ignored by the dense architectures) */
+    int32_t     n_expert;    /* experts per layer, > 0 */
+    int32_t     n_expert_used; /* experts per token (top-k), 1..n_expert */
+    int32_t     n_ff_exp;    /* one expert's FFN width, > 0 */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,

@@ -1,7 +1,9 @@
 /* forward.c - the forward pass over a batch of tokens, reading and writing the
  * paged KV pool.
  *
- * Order of one layer (llama / qwen2 / qwen3, as llama.cpp runs them):
+ * A layer is a sequence of steps chosen by its kinds (arch.h; layer_forward).
+ * Order of a full-attention, dense-FFN layer (llama / qwen2 / qwen3, as
+ * llama.cpp runs them):
  *   h = rmsnorm(x) * attn_norm
  *   q, k, v = h Wq, h Wk, h Wv   (+ biases: qwen2)   (per-head rmsnorm of q, k: qwen3)
  *   rope(q, k at pos); store k, v in the pool (rounded to the pool's type)
@@ -398,15 +400,15 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     kvc_compute *c = f->c;
     const kvc_hparams *hp = &c->m->hp;
     const kvc_layer *L = &c->m->layers[f->layer];
-    const int32_t hd = hp->head_dim, half = hd / 2;
-    float *q = c->q + i * hp->n_head * hd;
-    float *k = c->k + i * hp->n_head_kv * hd;
-    float *v = c->v + i * hp->n_head_kv * hd;
-    add_bias(q, L->bq, (int64_t)hp->n_head * hd);
-    add_bias(k, L->bk, (int64_t)hp->n_head_kv * hd);
-    add_bias(v, L->bv, (int64_t)hp->n_head_kv * hd);
+    const int32_t hd = L->head_dim, half = hd / 2;
+    float *q = c->q + i * L->n_head * hd;
+    float *k = c->k + i * L->n_head_kv * hd;
+    float *v = c->v + i * L->n_head_kv * hd;
+    add_bias(q, L->bq, (int64_t)L->n_head * hd);
+    add_bias(k, L->bk, (int64_t)L->n_head_kv * hd);
+    add_bias(v, L->bv, (int64_t)L->n_head_kv * hd);
     const float *cs = c->rope_cos + i * half, *sn = c->rope_sin + i * half;
-    for (int32_t h = 0; h < hp->n_head; h++) {
+    for (int32_t h = 0; h < L->n_head; h++) {
         if (L->q_norm)
             rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
         rope_head(q + h * hd, cs, sn, hd, hp->rope_neox);
@@ -414,7 +416,7 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     const kvc_batch_item *it = &f->items[i];
     int32_t blk = it->seq->blocks[it->pos / f->B];
     size_t off = (size_t)(it->pos % f->B) * f->row_bytes;
-    for (int32_t h = 0; h < hp->n_head_kv; h++) {
+    for (int32_t h = 0; h < L->n_head_kv; h++) {
         if (L->k_norm)
             rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
         rope_head(k + h * hd, cs, sn, hd, hp->rope_neox);
@@ -468,8 +470,8 @@ static void attn_task(void *ctx, int64_t task, int thread)
 {
     fwd *f = ctx;
     kvc_compute *c = f->c;
-    const kvc_hparams *hp = &c->m->hp;
-    const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    const int32_t hd = L->head_dim, group = L->n_head / L->n_head_kv;
     const int64_t tile = task % f->n_tiles;
     const int32_t kvh = (int32_t)(task / f->n_tiles);
     const int32_t i0 = c->tiles[tile], n_tok = c->tiles[tile + 1] - i0;
@@ -487,7 +489,7 @@ static void attn_task(void *ctx, int64_t task, int thread)
             vb[b] = kvc_kv_v(f->pool, it->seq->blocks[b], f->layer, kvh);
         }
     }
-    const int64_t ld = (int64_t)hp->n_head * hd;
+    const int64_t ld = (int64_t)L->n_head * hd;
     const size_t off = (size_t)i0 * ld + (size_t)kvh * group * hd;
     kvc_attn_args a = {
         .n_tok = n_tok, .n_q = group, .hd = hd, .n_pos = (int64_t)it->pos + 1,
@@ -520,26 +522,57 @@ static int32_t make_tiles(kvc_compute *c, const kvc_batch_item *items, int32_t n
     return nt;
 }
 
-static void layer_forward(fwd *f)
+/* ------------------------------------------------------------ layer steps */
+
+/* A layer is its attention step then its FFN step, chosen by the layer's
+ * kinds (arch.h). Each step starts with its norm task, which first adds the
+ * previous step's output (left in h) to the residual stream x. */
+typedef void (*layer_step)(fwd *f);
+
+/* Full causal attention (llama, qwen2, qwen3: biases and QK-norm are the
+ * layer's optional tensors). */
+static void attn_full_step(fwd *f)
 {
     kvc_compute *c = f->c;
-    const kvc_hparams *hp = &c->m->hp;
     const kvc_layer *L = &c->m->layers[f->layer];
-    const int64_t n = f->n, d = hp->n_embd;
-    const int64_t nq = (int64_t)hp->n_head * hp->head_dim, nkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t n = f->n, d = c->m->hp.n_embd;
+    const int64_t nq = (int64_t)L->n_head * L->head_dim, nkv = (int64_t)L->n_head_kv * L->head_dim;
 
     kvc_threadpool_run(c->tp, n, attn_norm_task, f);
     matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
              (float *[]){ c->q, c->k, c->v }, (const int64_t[]){ nq, nkv, nkv });
     kvc_threadpool_run(c->tp, n, qkv_task, f);
-    kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * hp->n_head_kv, attn_task, f);
+    kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * L->n_head_kv, attn_task, f);
     matmul(c, &L->wo, c->att, n, c->h, d);
+}
+
+/* The dense gated FFN: down(silu(gate h) * up h). */
+static void ffn_dense_step(fwd *f)
+{
+    kvc_compute *c = f->c;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    const int64_t n = f->n, d = c->m->hp.n_embd, n_ff = c->m->hp.n_ff;
 
     kvc_threadpool_run(c->tp, n, ffn_norm_task, f);
     matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->w_gate, &L->w_up }, (float *[]){ c->gate, c->up },
-             (const int64_t[]){ hp->n_ff, hp->n_ff });
+             (const int64_t[]){ n_ff, n_ff });
     kvc_threadpool_run(c->tp, n, ffn_act_task, f);
     matmul(c, &L->w_down, c->gate, n, c->h, d);
+}
+
+static const layer_step attn_steps[] = {
+    [KVC_ATTN_FULL] = attn_full_step,
+};
+
+static const layer_step ffn_steps[] = {
+    [KVC_FFN_DENSE] = ffn_dense_step,
+};
+
+static void layer_forward(fwd *f)
+{
+    const kvc_layer *L = &f->c->m->layers[f->layer];
+    attn_steps[L->attn](f);
+    ffn_steps[L->ffn](f);
 }
 
 /* Check the batch against the rules of kvc_compute_forward before touching
