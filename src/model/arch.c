@@ -141,7 +141,6 @@ static const kvc_arch rows[] = {
       .keys = KEYS(keys_common, keys_dense),
       .tensors = TENSORS(t_attn, t_qk_norm, t_ffn_dense) },
     { .name = "qwen3moe", .rope_neox = true, .ffn = KVC_FFN_MOE,
-      .unsupported = "the mixture-of-experts feed-forward is not supported yet",
       .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true,
       .keys = KEYS(keys_common, keys_moe),
       .tensors = TENSORS(t_attn, t_qk_norm, t_ffn_moe) },

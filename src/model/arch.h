@@ -97,6 +97,7 @@ typedef struct kvc_arch {
     kvc_ffn_kind ffn;                        /* every layer's FFN (hybrids: per layer later) */
     kvc_moe_gating gating;                   /* default router (MoE) */
     bool        moe_norm_w;                  /* default: renormalise the selected weights */
+    kvc_ffn_act act;                         /* the FFNs' activation */
     const kvc_arch_key    *const *keys;      /* NULL-terminated lists of {0}-terminated keys */
     const kvc_arch_tensor *const *tensors;   /* per layer, NULL-terminated lists */
 } kvc_arch;

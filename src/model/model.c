@@ -76,7 +76,7 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
     hp->rope_neox = a->rope_neox;
     hp->moe_gating = a->gating;
     hp->moe_norm_w = a->moe_norm_w;
-    hp->ffn_act = KVC_ACT_SILU;
+    hp->ffn_act = a->act;
     for (const kvc_arch_key *const *list = a->keys; *list; list++)
         for (const kvc_arch_key *k = *list; k->suffix; k++)
             if ((rc = read_key(f, a->name, k, hp, err)))
