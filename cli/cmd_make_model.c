@@ -9,12 +9,14 @@ static const char help[] =
     "Writes a model with random weights, a built-in vocabulary and a ChatML template.\n"
     "Options override the preset (default: demo).\n\n"
     "  -o, --output FILE     where to write (required)\n"
-    "      --preset NAME     demo, tiny, tiny-llama, tiny-qwen3, qwen2.5-0.5b\n"
-    "      --arch A          llama, qwen2, qwen3\n"
+    "      --preset NAME     demo, tiny, tiny-llama, tiny-qwen3, tiny-qwen3moe, qwen2.5-0.5b,\n"
+    "                        qwen3-30b-a3b (use --n-layer to cut it)\n"
+    "      --arch A          llama, qwen2, qwen3, qwen3moe\n"
     "      --type T          f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
     "      --n-embd N  --n-layer N  --n-head N  --n-head-kv N  --head-dim N  --n-ff N\n"
     "      --n-ctx N   --n-vocab N  --vocab bpe|spm  --tied | --untied\n"
     "      --rope-theta X  --rms-eps X  --seed N  --name NAME\n"
+    "      --n-expert N  --n-expert-used N  --n-ff-exp N   (mixture of experts: qwen3moe)\n"
     "      --all-tokens      every token as likely as any other (by default bytes outside\n"
     "                        printable ASCII and control tokens but EOS are made unlikely)\n";
 
@@ -69,6 +71,9 @@ int cmd_make_model(int argc, char **argv)
         else if (!strcmp(a, "--n-ff")) ip = &p.n_ff;
         else if (!strcmp(a, "--n-ctx")) ip = &p.n_ctx;
         else if (!strcmp(a, "--n-vocab")) ip = &p.n_vocab;
+        else if (!strcmp(a, "--n-expert")) ip = &p.n_expert;
+        else if (!strcmp(a, "--n-expert-used")) ip = &p.n_expert_used;
+        else if (!strcmp(a, "--n-ff-exp")) ip = &p.n_ff_exp;
         else if (!strcmp(a, "--rope-theta")) {
             if (!cli_float(a, v, &p.rope_theta))
                 return 2;

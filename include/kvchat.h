@@ -402,8 +402,13 @@ kvc_gen_params kvc_gen_default_params(void);
  *   "tiny"          qwen2, d 64, 2 layers, 4/2 heads, ff 128, ctx 2048, f32, bpe, tied
  *   "tiny-llama"    llama, d 64, 2 layers, 4/2 heads, ff 192, ctx 2048, f32, spm, untied
  *   "tiny-qwen3"    qwen3, d 64, 2 layers, 4/1 heads, hd 32, ff 128, ctx 2048, f32, spm, tied
+ *   "tiny-qwen3moe" qwen3moe, d 64, 2 layers, 4/1 heads, hd 32, 8 experts of 64, top-2,
+ *                   ctx 2048, theta 1e6, f32, spm, untied
  *   "qwen2.5-0.5b"  Qwen2.5-0.5B's shapes: 24 layers, d 896, 14/2 heads, hd 64,
  *                   ff 4864, vocab 151936, ctx 32768, theta 1e6, tied, bpe, f16
+ *   "qwen3-30b-a3b" Qwen3-30B-A3B's shapes: 48 layers (cut with n_layer), d 2048,
+ *                   32/4 heads of 128, 128 experts of 768, top-8, vocab 151936,
+ *                   ctx 40960, theta 1e6, untied, bpe, q4_k_m
  * Returns KVC_OK, or KVC_ERR_NOT_FOUND for an unknown name (out untouched). */
 int kvc_gen_preset(const char *name, kvc_gen_params *out);
 

@@ -36,7 +36,8 @@ kvc_gen_params kvc_gen_default_params(void)
     };
 }
 
-static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-qwen3", "qwen2.5-0.5b" };
+static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-qwen3", "tiny-qwen3moe",
+                                            "qwen2.5-0.5b", "qwen3-30b-a3b" };
 
 const char *kvc_gen_preset_name(int i)
 {
@@ -60,6 +61,16 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.arch = "qwen3", p.ftype = "f32", p.vocab = "spm";
         p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 1, p.head_dim = 32;
         p.n_ff = 128, p.n_ctx = 2048;
+    } else if (strcmp(name, "tiny-qwen3moe") == 0) {
+        p.arch = "qwen3moe", p.ftype = "f32", p.vocab = "spm", p.tied = false;
+        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 1, p.head_dim = 32;
+        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f;
+        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 64;
+    } else if (strcmp(name, "qwen3-30b-a3b") == 0) {
+        p.arch = "qwen3moe", p.ftype = "q4_k_m", p.tied = false;
+        p.n_embd = 2048, p.n_layer = 48, p.n_head = 32, p.n_head_kv = 4, p.head_dim = 128;
+        p.n_ff = 6144, p.n_vocab = 151936, p.n_ctx = 40960, p.rope_theta = 1e6f;
+        p.n_expert = 128, p.n_expert_used = 8, p.n_ff_exp = 768;
     } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
         p.n_embd = 896, p.n_layer = 24, p.n_head = 14, p.n_head_kv = 2, p.head_dim = 64;
         p.n_ff = 4864, p.n_vocab = 151936, p.n_ctx = 32768, p.rope_theta = 1e6f;
