@@ -220,7 +220,8 @@ static void ffn_act(kvc_ffn_act act, float *g, const float *u, int64_t n)
 }
 
 /* Split each active expert's n_rows rows into tasks of about equal work
- * (tokens x rows) over the threads; rows in multiples of the kernels' group. */
+ * (tokens x rows) over the threads; rows in multiples of the kernels' group.
+ * At most 4 * threads + (active experts) tasks, within b->max_tasks. */
 static void plan_rows(moe_job *j, int64_t n_rows)
 {
     kvc_compute *c = j->f->c;
@@ -241,13 +242,14 @@ static void plan_rows(moe_job *j, int64_t n_rows)
     }
 }
 
-/* Prepared activations of each active expert's rows of x (n_in wide, stride
- * ldx): offsets into b->act, which grows when needed. False when this ISA or
- * weight type does not use them (or memory ran out): the matmuls then take x. */
-static bool plan_act(moe_job *j, int64_t n_in, const kvc_weight *w)
+/* Prepared activations of each active expert's rows of x (n_in wide):
+ * offsets into b->act, which grows when needed, and the quantization tasks.
+ * False when this ISA or one of the phase's weights (w, and w2 unless NULL)
+ * does not use them, or memory ran out: the matmuls then take x. */
+static bool plan_act(moe_job *j, int64_t n_in, const kvc_weight *w, const kvc_weight *w2)
 {
     kvc_moe_buf *b = &j->f->c->moe;
-    if (!kvc_matmul_act_bytes(n_in, 1) || !kvc_matmul_uses_act(w))
+    if (!kvc_matmul_act_bytes(n_in, 1) || !kvc_matmul_uses_act(w) || (w2 && !kvc_matmul_uses_act(w2)))
         return false;
     size_t off = 0;
     for (int32_t e = 0; e < j->n_exp; e++) {
@@ -424,13 +426,14 @@ void kvc_moe_step(fwd *f)
     const int64_t n_pairs = n * j.k;
     kvc_threadpool_run(c->tp, (n_pairs + MOE_PAIR_TASK - 1) / MOE_PAIR_TASK, gather_task, &j);
 
-    const kvc_experts *in = L->gate_up_exps.n ? &L->gate_up_exps : &L->gate_exps;
-    if ((j.act = plan_act(&j, j.d, &in->w)))
+    const bool fused = L->gate_up_exps.n > 0;
+    if ((j.act = plan_act(&j, j.d, fused ? &L->gate_up_exps.w : &L->gate_exps.w,
+                          fused ? NULL : &L->up_exps.w)))
         kvc_threadpool_run(c->tp, j.n_tasks, quant_in_task, &j);
     plan_rows(&j, j.ff);
     kvc_threadpool_run(c->tp, j.n_tasks, gate_up_task, &j);
 
-    if ((j.act = plan_act(&j, j.ff, &L->down_exps.w)))
+    if ((j.act = plan_act(&j, j.ff, &L->down_exps.w, NULL)))
         kvc_threadpool_run(c->tp, j.n_tasks, quant_down_task, &j);
     plan_rows(&j, j.d);
     kvc_threadpool_run(c->tp, j.n_tasks, down_task, &j);
