@@ -69,9 +69,22 @@ int kvc_moe_alloc(kvc_compute *c)
     b->act_off = malloc((N + 1) * sizeof(size_t));
     b->max_tasks = (int64_t)(B * k / MOE_TOK_TASK + 2 * N + 4 * (size_t)nt + 64);
     b->tasks = malloc((size_t)b->max_tasks * sizeof(moe_task));
-    return b->logits && b->sel && b->w && b->pair_of && b->pair_tok && b->first && b->fill && b->x &&
-           b->gu && b->y && b->sh_g && b->sh_u && b->sh_y && b->sh_gate && b->act_off && b->tasks
-               ? KVC_OK : KVC_ERR_NOMEM;
+    /* prepared activations of a full batch spread over the experts (grown by
+     * plan_act if a split needs more) */
+    const int64_t n_in = (int64_t)KVC_MAX(d, ff);
+    b->act_bytes = kvc_matmul_act_bytes(n_in, (int64_t)(B * k)) + N * (kvc_matmul_act_bytes(n_in, 1) + 64);
+    b->act = b->act_bytes ? kvc_alloc_aligned(b->act_bytes) : NULL;
+    if (!b->logits || !b->sel || !b->w || !b->pair_of || !b->pair_tok || !b->first || !b->fill || !b->x ||
+        !b->gu || !b->y || !b->sh_g || !b->sh_u || !b->sh_y || !b->sh_gate || !b->act_off || !b->tasks ||
+        (b->act_bytes && !b->act))
+        return KVC_ERR_NOMEM;
+    /* touched now, so that a context's first full batch does not pay the page faults */
+    memset(b->x, 0, B * k * d * sizeof(float));
+    memset(b->gu, 0, B * k * 2 * ff * sizeof(float));
+    memset(b->y, 0, B * k * d * sizeof(float));
+    if (b->act)
+        memset(b->act, 0, b->act_bytes);
+    return KVC_OK;
 }
 
 void kvc_moe_free(kvc_compute *c)
