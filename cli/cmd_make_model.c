@@ -11,20 +11,27 @@ static const char help[] =
 
 enum { OPT_PRESET = CLI_OPT_CMD, OPT_ARCH, OPT_TYPE, OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD,
        OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB, OPT_VOCAB, OPT_TIED,
-       OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_SEED, OPT_NAME, OPT_ALL_TOKENS };
+       OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_SEED, OPT_NAME, OPT_ALL_TOKENS,
+       OPT_N_EXPERT, OPT_N_EXPERT_USED, OPT_N_FF_EXP };
 
 static const cli_option make_model_opts[] = {
     { "output", 'o', "FILE", 'o', 0, "where to write (required)" },
-    { "preset", 0, "NAME", OPT_PRESET, 0, "demo, tiny, tiny-llama, tiny-qwen3, qwen2.5-0.5b" },
-    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3" },
+    { "preset", 0, "NAME", OPT_PRESET, 0,
+      "demo, tiny, tiny-llama, tiny-qwen3, tiny-qwen3moe, qwen2.5-0.5b,\n"
+      "qwen3-30b-a3b (use --n-layer to cut it)" },
+    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe" },
     { "type", 0, "T", OPT_TYPE, 0,
-      "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m" },
+      "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
+      "mxfp4_moe (experts MXFP4, the rest Q8_0)" },
     { "n-embd", 0, "N", OPT_N_EMBD, 0, "embedding width" },
     { "n-layer", 0, "N", OPT_N_LAYER, 0, "layers" },
     { "n-head", 0, "N", OPT_N_HEAD, 0, "attention heads" },
     { "n-head-kv", 0, "N", OPT_N_HEAD_KV, 0, "key/value heads" },
     { "head-dim", 0, "N", OPT_HEAD_DIM, 0, "width of a head" },
     { "n-ff", 0, "N", OPT_N_FF, 0, "feed-forward width" },
+    { "n-expert", 0, "N", OPT_N_EXPERT, 0, "experts (mixture of experts: qwen3moe)" },
+    { "n-expert-used", 0, "N", OPT_N_EXPERT_USED, 0, "experts each token uses (top-k)" },
+    { "n-ff-exp", 0, "N", OPT_N_FF_EXP, 0, "one expert's feed-forward width" },
     { "n-ctx", 0, "N", OPT_N_CTX, 0, "training context length" },
     { "n-vocab", 0, "N", OPT_N_VOCAB, 0, "vocabulary size" },
     { "vocab", 0, "bpe|spm", OPT_VOCAB, 0, "tokenizer kind" },
@@ -78,6 +85,9 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
     case OPT_N_HEAD_KV: ip = &p->n_head_kv; break;
     case OPT_HEAD_DIM: ip = &p->head_dim; break;
     case OPT_N_FF: ip = &p->n_ff; break;
+    case OPT_N_EXPERT: ip = &p->n_expert; break;
+    case OPT_N_EXPERT_USED: ip = &p->n_expert_used; break;
+    case OPT_N_FF_EXP: ip = &p->n_ff_exp; break;
     case OPT_N_CTX: ip = &p->n_ctx; break;
     case OPT_N_VOCAB: ip = &p->n_vocab; break;
     default: return true;

@@ -365,10 +365,12 @@ int kvc_session_chat(kvc_session *s, const kvc_chat_message *msgs, size_t n,
  * architecture and weight type, any shape, with a built-in vocabulary and a
  * ChatML template. */
 typedef struct kvc_gen_params {
-    const char *arch;        /* "llama" | "qwen2" (q/k/v biases) | "qwen3" (q/k norms) */
+    const char *arch;        /* "llama" | "qwen2" (q/k/v biases) | "qwen3" (q/k norms) |
+                              * "qwen3moe" (qwen3 with a mixture-of-experts FFN) */
     const char *ftype;       /* "f32" "f16" "bf16" "q8_0" "q4_0" "q4_1" "q5_0" "q5_1"
                               * "q4_k" (= "q4_k_s") "q5_k" (= "q5_k_s") "q6_k"
-                              * "q4_k_m" "q5_k_m"; case-insensitive */
+                              * "q4_k_m" "q5_k_m" "mxfp4_moe" (experts MXFP4, the rest
+                              * Q8_0); case-insensitive */
     int32_t     n_embd;      /* > 0 */
     int32_t     n_layer;     /* > 0 */
     int32_t     n_head;      /* > 0 */
@@ -392,6 +394,10 @@ typedef struct kvc_gen_params {
                               * tokens other than EOS get small output weights, so that
                               * random text reads as text; true: every token is as likely
                               * (tests of byte sequences and control tokens) */
+    /* mixture of experts (qwen3moe; ignored by the dense architectures) */
+    int32_t     n_expert;    /* experts per layer, > 0 */
+    int32_t     n_expert_used; /* experts per token (top-k), 1..n_expert */
+    int32_t     n_ff_exp;    /* one expert's FFN width, > 0 */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -404,8 +410,13 @@ kvc_gen_params kvc_gen_default_params(void);
  *   "tiny"          qwen2, d 64, 2 layers, 4/2 heads, ff 128, ctx 2048, f32, bpe, tied
  *   "tiny-llama"    llama, d 64, 2 layers, 4/2 heads, ff 192, ctx 2048, f32, spm, untied
  *   "tiny-qwen3"    qwen3, d 64, 2 layers, 4/1 heads, hd 32, ff 128, ctx 2048, f32, spm, tied
+ *   "tiny-qwen3moe" qwen3moe, d 64, 2 layers, 4/1 heads, hd 32, 8 experts of 64, top-2,
+ *                   ctx 2048, theta 1e6, f32, spm, untied
  *   "qwen2.5-0.5b"  Qwen2.5-0.5B's shapes: 24 layers, d 896, 14/2 heads, hd 64,
  *                   ff 4864, vocab 151936, ctx 32768, theta 1e6, tied, bpe, f16
+ *   "qwen3-30b-a3b" Qwen3-30B-A3B's shapes: 48 layers (cut with n_layer), d 2048,
+ *                   32/4 heads of 128, 128 experts of 768, top-8, vocab 151936,
+ *                   ctx 40960, theta 1e6, untied, bpe, q4_k_m
  * Returns KVC_OK, or KVC_ERR_NOT_FOUND for an unknown name (out untouched). */
 int kvc_gen_preset(const char *name, kvc_gen_params *out);
 

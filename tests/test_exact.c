@@ -1,8 +1,9 @@
 /* test_exact.c - a warm session answers exactly as a fresh context does
  * (DESIGN.md §3, the fidelity rule), at the C API.
  *
- * For each model (random-weight BPE and SPM models made here; the two real
- * TinyStories models of ../shared when present), greedy and seeded sampling at
+ * For each model (random-weight BPE and SPM models made here, one a mixture
+ * of experts; the two real TinyStories models and tiny-qwen3moe-q4_k_m of
+ * ../shared when present), greedy and seeded sampling at
  * temperature 1: three conversations of six turns run interleaved on one warm
  * context (its sessions share the prefix tree). Every reply must equal the
  * reply of a fresh context given the same messages and parameters, and be
@@ -390,6 +391,8 @@ int main(void)
         { "random qwen2 (BPE)", "tiny", NULL },
         { "random llama (SPM)", "tiny-llama", NULL },
         { "random qwen3 (SPM)", "tiny-qwen3", NULL },
+        { "random qwen3moe (SPM, 8 experts, top-2)", "tiny-qwen3moe", NULL },
+        { "tiny-qwen3moe-q4_k_m", NULL, "tiny-qwen3moe-q4_k_m.gguf" },
         { "TinyStories-656K", NULL, "TinyStories-656K-Q8_0.gguf" },
         { "stories260K", NULL, "stories260K.gguf" },
     };

@@ -5,8 +5,8 @@
  * interleaved (one keyed by prompt_cache_key, one by user, one unkeyed), half
  * the replies streamed. The reference for every reply is a server process
  * started fresh for that one request. Greedy and seeded sampling at
- * temperature 1; random-weight BPE and SPM models made here and the two real
- * TinyStories models of ../shared when present. Checked: every warm reply
+ * temperature 1; random-weight BPE and SPM models made here (one a mixture
+ * of experts) and the two real TinyStories models of ../shared when present. Checked: every warm reply
  * equals the fresh process's; every body and every streamed chunk is valid
  * UTF-8 and valid JSON; a cold request (cache_prompt false) on the warm server
  * gives the same reply; once the background step has finished, turns 2+
@@ -293,6 +293,7 @@ int main(void)
     struct { const char *name, *preset, *file; } models[] = {
         { "random qwen2 (BPE)", "tiny", NULL },
         { "random llama (SPM)", "tiny-llama", NULL },
+        { "random qwen3moe (SPM, 8 experts, top-2)", "tiny-qwen3moe", NULL },
         { "TinyStories-656K", NULL, "TinyStories-656K-Q8_0.gguf" },
         { "stories260K", NULL, "stories260K.gguf" },
     };

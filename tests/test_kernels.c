@@ -45,7 +45,7 @@ static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; 
 
 static const uint32_t all_types[] = {
     KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q4_0, KVC_TYPE_Q4_1, KVC_TYPE_Q5_0,
-    KVC_TYPE_Q5_1, KVC_TYPE_Q8_0, KVC_TYPE_Q4_K, KVC_TYPE_Q5_K, KVC_TYPE_Q6_K,
+    KVC_TYPE_Q5_1, KVC_TYPE_Q8_0, KVC_TYPE_Q4_K, KVC_TYPE_Q5_K, KVC_TYPE_Q6_K, KVC_TYPE_MXFP4,
 };
 
 typedef struct {
@@ -253,6 +253,7 @@ static void random_blocks(uint32_t type, uint8_t *buf, int64_t n)
         case KVC_TYPE_Q4_1: case KVC_TYPE_Q5_1: case KVC_TYPE_Q4_K: case KVC_TYPE_Q5_K:
             h = (kvc_fp16 *)blk; nh = 2; break;
         case KVC_TYPE_Q6_K: h = &((block_q6_K *)blk)->d; nh = 1; break;
+        case KVC_TYPE_MXFP4: blk[0] = (uint8_t)(90 + blk[0] % 64); break;   /* 12 * 2^(e-128) finite */
         default: break;
         }
         for (int i = 0; i < nh; i++)

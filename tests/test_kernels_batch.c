@@ -5,9 +5,13 @@
  * 1 and 2 threads, gives bitwise-equal logits at every position. GQA group
  * 7 (as Qwen2.5-0.5B), F16 and Q8_0 KV caches, Q8_0, Q4_0, Q4_K and Q6_K
  * weights (the vnni ISA's integer path; the float path on the others) and
- * F16 (whose decode reads its rows in lanes, kernels_internal.h). */
+ * F16 (whose decode reads its rows in lanes, kernels_internal.h). The same for
+ * mixture-of-experts models (qwen3moe, Q8_0, Q4_K and MXFP4 experts), plus a batch
+ * mixing two conversations routed to different experts: each token's logits
+ * equal those of its conversation run alone. */
 #include <unistd.h>
 
+#include "forward.h"
 #include "kernels.h"
 #include "kvchat.h"
 #include "model_gen.h"
@@ -17,10 +21,13 @@
 
 static char tmpdir[256];
 
-static bool make(const char *ftype, const char *path)
+static bool make(const char *arch, const char *ftype, const char *path)
 {
     kvc_gen_params p = kvc_gen_default_params();
-    p.arch = "qwen2";
+    p.arch = arch;
+    p.n_expert = 8;
+    p.n_expert_used = 3;
+    p.n_ff_exp = 256;
     p.ftype = ftype;
     p.n_embd = 256;
     p.n_layer = 2;
@@ -69,11 +76,11 @@ static float *logits_of(kvc_model *m, const int32_t *toks, int chunk, int n_thre
     return out;
 }
 
-static void check_model(const char *ftype)
+static void check_model(const char *arch, const char *ftype)
 {
     char path[512];
-    snprintf(path, sizeof(path), "%s/%s.gguf", tmpdir, ftype);
-    if (!make(ftype, path))
+    snprintf(path, sizeof(path), "%s/%s-%s.gguf", tmpdir, arch, ftype);
+    if (!make(arch, ftype, path))
         return;
     kvc_model *m = NULL;
     char err[512];
@@ -98,8 +105,8 @@ static void check_model(const char *ftype)
                 for (size_t c = 0; c < KVC_ARRAY_LEN(chunks); c++) {
                     float *l = logits_of(m, toks, chunks[c], threads, kv_types[kv]);
                     CHECKF(l && memcmp(base, l, bytes) == 0,
-                           "%s %s, KV %s: chunks of %d with %d threads differ from one batch",
-                           kvc_isa_name((kvc_isa)isa), ftype, kv_types[kv] == KVC_KV_F16 ? "f16" : "q8_0",
+                           "%s %s %s, KV %s: chunks of %d with %d threads differ from one batch",
+                           kvc_isa_name((kvc_isa)isa), arch, ftype, kv_types[kv] == KVC_KV_F16 ? "f16" : "q8_0",
                            chunks[c], threads);
                     free(l);
                 }
@@ -110,16 +117,111 @@ static void check_model(const char *ftype)
     kvc_model_free(m);
 }
 
+/* The logits of n tokens of each of n_seq sequences, fed in one batch
+ * (interleaved: a token of each sequence in turn) or one sequence at a time;
+ * the last layer's expert selections of the batch into sel (n_seq * n * k). */
+static bool run_seqs(kvc_model *m, const int32_t *toks, int n_seq, int n, bool together,
+                     float *logits, int32_t *sel)
+{
+    const kvc_hparams *hp = &m->hp;
+    kvc_kv_pool_params pp = { hp->n_layer, hp->n_head_kv, hp->head_dim, 0, KVC_TYPE_F16, 64 };
+    kvc_kv_pool *pool = NULL;
+    kvc_compute *c = NULL;
+    kvc_err e = { 0 };
+    kvc_kv_seq seq[4];
+    kvc_batch_item items[4 * 64];
+    bool ok = n_seq <= 4 && n <= 64 && kvc_kv_pool_new(&pp, &pool, &e) == KVC_OK &&
+              kvc_compute_new(m, n_seq * n, n, 2, &c, &e) == KVC_OK;
+    for (int s = 0; ok && s < n_seq; s++) {
+        kvc_kv_seq_init(&seq[s]);
+        ok = kvc_kv_seq_reserve(pool, &seq[s], n, &e) == KVC_OK;
+    }
+    for (int r = 0; ok && r < (together ? 1 : n_seq); r++) {
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            for (int s = 0; s < n_seq; s++)
+                if (together || s == r)
+                    items[k++] = (kvc_batch_item){ toks[s * n + i], i, &seq[s], true };
+        float *out = malloc((size_t)k * hp->n_vocab * sizeof(float));
+        ok = out && kvc_compute_forward(c, pool, items, k, out, &e) == KVC_OK;
+        for (int b = 0; ok && b < k; b++) {
+            const int s = (int)(items[b].seq - seq), i = items[b].pos;
+            memcpy(logits + ((size_t)s * n + i) * hp->n_vocab, out + (size_t)b * hp->n_vocab,
+                   (size_t)hp->n_vocab * sizeof(float));
+            if (together)
+                memcpy(sel + ((size_t)s * n + i) * hp->n_expert_used,
+                       c->moe.sel + (size_t)b * hp->n_expert_used, (size_t)hp->n_expert_used * sizeof(int32_t));
+        }
+        free(out);
+    }
+    CHECKF(ok, "run_seqs: %s", e.msg);
+    for (int s = 0; pool && s < n_seq; s++)
+        kvc_kv_seq_release(pool, &seq[s]);
+    kvc_compute_free(c);
+    kvc_kv_pool_free(pool);
+    return ok;
+}
+
+/* Conversations batched together are routed to different experts, and each
+ * token's logits are bitwise those of its conversation alone. */
+static void check_moe_mixed(const char *ftype)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/mixed-%s.gguf", tmpdir, ftype);
+    if (!make("qwen3moe", ftype, path))
+        return;
+    kvc_model *m = NULL;
+    char err[512];
+    CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "load: %s", err);
+    if (!m)
+        return;
+    enum { NS = 3, NT = 40 };
+    int32_t toks[NS * NT];
+    for (int i = 0; i < NS * NT; i++)
+        toks[i] = (int32_t)((2654435761u * (uint32_t)(i + 7)) % (uint32_t)m->hp.n_vocab);
+    const size_t nl = (size_t)NS * NT * m->hp.n_vocab;
+    float *alone = malloc(nl * sizeof(float)), *mixed = malloc(nl * sizeof(float));
+    int32_t *sel = malloc((size_t)NS * NT * m->hp.n_expert_used * sizeof(int32_t));
+    const kvc_isa def = kvc_kernels_isa();
+    for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_VNNI; isa++) {
+        if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK)
+            continue;
+        if (!run_seqs(m, toks, NS, NT, false, alone, NULL) || !run_seqs(m, toks, NS, NT, true, mixed, sel))
+            break;
+        CHECKF(memcmp(alone, mixed, nl * sizeof(float)) == 0,
+               "%s qwen3moe %s: a batch of %d conversations differs from each alone",
+               kvc_isa_name((kvc_isa)isa), ftype, NS);
+        /* the conversations' last tokens did not all pick the same experts */
+        int used[64] = { 0 }, distinct = 0;
+        for (int s = 0; s < NS; s++)
+            for (int j = 0; j < m->hp.n_expert_used; j++)
+                used[sel[((size_t)s * NT + NT - 1) * m->hp.n_expert_used + j]]++;
+        for (int x = 0; x < m->hp.n_expert; x++)
+            distinct += used[x] > 0;
+        CHECKF(distinct > m->hp.n_expert_used, "%d experts among %d conversations", distinct, NS);
+    }
+    kvc_kernels_set_isa(def);
+    free(alone);
+    free(mixed);
+    free(sel);
+    kvc_model_free(m);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_kernels_batch_XXXXXX");
     if (!mkdtemp(tmpdir))
         return 1;
-    check_model("q8_0");
-    check_model("q4_0");
-    check_model("q4_k");
-    check_model("q6_k");
-    check_model("f16");
+    check_model("qwen2", "q8_0");
+    check_model("qwen2", "q4_0");
+    check_model("qwen2", "q4_k");
+    check_model("qwen2", "q6_k");
+    check_model("qwen2", "f16");
+    check_model("qwen3moe", "q8_0");
+    check_model("qwen3moe", "q4_k");
+    check_model("qwen3moe", "mxfp4_moe");
+    check_moe_mixed("q8_0");
+    check_moe_mixed("f32");
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0)

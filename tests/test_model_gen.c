@@ -152,6 +152,51 @@ static void test_presets(void)
     CHECK(strcmp(p.arch, "qwen2") == 0 && p.n_layer == 24 && p.n_embd == 896 && p.n_head == 14 &&
           p.n_head_kv == 2 && p.head_dim == 64 && p.n_ff == 4864 && p.n_vocab == 151936 &&
           p.n_ctx == 32768 && p.rope_theta == 1e6f && p.tied);
+    CHECK_EQ_INT(kvc_gen_preset("qwen3-30b-a3b", &p), KVC_OK);
+    CHECK(strcmp(p.arch, "qwen3moe") == 0 && p.n_layer == 48 && p.n_embd == 2048 && p.n_head == 32 &&
+          p.n_head_kv == 4 && p.head_dim == 128 && p.n_expert == 128 && p.n_expert_used == 8 &&
+          p.n_ff_exp == 768 && p.n_vocab == 151936 && !p.tied);
+}
+
+/* A qwen3moe file: the expert keys, the 3-D expert tensors (GGUF ne = [in,
+ * out, experts]) in the file type's mix, the router left F32. */
+static void test_moe(void)
+{
+    kvc_gen_params p;
+    CHECK_EQ_INT(kvc_gen_preset("tiny-qwen3moe", &p), KVC_OK);
+    p.ftype = "q4_k_m";
+    p.n_embd = 256, p.n_ff_exp = 256, p.n_layer = 2, p.n_threads = 2;
+    void *buf = NULL;
+    size_t size = 0;
+    gguf_file *f = gen_open(&p, &buf, &size);
+    if (!f)
+        return;
+    CHECK_EQ_INT(get_i64(f, "qwen3moe.expert_count"), 8);
+    CHECK_EQ_INT(get_i64(f, "qwen3moe.expert_used_count"), 2);
+    CHECK_EQ_INT(get_i64(f, "qwen3moe.expert_feed_forward_length"), 256);
+    CHECK(gguf_find_tensor(f, "blk.0.ffn_gate.weight") == NULL);
+    const gguf_tensor *t = gguf_find_tensor(f, "blk.1.ffn_up_exps.weight");
+    CHECK(t && t->n_dims == 3 && t->ne[0] == 256 && t->ne[1] == 256 && t->ne[2] == 8 &&
+          t->type == KVC_TYPE_Q4_K && t->size == 8 * 256 * kvc_row_size(KVC_TYPE_Q4_K, 256));
+    t = gguf_find_tensor(f, "blk.1.ffn_down_exps.weight");      /* "more bits" layer */
+    CHECK(t && t->n_dims == 3 && t->type == KVC_TYPE_Q6_K);
+    expect_tensor(f, "blk.0.ffn_gate_inp.weight", 256, 8, KVC_TYPE_F32);
+    gguf_close(f);
+    free(buf);
+    p.ftype = "mxfp4_moe";                      /* gpt-oss's mix */
+    if (!(f = gen_open(&p, &buf, &size)))
+        return;
+    t = gguf_find_tensor(f, "blk.1.ffn_down_exps.weight");
+    CHECK(t && t->type == KVC_TYPE_MXFP4 && t->size == 8 * 256 * kvc_row_size(KVC_TYPE_MXFP4, 256));
+    expect_tensor(f, "blk.1.attn_v.weight", 256, 32, KVC_TYPE_Q8_0);
+    CHECK_EQ_INT(get_i64(f, "general.file_type"), 38);
+    expect_tensor(f, "blk.0.attn_q_norm.weight", 32, 1, KVC_TYPE_F32);
+    /* expert e's rows are a slice of one stream: expert 1 differs from expert 0 */
+    t = gguf_find_tensor(f, "blk.0.ffn_gate_exps.weight");
+    const size_t one = t ? t->size / 8 : 0;
+    CHECK(t && memcmp(t->data, (const uint8_t *)t->data + one, one) != 0);
+    gguf_close(f);
+    free(buf);
 }
 
 static void expect_invalid(const kvc_gen_params *p, const char *needle)
@@ -775,6 +820,7 @@ int main(void)
 {
     int64_t t0 = kvc_time_us();
     RUN(test_presets);
+    RUN(test_moe);
     RUN(test_bad_params);
     RUN(test_type_rules);
     RUN(test_archs_and_types);

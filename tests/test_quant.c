@@ -40,6 +40,9 @@ static void test_traits(void)
     CHECK_EQ_INT(kvc_type_from_name("bf16"), KVC_TYPE_BF16);
     CHECK_EQ_INT(kvc_type_from_name("q7_0"), -1);
     CHECK(kvc_type_info(KVC_TYPE_Q2_K) && !kvc_type_info(KVC_TYPE_Q2_K)->supported);
+    CHECK_EQ_INT(kvc_row_size(KVC_TYPE_MXFP4, 2880), 90 * 17);      /* gpt-oss's rows */
+    CHECK_EQ_INT(kvc_type_from_name("MXFP4"), KVC_TYPE_MXFP4);
+    CHECK(kvc_type_info(KVC_TYPE_MXFP4)->supported);
     CHECK(kvc_type_info(4) == NULL);  /* removed q4_2 has no size */
 }
 
@@ -108,6 +111,21 @@ static void test_blocks_32(void)
     }
     expect_row("q4_0", KVC_TYPE_Q4_0, &a, 32, want);
     CHECK(want[0] == -4.0 && want[15] == 3.5 && want[31] == -4.0);
+
+    /* MXFP4: e = 126 scales the E2M1 values (kvalues / 2) by 2^-1; e = 0 and 1
+     * are the subnormal scales 2^-128, 2^-127 (ggml's E8M0 "half") */
+    static const double e2m1[16] = { 0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6 };
+    const uint8_t exps[] = { 126, 0, 1, 127, 200 };
+    for (size_t k = 0; k < KVC_ARRAY_LEN(exps); k++) {
+        block_mxfp4 x = { .e = exps[k] };
+        for (int j = 0; j < 16; j++)
+            x.qs[j] = (uint8_t)(j | (15 - j) << 4);
+        for (int j = 0; j < 16; j++) {
+            want[j] = e2m1[j] * ldexp(1.0, exps[k] - 127);
+            want[j + 16] = e2m1[15 - j] * ldexp(1.0, exps[k] - 127);
+        }
+        expect_row("mxfp4", KVC_TYPE_MXFP4, &x, 32, want);
+    }
 
     block_q4_1 b = { .d = 0x3400, .m = 0xbc00 };   /* d = 0.25, m = -1 */
     memcpy(b.qs, a.qs, 16);
@@ -237,7 +255,7 @@ static void test_round_trip(void)
         { KVC_TYPE_F32, 0.0 },      { KVC_TYPE_F16, 3.2e-4 },   { KVC_TYPE_BF16, 2.6e-3 },
         { KVC_TYPE_Q8_0, 0.008 },   { KVC_TYPE_Q4_0, 0.12 },    { KVC_TYPE_Q4_1, 0.115 },
         { KVC_TYPE_Q5_0, 0.06 },    { KVC_TYPE_Q5_1, 0.056 },   { KVC_TYPE_Q4_K, 0.105 },
-        { KVC_TYPE_Q5_K, 0.053 },   { KVC_TYPE_Q6_K, 0.027 },
+        { KVC_TYPE_Q5_K, 0.053 },   { KVC_TYPE_Q6_K, 0.027 },   { KVC_TYPE_MXFP4, 0.17 },
     };
     enum { N = 4096 };
     static float x[N], y[N];

@@ -267,6 +267,23 @@ static void dq_q6_K(const block_q6_K *b, float *y, int64_t nb)
     }
 }
 
+/* MXFP4: the 16 codes of a half-block looked up in one byte shuffle. */
+static void dq_mxfp4(const block_mxfp4 *b, float *y, int64_t nb)
+{
+    const __m128i lut = _mm_loadu_si128((const __m128i *)kvc_mxfp4_values), c15 = _mm_set1_epi8(15);
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_MXFP4) {
+        const __m256 d = _mm256_set1_ps(kvc_e8m0_half(b->e));
+        const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+        const __m128i v[2] = { _mm_shuffle_epi8(lut, _mm_and_si128(q, c15)),
+                               _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), c15)) };
+        for (int h = 0; h < 2; h++) {
+            _mm256_storeu_ps(y + 16 * h, _mm256_mul_ps(i32f(_mm256_cvtepi8_epi32(v[h])), d));
+            _mm256_storeu_ps(y + 16 * h + 8,
+                             _mm256_mul_ps(i32f(_mm256_cvtepi8_epi32(_mm_srli_si128(v[h], 8))), d));
+        }
+    }
+}
+
 static void avx2_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
 {
     const kvc_type_traits *t = kvc_type_info(type);
@@ -283,6 +300,7 @@ static void avx2_dequantize_row(uint32_t type, const void *src, float *dst, int6
     case KVC_TYPE_Q4_K: dq_q4_K(src, dst, nb); break;
     case KVC_TYPE_Q5_K: dq_q5_K(src, dst, nb); break;
     case KVC_TYPE_Q6_K: dq_q6_K(src, dst, nb); break;
+    case KVC_TYPE_MXFP4: dq_mxfp4(src, dst, nb); break;
     default:            kvc_dequantize_row_ref(type, src, dst, n); break;
     }
 }

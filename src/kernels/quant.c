@@ -41,7 +41,7 @@ static const kvc_type_traits type_traits[KVC_TYPE_COUNT] = {
     [KVC_TYPE_BF16] = { "bf16", 1,     2,                  true  },
     [34]            = { "tq1_0",   QK_K, 54,               false },
     [35]            = { "tq2_0",   QK_K, 66,               false },
-    [39]            = { "mxfp4",   32,   17,               false },
+    [KVC_TYPE_MXFP4] = { "mxfp4", QK_MXFP4, sizeof(block_mxfp4), true },
 };
 
 const kvc_type_traits *kvc_type_info(uint32_t type)
@@ -193,6 +193,19 @@ static void dequant_q8_0(const block_q8_0 *b, float *y, int64_t nb)
     }
 }
 
+const int8_t kvc_mxfp4_values[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
+static void dequant_mxfp4(const block_mxfp4 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_MXFP4) {
+        const float d = kvc_e8m0_half(b->e);
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            y[j] = (float)kvc_mxfp4_values[b->qs[j] & 15] * d;
+            y[j + QK_MXFP4 / 2] = (float)kvc_mxfp4_values[b->qs[j] >> 4] * d;
+        }
+    }
+}
+
 /* Q4_K: 4 chunks of 64; in chunk c byte qs[32c + l] holds element 64c + l in
  * its low nibble (sub-block 2c) and element 64c + 32 + l in its high nibble. */
 static void dequant_q4_K(const block_q4_K *b, float *y, int64_t nb)
@@ -287,6 +300,7 @@ void kvc_dequantize_row_ref(uint32_t type, const void *src, float *dst, int64_t 
     case KVC_TYPE_Q4_K: dequant_q4_K(src, dst, nb); break;
     case KVC_TYPE_Q5_K: dequant_q5_K(src, dst, nb); break;
     case KVC_TYPE_Q6_K: dequant_q6_K(src, dst, nb); break;
+    case KVC_TYPE_MXFP4: dequant_mxfp4(src, dst, nb); break;
     default: break;
     }
 }
@@ -408,6 +422,36 @@ static void quant_q8_0(const float *x, block_q8_0 *b, int64_t nb)
         b->d = kvc_fp32_to_fp16(d);
         for (int j = 0; j < QK8_0; j++)
             b->qs[j] = (int8_t)roundf(x[j] * id);      /* ties away from zero, as ggml */
+    }
+}
+
+/* The code of the value nearest x / d (the lower code on a tie), as ggml's
+ * best_index_mxfp4. */
+static uint8_t mxfp4_code(float x, float d)
+{
+    int best = 0;
+    float best_err = fabsf(x - (float)kvc_mxfp4_values[0] * d);
+    for (int q = 1; q < 16; q++) {
+        const float err = fabsf(x - (float)kvc_mxfp4_values[q] * d);
+        if (err < best_err)
+            best = q, best_err = err;
+    }
+    return (uint8_t)best;
+}
+
+/* The shared exponent puts the block's largest magnitude in [4, 8) times
+ * 2^(e - 128), so it maps onto the top codes (6 and its neighbours). */
+static void quant_mxfp4(const float *x, block_mxfp4 *b, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, x += QK_MXFP4) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK_MXFP4; j++)
+            amax = KVC_MAX(amax, fabsf(x[j]));
+        const int e = amax > 0.0f ? (int)floorf(log2f(amax)) - 2 + 127 : 0;
+        b->e = (uint8_t)(e < 0 ? 0 : e > 254 ? 254 : e);
+        const float d = kvc_e8m0_half(b->e);
+        for (int j = 0; j < QK_MXFP4 / 2; j++)
+            b->qs[j] = (uint8_t)(mxfp4_code(x[j], d) | mxfp4_code(x[j + QK_MXFP4 / 2], d) << 4);
     }
 }
 
@@ -601,6 +645,7 @@ size_t kvc_quantize_row_ref(uint32_t type, const float *src, void *dst, int64_t 
     case KVC_TYPE_Q4_K: quant_q4_K(src, dst, nb); break;
     case KVC_TYPE_Q5_K: quant_q5_K(src, dst, nb); break;
     case KVC_TYPE_Q6_K: quant_q6_K(src, dst, nb); break;
+    case KVC_TYPE_MXFP4: quant_mxfp4(src, dst, nb); break;
     default: return 0;
     }
     return (size_t)nb * t->type_size;

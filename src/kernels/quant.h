@@ -24,6 +24,7 @@ enum kvc_type {
     KVC_TYPE_Q6_K = 14,
     KVC_TYPE_Q8_K = 15,
     KVC_TYPE_BF16 = 30,
+    KVC_TYPE_MXFP4 = 39,
     KVC_TYPE_COUNT = 40  /* ids below this may be known to GGUF; see kvc_type_traits */
 };
 
@@ -33,6 +34,7 @@ enum kvc_type {
 #define QK5_1 32
 #define QK8_0 32
 #define QK_K  256
+#define QK_MXFP4 32
 #define K_SCALE_SIZE 12
 
 typedef uint16_t kvc_fp16;  /* IEEE half, raw bits */
@@ -61,6 +63,11 @@ typedef struct {                   /* 16 sub-blocks of 16: x = d * sc * (q - 32)
     kvc_fp16 d;
 } block_q6_K;
 
+/* OCP microscaling FP4 (gpt-oss's experts): x = 2^(e - 127) * E2M1(q), the
+ * E2M1 code's value being kvc_mxfp4_values[q] / 2. Element j < 16 is the
+ * low nibble of qs[j], element j + 16 its high nibble (as Q4_0). */
+typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
+
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 layout");
 _Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 layout");
 _Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 layout");
@@ -69,6 +76,21 @@ _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 layout");
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
+_Static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 layout");
+
+/* E2M1 values doubled (ggml's kvalues_mxfp4): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+ * their negatives, times 2. */
+extern const int8_t kvc_mxfp4_values[16];
+
+/* An MXFP4 block's scale with the E2M1 halving folded in: 2^(e - 128) as a
+ * float, exact for every e (e < 2 gives the subnormals), as ggml's
+ * GGML_E8M0_TO_FP32_HALF. */
+static inline float kvc_e8m0_half(uint8_t e)
+{
+    union { uint32_t u; float f; } v;
+    v.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return v.f;
+}
 
 typedef struct kvc_type_traits {
     const char *name;        /* "q4_K" */

@@ -1,7 +1,9 @@
 /* forward.c - the forward pass over a batch of tokens, reading and writing the
  * paged KV pool.
  *
- * Order of one layer (llama / qwen2 / qwen3, as llama.cpp runs them):
+ * A layer is a sequence of steps chosen by its kinds (arch.h; layer_forward).
+ * Order of a full-attention, dense-FFN layer (llama / qwen2 / qwen3, as
+ * llama.cpp runs them):
  *   h = rmsnorm(x) * attn_norm
  *   q, k, v = h Wq, h Wk, h Wv   (+ biases: qwen2)   (per-head rmsnorm of q, k: qwen3)
  *   rope(q, k at pos); store k, v in the pool (rounded to the pool's type)
@@ -17,41 +19,12 @@
  * from the pool exactly as a later decode step would. So a token's logits do
  * not depend on the batch, its split into chunks, or the thread count. */
 #include "attention.h"
-#include "model.h"
+#include "forward.h"
 #include "quant.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct kvc_compute {
-    const kvc_model *m;
-    kvc_threadpool  *tp;
-    int32_t  max_batch;
-    int32_t  max_ctx;
-    /* activations, max_batch rows each */
-    float   *x;           /* [n][n_embd] residual stream */
-    float   *h;           /* [n][n_embd] normalised input of a sublayer */
-    float   *q;           /* [n][n_head * hd] */
-    float   *k;           /* [n][n_head_kv * hd] */
-    float   *v;           /* [n][n_head_kv * hd] */
-    float   *att;         /* [n][n_head * hd] attention output */
-    float   *gate;        /* [n][n_ff] */
-    float   *up;          /* [n][n_ff] */
-    float   *rope_cos;    /* [n][hd / 2] */
-    float   *rope_sin;    /* [n][hd / 2] */
-    double  *inv_freq;    /* [hd / 2] theta^(-2i/hd) */
-    int32_t *tiles;       /* [max_batch + 1] first batch index of each attention tile, then n */
-    int32_t  tile_tok;    /* tokens per attention tile at most */
-    /* per-thread scratch */
-    float  **mm_scratch;  /* [thread][kvc_matmul_scratch_floats(max n_in)] */
-    void    *mm_act;      /* [kvc_matmul_act_bytes(max n_in, max_batch)] quantized activations, or NULL */
-    size_t   mm_act_bytes;
-    float  **scores;      /* [thread][kvc_attn_scratch_floats(tile_tok * group)] attention state */
-    float  **krow;        /* [thread][2 * max_ctx * hd] K, V of a Q8_0 pool as f32, made lazily */
-    const void **blk;     /* [thread][2 * max_blocks] block pointers for attention */
-};
 
 /* ------------------------------------------------------------ lifetime */
 
@@ -79,8 +52,8 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->k = alloc_f(B * nkv);
     c->v = alloc_f(B * nkv);
     c->att = alloc_f(B * nq);
-    c->gate = alloc_f(B * hp->n_ff);
-    c->up = alloc_f(B * hp->n_ff);
+    c->gate = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));       /* n_ff is 0 in some MoE files */
+    c->up = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));
     c->rope_cos = alloc_f(B * hd / 2);
     c->rope_sin = alloc_f(B * hd / 2);
     c->inv_freq = malloc(hd / 2 * sizeof(double));
@@ -98,6 +71,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
               c->rope_cos && c->rope_sin && c->inv_freq && c->tiles && c->tp && c->mm_scratch &&
               c->scores && c->krow && c->blk;
     int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
+    max_in = KVC_MAX(max_in, KVC_MAX((int64_t)hp->n_ff_exp, (int64_t)hp->n_ff_shexp));
     c->mm_act_bytes = kvc_matmul_act_bytes(max_in, max_batch);   /* 0 on ISAs that do not use them */
     if (ok && c->mm_act_bytes) {
         c->mm_act = kvc_alloc_aligned(c->mm_act_bytes);
@@ -111,6 +85,10 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     if (!ok) {
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating activations");
+    }
+    if (hp->n_expert > 0 && kvc_moe_alloc(c) != KVC_OK) {
+        kvc_compute_free(c);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the experts' buffers");
     }
     for (size_t i = 0; i < hd / 2; i++)
         c->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)hd);
@@ -131,6 +109,7 @@ void kvc_compute_free(kvc_compute *c)
         if (c->krow)
             kvc_free_aligned(c->krow[t]);
     }
+    kvc_moe_free(c);
     kvc_threadpool_free(c->tp);
     free(c->mm_scratch);
     kvc_free_aligned(c->mm_act);
@@ -201,7 +180,7 @@ static void mm_task(void *ctx, int64_t task, int thread)
  * dispatch. Any split gives the same values (kernels.h). Kernels that quantize x (kernels.h,
  * "prepared activations") get it quantized once for all n, split by tokens,
  * instead of once per row range; the values are the same. */
-static void matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const kvc_weight *const w[],
+void kvc_fwd_matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const kvc_weight *const w[],
                      float *const y[], const int64_t ldy[])
 {
     const int nt = kvc_threadpool_n_threads(c->tp);
@@ -234,7 +213,7 @@ static void matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const
 
 static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t n_tok, float *y, int64_t ldy)
 {
-    matmul_n(c, x, n_tok, 1, &w, &y, &ldy);
+    kvc_fwd_matmul_n(c, x, n_tok, 1, &w, &y, &ldy);
 }
 
 /* ------------------------------------------------------- per-token math */
@@ -312,19 +291,6 @@ static void load_k(uint32_t type, const void *head, int32_t r, int32_t B, size_t
 
 /* ------------------------------------------------------------ the batch */
 
-typedef struct fwd {
-    kvc_compute          *c;
-    kvc_kv_pool          *pool;
-    const kvc_batch_item *items;
-    int32_t               n;
-    int32_t               layer;
-    uint32_t              kv_type;
-    int32_t               B;           /* tokens per block */
-    int32_t               n_tiles;     /* attention tiles: c->tiles[0 .. n_tiles] */
-    size_t                row_bytes;   /* one head row in the pool */
-    atomic_bool           failed;      /* out of memory inside a task */
-} fwd;
-
 static void embed_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
@@ -359,7 +325,7 @@ static void attn_norm_task(void *ctx, int64_t i, int thread)
 }
 
 /* Row i: x += the attention's output, then the FFN's norm. */
-static void ffn_norm_task(void *ctx, int64_t i, int thread)
+void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
     const kvc_hparams *hp = &f->c->m->hp;
@@ -398,15 +364,15 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     kvc_compute *c = f->c;
     const kvc_hparams *hp = &c->m->hp;
     const kvc_layer *L = &c->m->layers[f->layer];
-    const int32_t hd = hp->head_dim, half = hd / 2;
-    float *q = c->q + i * hp->n_head * hd;
-    float *k = c->k + i * hp->n_head_kv * hd;
-    float *v = c->v + i * hp->n_head_kv * hd;
-    add_bias(q, L->bq, (int64_t)hp->n_head * hd);
-    add_bias(k, L->bk, (int64_t)hp->n_head_kv * hd);
-    add_bias(v, L->bv, (int64_t)hp->n_head_kv * hd);
+    const int32_t hd = L->head_dim, half = hd / 2;
+    float *q = c->q + i * L->n_head * hd;
+    float *k = c->k + i * L->n_head_kv * hd;
+    float *v = c->v + i * L->n_head_kv * hd;
+    add_bias(q, L->bq, (int64_t)L->n_head * hd);
+    add_bias(k, L->bk, (int64_t)L->n_head_kv * hd);
+    add_bias(v, L->bv, (int64_t)L->n_head_kv * hd);
     const float *cs = c->rope_cos + i * half, *sn = c->rope_sin + i * half;
-    for (int32_t h = 0; h < hp->n_head; h++) {
+    for (int32_t h = 0; h < L->n_head; h++) {
         if (L->q_norm)
             rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
         rope_head(q + h * hd, cs, sn, hd, hp->rope_neox);
@@ -414,7 +380,7 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     const kvc_batch_item *it = &f->items[i];
     int32_t blk = it->seq->blocks[it->pos / f->B];
     size_t off = (size_t)(it->pos % f->B) * f->row_bytes;
-    for (int32_t h = 0; h < hp->n_head_kv; h++) {
+    for (int32_t h = 0; h < L->n_head_kv; h++) {
         if (L->k_norm)
             rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
         rope_head(k + h * hd, cs, sn, hd, hp->rope_neox);
@@ -468,8 +434,8 @@ static void attn_task(void *ctx, int64_t task, int thread)
 {
     fwd *f = ctx;
     kvc_compute *c = f->c;
-    const kvc_hparams *hp = &c->m->hp;
-    const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    const int32_t hd = L->head_dim, group = L->n_head / L->n_head_kv;
     const int64_t tile = task % f->n_tiles;
     const int32_t kvh = (int32_t)(task / f->n_tiles);
     const int32_t i0 = c->tiles[tile], n_tok = c->tiles[tile + 1] - i0;
@@ -487,7 +453,7 @@ static void attn_task(void *ctx, int64_t task, int thread)
             vb[b] = kvc_kv_v(f->pool, it->seq->blocks[b], f->layer, kvh);
         }
     }
-    const int64_t ld = (int64_t)hp->n_head * hd;
+    const int64_t ld = (int64_t)L->n_head * hd;
     const size_t off = (size_t)i0 * ld + (size_t)kvh * group * hd;
     kvc_attn_args a = {
         .n_tok = n_tok, .n_q = group, .hd = hd, .n_pos = (int64_t)it->pos + 1,
@@ -520,26 +486,58 @@ static int32_t make_tiles(kvc_compute *c, const kvc_batch_item *items, int32_t n
     return nt;
 }
 
-static void layer_forward(fwd *f)
+/* ------------------------------------------------------------ layer steps */
+
+/* A layer is its attention step then its FFN step, chosen by the layer's
+ * kinds (arch.h). Each step starts with its norm task, which first adds the
+ * previous step's output (left in h) to the residual stream x. */
+typedef void (*layer_step)(fwd *f);
+
+/* Full causal attention (llama, qwen2, qwen3: biases and QK-norm are the
+ * layer's optional tensors). */
+static void attn_full_step(fwd *f)
 {
     kvc_compute *c = f->c;
-    const kvc_hparams *hp = &c->m->hp;
     const kvc_layer *L = &c->m->layers[f->layer];
-    const int64_t n = f->n, d = hp->n_embd;
-    const int64_t nq = (int64_t)hp->n_head * hp->head_dim, nkv = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t n = f->n, d = c->m->hp.n_embd;
+    const int64_t nq = (int64_t)L->n_head * L->head_dim, nkv = (int64_t)L->n_head_kv * L->head_dim;
 
     kvc_threadpool_run(c->tp, n, attn_norm_task, f);
-    matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
+    kvc_fwd_matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
              (float *[]){ c->q, c->k, c->v }, (const int64_t[]){ nq, nkv, nkv });
     kvc_threadpool_run(c->tp, n, qkv_task, f);
-    kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * hp->n_head_kv, attn_task, f);
+    kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * L->n_head_kv, attn_task, f);
     matmul(c, &L->wo, c->att, n, c->h, d);
+}
 
-    kvc_threadpool_run(c->tp, n, ffn_norm_task, f);
-    matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->w_gate, &L->w_up }, (float *[]){ c->gate, c->up },
-             (const int64_t[]){ hp->n_ff, hp->n_ff });
+/* The dense gated FFN: down(silu(gate h) * up h). */
+static void ffn_dense_step(fwd *f)
+{
+    kvc_compute *c = f->c;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    const int64_t n = f->n, d = c->m->hp.n_embd, n_ff = c->m->hp.n_ff;
+
+    kvc_threadpool_run(c->tp, n, kvc_fwd_ffn_norm_task, f);
+    kvc_fwd_matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->w_gate, &L->w_up }, (float *[]){ c->gate, c->up },
+             (const int64_t[]){ n_ff, n_ff });
     kvc_threadpool_run(c->tp, n, ffn_act_task, f);
     matmul(c, &L->w_down, c->gate, n, c->h, d);
+}
+
+static const layer_step attn_steps[] = {
+    [KVC_ATTN_FULL] = attn_full_step,
+};
+
+static const layer_step ffn_steps[] = {
+    [KVC_FFN_DENSE] = ffn_dense_step,
+    [KVC_FFN_MOE]   = kvc_moe_step,
+};
+
+static void layer_forward(fwd *f)
+{
+    const kvc_layer *L = &f->c->m->layers[f->layer];
+    attn_steps[L->attn](f);
+    ffn_steps[L->ffn](f);
 }
 
 /* Check the batch against the rules of kvc_compute_forward before touching

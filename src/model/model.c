@@ -2,101 +2,138 @@
 #include "model.h"
 #include "quant.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const arch_names[] = { "llama", "qwen2", "qwen3" };
-
 /* ------------------------------------------------------- hyperparameters */
 
-static int get_arch_u32(const gguf_file *f, const char *arch, const char *suffix,
-                        bool required, uint32_t *out, kvc_err *err)
+/* One key of the row into its field; absent optional keys take their default
+ * (NAN: leave the row's default in place). */
+static int read_key(const gguf_file *f, const char *an, const kvc_arch_key *k, kvc_hparams *hp,
+                    kvc_err *err)
 {
     char key[128];
-    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
-    int rc = gguf_get_u32(f, key, out, err);
-    if (rc == KVC_ERR_NOT_FOUND && !required)
-        return KVC_OK;
-    if (rc == KVC_ERR_NOT_FOUND)
+    snprintf(key, sizeof(key), "%s.%s", an, k->suffix);
+    void *field = (uint8_t *)hp + k->field;
+    uint32_t u = 0;
+    float x = 0.0f;
+    bool b = false;
+    int rc = k->type == KVC_KEY_U32 ? gguf_get_u32(f, key, &u, err)
+           : k->type == KVC_KEY_F32 ? gguf_get_f32(f, key, &x, err)
+                                    : gguf_get_bool(f, key, &b, err);
+    if (rc == KVC_ERR_NOT_FOUND && k->required)
         return kvc_fail(err, rc, "metadata key %s missing", key);
-    return rc;
+    if (rc == KVC_ERR_NOT_FOUND) {
+        if (isnan(k->def))
+            return KVC_OK;
+        u = (uint32_t)k->def, x = k->def, b = k->def != 0.0f;
+    } else if (rc) {
+        return rc;
+    }
+    if (k->type == KVC_KEY_U32 && u > (uint32_t)INT32_MAX)
+        return kvc_fail(err, KVC_ERR_FORMAT, "metadata key %s: %u out of range", key, u);
+    if (k->type == KVC_KEY_U32)
+        *(int32_t *)field = (int32_t)u;
+    else if (k->type == KVC_KEY_F32)
+        *(float *)field = x;
+    else
+        *(bool *)field = b;
+    return KVC_OK;
 }
 
-static int get_arch_f32(const gguf_file *f, const char *arch, const char *suffix,
-                        float *out, kvc_err *err)
+/* The row of the file's architecture, or an error naming it. */
+static int find_arch(const gguf_file *f, const kvc_arch **out, kvc_err *err)
 {
-    char key[128];
-    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
-    int rc = gguf_get_f32(f, key, out, err);
-    return rc == KVC_ERR_NOT_FOUND ? KVC_OK : rc;
-}
-
-static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
-{
-    char *arch = NULL;
-    int rc = gguf_get_str(f, "general.architecture", &arch, err);
+    char *name = NULL;
+    int rc = gguf_get_str(f, "general.architecture", &name, err);
     if (rc == KVC_ERR_NOT_FOUND)
         return kvc_fail(err, rc, "metadata key general.architecture missing");
     if (rc)
         return rc;
-    int a = -1;
-    for (int i = 0; i < (int)KVC_ARRAY_LEN(arch_names); i++)
-        if (strcmp(arch, arch_names[i]) == 0)
-            a = i;
-    if (a < 0) {
-        kvc_fail(err, KVC_ERR_UNSUPPORTED, "architecture '%.64s' not supported (llama, qwen2, qwen3)", arch);
-        free(arch);
-        return KVC_ERR_UNSUPPORTED;
-    }
-    free(arch);
-    memset(hp, 0, sizeof(*hp));
-    hp->arch = (kvc_arch)a;
-    snprintf(hp->arch_name, sizeof(hp->arch_name), "%s", arch_names[a]);
-    const char *an = hp->arch_name;
+    const kvc_arch *a = kvc_arch_find(name);
+    char known[128];
+    kvc_arch_names(known, sizeof(known));
+    if (!a)
+        rc = kvc_fail(err, KVC_ERR_UNSUPPORTED, "architecture '%.64s' not supported (%s)", name, known);
+    else if (a->unsupported)
+        rc = kvc_fail(err, KVC_ERR_UNSUPPORTED, "architecture %s: %s", a->name, a->unsupported);
+    free(name);
+    *out = a;
+    return rc;
+}
 
-    uint32_t n_ctx = 0, n_embd, n_layer, n_head, n_head_kv = 0, n_ff, key_len = 0, val_len = 0;
-    if ((rc = get_arch_u32(f, an, "context_length", false, &n_ctx, err)) ||
-        (rc = get_arch_u32(f, an, "embedding_length", true, &n_embd, err)) ||
-        (rc = get_arch_u32(f, an, "block_count", true, &n_layer, err)) ||
-        (rc = get_arch_u32(f, an, "attention.head_count", true, &n_head, err)) ||
-        (rc = get_arch_u32(f, an, "attention.head_count_kv", false, &n_head_kv, err)) ||
-        (rc = get_arch_u32(f, an, "feed_forward_length", true, &n_ff, err)) ||
-        (rc = get_arch_u32(f, an, "attention.key_length", false, &key_len, err)) ||
-        (rc = get_arch_u32(f, an, "attention.value_length", false, &val_len, err)))
+static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
+{
+    const kvc_arch *a = NULL;
+    int rc = find_arch(f, &a, err);
+    if (rc)
         return rc;
-    hp->rms_eps = 1e-5f;
-    hp->rope_theta = 10000.0f;
-    if ((rc = get_arch_f32(f, an, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)) ||
-        (rc = get_arch_f32(f, an, "rope.freq_base", &hp->rope_theta, err)))
-        return rc;
-    if (n_head_kv == 0)
-        n_head_kv = n_head;
-    const uint32_t lim = 1u << 20;
-    if (n_embd == 0 || n_embd > lim || n_layer == 0 || n_layer > 4096 || n_head == 0 ||
-        n_head > 4096 || n_head_kv > n_head || n_head % n_head_kv != 0 || n_ff == 0 || n_ff > lim)
+    memset(hp, 0, sizeof(*hp));
+    hp->arch = a;
+    snprintf(hp->arch_name, sizeof(hp->arch_name), "%s", a->name);
+    hp->rope_neox = a->rope_neox;
+    hp->moe_gating = a->gating;
+    hp->moe_norm_w = a->moe_norm_w;
+    hp->ffn_act = a->act;
+    for (const kvc_arch_key *const *list = a->keys; *list; list++)
+        for (const kvc_arch_key *k = *list; k->suffix; k++)
+            if ((rc = read_key(f, a->name, k, hp, err)))
+                return rc;
+    if (hp->n_head_kv == 0)
+        hp->n_head_kv = hp->n_head;
+    const int32_t lim = 1 << 20;
+    const bool moe = a->ffn == KVC_FFN_MOE;
+    if (hp->n_embd <= 0 || hp->n_embd > lim || hp->n_layer <= 0 || hp->n_layer > 4096 ||
+        hp->n_head <= 0 || hp->n_head > 4096 || hp->n_head_kv > hp->n_head ||
+        hp->n_head % hp->n_head_kv != 0 || (!moe && (hp->n_ff <= 0 || hp->n_ff > lim)))
         return kvc_fail(err, KVC_ERR_FORMAT,
-                        "bad hyperparameters: n_embd %u, layers %u, heads %u, kv heads %u, n_ff %u",
-                        n_embd, n_layer, n_head, n_head_kv, n_ff);
-    if (key_len == 0)
-        key_len = n_embd / n_head;
-    if (val_len == 0)
-        val_len = key_len;
-    if (key_len != val_len || key_len == 0 || key_len % 2 != 0 || key_len > 1024)
-        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "head dimension %u (value %u) not supported",
-                        key_len, val_len);
+                        "bad hyperparameters: n_embd %d, layers %d, heads %d, kv heads %d, n_ff %d",
+                        hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->n_ff);
+    if (moe) {
+        if (hp->n_ff_exp == 0 && hp->n_expert_used > 0)
+            hp->n_ff_exp = hp->n_ff / hp->n_expert_used;       /* llama.cpp's fallback */
+        if (hp->n_ff_shexp == 0)
+            hp->n_ff_shexp = hp->n_ff_exp;
+        if (hp->n_expert <= 0 || hp->n_expert > 4096 || hp->n_expert_used <= 0 ||
+            hp->n_expert_used > hp->n_expert || hp->n_ff_exp <= 0 || hp->n_ff_exp > lim ||
+            hp->n_ff_shexp > lim)
+            return kvc_fail(err, KVC_ERR_FORMAT, "bad expert hyperparameters: %d experts, %d used, width %d",
+                            hp->n_expert, hp->n_expert_used, hp->n_ff_exp);
+        if (hp->moe_gating < KVC_GATING_SOFTMAX || hp->moe_gating > KVC_GATING_SOFTMAX_WEIGHT)
+            return kvc_fail(err, KVC_ERR_UNSUPPORTED, "expert gating function %d not supported",
+                            hp->moe_gating);
+    }
+    if (hp->head_dim == 0)
+        hp->head_dim = hp->n_embd / hp->n_head;
+    if (hp->value_dim == 0)
+        hp->value_dim = hp->head_dim;
+    if (hp->head_dim != hp->value_dim || hp->head_dim == 0 || hp->head_dim % 2 != 0 || hp->head_dim > 1024)
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "head dimension %d (value %d) not supported",
+                        hp->head_dim, hp->value_dim);
     if (!(hp->rms_eps > 0.0f) || !(hp->rope_theta > 0.0f))
         return kvc_fail(err, KVC_ERR_FORMAT, "bad rms epsilon %g or rope base %g",
                         hp->rms_eps, hp->rope_theta);
-    hp->n_ctx_train = n_ctx ? (int32_t)KVC_MIN(n_ctx, (uint32_t)INT32_MAX) : 4096;
-    hp->n_embd = (int32_t)n_embd;
-    hp->n_layer = (int32_t)n_layer;
-    hp->n_head = (int32_t)n_head;
-    hp->n_head_kv = (int32_t)n_head_kv;
-    hp->head_dim = (int32_t)key_len;
-    hp->n_ff = (int32_t)n_ff;
-    hp->rope_neox = hp->arch == KVC_ARCH_QWEN2 || hp->arch == KVC_ARCH_QWEN3;
+    if (hp->n_ctx_train == 0)
+        hp->n_ctx_train = 4096;
     return KVC_OK;
+}
+
+/* Every layer's kinds and attention shape (uniform for the rows so far). */
+static void layer_hparams(kvc_model *m)
+{
+    const kvc_hparams *hp = &m->hp;
+    for (int il = 0; il < hp->n_layer; il++) {
+        kvc_layer *L = &m->layers[il];
+        L->attn = KVC_ATTN_FULL;
+        L->ffn = hp->arch->ffn;
+        L->n_head = hp->n_head;
+        L->n_head_kv = hp->n_head_kv;
+        L->head_dim = hp->head_dim;
+        L->rope_theta = hp->rope_theta;
+        L->window = 0;
+    }
 }
 
 /* ------------------------------------------------------------- tensors */
@@ -107,129 +144,144 @@ typedef struct binder {
     float     *owned_next;    /* where the next converted 1-D weight goes */
 } binder;
 
-static int shape_error(kvc_err *err, const gguf_tensor *t, const char *name,
-                       int64_t ne0, int64_t ne1)
+static int shape_error(kvc_err *err, const gguf_tensor *t, const char *name, const int64_t ne[3])
 {
     return kvc_fail(err, KVC_ERR_FORMAT,
-                    "tensor %s: shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
+                    "tensor %s: shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %lld]", name,
                     (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                    (long long)t->ne[3], (long long)ne0, (long long)ne1);
+                    (long long)t->ne[3], (long long)ne[0], (long long)ne[1], (long long)ne[2]);
 }
 
-static const gguf_tensor *find(binder *b, const char *name, bool required, int *rc)
+/* The value of dimension d for layer L (NULL: a global tensor). */
+static int64_t dim_of(const kvc_hparams *hp, const kvc_layer *L, uint8_t d)
 {
-    const gguf_tensor *t = gguf_find_tensor(b->m->gguf, name);
-    if (!t && required)
-        *rc = kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor %s missing", name);
-    return t;
+    const int64_t hd = L ? L->head_dim : hp->head_dim;
+    switch ((kvc_dim)d) {
+    case KVC_D1:         return 1;
+    case KVC_D_EMBD:     return hp->n_embd;
+    case KVC_D_VOCAB:    return hp->n_vocab;
+    case KVC_D_Q:        return (L ? L->n_head : hp->n_head) * hd;
+    case KVC_D_KV:       return (L ? L->n_head_kv : hp->n_head_kv) * hd;
+    case KVC_D_HEAD:     return hd;
+    case KVC_D_FF:       return hp->n_ff;
+    case KVC_D_EXP:      return hp->n_expert;
+    case KVC_D_FF_EXP:   return hp->n_ff_exp;
+    case KVC_D_FF_EXP2:  return 2 * (int64_t)hp->n_ff_exp;
+    case KVC_D_FF_SHEXP: return hp->n_ff_shexp;
+    }
+    return 0;
 }
 
-/* A matrix of n_out rows of n_in, in any supported type. */
-static int bind_matrix(binder *b, const char *name, int64_t n_in, int64_t n_out,
-                       bool required, kvc_weight *w)
+/* Bind tensor `name` of table entry t with shape ne to the field at base +
+ * t->field: a float vector, a matrix or a stack of expert matrices. */
+static int bind_one(binder *b, const kvc_arch_tensor *t, const char *name, const int64_t ne[3],
+                    bool required, void *base)
 {
-    int rc = KVC_OK;
-    const gguf_tensor *t = find(b, name, required, &rc);
-    if (!t)
-        return rc;
-    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != 1 || t->ne[3] != 1)
-        return shape_error(b->err, t, name, n_in, n_out);
-    const kvc_type_traits *tr = kvc_type_info(t->type);
+    const gguf_tensor *g = gguf_find_tensor(b->m->gguf, name);
+    void *field = (uint8_t *)base + t->field;
+    if (!g)
+        return required ? kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor %s missing", name) : KVC_OK;
+    if (g->ne[0] != ne[0] || g->ne[1] != ne[1] || g->ne[2] != ne[2] || g->ne[3] != 1)
+        return shape_error(b->err, g, name, ne);
+    const kvc_type_traits *tr = kvc_type_info(g->type);
     if (!tr || !tr->supported)
         return kvc_fail(b->err, KVC_ERR_UNSUPPORTED, "tensor %s: type %u (%s) not supported",
-                        name, t->type, tr ? tr->name : "unknown");
-    w->type = t->type;
-    w->n_in = n_in;
-    w->n_out = n_out;
-    w->row_bytes = kvc_row_size(t->type, n_in);
-    w->data = t->data;
-    b->m->n_params += (uint64_t)(n_in * n_out);
-    b->m->weight_bytes += t->size;
+                        name, g->type, tr ? tr->name : "unknown");
+    const int64_t n = ne[0] * ne[1] * ne[2];
+    b->m->n_params += (uint64_t)n;
+    b->m->weight_bytes += g->size;
+    if (t->is_float) {
+        /* norm weights and biases as f32: in place when they are, else converted */
+        const float **out = field;
+        if (g->type == KVC_TYPE_F32 && ((uintptr_t)g->data & 3) == 0) {
+            *out = g->data;
+            return KVC_OK;
+        }
+        kvc_dequantize_row_ref(g->type, g->data, b->owned_next, n);
+        *out = b->owned_next;
+        b->owned_next += n;
+        return KVC_OK;
+    }
+    kvc_weight w = { g->type, ne[0], ne[1], kvc_row_size(g->type, ne[0]), g->data };
+    if (ne[2] == 1) {
+        *(kvc_weight *)field = w;
+    } else {
+        kvc_experts *x = field;
+        x->w = w;
+        x->n = (int32_t)ne[2];
+        x->stride = w.row_bytes * (size_t)ne[1];
+    }
     return KVC_OK;
 }
 
-/* A vector of n floats (norm weight or bias); F16/BF16 are converted. */
-static int bind_vector(binder *b, const char *name, int64_t n, bool required, const float **out)
+static bool applies(const kvc_arch_tensor *t, const kvc_layer *L)
 {
-    int rc = KVC_OK;
-    const gguf_tensor *t = find(b, name, required, &rc);
-    *out = NULL;
-    if (!t)
-        return rc;
-    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return shape_error(b->err, t, name, n, 1);
-    b->m->n_params += (uint64_t)n;
-    b->m->weight_bytes += t->size;
-    if (t->type == KVC_TYPE_F32 && ((uintptr_t)t->data & 3) == 0) {
-        *out = t->data;
-        return KVC_OK;
-    }
-    const kvc_type_traits *tr = kvc_type_info(t->type);
-    if (!tr || !tr->supported)
-        return kvc_fail(b->err, KVC_ERR_UNSUPPORTED, "tensor %s: type %u not supported", name, t->type);
-    kvc_dequantize_row_ref(t->type, t->data, b->owned_next, n);
-    *out = b->owned_next;
-    b->owned_next += n;
-    return KVC_OK;
+    return t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE && L->ffn == KVC_FFN_DENSE) ||
+           (t->when == KVC_ON_MOE && L->ffn == KVC_FFN_MOE);
 }
 
 static int bind_layer(binder *b, int il)
 {
-    kvc_model *m = b->m;
-    const kvc_hparams *hp = &m->hp;
-    kvc_layer *L = &m->layers[il];
-    const int64_t d = hp->n_embd, hd = hp->head_dim;
-    const int64_t nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
-    const bool qwen2 = hp->arch == KVC_ARCH_QWEN2, qwen3 = hp->arch == KVC_ARCH_QWEN3;
+    const kvc_hparams *hp = &b->m->hp;
+    kvc_layer *L = &b->m->layers[il];
     char name[96];
     int rc;
-#define NAME(s) (snprintf(name, sizeof(name), "blk.%d.%s", il, s), name)
-    if ((rc = bind_vector(b, NAME("attn_norm.weight"), d, true, &L->attn_norm)) ||
-        (rc = bind_matrix(b, NAME("attn_q.weight"), d, nq, true, &L->wq)) ||
-        (rc = bind_matrix(b, NAME("attn_k.weight"), d, nkv, true, &L->wk)) ||
-        (rc = bind_matrix(b, NAME("attn_v.weight"), d, nkv, true, &L->wv)) ||
-        (rc = bind_matrix(b, NAME("attn_output.weight"), nq, d, true, &L->wo)) ||
-        (rc = bind_vector(b, NAME("attn_q.bias"), nq, qwen2, &L->bq)) ||
-        (rc = bind_vector(b, NAME("attn_k.bias"), nkv, qwen2, &L->bk)) ||
-        (rc = bind_vector(b, NAME("attn_v.bias"), nkv, qwen2, &L->bv)) ||
-        (rc = bind_vector(b, NAME("attn_q_norm.weight"), hd, qwen3, &L->q_norm)) ||
-        (rc = bind_vector(b, NAME("attn_k_norm.weight"), hd, qwen3, &L->k_norm)) ||
-        (rc = bind_vector(b, NAME("ffn_norm.weight"), d, true, &L->ffn_norm)) ||
-        (rc = bind_matrix(b, NAME("ffn_gate.weight"), d, hp->n_ff, true, &L->w_gate)) ||
-        (rc = bind_matrix(b, NAME("ffn_up.weight"), d, hp->n_ff, true, &L->w_up)) ||
-        (rc = bind_matrix(b, NAME("ffn_down.weight"), hp->n_ff, d, true, &L->w_down)))
-        return rc;
-#undef NAME
+    for (const kvc_arch_tensor *const *list = hp->arch->tensors; *list; list++)
+        for (const kvc_arch_tensor *t = *list; t->name; t++) {
+            if (!applies(t, L))
+                continue;
+            const int64_t ne[3] = { dim_of(hp, L, t->ne[0]), dim_of(hp, L, t->ne[1]),
+                                    dim_of(hp, L, t->ne[2]) };
+            snprintf(name, sizeof(name), "blk.%d.%s", il, t->name);
+            if ((rc = bind_one(b, t, name, ne, !(t->flags & (KVC_T_OPTIONAL | KVC_T_FUSED_ALT)), L)))
+                return rc;
+        }
+    if (L->ffn == KVC_FFN_MOE && !L->gate_up_exps.n && (!L->gate_exps.n || !L->up_exps.n))
+        return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
+                        L->gate_exps.n ? "ffn_up_exps.weight" : "ffn_gate_exps.weight");
+    if (L->shexp_gate.data && (!L->shexp_up.data || !L->shexp_down.data))
+        return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.ffn_%s_shexp.weight missing", il,
+                        L->shexp_up.data ? "down" : "up");
     return KVC_OK;
 }
 
-/* Floats needed to hold every 1-D weight converted to f32, at most. */
-static int64_t owned_floats(const kvc_hparams *hp)
+/* Floats needed to hold every f32 weight (vectors, expert biases) converted,
+ * at most: the table's float tensors over every layer, and output_norm. */
+static int64_t owned_floats(const kvc_model *m)
 {
-    int64_t per_layer = 2 * (int64_t)hp->n_embd + (int64_t)(hp->n_head + 2 * hp->n_head_kv) * hp->head_dim +
-                        2 * (int64_t)hp->head_dim;
-    return per_layer * hp->n_layer + hp->n_embd;
+    const kvc_hparams *hp = &m->hp;
+    int64_t n = hp->n_embd;
+    for (int il = 0; il < hp->n_layer; il++)
+        for (const kvc_arch_tensor *const *list = hp->arch->tensors; *list; list++)
+            for (const kvc_arch_tensor *t = *list; t->name; t++)
+                if (t->is_float && applies(t, &m->layers[il]))
+                    n += dim_of(hp, &m->layers[il], t->ne[0]) * dim_of(hp, &m->layers[il], t->ne[1]);
+    return n;
 }
 
 static int bind_tensors(kvc_model *m, kvc_err *err)
 {
     const kvc_hparams *hp = &m->hp;
-    m->layers = calloc((size_t)hp->n_layer, sizeof(kvc_layer));
-    m->owned = malloc((size_t)owned_floats(hp) * sizeof(float));
-    if (!m->layers || !m->owned)
-        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory binding tensors");
-    binder b = { m, err, m->owned };
-    int rc;
     const gguf_tensor *emb = gguf_find_tensor(m->gguf, "token_embd.weight");
     if (!emb)
         return kvc_fail(err, KVC_ERR_NOT_FOUND, "tensor token_embd.weight missing");
     if (emb->ne[0] != hp->n_embd || emb->ne[1] < 1 || emb->ne[1] > INT32_MAX)
-        return shape_error(err, emb, "token_embd.weight", hp->n_embd, emb->ne[1]);
+        return shape_error(err, emb, "token_embd.weight", (const int64_t[3]){ hp->n_embd, emb->ne[1], 1 });
     m->hp.n_vocab = (int32_t)emb->ne[1];
-    if ((rc = bind_matrix(&b, "token_embd.weight", hp->n_embd, hp->n_vocab, true, &m->tok_embd)) ||
-        (rc = bind_vector(&b, "output_norm.weight", hp->n_embd, true, &m->output_norm)) ||
-        (rc = bind_matrix(&b, "output.weight", hp->n_embd, hp->n_vocab, false, &m->output)))
-        return rc;
+    m->layers = calloc((size_t)hp->n_layer, sizeof(kvc_layer));
+    if (!m->layers)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory binding tensors");
+    layer_hparams(m);
+    m->owned = malloc((size_t)owned_floats(m) * sizeof(float));
+    if (!m->owned)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory binding tensors");
+    binder b = { m, err, m->owned };
+    int rc;
+    for (const kvc_arch_tensor *t = kvc_arch_globals; t->name; t++) {
+        const int64_t ne[3] = { dim_of(hp, NULL, t->ne[0]), dim_of(hp, NULL, t->ne[1]), 1 };
+        if ((rc = bind_one(&b, t, t->name, ne, !(t->flags & KVC_T_OPTIONAL), m)))
+            return rc;
+    }
     if (!m->output.data) {
         m->output = m->tok_embd;
         m->hp.tied = true;

@@ -1,6 +1,5 @@
 /* model.h - hyperparameters, tensor binding and the forward pass of the
- * supported architectures: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k
- * RMS norm).
+ * architectures of arch.h's table.
  *
  * A kvc_model is immutable after loading and may be shared by threads. The
  * mutable side of a forward pass (activations, per-thread scratch, the thread
@@ -8,6 +7,7 @@
 #ifndef KVC_MODEL_H
 #define KVC_MODEL_H
 
+#include "arch.h"
 #include "common.h"
 #include "gguf.h"
 #include "kernels.h"
@@ -15,30 +15,59 @@
 #include "threadpool.h"
 #include "tokenizer.h"
 
-typedef enum kvc_arch {
-    KVC_ARCH_LLAMA = 0,
-    KVC_ARCH_QWEN2 = 1,
-    KVC_ARCH_QWEN3 = 2,
-} kvc_arch;
-
 typedef struct kvc_hparams {
-    kvc_arch arch;
+    const kvc_arch *arch;    /* the architecture's row (arch.h) */
     char     arch_name[16];
     int32_t  n_vocab;
     int32_t  n_ctx_train;
     int32_t  n_embd;
     int32_t  n_layer;
-    int32_t  n_head;
+    int32_t  n_head;         /* the largest of any layer (buffers are sized by these) */
     int32_t  n_head_kv;
     int32_t  head_dim;       /* attention.key_length, else n_embd / n_head */
-    int32_t  n_ff;
+    int32_t  value_dim;      /* attention.value_length, else head_dim (must equal it) */
+    int32_t  n_ff;           /* dense FFN width (0 when no layer is dense) */
     float    rms_eps;
     float    rope_theta;     /* rope.freq_base, default 10000 */
     bool     rope_neox;      /* rotate (i, i + hd/2) rather than (2i, 2i+1) */
     bool     tied;           /* token_embd is the output projection */
+    /* mixture of experts (n_expert == 0: none) */
+    int32_t  n_expert;       /* expert_count */
+    int32_t  n_expert_used;  /* expert_used_count: k of top-k */
+    int32_t  n_ff_exp;       /* expert_feed_forward_length: one expert's width */
+    int32_t  n_ff_shexp;     /* expert_shared_feed_forward_length (0: n_ff_exp) */
+    int32_t  moe_gating;     /* kvc_moe_gating (expert_gating_func) */
+    bool     moe_norm_w;     /* expert_weights_norm: selected weights sum to 1 */
+    float    moe_w_scale;    /* expert_weights_scale (0 or 1: none) */
+    kvc_ffn_act ffn_act;     /* the FFNs' activation */
 } kvc_hparams;
 
+/* A stack of per-expert matrices stored as one 3-D tensor (GGUF ne = [n_in,
+ * n_out, n]): expert e's matrix is w with data advanced by e * stride. */
+typedef struct kvc_experts {
+    kvc_weight w;                    /* expert 0 */
+    int32_t    n;                    /* experts; 0 = the tensor is absent */
+    size_t     stride;               /* bytes from one expert's matrix to the next */
+} kvc_experts;
+
+/* Expert e of a stack, as a matrix. */
+static inline kvc_weight kvc_expert(const kvc_experts *x, int32_t e)
+{
+    kvc_weight w = x->w;
+    w.data = (const uint8_t *)x->w.data + (size_t)e * x->stride;
+    return w;
+}
+
 typedef struct kvc_layer {
+    /* what the layer is (arch.h) and its own attention shape */
+    kvc_attn_kind attn;
+    kvc_ffn_kind  ffn;
+    int32_t      n_head;
+    int32_t      n_head_kv;
+    int32_t      head_dim;
+    float        rope_theta;
+    int32_t      window;             /* sliding window in positions; 0 = full */
+
     const float *attn_norm;          /* [n_embd] */
     kvc_weight   wq;                 /* n_embd -> n_head * hd */
     kvc_weight   wk;                 /* n_embd -> n_head_kv * hd */
@@ -47,9 +76,25 @@ typedef struct kvc_layer {
     const float *bq, *bk, *bv;       /* qwen2 biases, else NULL */
     const float *q_norm, *k_norm;    /* qwen3 [hd], else NULL */
     const float *ffn_norm;           /* [n_embd] */
+    /* dense FFN */
     kvc_weight   w_gate;             /* n_embd -> n_ff */
     kvc_weight   w_up;               /* n_embd -> n_ff */
     kvc_weight   w_down;             /* n_ff -> n_embd */
+    /* mixture of experts */
+    kvc_weight   router;             /* ffn_gate_inp: n_embd -> n_expert */
+    const float *router_b;           /* [n_expert] or NULL */
+    const float *sel_bias;           /* exp_probs_b: [n_expert] added for selection only, or NULL */
+    kvc_experts  gate_exps;          /* n x (n_embd -> n_ff_exp), or empty when fused */
+    kvc_experts  up_exps;            /* n x (n_embd -> n_ff_exp), or empty when fused */
+    kvc_experts  gate_up_exps;       /* n x (n_embd -> 2 n_ff_exp): gate rows, then up rows */
+    kvc_experts  down_exps;          /* n x (n_ff_exp -> n_embd) */
+    const float *gate_exps_b;        /* [n][n_ff_exp] or NULL */
+    const float *up_exps_b;          /* [n][n_ff_exp] or NULL */
+    const float *down_exps_b;        /* [n][n_embd] or NULL */
+    kvc_weight   shexp_gate_inp;     /* n_embd -> 1: sigmoid gate of the shared expert, or empty */
+    kvc_weight   shexp_gate;         /* n_embd -> n_ff_shexp, or empty (no shared expert) */
+    kvc_weight   shexp_up;           /* n_embd -> n_ff_shexp */
+    kvc_weight   shexp_down;         /* n_ff_shexp -> n_embd */
 } kvc_layer;
 
 typedef struct kvc_model {

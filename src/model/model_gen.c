@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "arch.h"
 #include "quant.h"
 #include "threadpool.h"
 
@@ -31,10 +32,12 @@ kvc_gen_params kvc_gen_default_params(void)
         .n_ff = 384, .n_ctx = 4096, .n_vocab = 0,
         .vocab = "bpe", .bpe_pre = NULL, .tied = true, .vocab_only = false,
         .rope_theta = 10000.0f, .rms_eps = 1e-6f, .seed = 42, .name = NULL, .n_threads = 0,
+        .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64,
     };
 }
 
-static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-qwen3", "qwen2.5-0.5b" };
+static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-qwen3", "tiny-qwen3moe",
+                                            "qwen2.5-0.5b", "qwen3-30b-a3b" };
 
 const char *kvc_gen_preset_name(int i)
 {
@@ -58,6 +61,16 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.arch = "qwen3", p.ftype = "f32", p.vocab = "spm";
         p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 1, p.head_dim = 32;
         p.n_ff = 128, p.n_ctx = 2048;
+    } else if (strcmp(name, "tiny-qwen3moe") == 0) {
+        p.arch = "qwen3moe", p.ftype = "f32", p.vocab = "spm", p.tied = false;
+        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 1, p.head_dim = 32;
+        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f;
+        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 64;
+    } else if (strcmp(name, "qwen3-30b-a3b") == 0) {
+        p.arch = "qwen3moe", p.ftype = "q4_k_m", p.tied = false;
+        p.n_embd = 2048, p.n_layer = 48, p.n_head = 32, p.n_head_kv = 4, p.head_dim = 128;
+        p.n_ff = 6144, p.n_vocab = 151936, p.n_ctx = 40960, p.rope_theta = 1e6f;
+        p.n_expert = 128, p.n_expert_used = 8, p.n_ff_exp = 768;
     } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
         p.n_embd = 896, p.n_layer = 24, p.n_head = 14, p.n_head_kv = 2, p.head_dim = 64;
         p.n_ff = 4864, p.n_vocab = 151936, p.n_ctx = 32768, p.rope_theta = 1e6f;
@@ -70,7 +83,9 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
 
 /* ------------------------------------------------------------ weight types */
 
-typedef enum gen_mix { MIX_NONE, MIX_K_S, MIX_K_M } gen_mix;
+/* MIX_MXFP4_MOE: llama.cpp's MXFP4_MOE (gpt-oss's release): experts MXFP4,
+ * everything else Q8_0. */
+typedef enum gen_mix { MIX_NONE, MIX_K_S, MIX_K_M, MIX_MXFP4_MOE } gen_mix;
 
 typedef struct gen_ftype {
     const char *name;
@@ -95,6 +110,7 @@ static const gen_ftype ftypes[] = {
     { "q5_k_s", 16, KVC_TYPE_Q5_K, MIX_K_S  },
     { "q5_k_m", 17, KVC_TYPE_Q5_K, MIX_K_M  },
     { "q6_k",   18, KVC_TYPE_Q6_K, MIX_NONE },
+    { "mxfp4_moe", 38, KVC_TYPE_Q8_0, MIX_MXFP4_MOE },
 };
 
 static const gen_ftype *find_ftype(const char *name)
@@ -132,7 +148,9 @@ int kvc_gen_tensor_type(const char *ftype, const char *name, int layer, int n_la
         return (int)t;
     bool is_output = strcmp(name, "output.weight") == 0 ||
                      (tied && strcmp(name, "token_embd.weight") == 0);
-    if (is_output) {
+    if (ft->mix == MIX_MXFP4_MOE && name_has(name, "_exps.weight")) {
+        t = KVC_TYPE_MXFP4;
+    } else if (is_output) {
         t = (ne0 % block_of(t) != 0 || t == KVC_TYPE_Q8_0) ? KVC_TYPE_Q8_0 : KVC_TYPE_Q6_K;
     } else if (name_has(name, "attn_v.weight")) {
         if (ft->mix == MIX_K_M && more_bits(layer, n_layer))
@@ -160,9 +178,11 @@ int kvc_gen_tensor_type(const char *ftype, const char *name, int layer, int n_la
 
 /* ---------------------------------------------------------------- validate */
 
-static bool arch_known(const char *a)
+/* The generator's row: runnable architectures only. */
+static const kvc_arch *gen_arch(const char *name)
 {
-    return a && (strcmp(a, "llama") == 0 || strcmp(a, "qwen2") == 0 || strcmp(a, "qwen3") == 0);
+    const kvc_arch *a = kvc_arch_find(name);
+    return a && !a->unsupported ? a : NULL;
 }
 
 static int check_dim(const char *what, int64_t v, int64_t lo, int64_t hi, kvc_err *err)
@@ -179,12 +199,15 @@ static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *e
     if (!p->vocab || (strcasecmp(p->vocab, "bpe") != 0 && strcasecmp(p->vocab, "spm") != 0))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "vocab \"%s\": expected \"bpe\" or \"spm\"",
                         p->vocab ? p->vocab : "(null)");
-    if (!arch_known(p->arch))
-        return kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\": expected llama, qwen2 or qwen3",
-                        p->arch ? p->arch : "(null)");
+    if (!gen_arch(p->arch)) {
+        char known[128];
+        kvc_arch_names(known, sizeof(known));
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\": expected one of %s",
+                        p->arch ? p->arch : "(null)", known);
+    }
     if (!find_ftype(p->ftype))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "ftype \"%s\" unknown (f32 f16 bf16 q8_0 q4_0 "
-                        "q4_1 q5_0 q5_1 q4_k q4_k_s q4_k_m q5_k q5_k_s q5_k_m q6_k)",
+                        "q4_1 q5_0 q5_1 q4_k q4_k_s q4_k_m q5_k q5_k_s q5_k_m q6_k mxfp4_moe)",
                         p->ftype ? p->ftype : "(null)");
     *q = *p;
     if (q->n_head_kv == 0)
@@ -202,6 +225,11 @@ static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *e
         (rc = check_dim("n_ctx", q->n_ctx, 1, INT32_MAX, err)) ||
         (rc = check_dim("n_vocab", q->n_vocab, 0, GEN_MAX_VOCAB, err)) ||
         (rc = check_dim("n_threads", q->n_threads, 0, 1024, err)))
+        return rc;
+    if (gen_arch(q->arch)->ffn == KVC_FFN_MOE &&
+        ((rc = check_dim("n_expert", q->n_expert, 1, 4096, err)) ||
+         (rc = check_dim("n_expert_used", q->n_expert_used, 1, q->n_expert, err)) ||
+         (rc = check_dim("n_ff_exp", q->n_ff_exp, 1, GEN_MAX_DIM, err))))
         return rc;
     if (p->head_dim == 0 && q->n_embd % q->n_head != 0)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "n_embd %d is not a multiple of n_head %d; give head_dim",
@@ -263,10 +291,12 @@ typedef struct gen_tensor {
     char     name[64];
     int      layer;          /* -1 for global tensors */
     int      n_dims;
-    int64_t  ne[2];          /* ne[0] row length; ne[1] rows (1 for 1-D) */
+    int64_t  ne[3];          /* ne[0] row length; ne[1] rows (1 for 1-D); ne[2] experts (or 1) */
+    int64_t  rows;           /* ne[1] * ne[2] */
+    bool     is_float;       /* norm weight or bias: stays F32 */
     uint32_t type;
     float    mean, std;      /* element = mean + std * N(0,1) */
-    const uint8_t *quiet;    /* [ne[1]] rows to scale by GEN_QUIET_SCALE, or NULL */
+    const uint8_t *quiet;    /* [rows] rows to scale by GEN_QUIET_SCALE, or NULL */
 } gen_tensor;
 
 typedef struct gen_job {
@@ -274,7 +304,7 @@ typedef struct gen_job {
     uint64_t seed;           /* tensor_seed */
     size_t   row_size;       /* bytes per row in t->type */
     int64_t  rows_per_task;
-    uint8_t *out;            /* [ne[1] * row_size] */
+    uint8_t *out;            /* [rows * row_size] */
     float  **scratch;        /* per thread, [ne[0]] */
 } gen_job;
 
@@ -284,7 +314,7 @@ static void gen_rows(void *ctx, int64_t task, int thread)
     const gen_tensor *t = j->t;
     float *row = j->scratch[thread];
     int64_t r0 = task * j->rows_per_task;
-    int64_t r1 = KVC_MIN(r0 + j->rows_per_task, t->ne[1]);
+    int64_t r1 = KVC_MIN(r0 + j->rows_per_task, t->rows);
     for (int64_t r = r0; r < r1; r++) {
         uint64_t s = j->seed + (uint64_t)(r * t->ne[0]) * GOLDEN;
         float mean = t->mean, std = t->std;
@@ -333,14 +363,14 @@ static int gen_tensor_add(gguf_writer *w, const gen_tensor *t, uint64_t seed,
             return kvc_fail(err, KVC_ERR_UNSUPPORTED, "tensor %s: quantization to %s not available",
                             t->name, tt->name);
     }
-    size_t size = row_size * (size_t)t->ne[1];
+    size_t size = row_size * (size_t)t->rows;
     gen_job j = { .t = t, .seed = tensor_seed(seed, t->name), .row_size = row_size,
                   .out = malloc(size ? size : 1), .scratch = scratch };
     if (!j.out)
         return kvc_fail(err, KVC_ERR_NOMEM, "tensor %s: cannot allocate %zu bytes", t->name, size);
     j.rows_per_task = KVC_MAX(1, 65536 / t->ne[0]);
-    int64_t n_tasks = (t->ne[1] + j.rows_per_task - 1) / j.rows_per_task;
-    if (tp && t->ne[0] * t->ne[1] >= GEN_PARALLEL_MIN)
+    int64_t n_tasks = (t->rows + j.rows_per_task - 1) / j.rows_per_task;
+    if (tp && t->ne[0] * t->rows >= GEN_PARALLEL_MIN)
         kvc_threadpool_run(tp, n_tasks, gen_rows, &j);
     else
         for (int64_t i = 0; i < n_tasks; i++)
@@ -354,61 +384,85 @@ static int gen_tensor_add(gguf_writer *w, const gen_tensor *t, uint64_t seed,
 
 /* ------------------------------------------------------------------ layout */
 
-/* The tensors of the model, in file order (malloc'd, *n_out of them); they
- * borrow `quiet` ([n_vocab]). */
+/* The value of a table dimension (arch.h) for generator parameters p. */
+static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, uint8_t d)
+{
+    switch ((kvc_dim)d) {
+    case KVC_D1:         return 1;
+    case KVC_D_EMBD:     return p->n_embd;
+    case KVC_D_VOCAB:    return n_vocab;
+    case KVC_D_Q:        return (int64_t)p->n_head * p->head_dim;
+    case KVC_D_KV:       return (int64_t)p->n_head_kv * p->head_dim;
+    case KVC_D_HEAD:     return p->head_dim;
+    case KVC_D_FF:       return p->n_ff;
+    case KVC_D_EXP:      return p->n_expert;
+    case KVC_D_FF_EXP:   return p->n_ff_exp;
+    case KVC_D_FF_EXP2:  return 2 * (int64_t)p->n_ff_exp;
+    case KVC_D_FF_SHEXP: return p->n_ff_exp;
+    }
+    return 0;
+}
+
+/* Whether table tensor t is written: the required ones (and the separate
+ * gate/up of experts rather than the fused form) on layers of its kind. */
+static bool gen_writes(const kvc_arch *a, const kvc_arch_tensor *t)
+{
+    return !(t->flags & KVC_T_OPTIONAL) &&
+           (t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE) == (a->ffn == KVC_FFN_DENSE));
+}
+
+/* The tensors of the model, in file order (malloc'd, *n_out of them): the
+ * architecture's table row (arch.h); they borrow `quiet` ([n_vocab]). */
 static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const uint8_t *quiet,
                                 int *n_out)
 {
-    gen_tensor *ts = calloc((size_t)p->n_layer * 12 + 3, sizeof(*ts));   /* 12: qwen2's, the most */
+    const kvc_arch *a = gen_arch(p->arch);
+    int per_layer = 0;
+    for (const kvc_arch_tensor *const *list = a->tensors; *list; list++)
+        for (const kvc_arch_tensor *t = *list; t->name; t++)
+            per_layer++;
+    gen_tensor *ts = calloc((size_t)p->n_layer * (size_t)per_layer + 3, sizeof(*ts));
     if (!ts)
         return NULL;
     int n = 0;
-    int64_t d = p->n_embd, q = (int64_t)p->n_head * p->head_dim, kv = (int64_t)p->n_head_kv * p->head_dim;
-    float emb_std = 1.0f / sqrtf((float)d);
+    const int64_t d = p->n_embd;
+    const float emb_std = 1.0f / sqrtf((float)d);
 
-#define ADD(layer_, nm, dims, ne0, ne1, mean_, std_, quiet_) do {                           \
+    /* dims_: the table's (a vector 1, a matrix 2, experts 3) */
+#define ADD(layer_, nm, dims_, isf_, ne0, ne1, ne2, mean_, std_, quiet_) do {                 \
         gen_tensor *t_ = &ts[n++];                                                           \
         if ((layer_) >= 0) snprintf(t_->name, sizeof(t_->name), "blk.%d.%s", (layer_), nm);  \
         else snprintf(t_->name, sizeof(t_->name), "%s", nm);                                 \
-        t_->layer = (layer_), t_->n_dims = (dims);                                           \
-        t_->ne[0] = (ne0), t_->ne[1] = (ne1);                                                \
+        t_->layer = (layer_), t_->n_dims = (dims_), t_->is_float = (isf_);                   \
+        t_->ne[0] = (ne0), t_->ne[1] = (ne1), t_->ne[2] = (ne2), t_->rows = (ne1) * (ne2);   \
         t_->mean = (mean_), t_->std = (std_), t_->quiet = (quiet_);                          \
     } while (0)
-#define W(layer_, nm, ne0, ne1) ADD(layer_, nm, 2, ne0, ne1, 0.0f, 1.0f / sqrtf((float)(ne0)), NULL)
-#define NORM(layer_, nm, ne0)   ADD(layer_, nm, 1, ne0, 1, 1.0f, GEN_NORM_NOISE, NULL)
-#define BIAS(layer_, nm, ne0)   ADD(layer_, nm, 1, ne0, 1, 0.0f, GEN_BIAS_STD, NULL)
 
-    bool qwen2 = strcmp(p->arch, "qwen2") == 0, qwen3 = strcmp(p->arch, "qwen3") == 0;
-    ADD(-1, "token_embd.weight", 2, d, n_vocab, 0.0f, emb_std, p->tied ? quiet : NULL);
-    for (int l = 0; l < p->n_layer; l++) {
-        NORM(l, "attn_norm.weight", d);
-        W(l, "attn_q.weight", d, q);
-        if (qwen2) BIAS(l, "attn_q.bias", q);
-        W(l, "attn_k.weight", d, kv);
-        if (qwen2) BIAS(l, "attn_k.bias", kv);
-        W(l, "attn_v.weight", d, kv);
-        if (qwen2) BIAS(l, "attn_v.bias", kv);
-        if (qwen3) {
-            NORM(l, "attn_q_norm.weight", p->head_dim);
-            NORM(l, "attn_k_norm.weight", p->head_dim);
-        }
-        W(l, "attn_output.weight", q, d);
-        NORM(l, "ffn_norm.weight", d);
-        W(l, "ffn_gate.weight", d, p->n_ff);
-        W(l, "ffn_up.weight", d, p->n_ff);
-        W(l, "ffn_down.weight", p->n_ff, d);
-    }
-    ADD(-1, "output_norm.weight", 1, d, 1, GEN_LOGIT_SCALE, GEN_LOGIT_SCALE * GEN_NORM_NOISE, NULL);
+    ADD(-1, "token_embd.weight", 2, false, d, n_vocab, 1, 0.0f, emb_std, p->tied ? quiet : NULL);
+    for (int l = 0; l < p->n_layer; l++)
+        for (const kvc_arch_tensor *const *list = a->tensors; *list; list++)
+            for (const kvc_arch_tensor *t = *list; t->name; t++) {
+                if (!gen_writes(a, t))
+                    continue;
+                const int64_t ne0 = gen_dim(p, n_vocab, t->ne[0]), ne1 = gen_dim(p, n_vocab, t->ne[1]),
+                              ne2 = gen_dim(p, n_vocab, t->ne[2]);
+                const int dims = t->ne[2] != KVC_D1 ? 3 : t->ne[1] != KVC_D1 || !t->is_float ? 2 : 1;
+                if (strstr(t->name, "norm.weight"))          /* norm weights: 1 + noise */
+                    ADD(l, t->name, dims, true, ne0, ne1, ne2, 1.0f, GEN_NORM_NOISE, NULL);
+                else if (strstr(t->name, ".bias"))
+                    ADD(l, t->name, dims, true, ne0, ne1, ne2, 0.0f, GEN_BIAS_STD, NULL);
+                else                                         /* projections: N(0, 1/ne0) */
+                    ADD(l, t->name, dims, t->is_float, ne0, ne1, ne2, 0.0f,
+                        1.0f / sqrtf((float)ne0), NULL);
+            }
+    ADD(-1, "output_norm.weight", 1, true, d, 1, 1, GEN_LOGIT_SCALE, GEN_LOGIT_SCALE * GEN_NORM_NOISE, NULL);
     if (!p->tied)
-        ADD(-1, "output.weight", 2, d, n_vocab, 0.0f, emb_std, quiet);
+        ADD(-1, "output.weight", 2, false, d, n_vocab, 1, 0.0f, emb_std, quiet);
 #undef ADD
-#undef W
-#undef NORM
-#undef BIAS
 
-    /* norms and biases stay F32, as llama.cpp's quantizer leaves 1-D tensors */
+    /* norms, biases and routers stay F32, as llama.cpp's quantizer leaves them */
     for (int i = 0; i < n; i++)
-        ts[i].type = ts[i].n_dims == 1
+        ts[i].type = ts[i].is_float || strstr(ts[i].name, "ffn_gate_inp")
                    ? KVC_TYPE_F32
                    : (uint32_t)kvc_gen_tensor_type(p->ftype, ts[i].name, ts[i].layer, p->n_layer,
                                                    ts[i].ne[0], p->tied);
@@ -447,6 +501,11 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
     ARCH_U32("rope.dimension_count", p->head_dim);
     ARCH_F32("rope.freq_base", p->rope_theta);
     ARCH_F32("attention.layer_norm_rms_epsilon", p->rms_eps);
+    if (gen_arch(p->arch)->ffn == KVC_FFN_MOE) {
+        ARCH_U32("expert_count", p->n_expert);
+        ARCH_U32("expert_used_count", p->n_expert_used);
+        ARCH_U32("expert_feed_forward_length", p->n_ff_exp);
+    }
 #undef ARCH_U32
 #undef ARCH_F32
     return rc;
@@ -471,7 +530,7 @@ static int gen_weights(gguf_writer *w, const kvc_gen_params *p, const kvc_gen_vo
     int64_t max_ne0 = 0, max_n = 0;
     for (int i = 0; ts && i < n_tensors; i++) {
         max_ne0 = KVC_MAX(max_ne0, ts[i].ne[0]);
-        max_n = KVC_MAX(max_n, ts[i].ne[0] * ts[i].ne[1]);
+        max_n = KVC_MAX(max_n, ts[i].ne[0] * ts[i].rows);
     }
     kvc_threadpool *tp = NULL;
     bool parallel = n_threads > 1 && max_n >= GEN_PARALLEL_MIN;

@@ -1,0 +1,194 @@
+/* arch.c - the architecture table (arch.h): keys, tensors and layer kinds of
+ * every architecture kvchat runs, and the names of those it refuses yet. */
+#include "arch.h"
+#include "model.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------- keys */
+
+#define KEY(sfx, type, req, fld, def) { sfx, type, req, offsetof(kvc_hparams, fld), def }
+
+/* Every architecture's attention and shape. */
+static const kvc_arch_key keys_common[] = {
+    KEY("context_length",                   KVC_KEY_U32, false, n_ctx_train, 0),
+    KEY("embedding_length",                 KVC_KEY_U32, true,  n_embd, 0),
+    KEY("block_count",                      KVC_KEY_U32, true,  n_layer, 0),
+    KEY("attention.head_count",             KVC_KEY_U32, true,  n_head, 0),
+    KEY("attention.head_count_kv",          KVC_KEY_U32, false, n_head_kv, 0),
+    KEY("attention.key_length",             KVC_KEY_U32, false, head_dim, 0),
+    KEY("attention.value_length",           KVC_KEY_U32, false, value_dim, 0),
+    KEY("attention.layer_norm_rms_epsilon", KVC_KEY_F32, false, rms_eps, 1e-5f),
+    KEY("rope.freq_base",                   KVC_KEY_F32, false, rope_theta, 10000.0f),
+    { 0 }
+};
+
+static const kvc_arch_key keys_dense[] = {
+    KEY("feed_forward_length",              KVC_KEY_U32, true,  n_ff, 0),
+    { 0 }
+};
+
+/* NAN: absent leaves the row's default (kvc_arch.gating, .moe_norm_w). */
+static const kvc_arch_key keys_moe[] = {
+    KEY("feed_forward_length",              KVC_KEY_U32, false, n_ff, 0),
+    KEY("expert_count",                     KVC_KEY_U32, true,  n_expert, 0),
+    KEY("expert_used_count",                KVC_KEY_U32, true,  n_expert_used, 0),
+    KEY("expert_feed_forward_length",       KVC_KEY_U32, false, n_ff_exp, 0),
+    KEY("expert_shared_feed_forward_length", KVC_KEY_U32, false, n_ff_shexp, 0),
+    KEY("expert_gating_func",               KVC_KEY_U32, false, moe_gating, NAN),
+    KEY("expert_weights_norm",              KVC_KEY_BOOL, false, moe_norm_w, NAN),
+    KEY("expert_weights_scale",             KVC_KEY_F32, false, moe_w_scale, 0),
+    { 0 }
+};
+
+#undef KEY
+
+/* ---------------------------------------------------------------- tensors */
+
+#define T(nm, a, b, c, when, fl, isf, fld) \
+    { nm, { a, b, c }, when, fl, isf, offsetof(kvc_layer, fld) }
+#define VEC(nm, a, when, fl, fld)     T(nm, a, KVC_D1, KVC_D1, when, fl, 1, fld)
+#define MAT(nm, a, b, when, fl, fld)  T(nm, a, b, KVC_D1, when, fl, 0, fld)
+#define EXPS(nm, a, b, fl, fld)       T(nm, a, b, KVC_D_EXP, KVC_ON_MOE, fl, 0, fld)
+#define OPT KVC_T_OPTIONAL
+#define ALT KVC_T_FUSED_ALT
+
+static const kvc_arch_tensor t_attn[] = {
+    VEC("attn_norm.weight",   KVC_D_EMBD,            KVC_ON_ALL, 0, attn_norm),
+    MAT("attn_q.weight",      KVC_D_EMBD, KVC_D_Q,   KVC_ON_ALL, 0, wq),
+    MAT("attn_k.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ALL, 0, wk),
+    MAT("attn_v.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ALL, 0, wv),
+    MAT("attn_output.weight", KVC_D_Q,    KVC_D_EMBD, KVC_ON_ALL, 0, wo),
+    { 0 }
+};
+
+static const kvc_arch_tensor t_qkv_bias[] = {
+    VEC("attn_q.bias", KVC_D_Q,  KVC_ON_ALL, 0, bq),
+    VEC("attn_k.bias", KVC_D_KV, KVC_ON_ALL, 0, bk),
+    VEC("attn_v.bias", KVC_D_KV, KVC_ON_ALL, 0, bv),
+    { 0 }
+};
+
+static const kvc_arch_tensor t_qk_norm[] = {
+    VEC("attn_q_norm.weight", KVC_D_HEAD, KVC_ON_ALL, 0, q_norm),
+    VEC("attn_k_norm.weight", KVC_D_HEAD, KVC_ON_ALL, 0, k_norm),
+    { 0 }
+};
+
+static const kvc_arch_tensor t_ffn_dense[] = {
+    VEC("ffn_norm.weight", KVC_D_EMBD,          KVC_ON_DENSE, 0, ffn_norm),
+    MAT("ffn_gate.weight", KVC_D_EMBD, KVC_D_FF, KVC_ON_DENSE, 0, w_gate),
+    MAT("ffn_up.weight",   KVC_D_EMBD, KVC_D_FF, KVC_ON_DENSE, 0, w_up),
+    MAT("ffn_down.weight", KVC_D_FF, KVC_D_EMBD, KVC_ON_DENSE, 0, w_down),
+    { 0 }
+};
+
+/* Every variant's tensors; what a file lacks of the optional ones it does
+ * not use (biases, selection bias, shared expert, the fused gate_up). */
+static const kvc_arch_tensor t_ffn_moe[] = {
+    VEC("ffn_norm.weight",     KVC_D_EMBD,              KVC_ON_MOE, 0, ffn_norm),
+    MAT("ffn_gate_inp.weight", KVC_D_EMBD, KVC_D_EXP,   KVC_ON_MOE, 0, router),
+    VEC("ffn_gate_inp.bias",   KVC_D_EXP,               KVC_ON_MOE, OPT, router_b),
+    VEC("exp_probs_b.bias",    KVC_D_EXP,               KVC_ON_MOE, OPT, sel_bias),
+    EXPS("ffn_gate_exps.weight",    KVC_D_EMBD, KVC_D_FF_EXP,  ALT, gate_exps),
+    EXPS("ffn_up_exps.weight",      KVC_D_EMBD, KVC_D_FF_EXP,  ALT, up_exps),
+    EXPS("ffn_gate_up_exps.weight", KVC_D_EMBD, KVC_D_FF_EXP2, OPT, gate_up_exps),
+    EXPS("ffn_down_exps.weight",    KVC_D_FF_EXP, KVC_D_EMBD,  0, down_exps),
+    T("ffn_gate_exps.bias", KVC_D_FF_EXP, KVC_D_EXP, KVC_D1, KVC_ON_MOE, OPT, 1, gate_exps_b),
+    T("ffn_up_exps.bias",   KVC_D_FF_EXP, KVC_D_EXP, KVC_D1, KVC_ON_MOE, OPT, 1, up_exps_b),
+    T("ffn_down_exps.bias", KVC_D_EMBD,   KVC_D_EXP, KVC_D1, KVC_ON_MOE, OPT, 1, down_exps_b),
+    MAT("ffn_gate_inp_shexp.weight", KVC_D_EMBD, KVC_D1,      KVC_ON_MOE, OPT, shexp_gate_inp),
+    MAT("ffn_gate_shexp.weight", KVC_D_EMBD, KVC_D_FF_SHEXP,  KVC_ON_MOE, OPT, shexp_gate),
+    MAT("ffn_up_shexp.weight",   KVC_D_EMBD, KVC_D_FF_SHEXP,  KVC_ON_MOE, OPT, shexp_up),
+    MAT("ffn_down_shexp.weight", KVC_D_FF_SHEXP, KVC_D_EMBD,  KVC_ON_MOE, OPT, shexp_down),
+    { 0 }
+};
+
+#undef VEC
+#undef MAT
+#undef EXPS
+#undef T
+
+const kvc_arch_tensor kvc_arch_globals[] = {
+    { "token_embd.weight",  { KVC_D_EMBD, KVC_D_VOCAB, KVC_D1 }, KVC_ON_ALL, 0,   0,
+      offsetof(kvc_model, tok_embd) },
+    { "output_norm.weight", { KVC_D_EMBD, KVC_D1, KVC_D1 },      KVC_ON_ALL, 0,   1,
+      offsetof(kvc_model, output_norm) },
+    { "output.weight",      { KVC_D_EMBD, KVC_D_VOCAB, KVC_D1 }, KVC_ON_ALL, OPT, 0,
+      offsetof(kvc_model, output) },
+    { 0 }
+};
+
+#undef OPT
+#undef ALT
+
+/* ------------------------------------------------------------------- rows */
+
+#define KEYS(...)    (const kvc_arch_key *const[]){ __VA_ARGS__, NULL }
+#define TENSORS(...) (const kvc_arch_tensor *const[]){ __VA_ARGS__, NULL }
+
+static const kvc_arch rows[] = {
+    { .name = "llama", .ffn = KVC_FFN_DENSE,
+      .keys = KEYS(keys_common, keys_dense),
+      .tensors = TENSORS(t_attn, t_ffn_dense) },
+    { .name = "qwen2", .rope_neox = true, .ffn = KVC_FFN_DENSE,
+      .keys = KEYS(keys_common, keys_dense),
+      .tensors = TENSORS(t_attn, t_qkv_bias, t_ffn_dense) },
+    { .name = "qwen3", .rope_neox = true, .ffn = KVC_FFN_DENSE,
+      .keys = KEYS(keys_common, keys_dense),
+      .tensors = TENSORS(t_attn, t_qk_norm, t_ffn_dense) },
+    { .name = "qwen3moe", .rope_neox = true, .ffn = KVC_FFN_MOE,
+      .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true,
+      .keys = KEYS(keys_common, keys_moe),
+      .tensors = TENSORS(t_attn, t_qk_norm, t_ffn_moe) },
+
+    /* known, not run yet (ARCHITECTURES.md) */
+#define LATER(nm, why) { .name = nm, .unsupported = why }
+    LATER("gemma3",         "sliding-window attention is not supported yet"),
+    LATER("gemma3n",        "sliding-window attention is not supported yet"),
+    LATER("gemma4",         "sliding-window attention is not supported yet"),
+    LATER("gpt-oss",        "sliding-window attention with sinks is not supported yet"),
+    LATER("qwen35",         "Gated DeltaNet recurrent layers are not supported yet"),
+    LATER("qwen35moe",      "Gated DeltaNet recurrent layers are not supported yet"),
+    LATER("qwen3next",      "Gated DeltaNet recurrent layers are not supported yet"),
+    LATER("lfm2",           "short-convolution recurrent layers are not supported yet"),
+    LATER("lfm2moe",        "short-convolution recurrent layers are not supported yet"),
+    LATER("granitehybrid",  "Mamba-2 recurrent layers are not supported yet"),
+    LATER("nemotron_h",     "Mamba-2 recurrent layers are not supported yet"),
+    LATER("nemotron_h_moe", "Mamba-2 recurrent layers are not supported yet"),
+    LATER("deepseek2",      "multi-head latent attention is not supported yet"),
+    LATER("glm4moe",        "partial RoPE is not supported yet"),
+    LATER("mistral3",       "YaRN RoPE scaling is not supported yet"),
+#undef LATER
+};
+
+#undef KEYS
+#undef TENSORS
+
+const kvc_arch *kvc_arch_find(const char *name)
+{
+    for (size_t i = 0; name && i < KVC_ARRAY_LEN(rows); i++)
+        if (strcmp(rows[i].name, name) == 0)
+            return &rows[i];
+    return NULL;
+}
+
+const kvc_arch *kvc_arch_at(int i)
+{
+    int k = 0;
+    for (size_t j = 0; j < KVC_ARRAY_LEN(rows); j++)
+        if (!rows[j].unsupported && k++ == i)
+            return &rows[j];
+    return NULL;
+}
+
+void kvc_arch_names(char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; kvc_arch_at(i) && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%s", i ? ", " : "", kvc_arch_at(i)->name);
+}

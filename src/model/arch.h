@@ -1,0 +1,120 @@
+/* arch.h - one row per architecture: the metadata keys it reads, the tensors
+ * it binds (with their shapes and which are optional), and the kind of each
+ * layer's attention and feed-forward. The loader (model.c), its weight
+ * accounting and the generator (model_gen.c) read the same row; the forward
+ * pass (forward.c) runs each layer as the steps its kinds name, as llama.cpp's
+ * per-architecture graph builders run its shared pieces (build_norm,
+ * build_attn, build_moe_ffn).
+ *
+ * Adding an architecture is a row here plus, at most, a new layer step. */
+#ifndef KVC_ARCH_H
+#define KVC_ARCH_H
+
+#include "common.h"
+
+/* What a layer's attention is. Windowed and recurrent kinds come later. */
+typedef enum kvc_attn_kind {
+    KVC_ATTN_FULL = 0,       /* causal attention over every earlier position */
+} kvc_attn_kind;
+
+/* What a layer's feed-forward is. */
+typedef enum kvc_ffn_kind {
+    KVC_FFN_DENSE = 0,       /* down(act(gate x) * up x) */
+    KVC_FFN_MOE   = 1,       /* a router picks n_expert_used of n_expert such FFNs */
+} kvc_ffn_kind;
+
+/* How the router turns its logits into the selected experts' weights
+ * (llama.cpp's llama_expert_gating_func_type, same numbers in GGUF). */
+typedef enum kvc_moe_gating {
+    KVC_GATING_SOFTMAX        = 1,   /* softmax over all experts, then top-k */
+    KVC_GATING_SIGMOID        = 2,   /* sigmoid per expert, then top-k (+ selection bias) */
+    KVC_GATING_SOFTMAX_WEIGHT = 3,   /* top-k of the raw logits, softmax over the k */
+} kvc_moe_gating;
+
+/* The activation of a gated FFN (dense or expert). */
+typedef enum kvc_ffn_act {
+    KVC_ACT_SILU = 0,        /* SwiGLU: silu(g) * u */
+    KVC_ACT_GELU = 1,        /* GeGLU: gelu_tanh(g) * u */
+    KVC_ACT_RELU2 = 2,       /* relu(u)^2, not gated (no gate tensor) */
+    KVC_ACT_SWIGLU_OAI = 3,  /* gpt-oss: min(g,7) * sigmoid(1.702 min(g,7)) * (clamp(u,-7,7) + 1) */
+} kvc_ffn_act;
+
+/* A tensor's dimension, named by the hyperparameter it equals. */
+typedef enum kvc_dim {
+    KVC_D1 = 0,              /* 1 (the dimension is absent) */
+    KVC_D_EMBD,              /* n_embd */
+    KVC_D_VOCAB,             /* n_vocab (taken from token_embd.weight) */
+    KVC_D_Q,                 /* n_head * head_dim of the layer */
+    KVC_D_KV,                /* n_head_kv * head_dim of the layer */
+    KVC_D_HEAD,              /* head_dim */
+    KVC_D_FF,                /* n_ff (dense FFN) */
+    KVC_D_EXP,               /* n_expert */
+    KVC_D_FF_EXP,            /* n_ff_exp (one expert's FFN width) */
+    KVC_D_FF_EXP2,           /* 2 * n_ff_exp (fused gate and up) */
+    KVC_D_FF_SHEXP,          /* n_ff_shexp (the shared expert's width) */
+} kvc_dim;
+
+/* Which layers carry a tensor. */
+typedef enum kvc_tensor_when {
+    KVC_ON_ALL = 0,
+    KVC_ON_DENSE,            /* layers whose FFN is dense */
+    KVC_ON_MOE,              /* layers whose FFN is a mixture of experts */
+} kvc_tensor_when;
+
+#define KVC_T_OPTIONAL  1u   /* may be absent: its field stays NULL / empty */
+#define KVC_T_FUSED_ALT 2u   /* required unless the fused form (ffn_gate_up_exps) is there;
+                              * the generator writes this form */
+
+/* One tensor of an architecture. ne[] in GGUF order (ne[0] the row length).
+ * The binding follows the shape: ne[1] = KVC_D1 is a vector (converted to
+ * f32), ne[2] = KVC_D1 a matrix (kvc_weight), else a stack of per-expert
+ * matrices (kvc_experts); a 2-D tensor whose field is a float pointer (expert
+ * biases) is taken as one f32 vector of ne[0] * ne[1]. */
+typedef struct kvc_arch_tensor {
+    const char *name;        /* per layer: after "blk.N."; global: the whole name */
+    uint8_t     ne[3];       /* kvc_dim each */
+    uint8_t     when;        /* kvc_tensor_when */
+    uint8_t     flags;       /* KVC_T_* */
+    uint8_t     is_float;    /* the field is a const float * (vectors, expert biases) */
+    uint16_t    field;       /* offsetof(kvc_layer or kvc_model, its field) */
+} kvc_arch_tensor;
+
+/* One metadata key, read as "{arch}.{suffix}" into a kvc_hparams field. */
+typedef enum kvc_key_type { KVC_KEY_U32, KVC_KEY_F32, KVC_KEY_BOOL } kvc_key_type;
+
+typedef struct kvc_arch_key {
+    const char *suffix;
+    uint8_t     type;        /* kvc_key_type; U32 fields are int32_t */
+    bool        required;
+    uint16_t    field;       /* offsetof(kvc_hparams, its field) */
+    float       def;         /* the value when absent and not required */
+} kvc_arch_key;
+
+typedef struct kvc_arch {
+    const char *name;                        /* general.architecture */
+    const char *unsupported;                 /* why it cannot run yet; NULL when it can */
+    bool        rope_neox;                   /* rotate (i, i + hd/2), else (2i, 2i+1) */
+    kvc_ffn_kind ffn;                        /* every layer's FFN (hybrids: per layer later) */
+    kvc_moe_gating gating;                   /* default router (MoE) */
+    bool        moe_norm_w;                  /* default: renormalise the selected weights */
+    kvc_ffn_act act;                         /* the FFNs' activation */
+    const kvc_arch_key    *const *keys;      /* NULL-terminated lists of {0}-terminated keys */
+    const kvc_arch_tensor *const *tensors;   /* per layer, NULL-terminated lists */
+} kvc_arch;
+
+/* The row of architecture `name`: NULL when kvchat knows nothing of it. A row
+ * with `unsupported` set names a known architecture it cannot run yet. */
+const kvc_arch *kvc_arch_find(const char *name);
+
+/* The names of the runnable architectures, for messages: "llama, qwen2, ..."
+ * into buf (size > 0 bytes, NUL-terminated, cut to fit). */
+void kvc_arch_names(char *buf, size_t size);
+
+/* The runnable architectures, i < n; NULL past the end (the generator's list). */
+const kvc_arch *kvc_arch_at(int i);
+
+/* The global tensors every architecture has (token_embd, output_norm,
+ * output), {0}-terminated; fields are offsets into kvc_model. */
+extern const kvc_arch_tensor kvc_arch_globals[];
+
+#endif

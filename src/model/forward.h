@@ -1,0 +1,91 @@
+/* forward.h - what the forward pass's files share (forward.c: the batch, the
+ * attention and dense steps; forward_moe.c: the mixture-of-experts step). Not
+ * part of the model's interface. */
+#ifndef KVC_FORWARD_H
+#define KVC_FORWARD_H
+
+#include <stdatomic.h>
+
+#include "model.h"
+
+/* The mixture-of-experts step's buffers, sized at kvc_compute_new for
+ * max_batch tokens (all NULL for a model without experts). A "pair" is one
+ * (token, selected expert); pairs are numbered expert by expert, tokens in
+ * batch order within an expert. */
+typedef struct kvc_moe_buf {
+    float   *logits;      /* [n][n_expert] router logits */
+    int32_t *sel;         /* [n][k] selected experts, in selection order */
+    float   *w;           /* [n][k] their weights */
+    int32_t *pair_of;     /* [n][k] the pair of token t's j-th expert */
+    int32_t *pair_tok;    /* [n * k] the token of each pair */
+    int32_t *first;       /* [n_expert + 1] each expert's first pair */
+    int32_t *fill;        /* [n_expert] pairs numbered so far (group_pairs) */
+    float   *x;           /* [n * k][n_embd] each pair's input row */
+    float   *gu;          /* [n * k][2 * n_ff_exp] gate, up; then act(gate, up) in the gate half */
+    float   *y;           /* [n * k][n_embd] each pair's expert output */
+    float   *sh_g;        /* [n][n_ff_shexp] the shared expert's gate, then act(gate, up) */
+    float   *sh_u;        /* [n][n_ff_shexp] the shared expert's up */
+    float   *sh_y;        /* [n][n_embd] the shared expert's output */
+    float   *sh_gate;     /* [n] the shared expert's sigmoid gate input */
+    void    *act;         /* prepared activations of every expert's rows (kernels.h); grows */
+    size_t   act_bytes;   /* its size */
+    size_t  *act_off;     /* [n_expert + 1] each expert's offset into act */
+    struct moe_task *tasks; /* [max_tasks] (expert, part, rows) of a matmul phase */
+    int64_t  max_tasks;
+} kvc_moe_buf;
+
+struct kvc_compute {
+    const kvc_model *m;
+    kvc_threadpool  *tp;
+    int32_t  max_batch;
+    int32_t  max_ctx;
+    /* activations, max_batch rows each */
+    float   *x;           /* [n][n_embd] residual stream */
+    float   *h;           /* [n][n_embd] normalised input of a sublayer */
+    float   *q;           /* [n][n_head * hd] */
+    float   *k;           /* [n][n_head_kv * hd] */
+    float   *v;           /* [n][n_head_kv * hd] */
+    float   *att;         /* [n][n_head * hd] attention output */
+    float   *gate;        /* [n][n_ff] */
+    float   *up;          /* [n][n_ff] */
+    float   *rope_cos;    /* [n][hd / 2] */
+    float   *rope_sin;    /* [n][hd / 2] */
+    double  *inv_freq;    /* [hd / 2] theta^(-2i/hd) */
+    int32_t *tiles;       /* [max_batch + 1] first batch index of each attention tile, then n */
+    int32_t  tile_tok;    /* tokens per attention tile at most */
+    /* per-thread scratch */
+    float  **mm_scratch;  /* [thread][kvc_matmul_scratch_floats(max n_in)] */
+    void    *mm_act;      /* [kvc_matmul_act_bytes(max n_in, max_batch)] quantized activations, or NULL */
+    size_t   mm_act_bytes;
+    float  **scores;      /* [thread][kvc_attn_scratch_floats(tile_tok * group)] attention state */
+    float  **krow;        /* [thread][2 * max_ctx * hd] K, V of a Q8_0 pool as f32, made lazily */
+    const void **blk;     /* [thread][2 * max_blocks] block pointers for attention */
+    kvc_moe_buf moe;      /* the mixture-of-experts step's buffers (forward_moe.c) */
+};
+
+typedef struct fwd {
+    kvc_compute          *c;
+    kvc_kv_pool          *pool;
+    const kvc_batch_item *items;
+    int32_t               n;
+    int32_t               layer;
+    uint32_t              kv_type;
+    int32_t               B;           /* tokens per block */
+    int32_t               n_tiles;     /* attention tiles: c->tiles[0 .. n_tiles] */
+    size_t                row_bytes;   /* one head row in the pool */
+    atomic_bool           failed;      /* out of memory inside a task */
+} fwd;
+
+/* y_i = W_i x for n <= 3 weights of one n_in, split by rows over the
+ * threads (forward.c). */
+void kvc_fwd_matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const kvc_weight *const w[],
+                      float *const y[], const int64_t ldy[]);
+/* Row i: x += the attention's output, then the FFN's norm into h. */
+void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread);
+
+/* The mixture-of-experts FFN step (forward_moe.c), and its buffers. */
+void kvc_moe_step(fwd *f);
+int  kvc_moe_alloc(kvc_compute *c);      /* KVC_OK, or KVC_ERR_NOMEM */
+void kvc_moe_free(kvc_compute *c);
+
+#endif
