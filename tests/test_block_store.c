@@ -14,6 +14,11 @@
  *     index loads and every block it lists reads back exactly, with no
  *     checksum failure and no temp file left.
  *  6. The model fingerprint: remembered, and changed by a changed file.
+ *  7. Chains: a full tier evicts leaves first. A shared root written first
+ *     (and never touched again, as a prompt hot in RAM) outlives the
+ *     conversations below it; the oldest conversation goes whole, from its
+ *     end; after a reopen (a kill -9 with a full tier) the newest ones are
+ *     still whole, root included.
  * Block contents are a function of the block's hash, so any block can be
  * checked knowing only its name. */
 #include <fcntl.h>
@@ -434,6 +439,82 @@ static void test_fingerprint(void)
     CHECK(kvc_model_fingerprint("/nonexistent/x.gguf", dir, &c, &e) == KVC_ERR_IO);
 }
 
+/* Put block `hash` as the child of `parent`. */
+static void put_child(kvc_block_store *bs, blk *b, uint64_t hash, uint64_t parent)
+{
+    make_blk(b, hash);
+    b->d.parent = parent;
+    kvc_err e = { 0 };
+    CHECKF(kvc_bs_put(bs, &b->d, b->kv, KV_BYTES, &e) == KVC_OK, "%s", e.msg);
+}
+
+/* Whether the chain root .. conv*10+1 .. conv*10+len is stored whole. */
+static bool chain_whole(kvc_block_store *bs, int conv, int len)
+{
+    bool whole = kvc_bs_contains(bs, 1000);
+    for (int i = 1; i <= len; i++)
+        whole = whole && kvc_bs_contains(bs, (uint64_t)(conv * 10 + i));
+    return whole;
+}
+
+static void test_chain_eviction(void)
+{
+    char dir[512];
+    sub(dir, "chains");
+    const uint64_t one = 64 + B * 4 + KV_BYTES;
+    kvc_block_store *bs = open_store(dir, 10 * one);
+    if (!bs)
+        return;
+    blk *b = malloc(sizeof(blk));
+    const uint64_t root = 1000;
+    put_child(bs, b, root, 7);                         /* the shared system prompt */
+    for (int conv = 1; conv <= 3; conv++)              /* three conversations of 3 blocks */
+        for (int i = 1; i <= 3; i++)
+            put_child(bs, b, (uint64_t)(conv * 10 + i), i == 1 ? root : (uint64_t)(conv * 10 + i - 1));
+    /* full (10 blocks); a fourth conversation makes room: conversation 1 goes, from its end */
+    put_child(bs, b, 41, root);
+    CHECKF(kvc_bs_contains(bs, root), "the shared root was evicted first");
+    CHECK(!kvc_bs_contains(bs, 13) && kvc_bs_contains(bs, 12));
+    put_child(bs, b, 42, 41);
+    CHECK(!kvc_bs_contains(bs, 12) && kvc_bs_contains(bs, 11));
+    kvc_bs_stats st;
+    kvc_bs_stats_get(bs, &st);
+    CHECK_EQ_INT(st.evictions, 2);
+    kvc_bs_close(bs);
+    /* restart with a full tier: the order is rebuilt from the files */
+    bs = open_store(dir, 10 * one);
+    if (bs) {
+        put_child(bs, b, 43, 42);
+        put_child(bs, b, 51, root);
+        put_child(bs, b, 52, 51);
+        CHECK(!kvc_bs_contains(bs, 11) && !kvc_bs_contains(bs, 23));
+        CHECKF(chain_whole(bs, 3, 3) && chain_whole(bs, 4, 3) && chain_whole(bs, 5, 2),
+               "the newest conversations are not whole after a restart");
+        /* a leaf read back is used: conversation 2's first block (a leaf since its
+         * end went) outlives conversation 3's end */
+        make_blk(b, 21);
+        b->d.parent = root;
+        kvc_err e = { 0 };
+        CHECK(kvc_bs_get(bs, &b->d, scratch->kv, KV_BYTES, &e) == KVC_OK);
+        put_child(bs, b, 53, 52);
+        CHECK(kvc_bs_contains(bs, 21) && !kvc_bs_contains(bs, 33) && kvc_bs_contains(bs, 32));
+        /* a removed inner block leaves its child an orphan, still counted right:
+         * a new conversation of 7 takes the room of the oldest leaves only */
+        CHECK(kvc_bs_remove(bs, 51) == KVC_OK);
+        for (int i = 0; i < 7; i++)
+            put_child(bs, b, (uint64_t)(100 + i), i ? (uint64_t)(99 + i) : root);
+        kvc_bs_stats_get(bs, &st);
+        CHECK_EQ_INT(st.n_blocks, 10);
+        bool newest = kvc_bs_contains(bs, root) && kvc_bs_contains(bs, 52) &&
+                      kvc_bs_contains(bs, 53) && !kvc_bs_contains(bs, 41);
+        for (int i = 0; i < 7; i++)
+            newest = newest && kvc_bs_contains(bs, (uint64_t)(100 + i));
+        CHECK(newest);
+        kvc_bs_close(bs);
+    }
+    free(b);
+}
+
 int main(int argc, char **argv)
 {
     snprintf(root, sizeof(root), "/tmp/kvc_test_store_XXXXXX");
@@ -447,6 +528,7 @@ int main(int argc, char **argv)
     test_permissions();
     test_crash_safety(rounds);
     test_fingerprint();
+    test_chain_eviction();
     free(scratch);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", root);

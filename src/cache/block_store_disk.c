@@ -21,7 +21,16 @@
  * pool stores them. The header has its own checksum; the payload (tokens and
  * K/V) has XXH3-64. Recency survives restarts in each file's mtime, which the
  * store sets itself from a strictly increasing clock, so the LRU order rebuilt
- * at open is the order it had. */
+ * at open is the order it had.
+ *
+ * Eviction goes leaves first, as the RAM tree's: a block that another stored
+ * block continues (its child names it as parent) is never evicted before
+ * that child, whatever their stamps. Blocks that stay hot in RAM are not
+ * re-stamped on disk, so by stamps alone a shared system prompt would be the
+ * oldest file and go first, leaving every conversation below it unreachable;
+ * leaves first, a full tier loses whole old conversations from their ends and
+ * keeps the newest ones whole. The parent links are in the files' headers, so
+ * the order holds after a restart too. */
 #include "block_store.h"
 
 #include <dirent.h>
@@ -59,8 +68,16 @@ typedef struct entry {
     uint64_t      bytes;        /* file size */
     int64_t       stamp;        /* mtime in ns: the LRU key */
     struct entry *hnext;        /* bucket chain */
-    struct entry *prev, *next;  /* LRU list, least recent first */
+    struct entry *prev, *next;  /* in `leaves` (least recent first) or `inner` */
+    struct entry *up;           /* the parent's entry, which counts this one in its
+                                   n_children; NULL when the parent is not stored */
+    int32_t       n_children;   /* stored blocks whose `up` is this one */
 } entry;
+
+/* A doubly-linked list of entries. */
+typedef struct list {
+    entry *head, *tail;
+} list;
 
 typedef struct disk_store {
     kvc_block_store base;
@@ -69,7 +86,9 @@ typedef struct disk_store {
     bool         fsync;
     entry      **buckets;       /* n_buckets chains, a power of two */
     size_t       n_buckets;
-    entry       *lru_head, *lru_tail;
+    list         leaves;        /* blocks no stored block continues, least recent
+                                   first: the eviction order */
+    list         inner;         /* the others (their children go first) */
     int64_t      last_stamp;
     uint64_t     tmp_serial;
     kvc_bs_stats st;
@@ -90,28 +109,94 @@ static entry *find(disk_store *ds, uint64_t hash)
     return NULL;
 }
 
-static void lru_unlink(disk_store *ds, entry *e)
+static void list_unlink(list *l, entry *e)
 {
     if (e->prev)
         e->prev->next = e->next;
     else
-        ds->lru_head = e->next;
+        l->head = e->next;
     if (e->next)
         e->next->prev = e->prev;
     else
-        ds->lru_tail = e->prev;
+        l->tail = e->prev;
     e->prev = e->next = NULL;
 }
 
-static void lru_push_tail(disk_store *ds, entry *e)
+static void list_push_tail(list *l, entry *e)
 {
     e->next = NULL;
-    e->prev = ds->lru_tail;
-    if (ds->lru_tail)
-        ds->lru_tail->next = e;
+    e->prev = l->tail;
+    if (l->tail)
+        l->tail->next = e;
     else
-        ds->lru_head = e;
-    ds->lru_tail = e;
+        l->head = e;
+    l->tail = e;
+}
+
+/* Insert e before the first entry stamped later (the list is in stamp order). */
+static void list_insert_by_stamp(list *l, entry *e)
+{
+    entry *w = l->head;
+    while (w && w->stamp <= e->stamp)
+        w = w->next;
+    if (!w) {
+        list_push_tail(l, e);
+        return;
+    }
+    e->next = w;
+    e->prev = w->prev;
+    if (w->prev)
+        w->prev->next = e;
+    else
+        l->head = e;
+    w->prev = e;
+}
+
+static list *list_of(disk_store *ds, const entry *e)
+{
+    return e->n_children > 0 ? &ds->inner : &ds->leaves;
+}
+
+/* Count e in its stored parent's children: a parent that gains its first
+ * child leaves the eviction order until it has none again. */
+static void link_parent(disk_store *ds, entry *e)
+{
+    entry *p = e->parent != e->hash ? find(ds, e->parent) : NULL;
+    if (!p)
+        return;
+    e->up = p;
+    if (p->n_children++ == 0) {
+        list_unlink(&ds->leaves, p);
+        list_push_tail(&ds->inner, p);
+    }
+}
+
+/* e goes: its parent counts one child less (and may become a leaf again, in
+ * its place by stamp); children that counted on e are orphans now (rare: a
+ * block with children goes only when removed or found corrupt). */
+static void unlink_family(disk_store *ds, entry *e)
+{
+    entry *p = e->up;
+    if (p && --p->n_children == 0) {
+        list_unlink(&ds->inner, p);
+        list_insert_by_stamp(&ds->leaves, p);
+    }
+    e->up = NULL;
+    if (e->n_children == 0)
+        return;
+    list *both[2] = { &ds->leaves, &ds->inner };
+    for (int i = 0; i < 2; i++)
+        for (entry *x = both[i]->head; x; x = x->next)
+            if (x->up == e)
+                x->up = NULL;
+    e->n_children = 0;
+}
+
+/* The next block to evict: the least recently used leaf. Only when no block
+ * is a leaf (a cycle of parents, which sound chains never make) an inner one. */
+static entry *victim(disk_store *ds)
+{
+    return ds->leaves.head ? ds->leaves.head : ds->inner.head;
 }
 
 /* Double the buckets when full; on allocation failure keep longer chains. */
@@ -136,13 +221,14 @@ static void grow(disk_store *ds)
     free(old);
 }
 
-/* Enter e (most recent); the index takes it. */
+/* Enter e as a leaf (most recent); the index takes it. link_parent counts
+ * it in its parent's children. */
 static void index_add(disk_store *ds, entry *e)
 {
     entry **p = bucket_of(ds, e->hash);
     e->hnext = *p;
     *p = e;
-    lru_push_tail(ds, e);
+    list_push_tail(&ds->leaves, e);
     ds->st.n_blocks++;
     ds->st.bytes_used += e->bytes;
     grow(ds);
@@ -154,7 +240,9 @@ static void index_drop(disk_store *ds, entry *e)
     while (*p != e)
         p = &(*p)->hnext;
     *p = e->hnext;
-    lru_unlink(ds, e);
+    list *l = list_of(ds, e);
+    unlink_family(ds, e);
+    list_unlink(l, e);
     ds->st.n_blocks--;
     ds->st.bytes_used -= e->bytes;
     free(e);
@@ -197,8 +285,9 @@ static void touch(disk_store *ds, entry *e, int fd)
         name_of(e->hash, name);
         (void)utimensat(ds->dir_fd, name, t, 0);
     }
-    lru_unlink(ds, e);
-    lru_push_tail(ds, e);
+    list *l = list_of(ds, e);
+    list_unlink(l, e);
+    list_push_tail(l, e);
 }
 
 /* Remove e's file and entry (a failed unlink leaves a file the next open
@@ -278,9 +367,15 @@ static int disk_remove(kvc_block_store *bs, uint64_t hash)
     return KVC_OK;
 }
 
+/* In eviction order: the leaves least recently used first, then the blocks
+ * that others continue. */
 static void disk_iterate(kvc_block_store *bs, kvc_bs_iter_fn fn, void *user)
 {
-    for (entry *e = ((disk_store *)bs)->lru_head; e; e = e->next)
+    disk_store *ds = (disk_store *)bs;
+    for (entry *e = ds->leaves.head; e; e = e->next)
+        if (!fn(user, e->hash, e->parent))
+            return;
+    for (entry *e = ds->inner.head; e; e = e->next)
         if (!fn(user, e->hash, e->parent))
             return;
 }
@@ -359,6 +454,7 @@ static int write_block(disk_store *ds, const kvc_block_desc *d, const void *kv, 
     }
     *e = (entry){ .hash = d->hash, .parent = d->parent, .bytes = size, .stamp = stamp };
     index_add(ds, e);
+    link_parent(ds, e);
     ds->st.n_puts++;
     ds->st.bytes_written += size;
     return KVC_OK;
@@ -378,8 +474,8 @@ static int disk_put(kvc_block_store *bs, const kvc_block_desc *d, const void *kv
         return kvc_fail(err, KVC_ERR_INVALID_ARG,
                         "disk cache: a block of %llu bytes exceeds the budget of %llu",
                         (unsigned long long)size, (unsigned long long)ds->st.budget);
-    while (ds->st.bytes_used + size > ds->st.budget && ds->lru_head) {
-        discard(ds, ds->lru_head);
+    while (ds->st.bytes_used + size > ds->st.budget && victim(ds)) {
+        discard(ds, victim(ds));
         ds->st.evictions++;
     }
     return write_block(ds, d, kv, kv_bytes, size, err);
@@ -576,9 +672,11 @@ static int load_index(disk_store *ds, kvc_err *err)
         if (all[i]->stamp > ds->last_stamp)
             ds->last_stamp = all[i]->stamp;
     }
+    for (size_t i = 0; i < n; i++)       /* every parent stored now: count children */
+        link_parent(ds, all[i]);
     free(all);
-    while (ds->st.bytes_used > ds->st.budget && ds->lru_head) {   /* a smaller budget now */
-        discard(ds, ds->lru_head);
+    while (ds->st.bytes_used > ds->st.budget && victim(ds)) {   /* a smaller budget now */
+        discard(ds, victim(ds));
         ds->st.evictions++;
     }
     return KVC_OK;
