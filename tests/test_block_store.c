@@ -13,7 +13,8 @@
  *     as it can is SIGKILLed at random moments, 60 times; after each, the
  *     index loads and every block it lists reads back exactly, with no
  *     checksum failure and no temp file left.
- *  6. The model fingerprint: remembered, and changed by a changed file.
+ *  6. The model fingerprint: remembered, and changed by a changed file, also
+ *     one overwritten in place with its mtime restored (the ctime tells).
  *  7. Chains: a full tier evicts leaves first. A shared root written first
  *     (and never touched again, as a prompt hot in RAM) outlives the
  *     conversations below it; the oldest conversation goes whole, from its
@@ -436,6 +437,25 @@ static void test_fingerprint(void)
     utimensat(AT_FDCWD, model, t, 0);
     CHECK(kvc_model_fingerprint(model, dir, &c, &e) == KVC_OK);
     CHECK(c != a);
+    /* overwritten in place with the mtime restored (cp onto it, touch -d; rsync
+     * --inplace -t): same path, size, inode and mtime; only the ctime tells */
+    CHECK(stat(model, &sb) == 0);
+    const struct timespec keep = sb.st_mtim;
+    const ino_t ino = sb.st_ino;
+    usleep(20000);                                          /* past the clock's grain */
+    f = fopen(model, "r+b");
+    fseek(f, 60000, SEEK_SET);
+    fputc(2, f);
+    fclose(f);
+    struct timespec t2[2] = { { 0, UTIME_OMIT }, keep };
+    CHECK(utimensat(AT_FDCWD, model, t2, 0) == 0);
+    CHECK(stat(model, &sb) == 0 && sb.st_ino == ino && sb.st_mtim.tv_sec == keep.tv_sec &&
+          sb.st_mtim.tv_nsec == keep.tv_nsec && sb.st_size == 100000);
+    uint64_t d = 0, d_fresh = 0;
+    CHECK(kvc_model_fingerprint(model, dir, &d, &e) == KVC_OK);
+    CHECK(kvc_model_fingerprint(model, NULL, &d_fresh, &e) == KVC_OK);   /* computed */
+    CHECKF(d == d_fresh && d != c, "a restored mtime hid an overwrite: %016llx, the file's is "
+           "%016llx", (unsigned long long)d, (unsigned long long)d_fresh);
     CHECK(kvc_model_fingerprint("/nonexistent/x.gguf", dir, &c, &e) == KVC_ERR_IO);
 }
 

@@ -188,7 +188,8 @@ int kvc_cache_default_dir(char *buf, size_t size, kvc_err *err);
 
 /* A fingerprint of a model file: XXH3 of all its bytes (metadata and tensor
  * data), remembered in `dir`/models (0600) under the file's path, size,
- * inode and modification time, so it is computed once per file version.
+ * inode, modification time and status-change time (ctime, which user space
+ * cannot set back), so it is computed once per file version.
  * `dir` NULL: computed, not remembered. KVC_ERR_IO. */
 int kvc_model_fingerprint(const char *path, const char *dir, uint64_t *out, kvc_err *err);
 
