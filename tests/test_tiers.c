@@ -19,7 +19,9 @@
  *     reset for the third; its full blocks stay in the tree, its last
  *     partial block goes down (kvc_tiers_write_tail) and comes back: its next
  *     turn has as many tokens cached as with a slot of its own, the tail's
- *     from disk, and answers as a cold engine. */
+ *     from disk, and answers as a cold engine.
+ *  8. An engine serving every request cold (--no-cache) opens no tier, so
+ *     its disk directory is free for another. */
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -350,6 +352,29 @@ static void test_engine_restart(kvc_model *m, const char *model_path)
     free(cold);
 }
 
+/* An engine serving every request cold (serve --no-cache) opens no tier:
+ * the disk directory stays free for a normal server started beside it. */
+static void test_no_cache_no_lock(kvc_model *m, const char *model_path)
+{
+    char dir[600], err[512];
+    snprintf(dir, sizeof(dir), "%s/nocache", tmpdir);
+    kvc_engine_params ep = engine_params(dir, model_path, 1, 16);
+    ep.no_cache = true;
+    kvc_engine *e = NULL;
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    kvc_disk_store_params dp = { dir, 0, false };
+    kvc_block_store *bs = NULL;
+    kvc_err ke = { 0 };
+    int rc = kvc_disk_store_open(&dp, &bs, &ke);
+    CHECKF(rc == KVC_OK, "a --no-cache engine holds the disk directory: %s", ke.msg);
+    kvc_bs_close(bs);
+    kvc_engine_metrics em;
+    if (e)
+        kvc_engine_get_metrics(e, &em);
+    CHECK(e && em.disk_bytes_budget == 0);
+    kvc_engine_free(e);
+}
+
 /* Conversations A, B and C take turns (A1, B1, C1, A2) on an engine of one
  * slot and `idle` sessions kept beside it (disk tier on when `disk`); A2's
  * reply and stats. */
@@ -427,6 +452,7 @@ int main(void)
         test_through_then_evict(m, toks);
         test_engine_restart(m, model_path);
         test_engine_tails(m, model_path);
+        test_no_cache_no_lock(m, model_path);
     }
     kvc_model_free(m);
     char cmd[300];
