@@ -12,7 +12,8 @@
  *
  * Stores are a cache: any block may be missing at any time, and every failure
  * is reported but safe to ignore. Not thread-safe: one thread uses a store at
- * a time (the writer thread, later, owns it). */
+ * a time (the tiers call it under their lock); a store may run threads of
+ * its own behind the interface (the shared tier's network I/O). */
 #ifndef KVC_BLOCK_STORE_H
 #define KVC_BLOCK_STORE_H
 
@@ -71,6 +72,10 @@ typedef struct kvc_block_store_ops {
     /* optional (NULL: none): make a run of blocks ready to get, e.g. fetched
      * from a remote tier in one round trip; see kvc_bs_prefetch */
     int64_t (*prefetch)(kvc_block_store *bs, const kvc_block_desc *run, int64_t n);
+    /* optional: see kvc_bs_refresh */
+    void (*refresh)(kvc_block_store *bs, const kvc_block_desc *run, int64_t n, size_t kv_bytes);
+    /* optional: see kvc_bs_flush */
+    void (*flush)(kvc_block_store *bs);
 } kvc_block_store_ops;
 
 struct kvc_block_store {
@@ -134,6 +139,26 @@ static inline int64_t kvc_bs_prefetch(kvc_block_store *bs, const kvc_block_desc 
     while (k < n && kvc_bs_contains(bs, run[k].hash))
         k++;
     return k;
+}
+
+/* The chain run[0, n) (root first) is in use and held below RAM as far as
+ * contains() says: a store with a tier that can lose blocks behind its back
+ * (a shared Redis flushed, restarted, or evicting) checks that tier in the
+ * background and puts back there what it lost, from its local copy (blocks
+ * of kv_bytes). Returns at once; a store without the op does nothing. */
+static inline void kvc_bs_refresh(kvc_block_store *bs, const kvc_block_desc *run, int64_t n,
+                                  size_t kv_bytes)
+{
+    if (bs->ops->refresh && n > 0)
+        bs->ops->refresh(bs, run, n, kv_bytes);
+}
+
+/* Wait until what the store does in the background (a shared tier's writes)
+ * is done. A store without the op has nothing in the background. */
+static inline void kvc_bs_flush(kvc_block_store *bs)
+{
+    if (bs->ops->flush)
+        bs->ops->flush(bs);
 }
 
 /* Close the store and free it. NULL ok. */

@@ -560,7 +560,7 @@ static int disk_get(kvc_block_store *bs, const kvc_block_desc *d, void *kv, size
 
 static const kvc_block_store_ops disk_ops = {
     "disk", disk_put, disk_get, disk_contains, disk_remove, disk_iterate, disk_stats, disk_close,
-    NULL,
+    NULL, NULL, NULL,
 };
 
 /* ------------------------------------------------------------------ open */
