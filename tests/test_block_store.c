@@ -20,6 +20,10 @@
  *     conversations below it; the oldest conversation goes whole, from its
  *     end; after a reopen (a kill -9 with a full tier) the newest ones are
  *     still whole, root included.
+ *  8. Disk full: on a 2 MiB tmpfs (when this process may mount one) with the
+ *     default 4 GiB budget, every put still succeeds: the medium's ENOSPC
+ *     lowers the budget to what fits (told once, counted) and older blocks
+ *     make room; the newest blocks read back.
  * Block contents are a function of the block's hash, so any block can be
  * checked knowing only its name. */
 #include <fcntl.h>
@@ -535,6 +539,58 @@ static void test_chain_eviction(void)
     free(b);
 }
 
+static int full_warnings;
+static void on_full(void *user, const char *msg)
+{
+    (void)user;
+    full_warnings++;
+    printf("  (told: %s)\n", msg);
+}
+
+static void test_disk_full(void)
+{
+    char dir[512], cmd[700];
+    sub(dir, "tmpfs");
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=2m tmpfs '%s' 2>/dev/null", dir);
+    if (system(cmd) != 0) {
+        printf("  disk full: skipped (cannot mount a tmpfs here: not root?)\n");
+        return;
+    }
+    kvc_disk_store_params p = { dir, 0, false, on_full, NULL };
+    kvc_block_store *bs = NULL;
+    kvc_err e = { 0 };
+    CHECKF(kvc_disk_store_open(&p, &bs, &e) == KVC_OK, "%s", e.msg);
+    blk *b = malloc(sizeof(blk));
+    int ok = 0;
+    const int n = 120;                              /* ~5.9 MiB of blocks into 2 MiB */
+    for (uint64_t h = 1; bs && h <= (uint64_t)n; h++) {
+        make_blk(b, h * 7919);
+        ok += kvc_bs_put(bs, &b->d, b->kv, KV_BYTES, &e) == KVC_OK;
+    }
+    kvc_bs_stats st = { 0 };
+    if (bs)
+        kvc_bs_stats_get(bs, &st);
+    int newest = 0;
+    for (uint64_t h = (uint64_t)n - 4; bs && h <= (uint64_t)n; h++) {
+        make_blk(b, h * 7919);
+        newest += kvc_bs_get(bs, &b->d, scratch->kv, KV_BYTES, &e) == KVC_OK &&
+                  memcmp(scratch->kv, b->kv, KV_BYTES) == 0;
+    }
+    printf("  disk full: %d of %d puts stored on a 2 MiB tmpfs; %lld blocks held, budget "
+           "lowered to %.2f MiB after %llu full writes, told %d time(s)\n", ok, n,
+           (long long)st.n_blocks, (double)st.budget / 1048576.0,
+           (unsigned long long)st.full_events, full_warnings);
+    CHECK_EQ_INT(ok, n);
+    CHECK_EQ_INT(newest, 5);
+    CHECK(st.full_events >= 1 && st.budget < (2u << 20) && st.n_blocks > 10);
+    CHECK_EQ_INT(full_warnings, 1);
+    kvc_bs_close(bs);
+    free(b);
+    snprintf(cmd, sizeof(cmd), "umount '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(int argc, char **argv)
 {
     snprintf(root, sizeof(root), "/tmp/kvc_test_store_XXXXXX");
@@ -549,6 +605,7 @@ int main(int argc, char **argv)
     test_crash_safety(rounds);
     test_fingerprint();
     test_chain_eviction();
+    test_disk_full();
     free(scratch);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", root);

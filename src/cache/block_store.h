@@ -40,6 +40,8 @@ typedef struct kvc_bs_stats {
     uint64_t checksum_failures;   /* blocks discarded at get: checksum, size or header */
     uint64_t discarded_at_load;   /* entries dropped when the index was rebuilt */
     uint64_t evictions;           /* blocks removed to stay under the budget */
+    uint64_t full_events;         /* writes that found the medium full (ENOSPC):
+                                     the budget was lowered to fit */
     /* a shared tier behind this store (Redis, block_store_redis.h); all 0
      * without one */
     int32_t  shared_up;           /* 1: connected now; 0: not (down, or never tried) */
@@ -49,6 +51,7 @@ typedef struct kvc_bs_stats {
     uint64_t shared_round_trips;  /* pipelines sent (one per call) */
     uint64_t shared_failures;     /* calls that failed: refused, timed out, garbage */
     uint64_t shared_checksum_failures;   /* values discarded: bad checksum or header */
+    int32_t  shared_pending;      /* network calls queued or running (writes, checks) */
 } kvc_bs_stats;
 
 /* Called for each stored block; return false to stop. It must not change the
@@ -197,6 +200,10 @@ typedef struct kvc_disk_store_params {
     const char *dir;          /* NULL = kvc_cache_default_dir() */
     uint64_t    budget_bytes; /* 0 = KVC_DISK_DEFAULT_MIB MiB (kvchat.h) */
     bool        fsync;        /* fsync each block before it becomes visible; off by default */
+    /* told once when the medium fills up before the budget (the budget is
+     * then lowered to what fits: older blocks make room); NULL = nobody */
+    void      (*warn)(void *user, const char *msg);
+    void       *warn_user;
 } kvc_disk_store_params;
 
 /* Open (creating it and its parents, mode 0700) the directory, take its lock,

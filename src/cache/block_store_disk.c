@@ -81,6 +81,10 @@ typedef struct list {
 
 typedef struct disk_store {
     kvc_block_store base;
+    char         dir[PATH_MAX];
+    void       (*warn)(void *, const char *);
+    void        *warn_user;
+    bool         told_full;     /* the medium's being full was told */
     int          dir_fd;
     int          lock_fd;       /* flock(LOCK_EX) held while open */
     bool         fsync;
@@ -404,8 +408,9 @@ static void disk_close(kvc_block_store *bs)
 
 /* Write the file of a block not yet stored: temp file, then rename. */
 static int write_block(disk_store *ds, const kvc_block_desc *d, const void *kv, size_t kv_bytes,
-                       uint64_t size, kvc_err *err)
+                       uint64_t size, int *os_err, kvc_err *err)
 {
+    *os_err = 0;
     file_header h = { .magic = FILE_MAGIC, .version = FILE_VERSION,
                       .n_tokens = (uint32_t)d->n_tokens, .hash = d->hash, .parent = d->parent,
                       .kv_bytes = kv_bytes };
@@ -424,9 +429,11 @@ static int write_block(disk_store *ds, const kvc_block_desc *d, const void *kv, 
              (unsigned long long)++ds->tmp_serial);
     name_of(d->hash, name);
     int fd = openat(ds->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0)
+    if (fd < 0) {
+        *os_err = errno;
         return kvc_fail(err, KVC_ERR_IO, "disk cache: cannot create %s: %s", tmp,
                         strerror(errno));
+    }
     struct iovec iov[3] = { { &h, sizeof(h) },
                             { (void *)d->tokens, (size_t)d->n_tokens * sizeof(int32_t) },
                             { (void *)kv, kv_bytes } };
@@ -442,6 +449,7 @@ static int write_block(disk_store *ds, const kvc_block_desc *d, const void *kv, 
     }
     if (bad) {
         (void)unlinkat(ds->dir_fd, tmp, 0);
+        *os_err = saved;
         return kvc_fail(err, KVC_ERR_IO, "disk cache: writing block %s: %s", name,
                         strerror(saved));
     }
@@ -460,6 +468,26 @@ static int write_block(disk_store *ds, const kvc_block_desc *d, const void *kv, 
     return KVC_OK;
 }
 
+/* The medium is full (ENOSPC, EDQUOT) before the budget is: the budget comes
+ * down to what the medium held (less one block, so that the next try has
+ * room), told once. The caller evicts and tries again. */
+static void medium_full(disk_store *ds, uint64_t size, int os_err)
+{
+    uint64_t old = ds->st.budget;
+    ds->st.budget = KVC_MAX(ds->st.bytes_used > size ? ds->st.bytes_used - size : 0, size);
+    ds->st.budget = KVC_MIN(ds->st.budget, old);
+    ds->st.full_events++;
+    if (ds->told_full || !ds->warn)
+        return;
+    ds->told_full = true;
+    char msg[PATH_MAX + 200];
+    snprintf(msg, sizeof(msg), "disk cache: %s is full (%s) at %.1f MiB: its budget is lowered "
+             "from %.1f MiB to %.1f MiB, and older blocks are evicted to make room",
+             ds->dir, strerror(os_err), (double)ds->st.bytes_used / 1048576.0,
+             (double)old / 1048576.0, (double)ds->st.budget / 1048576.0);
+    ds->warn(ds->warn_user, msg);
+}
+
 static int disk_put(kvc_block_store *bs, const kvc_block_desc *d, const void *kv,
                     size_t kv_bytes, kvc_err *err)
 {
@@ -474,11 +502,18 @@ static int disk_put(kvc_block_store *bs, const kvc_block_desc *d, const void *kv
         return kvc_fail(err, KVC_ERR_INVALID_ARG,
                         "disk cache: a block of %llu bytes exceeds the budget of %llu",
                         (unsigned long long)size, (unsigned long long)ds->st.budget);
-    while (ds->st.bytes_used + size > ds->st.budget && victim(ds)) {
-        discard(ds, victim(ds));
-        ds->st.evictions++;
+    for (int tries = 0;; tries++) {
+        while (ds->st.bytes_used + size > ds->st.budget && victim(ds)) {
+            discard(ds, victim(ds));
+            ds->st.evictions++;
+        }
+        int os_err = 0;
+        int rc = write_block(ds, d, kv, kv_bytes, size, &os_err, err);
+        if (rc != KVC_ERR_IO || (os_err != ENOSPC && os_err != EDQUOT) || tries == 16 ||
+            !victim(ds))
+            return rc;
+        medium_full(ds, size, os_err);
     }
-    return write_block(ds, d, kv, kv_bytes, size, err);
 }
 
 /* Read and verify e's file against d into kv. KVC_ERR_FORMAT: corrupt (the
@@ -698,6 +733,9 @@ int kvc_disk_store_open(const kvc_disk_store_params *p, kvc_block_store **out, k
     if (!ds)
         return kvc_fail(err, KVC_ERR_NOMEM, "disk cache: out of memory");
     ds->base.ops = &disk_ops;
+    snprintf(ds->dir, sizeof(ds->dir), "%s", dir);
+    ds->warn = p->warn;
+    ds->warn_user = p->warn_user;
     ds->lock_fd = -1;
     ds->fsync = p->fsync;
     ds->st.budget = p->budget_bytes ? p->budget_bytes : (uint64_t)KVC_DISK_DEFAULT_MIB << 20;

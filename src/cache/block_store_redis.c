@@ -782,7 +782,12 @@ static void redis_stats(kvc_block_store *bs, kvc_bs_stats *st)
     }
     pthread_mutex_lock(&rs->mu);
     kvc_bs_stats own = rs->st;
+    int32_t pending = rs->busy;
+    for (const job *j = rs->wq; j; j = j->next)
+        pending++;
+    pending += rs->n_fq;
     pthread_mutex_unlock(&rs->mu);
+    st->shared_pending = pending;
     st->shared_up = own.shared_up;
     st->shared_blocks_read = own.shared_blocks_read;
     st->shared_blocks_written = own.shared_blocks_written;

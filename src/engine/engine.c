@@ -89,7 +89,7 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
                                       .timeout_ms = p.cache_redis_timeout_ms,
                                       .warn = p.cache_warn, .warn_user = p.cache_warn_user };
         rc = kvc_context_set_tiers(eng->ctx, p.model_path, p.cache_dir,
-                                   KVC_MAX(p.cache_disk_mib, 0), p.cache_redis ? &rp : NULL, &e);
+                                   KVC_MAX(p.cache_disk_mib, 0), &rp, &e);   /* url NULL: none */
     }
     if (!rc)
         rc = kvc_engine_sessions_new(eng, &e);
