@@ -534,6 +534,12 @@ static void test_chain_eviction(void)
         for (int i = 0; i < 7; i++)
             newest = newest && kvc_bs_contains(bs, (uint64_t)(100 + i));
         CHECK(newest);
+        /* a conversation continued after a long pause: its end is the least
+         * recent leaf, but the room made for its next block is not the end
+         * itself (that block would be stored unreachable) */
+        put_child(bs, b, 153, 53);               /* 53: the least recent leaf, 106 the other */
+        CHECKF(kvc_bs_contains(bs, 53) && kvc_bs_contains(bs, 153) && !kvc_bs_contains(bs, 106),
+               "room for a block was made by evicting its parent");
         kvc_bs_close(bs);
     }
     free(b);

@@ -502,6 +502,13 @@ static int disk_put(kvc_block_store *bs, const kvc_block_desc *d, const void *kv
         return kvc_fail(err, KVC_ERR_INVALID_ARG,
                         "disk cache: a block of %llu bytes exceeds the budget of %llu",
                         (unsigned long long)size, (unsigned long long)ds->st.budget);
+    /* the parent is in use: it is continued now. Re-stamped first, so that the
+     * room made for its child is never the parent itself (the least recent
+     * leaf, when its conversation was last written long ago): the child would
+     * be stored unreachable. */
+    entry *parent = d->parent != d->hash ? find(ds, d->parent) : NULL;
+    if (parent)
+        touch(ds, parent, -1);
     for (int tries = 0;; tries++) {
         while (ds->st.bytes_used + size > ds->st.budget && victim(ds)) {
             discard(ds, victim(ds));
