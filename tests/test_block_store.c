@@ -24,6 +24,9 @@
  *     default 4 GiB budget, every put still succeeds: the medium's ENOSPC
  *     lowers the budget to what fits (told once, counted) and older blocks
  *     make room; the newest blocks read back.
+ *  9. The index snapshot: a clean reopen opens no block file; a file changed
+ *     since (its mtime) has its header read (a corrupt one discarded); no
+ *     snapshot, or a corrupt one: every header is read.
  * Block contents are a function of the block's hash, so any block can be
  * checked knowing only its name. */
 #include <fcntl.h>
@@ -597,6 +600,52 @@ static void test_disk_full(void)
     CHECK(system(cmd) == 0);
 }
 
+static void test_snapshot(void)
+{
+    char dir[512], path[600];
+    sub(dir, "snap");
+    kvc_block_store *bs = open_store(dir, 0);
+    if (!bs)
+        return;
+    blk *b = malloc(sizeof(blk));
+    kvc_err e = { 0 };
+    for (uint64_t h = 1; h <= 30; h++) {
+        make_blk(b, h * 104729);
+        CHECK(kvc_bs_put(bs, &b->d, b->kv, KV_BYTES, &e) == KVC_OK);
+    }
+    kvc_bs_close(bs);
+    kvc_bs_stats st;
+    bs = open_store(dir, 0);                              /* clean: all from the snapshot */
+    kvc_bs_stats_get(bs, &st);
+    CHECK_EQ_INT(st.n_blocks, 30);
+    CHECK_EQ_INT(st.headers_read_at_load, 0);
+    int good = 0;
+    for (uint64_t h = 1; h <= 30; h++) {
+        make_blk(b, h * 104729);
+        good += kvc_bs_get(bs, &b->d, scratch->kv, KV_BYTES, &e) == KVC_OK &&
+                memcmp(scratch->kv, b->kv, KV_BYTES) == 0;
+    }
+    CHECK_EQ_INT(good, 30);
+    kvc_bs_close(bs);
+    usleep(20000);
+    file_of(path, dir, 7 * 104729);                       /* changed since: read, discarded */
+    flip_byte(path, 20);
+    bs = open_store(dir, 0);
+    kvc_bs_stats_get(bs, &st);
+    CHECK_EQ_INT(st.headers_read_at_load, 1);
+    CHECK_EQ_INT(st.discarded_at_load, 1);
+    CHECK_EQ_INT(st.n_blocks, 29);
+    kvc_bs_close(bs);
+    snprintf(path, sizeof(path), "%s/index", dir);        /* a corrupt snapshot: ignored */
+    flip_byte(path, 40);
+    bs = open_store(dir, 0);
+    kvc_bs_stats_get(bs, &st);
+    CHECK_EQ_INT(st.headers_read_at_load, 29);
+    CHECK_EQ_INT(st.n_blocks, 29);
+    kvc_bs_close(bs);
+    free(b);
+}
+
 int main(int argc, char **argv)
 {
     snprintf(root, sizeof(root), "/tmp/kvc_test_store_XXXXXX");
@@ -612,6 +661,7 @@ int main(int argc, char **argv)
     test_fingerprint();
     test_chain_eviction();
     test_disk_full();
+    test_snapshot();
     free(scratch);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", root);

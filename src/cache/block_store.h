@@ -39,6 +39,8 @@ typedef struct kvc_bs_stats {
     uint64_t n_puts;              /* blocks written */
     uint64_t checksum_failures;   /* blocks discarded at get: checksum, size or header */
     uint64_t discarded_at_load;   /* entries dropped when the index was rebuilt */
+    uint64_t headers_read_at_load;/* files opened to rebuild it (the others were as
+                                     its saved snapshot names them) */
     uint64_t evictions;           /* blocks removed to stay under the budget */
     uint64_t full_events;         /* writes that found the medium full (ENOSPC):
                                      the budget was lowered to fit */
