@@ -69,7 +69,7 @@ typedef struct redis_store {
     bool             reconnected;       /* a new connection: what we knew may be gone */
     int64_t          ping_us;           /* its first round trip (0: published) */
     kvc_bs_stats     io;                /* the shared_* counters as the thread keeps them */
-    uint8_t         *buf;               /* a local block being put back (JOB_ENSURE) */
+    uint8_t         *buf;               /* the K/V of a local block being put back */
     size_t           buf_cap;
     /* under mu */
     pthread_mutex_t  mu;
@@ -404,7 +404,6 @@ static void io_fetch(redis_store *rs, job *j)
 static void io_ensure(redis_store *rs, job *j)
 {
     redisReply **rep = calloc((size_t)j->n, sizeof(*rep));
-    size_t size = kvc_block_record_size(j->d[0].n_tokens, j->kv_bytes);
     if (!rep || !pipeline_once_more(rs, j, "EXISTS", rep)) {
         free(rep);
         return;
@@ -415,25 +414,23 @@ static void io_ensure(redis_store *rs, job *j)
         j->state[i] = there ? B_THERE : B_MISSING;
         if (there || !rs->local || !rs->c)
             continue;
-        size = kvc_block_record_size(j->d[i].n_tokens, j->kv_bytes);
-        if (size > rs->buf_cap) {
-            uint8_t *g = realloc(rs->buf, size);
+        if (j->kv_bytes > rs->buf_cap) {             /* the local block's K/V */
+            uint8_t *g = realloc(rs->buf, j->kv_bytes);
             if (!g)
                 continue;
             rs->buf = g;
-            rs->buf_cap = size;
+            rs->buf_cap = j->kv_bytes;
         }
-        uint8_t *kv = rs->buf + kvc_block_record_size(j->d[i].n_tokens, 0);
         pthread_mutex_lock(&rs->local_mu);
         int rc = kvc_bs_contains(rs->local, j->d[i].hash)
-                     ? kvc_bs_get(rs->local, &j->d[i], kv, j->kv_bytes, NULL) : KVC_ERR_NOT_FOUND;
+                     ? kvc_bs_get(rs->local, &j->d[i], rs->buf, j->kv_bytes, NULL)
+                     : KVC_ERR_NOT_FOUND;
         pthread_mutex_unlock(&rs->local_mu);
-        if (rc != KVC_OK)
-            continue;
-        uint8_t *rec = malloc(size);
+        size_t size = kvc_block_record_size(j->d[i].n_tokens, j->kv_bytes);
+        uint8_t *rec = rc == KVC_OK ? malloc(size) : NULL;
         if (!rec)
             continue;
-        kvc_block_record_write(&j->d[i], kv, j->kv_bytes, rec);
+        kvc_block_record_write(&j->d[i], rs->buf, j->kv_bytes, rec);
         if (io_set(rs, &j->d[i], rec, size))
             j->state[i] = B_THERE;
         free(rec);
