@@ -452,7 +452,8 @@ static kvc_tiers *redis_tiers(kvc_context *c, const char *name, int port,
     kvc_block_store *local = NULL;
     kvc_err e = { 0 };
     CHECKF(kvc_disk_store_open(&dp, &local, &e) == KVC_OK, "%s", e.msg);
-    kvc_redis_store_params rp = { .url = url, .model_fp = 42, .wait_ms = 1000 };
+    kvc_redis_store_params rp = { .url = url, .model_fp = 42, .timeout_ms = 1000,
+                                  .wait_ms = 1000 };
     *store = NULL;
     CHECKF(kvc_redis_store_open(&rp, local, store, &e) == KVC_OK, "%s", e.msg);
     return *store ? new_tiers(c, *store, 0) : NULL;

@@ -552,12 +552,14 @@ static staged *staged_of(redis_store *rs, uint64_t hash)
     return NULL;
 }
 
-/* How long a caller may wait for n blocks: wait_ms when set, else 5 ms and
+/* How long a caller may wait for n blocks: wait_ms when set, else 20 ms and
  * 2 ms a block (less than computing a block's 16 tokens takes on a CPU for
- * any real model), never more than the command timeout. */
+ * any real model; a local Redis answers in well under a millisecond, but a
+ * loaded machine may take a while to run the I/O thread), never more than
+ * the command timeout. */
 static int64_t wait_for(redis_store *rs, int64_t n)
 {
-    int64_t t = rs->wait_us ? rs->wait_us : 5000 + 2000 * n;
+    int64_t t = rs->wait_us ? rs->wait_us : 20000 + 2000 * n;
     int64_t cap = (int64_t)rs->timeout.tv_sec * 1000000 + rs->timeout.tv_usec;
     return KVC_MIN(t, cap);
 }

@@ -43,7 +43,7 @@ typedef struct kvc_redis_store_params {
     int32_t     retry_ms;     /* after a failure, Redis is left alone this long; 0 = 1000 */
     int32_t     max_run;      /* blocks one prefetch may fetch; 0 = 1024 */
     int32_t     wait_ms;      /* how long a prefetch or get waits for Redis's answer;
-                                 0 = 5 ms + 2 ms per block asked (capped by timeout_ms);
+                                 0 = 20 ms + 2 ms per block asked (capped by timeout_ms);
                                  an answer that comes later is kept for the next ask */
     /* told (from the store's I/O thread) when Redis is lost, once
      * an outage, and when it is back; NULL = nobody. msg is borrowed. */
