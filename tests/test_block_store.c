@@ -626,6 +626,15 @@ static void test_snapshot(void)
                 memcmp(scratch->kv, b->kv, KV_BYTES) == 0;
     }
     CHECK_EQ_INT(good, 30);
+    /* a second open, refused (the directory is in use), leaves the snapshot alone */
+    kvc_disk_store_params p2 = { dir, 0, false };
+    kvc_block_store *second = NULL;
+    struct stat before, after;
+    snprintf(path, sizeof(path), "%s/index", dir);
+    CHECK(stat(path, &before) == 0);
+    CHECK_EQ_INT(kvc_disk_store_open(&p2, &second, &e), KVC_ERR_BUSY);
+    CHECK(stat(path, &after) == 0 && after.st_ino == before.st_ino &&
+          after.st_size == before.st_size);
     kvc_bs_close(bs);
     usleep(20000);
     file_of(path, dir, 7 * 104729);                       /* changed since: read, discarded */

@@ -96,6 +96,7 @@ typedef struct disk_store {
     int64_t      last_stamp;
     uint64_t     tmp_serial;
     int64_t      puts_since_snapshot;
+    bool         loaded;        /* locked and indexed: the snapshot is ours to save */
     kvc_bs_stats st;
 } disk_store;
 
@@ -419,7 +420,7 @@ static void save_snapshot(disk_store *ds);
 static void disk_close(kvc_block_store *bs)
 {
     disk_store *ds = (disk_store *)bs;
-    if (ds->lock_fd >= 0 && ds->buckets)         /* opened: its index is worth keeping */
+    if (ds->loaded)                              /* opened: its index is worth keeping */
         save_snapshot(ds);
     if (ds->buckets)
         for (size_t b = 0; b < ds->n_buckets; b++)
@@ -840,6 +841,7 @@ static int load_index(disk_store *ds, kvc_err *err)
         discard(ds, victim(ds));
         ds->st.evictions++;
     }
+    ds->loaded = true;
     save_snapshot(ds);                  /* what a start after a kill -9 finds */
     return KVC_OK;
 }
