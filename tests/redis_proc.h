@@ -133,6 +133,8 @@ typedef struct slow_proxy {
     pthread_t thread;
     int       fds[64];     /* every socket opened, to shut at stop */
     int       n_fds;
+    pthread_t pipes[64];   /* every pipe's thread, joined at stop */
+    int       n_pipes;
     pthread_mutex_t mu;
     unsigned  seed;
 } slow_proxy;
@@ -184,10 +186,12 @@ static inline void slow_pipe_start(slow_proxy *px, int from, int to, bool delay)
 {
     slow_pipe *sp = malloc(sizeof(*sp));
     *sp = (slow_pipe){ px, from, to, delay };
-    pthread_t t;
-    if (pthread_create(&t, NULL, slow_pipe_main, sp) == 0)
-        pthread_detach(t);
-    else
+    pthread_mutex_lock(&px->mu);
+    bool ok = px->n_pipes < 64 && pthread_create(&px->pipes[px->n_pipes], NULL,
+                                                 slow_pipe_main, sp) == 0;
+    px->n_pipes += ok;
+    pthread_mutex_unlock(&px->mu);
+    if (!ok)
         free(sp);
 }
 
@@ -235,7 +239,7 @@ static inline bool slow_proxy_start(slow_proxy *px, int target, int min_ms, int 
     return pthread_create(&px->thread, NULL, slow_proxy_main, px) == 0;
 }
 
-/* Stop it: no more connections, every one open shut (their threads end). */
+/* Stop it: no more connections, every one open shut, its threads joined. */
 static inline void slow_proxy_stop(slow_proxy *px)
 {
     shutdown(px->lfd, SHUT_RDWR);
@@ -245,8 +249,8 @@ static inline void slow_proxy_stop(slow_proxy *px)
     for (int i = 0; i < px->n_fds; i++)
         shutdown(px->fds[i], SHUT_RDWR);
     pthread_mutex_unlock(&px->mu);
-    struct timespec t = { 0, 50 * 1000 * 1000 };
-    nanosleep(&t, NULL);                       /* the pipes see EOF and end */
+    for (int i = 0; i < px->n_pipes; i++)     /* they see EOF and end */
+        pthread_join(px->pipes[i], NULL);
     for (int i = 0; i < px->n_fds; i++)
         close(px->fds[i]);
     pthread_mutex_destroy(&px->mu);
