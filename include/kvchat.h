@@ -618,7 +618,12 @@ typedef struct kvc_engine_metrics {
     int64_t  disk_bytes_budget;
     uint64_t disk_checksum_failures;   /* blocks found corrupt: discarded, recomputed */
     uint64_t disk_writes_dropped;      /* write-throughs dropped: the writer was behind */
-    int32_t  tier_writes_pending;      /* blocks on their way down (disk, Redis), now */
+    uint64_t tier_write_failures;      /* blocks the tiers could not write (the medium) */
+    uint64_t tier_fetch_failures;      /* blocks listed below RAM that could not be read */
+    uint64_t disk_full_events;         /* writes that found the disk full: the budget was
+                                          lowered (disk_bytes_budget) to what fits */
+    int32_t  tier_writes_pending;      /* blocks on their way down (disk, Redis), and
+                                          Redis calls queued, now */
     /* the shared tier in Redis (issue 14); all 0 without one */
     int32_t  redis_up;                 /* 1: connected now */
     uint64_t redis_blocks_read;        /* blocks served from Redis (verified) */

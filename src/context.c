@@ -187,13 +187,15 @@ void kvc_context_free(kvc_context *c)
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err)
 {
-    if (c->tiers || kvc_pc_n_nodes(c->pc) > 0 || mib < 0 || !model_path || (!mib && !redis))
+    const bool shared = redis && redis->url;
+    if (c->tiers || kvc_pc_n_nodes(c->pc) > 0 || mib < 0 || !model_path || (!mib && !shared))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "cache tiers: %s",
                         !model_path ? "no model file to fingerprint"
                         : mib < 0   ? "negative size"
-                        : !mib && !redis ? "neither disk nor Redis"
+                        : !mib && !shared ? "neither disk nor Redis"
                                     : "the context's cache is in use already");
-    kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false };
+    kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false, redis ? redis->warn : NULL,
+                                 redis ? redis->warn_user : NULL };
     kvc_block_store *store = NULL;
     kvc_tiers *tiers = NULL;
     uint64_t fp = 0;
@@ -205,7 +207,7 @@ int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *di
         rc = kvc_model_fingerprint(model_path, !mib ? NULL : dir ? dir : dirbuf, &fp, err);
     if (!rc)
         rc = kvc_pc_set_model(c->pc, fp, err);
-    if (!rc && redis) {                              /* Redis behind the disk */
+    if (!rc && shared) {                             /* Redis behind the disk */
         kvc_redis_store_params rp = *redis;
         rp.model_fp = fp;
         kvc_block_store *local = store;

@@ -50,8 +50,9 @@ int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir
                          kvc_err *err);
 
 /* The same, with the disk tier optional (mib 0: none) and the shared tier in
- * Redis behind it (redis NULL: none; its model_fp is filled in here). Redis
- * being down is no error (block_store_redis.h). */
+ * Redis behind it (redis NULL or its url NULL: none; its model_fp is filled
+ * in here). Redis being down is no error (block_store_redis.h). redis->warn
+ * also hears the disk tier's one warning (its medium full). */
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err);
 

@@ -13,7 +13,20 @@
  *     as it can is SIGKILLed at random moments, 60 times; after each, the
  *     index loads and every block it lists reads back exactly, with no
  *     checksum failure and no temp file left.
- *  6. The model fingerprint: remembered, and changed by a changed file.
+ *  6. The model fingerprint: remembered, and changed by a changed file, also
+ *     one overwritten in place with its mtime restored (the ctime tells).
+ *  7. Chains: a full tier evicts leaves first. A shared root written first
+ *     (and never touched again, as a prompt hot in RAM) outlives the
+ *     conversations below it; the oldest conversation goes whole, from its
+ *     end; after a reopen (a kill -9 with a full tier) the newest ones are
+ *     still whole, root included.
+ *  8. Disk full: on a 2 MiB tmpfs (when this process may mount one) with the
+ *     default 4 GiB budget, every put still succeeds: the medium's ENOSPC
+ *     lowers the budget to what fits (told once, counted) and older blocks
+ *     make room; the newest blocks read back.
+ *  9. The index snapshot: a clean reopen opens no block file; a file changed
+ *     since (its mtime) has its header read (a corrupt one discarded); no
+ *     snapshot, or a corrupt one: every header is read.
  * Block contents are a function of the block's hash, so any block can be
  * checked knowing only its name. */
 #include <fcntl.h>
@@ -431,7 +444,215 @@ static void test_fingerprint(void)
     utimensat(AT_FDCWD, model, t, 0);
     CHECK(kvc_model_fingerprint(model, dir, &c, &e) == KVC_OK);
     CHECK(c != a);
+    /* overwritten in place with the mtime restored (cp onto it, touch -d; rsync
+     * --inplace -t): same path, size, inode and mtime; only the ctime tells */
+    CHECK(stat(model, &sb) == 0);
+    const struct timespec keep = sb.st_mtim;
+    const ino_t ino = sb.st_ino;
+    usleep(20000);                                          /* past the clock's grain */
+    f = fopen(model, "r+b");
+    fseek(f, 60000, SEEK_SET);
+    fputc(2, f);
+    fclose(f);
+    struct timespec t2[2] = { { 0, UTIME_OMIT }, keep };
+    CHECK(utimensat(AT_FDCWD, model, t2, 0) == 0);
+    CHECK(stat(model, &sb) == 0 && sb.st_ino == ino && sb.st_mtim.tv_sec == keep.tv_sec &&
+          sb.st_mtim.tv_nsec == keep.tv_nsec && sb.st_size == 100000);
+    uint64_t d = 0, d_fresh = 0;
+    CHECK(kvc_model_fingerprint(model, dir, &d, &e) == KVC_OK);
+    CHECK(kvc_model_fingerprint(model, NULL, &d_fresh, &e) == KVC_OK);   /* computed */
+    CHECKF(d == d_fresh && d != c, "a restored mtime hid an overwrite: %016llx, the file's is "
+           "%016llx", (unsigned long long)d, (unsigned long long)d_fresh);
     CHECK(kvc_model_fingerprint("/nonexistent/x.gguf", dir, &c, &e) == KVC_ERR_IO);
+}
+
+/* Put block `hash` as the child of `parent`. */
+static void put_child(kvc_block_store *bs, blk *b, uint64_t hash, uint64_t parent)
+{
+    make_blk(b, hash);
+    b->d.parent = parent;
+    kvc_err e = { 0 };
+    CHECKF(kvc_bs_put(bs, &b->d, b->kv, KV_BYTES, &e) == KVC_OK, "%s", e.msg);
+}
+
+/* Whether the chain root .. conv*10+1 .. conv*10+len is stored whole. */
+static bool chain_whole(kvc_block_store *bs, int conv, int len)
+{
+    bool whole = kvc_bs_contains(bs, 1000);
+    for (int i = 1; i <= len; i++)
+        whole = whole && kvc_bs_contains(bs, (uint64_t)(conv * 10 + i));
+    return whole;
+}
+
+static void test_chain_eviction(void)
+{
+    char dir[512];
+    sub(dir, "chains");
+    const uint64_t one = 64 + B * 4 + KV_BYTES;
+    kvc_block_store *bs = open_store(dir, 10 * one);
+    if (!bs)
+        return;
+    blk *b = malloc(sizeof(blk));
+    const uint64_t root = 1000;
+    put_child(bs, b, root, 7);                         /* the shared system prompt */
+    for (int conv = 1; conv <= 3; conv++)              /* three conversations of 3 blocks */
+        for (int i = 1; i <= 3; i++)
+            put_child(bs, b, (uint64_t)(conv * 10 + i), i == 1 ? root : (uint64_t)(conv * 10 + i - 1));
+    /* full (10 blocks); a fourth conversation makes room: conversation 1 goes, from its end */
+    put_child(bs, b, 41, root);
+    CHECKF(kvc_bs_contains(bs, root), "the shared root was evicted first");
+    CHECK(!kvc_bs_contains(bs, 13) && kvc_bs_contains(bs, 12));
+    put_child(bs, b, 42, 41);
+    CHECK(!kvc_bs_contains(bs, 12) && kvc_bs_contains(bs, 11));
+    kvc_bs_stats st;
+    kvc_bs_stats_get(bs, &st);
+    CHECK_EQ_INT(st.evictions, 2);
+    kvc_bs_close(bs);
+    /* restart with a full tier: the order is rebuilt from the files */
+    bs = open_store(dir, 10 * one);
+    if (bs) {
+        put_child(bs, b, 43, 42);
+        put_child(bs, b, 51, root);
+        put_child(bs, b, 52, 51);
+        CHECK(!kvc_bs_contains(bs, 11) && !kvc_bs_contains(bs, 23));
+        CHECKF(chain_whole(bs, 3, 3) && chain_whole(bs, 4, 3) && chain_whole(bs, 5, 2),
+               "the newest conversations are not whole after a restart");
+        /* a leaf read back is used: conversation 2's first block (a leaf since its
+         * end went) outlives conversation 3's end */
+        make_blk(b, 21);
+        b->d.parent = root;
+        kvc_err e = { 0 };
+        CHECK(kvc_bs_get(bs, &b->d, scratch->kv, KV_BYTES, &e) == KVC_OK);
+        put_child(bs, b, 53, 52);
+        CHECK(kvc_bs_contains(bs, 21) && !kvc_bs_contains(bs, 33) && kvc_bs_contains(bs, 32));
+        /* a removed inner block leaves its child an orphan, still counted right:
+         * a new conversation of 7 takes the room of the oldest leaves only */
+        CHECK(kvc_bs_remove(bs, 51) == KVC_OK);
+        for (int i = 0; i < 7; i++)
+            put_child(bs, b, (uint64_t)(100 + i), i ? (uint64_t)(99 + i) : root);
+        kvc_bs_stats_get(bs, &st);
+        CHECK_EQ_INT(st.n_blocks, 10);
+        bool newest = kvc_bs_contains(bs, root) && kvc_bs_contains(bs, 52) &&
+                      kvc_bs_contains(bs, 53) && !kvc_bs_contains(bs, 41);
+        for (int i = 0; i < 7; i++)
+            newest = newest && kvc_bs_contains(bs, (uint64_t)(100 + i));
+        CHECK(newest);
+        /* a conversation continued after a long pause: its end is the least
+         * recent leaf, but the room made for its next block is not the end
+         * itself (that block would be stored unreachable) */
+        put_child(bs, b, 153, 53);               /* 53: the least recent leaf, 106 the other */
+        CHECKF(kvc_bs_contains(bs, 53) && kvc_bs_contains(bs, 153) && !kvc_bs_contains(bs, 106),
+               "room for a block was made by evicting its parent");
+        kvc_bs_close(bs);
+    }
+    free(b);
+}
+
+static int full_warnings;
+static void on_full(void *user, const char *msg)
+{
+    (void)user;
+    full_warnings++;
+    printf("  (told: %s)\n", msg);
+}
+
+static void test_disk_full(void)
+{
+    char dir[512], cmd[700];
+    sub(dir, "tmpfs");
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=2m tmpfs '%s' 2>/dev/null", dir);
+    if (system(cmd) != 0) {
+        printf("  disk full: skipped (cannot mount a tmpfs here: not root?)\n");
+        return;
+    }
+    kvc_disk_store_params p = { dir, 0, false, on_full, NULL };
+    kvc_block_store *bs = NULL;
+    kvc_err e = { 0 };
+    CHECKF(kvc_disk_store_open(&p, &bs, &e) == KVC_OK, "%s", e.msg);
+    blk *b = malloc(sizeof(blk));
+    int ok = 0;
+    const int n = 120;                              /* ~5.9 MiB of blocks into 2 MiB */
+    for (uint64_t h = 1; bs && h <= (uint64_t)n; h++) {
+        make_blk(b, h * 7919);
+        ok += kvc_bs_put(bs, &b->d, b->kv, KV_BYTES, &e) == KVC_OK;
+    }
+    kvc_bs_stats st = { 0 };
+    if (bs)
+        kvc_bs_stats_get(bs, &st);
+    int newest = 0;
+    for (uint64_t h = (uint64_t)n - 4; bs && h <= (uint64_t)n; h++) {
+        make_blk(b, h * 7919);
+        newest += kvc_bs_get(bs, &b->d, scratch->kv, KV_BYTES, &e) == KVC_OK &&
+                  memcmp(scratch->kv, b->kv, KV_BYTES) == 0;
+    }
+    printf("  disk full: %d of %d puts stored on a 2 MiB tmpfs; %lld blocks held, budget "
+           "lowered to %.2f MiB after %llu full writes, told %d time(s)\n", ok, n,
+           (long long)st.n_blocks, (double)st.budget / 1048576.0,
+           (unsigned long long)st.full_events, full_warnings);
+    CHECK_EQ_INT(ok, n);
+    CHECK_EQ_INT(newest, 5);
+    CHECK(st.full_events >= 1 && st.budget < (2u << 20) && st.n_blocks > 10);
+    CHECK_EQ_INT(full_warnings, 1);
+    kvc_bs_close(bs);
+    free(b);
+    snprintf(cmd, sizeof(cmd), "umount '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
+static void test_snapshot(void)
+{
+    char dir[512], path[600];
+    sub(dir, "snap");
+    kvc_block_store *bs = open_store(dir, 0);
+    if (!bs)
+        return;
+    blk *b = malloc(sizeof(blk));
+    kvc_err e = { 0 };
+    for (uint64_t h = 1; h <= 30; h++) {
+        make_blk(b, h * 104729);
+        CHECK(kvc_bs_put(bs, &b->d, b->kv, KV_BYTES, &e) == KVC_OK);
+    }
+    kvc_bs_close(bs);
+    kvc_bs_stats st;
+    bs = open_store(dir, 0);                              /* clean: all from the snapshot */
+    kvc_bs_stats_get(bs, &st);
+    CHECK_EQ_INT(st.n_blocks, 30);
+    CHECK_EQ_INT(st.headers_read_at_load, 0);
+    int good = 0;
+    for (uint64_t h = 1; h <= 30; h++) {
+        make_blk(b, h * 104729);
+        good += kvc_bs_get(bs, &b->d, scratch->kv, KV_BYTES, &e) == KVC_OK &&
+                memcmp(scratch->kv, b->kv, KV_BYTES) == 0;
+    }
+    CHECK_EQ_INT(good, 30);
+    /* a second open, refused (the directory is in use), leaves the snapshot alone */
+    kvc_disk_store_params p2 = { dir, 0, false };
+    kvc_block_store *second = NULL;
+    struct stat before, after;
+    snprintf(path, sizeof(path), "%s/index", dir);
+    CHECK(stat(path, &before) == 0);
+    CHECK_EQ_INT(kvc_disk_store_open(&p2, &second, &e), KVC_ERR_BUSY);
+    CHECK(stat(path, &after) == 0 && after.st_ino == before.st_ino &&
+          after.st_size == before.st_size);
+    kvc_bs_close(bs);
+    usleep(20000);
+    file_of(path, dir, 7 * 104729);                       /* changed since: read, discarded */
+    flip_byte(path, 20);
+    bs = open_store(dir, 0);
+    kvc_bs_stats_get(bs, &st);
+    CHECK_EQ_INT(st.headers_read_at_load, 1);
+    CHECK_EQ_INT(st.discarded_at_load, 1);
+    CHECK_EQ_INT(st.n_blocks, 29);
+    kvc_bs_close(bs);
+    snprintf(path, sizeof(path), "%s/index", dir);        /* a corrupt snapshot: ignored */
+    flip_byte(path, 40);
+    bs = open_store(dir, 0);
+    kvc_bs_stats_get(bs, &st);
+    CHECK_EQ_INT(st.headers_read_at_load, 29);
+    CHECK_EQ_INT(st.n_blocks, 29);
+    kvc_bs_close(bs);
+    free(b);
 }
 
 int main(int argc, char **argv)
@@ -447,6 +668,9 @@ int main(int argc, char **argv)
     test_permissions();
     test_crash_safety(rounds);
     test_fingerprint();
+    test_chain_eviction();
+    test_disk_full();
+    test_snapshot();
     free(scratch);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", root);

@@ -8,7 +8,8 @@
  *     back bit for bit; the keys name the model fingerprint, the namespace
  *     and the hash; a run stops at the first missing block.
  *  3. Corruption: a value overwritten with garbage, and one with a flipped
- *     byte: detected, counted, deleted, never returned; the run ends there.
+ *     byte: detected (both in the one fetch), counted, deleted, never
+ *     returned; the run ends there.
  *  4. Redis killed: every call returns at once or within the timeout, none
  *     fails the caller (puts still reach the disk), failures are counted and
  *     told once; Redis back: used again without being asked to.
@@ -69,8 +70,11 @@ static kvc_block_store *open_store(const char *sub, int port, bool with_disk)
         fprintf(stderr, "disk: %s\n", err.msg);
         return NULL;
     }
-    kvc_redis_store_params rp = { .url = url, .model_fp = FP, .timeout_ms = 200,
-                                  .retry_ms = 300, .warn = on_warn };
+    /* wait_ms (capped by timeout_ms): a loaded machine (or a sanitizer) must
+     * not make a local Redis miss its deadline here; test_tiers's far Redis
+     * tests the default deadline */
+    kvc_redis_store_params rp = { .url = url, .model_fp = FP, .timeout_ms = 1000,
+                                  .retry_ms = 300, .wait_ms = 1000, .warn = on_warn };
     if (kvc_redis_store_open(&rp, local, &bs, &err) != KVC_OK)
         fprintf(stderr, "redis: %s\n", err.msg);
     return bs;
@@ -129,6 +133,7 @@ static void test_share(int port)
         goto out;
     for (int i = 0; i < NBLK - 4; i++)                     /* the last 4 never written */
         CHECK(kvc_bs_put(a, &chain[i].d, chain[i].kv, KV_BYTES, NULL) == KVC_OK);
+    kvc_bs_flush(a);                                       /* the SETs run in the background */
     kvc_bs_stats st;
     kvc_bs_stats_get(a, &st);
     CHECK_EQ_INT(st.shared_blocks_written, NBLK - 4);
@@ -160,11 +165,13 @@ static void test_share(int port)
     kvc_block_desc other = chain[0].d;
     other.ns = 8;
     CHECK_EQ_INT(kvc_bs_prefetch(b, &other, 1), 0);
-    /* b's writer puts what it read down to its disk; Redis is not written again */
-    for (int i = 0; i < NBLK - 4; i++)
+    /* b's writer puts what it read down to its disk; Redis is not written again
+     * (but for block 0, which the miss above, under the same hash, unmarked) */
+    for (int i = 1; i < NBLK - 4; i++)
         CHECK(kvc_bs_put(b, &chain[i].d, chain[i].kv, KV_BYTES, NULL) == KVC_OK);
+    kvc_bs_flush(b);
     kvc_bs_stats_get(b, &st);
-    CHECK_EQ_INT(st.n_blocks, NBLK - 4);
+    CHECK_EQ_INT(st.n_blocks, NBLK - 5);
     CHECK_EQ_INT(st.shared_blocks_written, 0);
 out:
     kvc_bs_close(a);
@@ -197,13 +204,13 @@ static void test_corrupt(int port)
     CHECK_EQ_INT(prefetch_all(c, 0), 3);                   /* stops at the garbage */
     kvc_bs_stats st;
     kvc_bs_stats_get(c, &st);
-    CHECK_EQ_INT(st.shared_checksum_failures, 1);
+    CHECK_EQ_INT(st.shared_checksum_failures, 2);          /* every value fetched is checked */
     key_of(&chain[3], key);
     r = cmd(port, "EXISTS %s", key, NULL, 0);              /* deleted */
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0);
     if (r)
         freeReplyObject(r);
-    CHECK_EQ_INT(prefetch_all(c, 4), 6);                   /* 4..9, then the flipped one */
+    CHECK_EQ_INT(prefetch_all(c, 4), 6);                   /* 4..9, then the flipped one, gone */
     static uint8_t kv[KV_BYTES];
     CHECK(kvc_bs_get(c, &chain[10].d, kv, KV_BYTES, NULL) != KVC_OK);   /* deleted: a miss */
     kvc_bs_stats_get(c, &st);
@@ -234,6 +241,7 @@ static void test_outage(redis_proc *rp)
         CHECK_EQ_INT(prefetch_all(d, 0), 0);
         CHECK(kvc_bs_get(d, &chain[0].d, kv, KV_BYTES, NULL) != KVC_OK);
     }
+    kvc_bs_flush(d);
     CHECKF(ms_since(&t0) < 3000, "calls while Redis is down took %lld ms",
            (long long)ms_since(&t0));
     kvc_bs_stats st;
@@ -246,6 +254,7 @@ static void test_outage(redis_proc *rp)
     CHECK(redis_proc_start(rp, rp->port, &absent));        /* back, empty */
     usleep(400 * 1000);                                    /* past retry_ms */
     CHECK(kvc_bs_put(d, &chain[0].d, chain[0].kv, KV_BYTES, NULL) == KVC_OK);
+    kvc_bs_flush(d);
     kvc_bs_stats_get(d, &st);
     CHECK_EQ_INT(st.shared_up, 1);
     CHECK_EQ_INT(st.shared_blocks_written, 1);

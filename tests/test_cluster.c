@@ -302,6 +302,10 @@ static void redis_outage(redis_proc *rp, http_server *a)
            "blocks written again\n", ok, secs, metric(a->port, "kvchat_redis_up"),
            after - written);
     CHECK(metric(a->port, "kvchat_redis_up") == 1 && after > written);
+    /* the tiers' failures are exported (issue 30 item 7) */
+    CHECK(metric(a->port, "kvchat_tier_write_failures_total") >= 0);
+    CHECK(metric(a->port, "kvchat_tier_fetch_failures_total") >= 0);
+    CHECK(metric(a->port, "kvchat_disk_full_total") == 0);
     free(w.content);
     cJSON_Delete(conv);
 }

@@ -19,12 +19,24 @@
  *     reset for the third; its full blocks stay in the tree, its last
  *     partial block goes down (kvc_tiers_write_tail) and comes back: its next
  *     turn has as many tokens cached as with a slot of its own, the tail's
- *     from disk, and answers as a cold engine. */
+ *     from disk, and answers as a cold engine.
+ *  8. An engine serving every request cold (--no-cache) opens no tier, so
+ *     its disk directory is free for another.
+ *  9. Redis heals (when redis-server is installed): instance A writes a
+ *     conversation through to its disk and Redis; Redis is flushed; A's next
+ *     turn puts the whole chain back (its disk holds it, Redis lost it), so
+ *     instance B finds the whole prefix in Redis, not only the new blocks.
+ * 10. A far Redis (a proxy adding 40-80 ms a round trip): small requests of
+ *     new conversations take about what they take with a local Redis (the
+ *     engine never waits on the network but for a short probe deadline). */
 #include <fcntl.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include "block_store_redis.h"
 #include "context.h"
 #include "kernels.h"
+#include "redis_proc.h"
 #include "tiers.h"
 #include "test.h"
 
@@ -350,6 +362,29 @@ static void test_engine_restart(kvc_model *m, const char *model_path)
     free(cold);
 }
 
+/* An engine serving every request cold (serve --no-cache) opens no tier:
+ * the disk directory stays free for a normal server started beside it. */
+static void test_no_cache_no_lock(kvc_model *m, const char *model_path)
+{
+    char dir[600], err[512];
+    snprintf(dir, sizeof(dir), "%s/nocache", tmpdir);
+    kvc_engine_params ep = engine_params(dir, model_path, 1, 16);
+    ep.no_cache = true;
+    kvc_engine *e = NULL;
+    CHECKF(kvc_engine_new(m, &ep, &e, err, sizeof(err)) == KVC_OK, "%s", err);
+    kvc_disk_store_params dp = { dir, 0, false };
+    kvc_block_store *bs = NULL;
+    kvc_err ke = { 0 };
+    int rc = kvc_disk_store_open(&dp, &bs, &ke);
+    CHECKF(rc == KVC_OK, "a --no-cache engine holds the disk directory: %s", ke.msg);
+    kvc_bs_close(bs);
+    kvc_engine_metrics em;
+    if (e)
+        kvc_engine_get_metrics(e, &em);
+    CHECK(e && em.disk_bytes_budget == 0);
+    kvc_engine_free(e);
+}
+
 /* Conversations A, B and C take turns (A1, B1, C1, A2) on an engine of one
  * slot and `idle` sessions kept beside it (disk tier on when `disk`); A2's
  * reply and stats. */
@@ -406,6 +441,142 @@ static void test_engine_tails(kvc_model *m, const char *model_path)
     free(r_cold);
 }
 
+/* Tiers over a disk directory `name` and the Redis on `port`, for ctx c. */
+static kvc_tiers *redis_tiers(kvc_context *c, const char *name, int port,
+                              kvc_block_store **store)
+{
+    char dir[512], url[64];
+    snprintf(dir, sizeof(dir), "%s/%s", tmpdir, name);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", port);
+    kvc_disk_store_params dp = { dir, 0, false };
+    kvc_block_store *local = NULL;
+    kvc_err e = { 0 };
+    CHECKF(kvc_disk_store_open(&dp, &local, &e) == KVC_OK, "%s", e.msg);
+    kvc_redis_store_params rp = { .url = url, .model_fp = 42, .timeout_ms = 1000,
+                                  .wait_ms = 1000 };
+    *store = NULL;
+    CHECKF(kvc_redis_store_open(&rp, local, store, &e) == KVC_OK, "%s", e.msg);
+    return *store ? new_tiers(c, *store, 0) : NULL;
+}
+
+static void redis_flushall(int port)
+{
+    struct timeval tv = { 1, 0 };
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisReply *r = rc && !rc->err ? redisCommand(rc, "FLUSHALL") : NULL;
+    CHECK(r && r->type == REDIS_REPLY_STATUS);
+    if (r)
+        freeReplyObject(r);
+    if (rc)
+        redisFree(rc);
+}
+
+#define N_LONG 140   /* the next turn: 8 full blocks, the first 6 as before */
+
+static void test_redis_heals(kvc_model *m, int port, const int32_t *toks)
+{
+    kvc_context *a = new_ctx(m, 42), *b = new_ctx(m, 42);
+    kvc_block_store *sa = NULL, *sb = NULL;
+    kvc_tiers *ta = a ? redis_tiers(a, "heal_a", port, &sa) : NULL;
+    kvc_tiers *tb = b ? redis_tiers(b, "heal_b", port, &sb) : NULL;
+    if (!ta || !tb)
+        goto out;
+    kvc_pc_node *leaf = compute_path(a, 0, toks, N_TOK);       /* turn 1: 6 blocks */
+    CHECK_EQ_INT(kvc_tiers_write_path(ta, leaf), 6);
+    kvc_tiers_flush(ta);
+    redis_flushall(port);                                     /* Redis loses them all */
+    leaf = compute_path(a, 0, toks, N_LONG);                  /* turn 2: 2 new blocks */
+    kvc_tiers_write_path(ta, leaf);
+    kvc_tiers_flush(ta);
+    kvc_pc_match mb;
+    kvc_pc_lookup(b->pc, 0, toks, N_LONG, &mb);
+    int64_t found = kvc_tiers_probe(tb, 0, toks, N_LONG, &mb);
+    printf("  redis heals: after a FLUSHALL and one more turn on A, B finds %lld of %d blocks "
+           "in Redis\n", (long long)found, N_LONG / 16);
+    CHECKF(found == N_LONG / 16, "B found %lld of %d blocks after the flush", (long long)found,
+           N_LONG / 16);
+    CHECK_EQ_INT(kvc_tiers_fetch(tb, 0, toks, N_LONG, &mb, found), found);
+out:
+    kvc_tiers_free(ta);
+    kvc_tiers_free(tb);
+    kvc_bs_close(sa);
+    kvc_bs_close(sb);
+    kvc_context_free(a);
+    kvc_context_free(b);
+}
+
+static double now_ms(void)
+{
+    struct timeval t;
+    gettimeofday(&t, NULL);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_usec / 1e3;
+}
+
+/* Small requests (new conversations of ten words) on two engines, one with a
+ * local Redis, one with the same Redis 40-80 ms away; taken in turns. */
+static void test_far_redis(kvc_model *m, const char *model_path, int port)
+{
+    slow_proxy px;
+    if (!slow_proxy_start(&px, port, 40, 80)) {
+        CHECKF(false, "cannot start the proxy");
+        return;
+    }
+    char near_dir[600], far_dir[600], near_url[64], far_url[64];
+    snprintf(near_dir, sizeof(near_dir), "%s/near", tmpdir);
+    snprintf(far_dir, sizeof(far_dir), "%s/far", tmpdir);
+    snprintf(near_url, sizeof(near_url), "redis://127.0.0.1:%d/1", port);
+    snprintf(far_url, sizeof(far_url), "redis://127.0.0.1:%d/2", px.port);
+    kvc_engine_params np = engine_params(near_dir, model_path, 1, 16);
+    kvc_engine_params fp = engine_params(far_dir, model_path, 1, 16);
+    np.cache_redis = near_url;
+    fp.cache_redis = far_url;
+    fp.cache_redis_timeout_ms = 500;
+    kvc_engine *ne = NULL, *fe = NULL;
+    char err[512];
+    CHECKF(kvc_engine_new(m, &np, &ne, err, sizeof(err)) == KVC_OK, "%s", err);
+    CHECKF(kvc_engine_new(m, &fp, &fe, err, sizeof(err)) == KVC_OK, "%s", err);
+    static const char *words[] = { "river", "stone", "cloud", "maple", "ember", "quartz",
+                                   "harbor", "willow", "copper", "meadow", "falcon", "glacier" };
+    double t_near = 0, t_far = 0;
+    const int rounds = 20;
+    for (int i = 0; ne && fe && i <= rounds; i++) {
+        char user[256], key[32];
+        int at = 0;
+        for (int w = 0; w < 10; w++)
+            at += snprintf(user + at, sizeof(user) - (size_t)at, "%s%s", w ? " " : "",
+                           words[(i * 7 + w * 5) % 12]);
+        snprintf(key, sizeof(key), "small%d", i);
+        kvc_chat_message msgs[2] = { { "system", "You are terse." }, { "user", user } };
+        kvc_chat_stats st;
+        kvc_engine *first = i % 2 ? ne : fe, *second = i % 2 ? fe : ne;   /* in turns */
+        double t0 = now_ms();
+        free(ask_key(first, key, msgs, 2, &st));
+        double t1 = now_ms();
+        free(ask_key(second, key, msgs, 2, &st));
+        double t2 = now_ms();
+        if (i > 0) {                                           /* the first warms up */
+            t_near += first == ne ? t1 - t0 : t2 - t1;
+            t_far += first == fe ? t1 - t0 : t2 - t1;
+        }
+    }
+    kvc_engine_metrics em = { 0 };
+    for (int w = 0; fe && w < 100 && em.redis_blocks_written == 0; w++) {   /* they land */
+        if (w)
+            usleep(30 * 1000);
+        kvc_engine_get_metrics(fe, &em);
+    }
+    CHECK(em.redis_blocks_written > 0);
+    printf("  far redis: %d small requests, %.1f ms each with a local Redis, %.1f ms with one "
+           "40-80 ms away (%.2fx); %lld blocks written there\n", rounds, t_near / rounds,
+           t_far / rounds, t_far / t_near, (long long)em.redis_blocks_written);
+    CHECKF(t_far <= 1.2 * t_near + 3.0 * rounds,
+           "small requests took %.1f ms with a far Redis, %.1f ms with a local one",
+           t_far / rounds, t_near / rounds);
+    kvc_engine_free(ne);
+    kvc_engine_free(fe);
+    slow_proxy_stop(&px);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_tiers_XXXXXX");
@@ -427,6 +598,21 @@ int main(void)
         test_through_then_evict(m, toks);
         test_engine_restart(m, model_path);
         test_engine_tails(m, model_path);
+        test_no_cache_no_lock(m, model_path);
+        redis_proc rp;
+        bool absent = false;
+        if (redis_proc_start(&rp, 0, &absent)) {
+            int32_t longer[N_LONG];
+            memcpy(longer, toks, sizeof(toks));
+            for (int i = N_TOK; i < N_LONG; i++)
+                longer[i] = (int32_t)((i * 7919) % m->hp.n_vocab);
+            test_redis_heals(m, rp.port, longer);
+            test_far_redis(m, model_path, rp.port);
+            redis_proc_stop(&rp, false);
+        } else {
+            CHECKF(absent, "redis-server did not start");
+            printf("  redis cases skipped: redis-server is not installed\n");
+        }
     }
     kvc_model_free(m);
     char cmd[300];

@@ -58,24 +58,35 @@ static int hash_file(int fd, const char *path, uint64_t *out, kvc_err *err)
     return rc;
 }
 
-/* The line remembering a fingerprint: "<fp> <size> <inode> <mtime ns> <path>". */
+/* A stat time in ns. */
+static long long ns_of(const struct timespec *t)
+{
+    return (long long)t->tv_sec * 1000000000 + t->tv_nsec;
+}
+
+/* The line remembering a fingerprint:
+ * "<fp> <size> <inode> <mtime ns> <ctime ns> <path>". The ctime is what user
+ * space cannot set: an in-place overwrite that restores the size and mtime
+ * (cp onto the file and touch -d, rsync --inplace -t) still changes it. Lines
+ * of the older form (no ctime) never match, so such a file is hashed again. */
 static bool lookup_remembered(const char *file, const char *path, const struct stat *sb,
                               uint64_t *out)
 {
     FILE *f = fopen(file, "r");
     if (!f)
         return false;
-    char line[PATH_MAX + 128];
+    char line[PATH_MAX + 160];
     bool found = false;
-    long long mt = (long long)sb->st_mtim.tv_sec * 1000000000 + sb->st_mtim.tv_nsec;
+    const long long mt = ns_of(&sb->st_mtim), ct = ns_of(&sb->st_ctim);
     while (!found && fgets(line, sizeof(line), f)) {
         unsigned long long fp, size, ino;
-        long long mtime;
+        long long mtime, ctime;
         int at = 0;
         line[strcspn(line, "\n")] = '\0';
-        if (sscanf(line, "%llx %llu %llu %lld %n", &fp, &size, &ino, &mtime, &at) == 4 && at > 0 &&
+        if (sscanf(line, "%llx %llu %llu %lld %lld %n", &fp, &size, &ino, &mtime, &ctime,
+                   &at) == 5 && at > 0 &&
             size == (unsigned long long)sb->st_size && ino == (unsigned long long)sb->st_ino &&
-            mtime == mt && strcmp(line + at, path) == 0) {
+            mtime == mt && ctime == ct && strcmp(line + at, path) == 0) {
             *out = fp;
             found = true;
         }
@@ -109,11 +120,11 @@ int kvc_model_fingerprint(const char *path, const char *dir, uint64_t *out, kvc_
     /* one short O_APPEND write: concurrent writers never interleave a line */
     int wfd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
     if (wfd >= 0) {
-        char line[PATH_MAX + 128];
-        int n = snprintf(line, sizeof(line), "%016llx %llu %llu %lld %s\n",
+        char line[PATH_MAX + 160];
+        int n = snprintf(line, sizeof(line), "%016llx %llu %llu %lld %lld %s\n",
                          (unsigned long long)*out, (unsigned long long)sb.st_size,
-                         (unsigned long long)sb.st_ino,
-                         (long long)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec, abs);
+                         (unsigned long long)sb.st_ino, ns_of(&sb.st_mtim), ns_of(&sb.st_ctim),
+                         abs);
         if (n > 0 && (size_t)n < sizeof(line))
             (void)!write(wfd, line, (size_t)n);
         close(wfd);

@@ -12,7 +12,8 @@
  *
  * Stores are a cache: any block may be missing at any time, and every failure
  * is reported but safe to ignore. Not thread-safe: one thread uses a store at
- * a time (the writer thread, later, owns it). */
+ * a time (the tiers call it under their lock); a store may run threads of
+ * its own behind the interface (the shared tier's network I/O). */
 #ifndef KVC_BLOCK_STORE_H
 #define KVC_BLOCK_STORE_H
 
@@ -38,7 +39,11 @@ typedef struct kvc_bs_stats {
     uint64_t n_puts;              /* blocks written */
     uint64_t checksum_failures;   /* blocks discarded at get: checksum, size or header */
     uint64_t discarded_at_load;   /* entries dropped when the index was rebuilt */
+    uint64_t headers_read_at_load;/* files opened to rebuild it (the others were as
+                                     its saved snapshot names them) */
     uint64_t evictions;           /* blocks removed to stay under the budget */
+    uint64_t full_events;         /* writes that found the medium full (ENOSPC):
+                                     the budget was lowered to fit */
     /* a shared tier behind this store (Redis, block_store_redis.h); all 0
      * without one */
     int32_t  shared_up;           /* 1: connected now; 0: not (down, or never tried) */
@@ -48,6 +53,7 @@ typedef struct kvc_bs_stats {
     uint64_t shared_round_trips;  /* pipelines sent (one per call) */
     uint64_t shared_failures;     /* calls that failed: refused, timed out, garbage */
     uint64_t shared_checksum_failures;   /* values discarded: bad checksum or header */
+    int32_t  shared_pending;      /* network calls queued or running (writes, checks) */
 } kvc_bs_stats;
 
 /* Called for each stored block; return false to stop. It must not change the
@@ -71,6 +77,10 @@ typedef struct kvc_block_store_ops {
     /* optional (NULL: none): make a run of blocks ready to get, e.g. fetched
      * from a remote tier in one round trip; see kvc_bs_prefetch */
     int64_t (*prefetch)(kvc_block_store *bs, const kvc_block_desc *run, int64_t n);
+    /* optional: see kvc_bs_refresh */
+    void (*refresh)(kvc_block_store *bs, const kvc_block_desc *run, int64_t n, size_t kv_bytes);
+    /* optional: see kvc_bs_flush */
+    void (*flush)(kvc_block_store *bs);
 } kvc_block_store_ops;
 
 struct kvc_block_store {
@@ -136,6 +146,26 @@ static inline int64_t kvc_bs_prefetch(kvc_block_store *bs, const kvc_block_desc 
     return k;
 }
 
+/* The chain run[0, n) (root first) is in use and held below RAM as far as
+ * contains() says: a store with a tier that can lose blocks behind its back
+ * (a shared Redis flushed, restarted, or evicting) checks that tier in the
+ * background and puts back there what it lost, from its local copy (blocks
+ * of kv_bytes). Returns at once; a store without the op does nothing. */
+static inline void kvc_bs_refresh(kvc_block_store *bs, const kvc_block_desc *run, int64_t n,
+                                  size_t kv_bytes)
+{
+    if (bs->ops->refresh && n > 0)
+        bs->ops->refresh(bs, run, n, kv_bytes);
+}
+
+/* Wait until what the store does in the background (a shared tier's writes)
+ * is done. A store without the op has nothing in the background. */
+static inline void kvc_bs_flush(kvc_block_store *bs)
+{
+    if (bs->ops->flush)
+        bs->ops->flush(bs);
+}
+
 /* Close the store and free it. NULL ok. */
 static inline void kvc_bs_close(kvc_block_store *bs)
 {
@@ -172,6 +202,10 @@ typedef struct kvc_disk_store_params {
     const char *dir;          /* NULL = kvc_cache_default_dir() */
     uint64_t    budget_bytes; /* 0 = KVC_DISK_DEFAULT_MIB MiB (kvchat.h) */
     bool        fsync;        /* fsync each block before it becomes visible; off by default */
+    /* told once when the medium fills up before the budget (the budget is
+     * then lowered to what fits: older blocks make room); NULL = nobody */
+    void      (*warn)(void *user, const char *msg);
+    void       *warn_user;
 } kvc_disk_store_params;
 
 /* Open (creating it and its parents, mode 0700) the directory, take its lock,
@@ -188,7 +222,8 @@ int kvc_cache_default_dir(char *buf, size_t size, kvc_err *err);
 
 /* A fingerprint of a model file: XXH3 of all its bytes (metadata and tensor
  * data), remembered in `dir`/models (0600) under the file's path, size,
- * inode and modification time, so it is computed once per file version.
+ * inode, modification time and status-change time (ctime, which user space
+ * cannot set back), so it is computed once per file version.
  * `dir` NULL: computed, not remembered. KVC_ERR_IO. */
 int kvc_model_fingerprint(const char *path, const char *dir, uint64_t *out, kvc_err *err);
 

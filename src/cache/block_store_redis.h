@@ -2,14 +2,22 @@
  * Redis, behind the local store (the disk tier), for several instances.
  *
  * kvc_redis_store_open returns one kvc_block_store that is the local store
- * (optional) continued into Redis:
- *   - get: the blocks the last prefetch fetched, else the local store, else
- *     one GET; prefetch fetches the run the local store lacks with one
- *     pipelined round trip (MGET-like, one GET per block);
- *   - put: the local store, then a SET to Redis (the tiers call put from
- *     their writer thread, so the round trip is off the engine's path);
+ * (optional) continued into Redis. Every network call runs on the store's
+ * own I/O thread: the caller never waits on the network but for a fetch's
+ * answer, up to a short deadline (wait_ms), and never holds its lock across
+ * a round trip.
+ *   - prefetch: the run the local store lacks, fetched with one pipelined
+ *     round trip (one GET per block), each value verified; an answer that
+ *     comes after the deadline is kept for the next prefetch of that run;
+ *   - get: a fetched block, else the local store, else one GET (same
+ *     deadline);
+ *   - put: the local store at once, and a SET queued (fetches go first);
+ *   - refresh: EXISTS for a chain in one pipeline; what Redis lost (flushed,
+ *     restarted, evicted) is put back from the local store, so write-through
+ *     heals whatever the local disk holds;
  *   - contains: the local store's index (or, without one, the blocks this
- *     process saw in Redis), never a round trip;
+ *     process saw in Redis), never a round trip. What was seen is forgotten
+ *     on a miss and on a new connection (Redis may have restarted empty);
  *   - Redis decides what to keep (run it with maxmemory and allkeys-lru).
  *
  * Keys: "kvc:<model fingerprint>:<namespace>:<chain hash>" (16 hex digits
@@ -20,8 +28,8 @@
  * Failure is not an error: when Redis refuses, times out (every connect and
  * command is bounded by timeout_ms) or answers garbage, the call fails
  * quietly, counted; the connection is dropped and retried retry_ms later, by
- * itself; `warn` hears of an outage once, and of the recovery. Not
- * thread-safe, as every block store. */
+ * itself; `warn` hears of an outage once, and of the recovery (from the I/O
+ * thread). One thread calls the store at a time, as every block store. */
 #ifndef KVC_BLOCK_STORE_REDIS_H
 #define KVC_BLOCK_STORE_REDIS_H
 
@@ -34,7 +42,10 @@ typedef struct kvc_redis_store_params {
     int32_t     timeout_ms;   /* each connect and command; 0 = 200 */
     int32_t     retry_ms;     /* after a failure, Redis is left alone this long; 0 = 1000 */
     int32_t     max_run;      /* blocks one prefetch may fetch; 0 = 1024 */
-    /* told (from whichever thread calls the store) when Redis is lost, once
+    int32_t     wait_ms;      /* how long a prefetch or get waits for Redis's answer;
+                                 0 = 20 ms + 2 ms per block asked (capped by timeout_ms);
+                                 an answer that comes later is kept for the next ask */
+    /* told (from the store's I/O thread) when Redis is lost, once
      * an outage, and when it is back; NULL = nobody. msg is borrowed. */
     void      (*warn)(void *user, const char *msg);
     void       *warn_user;

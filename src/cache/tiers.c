@@ -284,6 +284,7 @@ void kvc_tiers_flush(kvc_tiers *t)
     while (t->count > 0)
         pthread_cond_wait(&t->done_cv, &t->q_mu);
     pthread_mutex_unlock(&t->q_mu);
+    kvc_bs_flush(t->store);          /* the store's own background work (Redis writes) */
 }
 
 void kvc_tiers_stats_get(kvc_tiers *t, kvc_tiers_stats *st)
@@ -400,6 +401,29 @@ int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
     return got;
 }
 
+/* A store with a tier that loses blocks behind its back (a shared Redis
+ * flushed or restarted) is told of the whole chain above node (depth blocks),
+ * root first, up to its first pending block: it puts back in the background
+ * what that tier lost, so write-through does not depend on what the local
+ * disk holds. */
+static void refresh_path(kvc_tiers *t, const kvc_pc_node *node, int64_t depth)
+{
+    const kvc_pc_node *root = kvc_pc_root(t->pc);
+    kvc_block_desc *run = malloc((size_t)KVC_MAX(depth, 1) * sizeof(*run));
+    if (!run)
+        return;
+    int64_t i = depth, len = depth;
+    for (const kvc_pc_node *n = node; n && n != root; n = n->parent) {
+        desc_of(t, n, &run[--i]);
+        if (n->pending)
+            len = i;                                 /* the topmost pending block so far */
+    }
+    pthread_mutex_lock(&t->store_mu);
+    kvc_bs_refresh(t->store, run, len, t->block_bytes);
+    pthread_mutex_unlock(&t->store_mu);
+    free(run);
+}
+
 int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node)
 {
     const kvc_pc_node *root = kvc_pc_root(t->pc);
@@ -419,6 +443,8 @@ int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node)
             break;
         path[k++] = n;
     }
+    if (t->store->ops->refresh)
+        refresh_path(t, node, depth);
     int64_t sent = 0;
     while (k > 0 && enqueue(t, path[k - 1])) {      /* from the top down */
         k--;

@@ -65,7 +65,9 @@ int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
 
 /* Write `node` and its ancestors through to the store in the background, up
  * to the first one the store holds already. Ready nodes only; a pending node
- * is skipped with its ancestors. Returns the number of blocks queued. */
+ * is skipped. A store with a shared tier is also told of the whole chain
+ * (kvc_bs_refresh), so that it puts back there what that tier lost although
+ * the local disk holds it. Returns the number of blocks queued. */
 int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node);
 
 /* Tails. The tree holds full blocks only; the last, partial block of a
@@ -92,7 +94,8 @@ int32_t kvc_tiers_probe_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, i
 bool kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens,
                           const kvc_pc_match *m, int32_t k, int32_t *block);
 
-/* Wait until the writer has written everything queued. */
+/* Wait until the writer has written everything queued, and the store has
+ * done what it does in the background (kvc_bs_flush). */
 void kvc_tiers_flush(kvc_tiers *t);
 
 void kvc_tiers_stats_get(kvc_tiers *t, kvc_tiers_stats *st);

@@ -82,12 +82,14 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         rc = kvc_chat_kwargs_merge(p.chat_template_kwargs, NULL, &merged, &e);
         free(merged);
     }
-    if (!rc && (p.cache_disk_mib > 0 || p.cache_redis)) {
+    /* no_cache: every request cold, nothing kept, so no tier is opened at all
+     * (a disk tier's directory lock would keep a normal server out of it) */
+    if (!rc && !p.no_cache && (p.cache_disk_mib > 0 || p.cache_redis)) {
         kvc_redis_store_params rp = { .url = p.cache_redis, .password = p.cache_redis_password,
                                       .timeout_ms = p.cache_redis_timeout_ms,
                                       .warn = p.cache_warn, .warn_user = p.cache_warn_user };
         rc = kvc_context_set_tiers(eng->ctx, p.model_path, p.cache_dir,
-                                   KVC_MAX(p.cache_disk_mib, 0), p.cache_redis ? &rp : NULL, &e);
+                                   KVC_MAX(p.cache_disk_mib, 0), &rp, &e);   /* url NULL: none */
     }
     if (!rc)
         rc = kvc_engine_sessions_new(eng, &e);

@@ -108,7 +108,10 @@ void kvc_engine_tier_gauges(kvc_engine *e, kvc_engine_metrics *m)
     m->disk_blocks_read = ts.blocks_fetched;
     m->disk_blocks_written = ts.blocks_written;
     m->disk_writes_dropped = ts.writes_dropped;
-    m->tier_writes_pending = ts.writes_pending;
+    m->tier_write_failures = ts.write_failures;
+    m->tier_fetch_failures = ts.fetch_failures;
+    m->disk_full_events = bs.full_events;
+    m->tier_writes_pending = ts.writes_pending + bs.shared_pending;   /* Redis's too */
     m->disk_bytes_read = bs.bytes_read;
     m->disk_bytes_written = bs.bytes_written;
     m->disk_blocks = bs.n_blocks;

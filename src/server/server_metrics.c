@@ -229,6 +229,15 @@ static void put_tiers(text *t, const kvc_engine_metrics *e)
     metric(t, "kvchat_disk_writes_dropped_total", "counter",
            "Write-throughs dropped because the disk writer was behind.",
            (double)e->disk_writes_dropped);
+    metric(t, "kvchat_tier_write_failures_total", "counter",
+           "KV blocks the tiers below RAM could not write (the medium failed).",
+           (double)e->tier_write_failures);
+    metric(t, "kvchat_tier_fetch_failures_total", "counter",
+           "KV blocks listed below RAM that could not be read back (recomputed).",
+           (double)e->tier_fetch_failures);
+    metric(t, "kvchat_disk_full_total", "counter",
+           "Disk tier writes that found the disk full; the budget was lowered to what fits.",
+           (double)e->disk_full_events);
 }
 
 /* The shared tier in Redis (issue 14). */
