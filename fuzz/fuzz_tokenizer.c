@@ -208,6 +208,48 @@ static void check_roundtrip(const kvc_tokenizer *t, bool spm, const char *s, siz
     free(ids);
 }
 
+/* kvc_tokenize_data: no ranges is kvc_tokenize with control tokens parsed;
+ * one range over the whole text is kvc_tokenize without; a range over the
+ * middle third never gives more control tokens than the first and, with the
+ * in-memory vocabularies, detokenizes (specials rendered) back to the text. */
+static void check_guarded(const kvc_tokenizer *t, const char *s, size_t n)
+{
+    int64_t na, nb, nc, nd;
+    int32_t *a = tokenize_all(t, s, n, true, true, &na), *b = tokenize_all(t, s, n, true, false, &nb);
+    kvc_text_span all = { 0, n }, mid = { n / 3, n / 3 };
+    nc = kvc_tokenize_data(t, s, n, true, NULL, 0, NULL, 0);
+    nd = kvc_tokenize_data(t, s, n, true, &all, 1, NULL, 0);
+    int32_t *c = malloc((size_t)(nc > 0 ? nc : 1) * sizeof(*c));
+    int32_t *d = malloc((size_t)(nd > 0 ? nd : 1) * sizeof(*d));
+    if (nc != na || nd != nb || kvc_tokenize_data(t, s, n, true, NULL, 0, c, nc) != nc ||
+        kvc_tokenize_data(t, s, n, true, &all, 1, d, nd) != nd ||
+        memcmp(a, c, (size_t)na * sizeof(*a)) || memcmp(b, d, (size_t)nb * sizeof(*b)))
+        abort();
+    free(c);
+    free(d);
+    int64_t nm = kvc_tokenize_data(t, s, n, false, &mid, 1, NULL, 0);
+    int32_t *m = malloc((size_t)(nm > 0 ? nm : 1) * sizeof(*m));
+    if (nm < 0 || kvc_tokenize_data(t, s, n, false, &mid, 1, m, nm) != nm)
+        abort();
+    int64_t ctl_a = 0, ctl_m = 0;
+    bool lossy = memchr(s, 0, n) != NULL || memmem(s, n, "\xE2\x96\x81", 3) != NULL;
+    for (int64_t i = 0; i < na; i++)
+        ctl_a += kvc_tokenizer_token_type(t, a[i]) == KVC_TOKEN_CONTROL;
+    for (int64_t i = 0; i < nm; i++) {
+        ctl_m += kvc_tokenizer_token_type(t, m[i]) == KVC_TOKEN_CONTROL;
+        lossy |= kvc_tokenizer_token_type(t, m[i]) == KVC_TOKEN_UNKNOWN;
+    }
+    if (ctl_m > ctl_a)
+        abort();
+    char *back = kvc_detokenize(t, m, nm, true);
+    if (!back || (exact && !lossy && (strlen(back) != n || memcmp(back, s, n) != 0)))
+        abort();
+    free(back);
+    free(m);
+    free(a);
+    free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!n_vocabs)
@@ -215,6 +257,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int v = 0; v < n_vocabs; v++) {
         check_roundtrip(vocabs[v], v == 0, (const char *)data, size, false);
         check_roundtrip(vocabs[v], v == 0, (const char *)data, size, true);
+        check_guarded(vocabs[v], (const char *)data, size);
     }
     return 0;
 }

@@ -449,10 +449,12 @@ static void test_budget(void)
 
 /* ================================================= context shift (engine) */
 
-/* kvc_engine_params.overflow = KVC_OVERFLOW_SHIFT: a keyed conversation that
+/* kvc_engine_params.overflow = KVC_OVERFLOW_SHIFT: a conversation that
  * outgrows a 256-token context keeps going; the oldest turns are dropped, the
- * system prompt kept, and the kept turns' K/V moved rather than recomputed. */
-static void test_overflow_shift(void)
+ * system prompt kept, and the kept turns' K/V moved rather than recomputed.
+ * Keyed, and unkeyed (key NULL: its session is found by the tokens, which no
+ * longer begin with the session's last prompt once a turn is dropped). */
+static void test_overflow_shift(const char *key)
 {
     kvc_engine_params ep = kvc_engine_default_params();
     ep.n_ctx = 256;
@@ -473,7 +475,7 @@ static void test_overflow_shift(void)
         owned[n] = text_of(20, 100 + (uint32_t)t);
         msgs[n] = (kvc_chat_message){ "user", owned[n] };
         n++;
-        result r = finish(submit(e, msgs, (size_t)n, NULL, "shift-conv", 16));
+        result r = finish(submit(e, msgs, (size_t)n, NULL, key, 16));
         CHECKF(r.status == KVC_OK, "turn %d: %s", t, r.message);
         if (r.status) {
             free(r.reply);
@@ -488,8 +490,8 @@ static void test_overflow_shift(void)
         msgs[n] = (kvc_chat_message){ "assistant", owned[n] };
         n++;
     }
-    printf("  context shift: %d turns shifted, %d of them computing a third of the prompt or less\n",
-           shifted, moved);
+    printf("  context shift, %s: %d turns shifted, %d of them computing a third of the prompt or "
+           "less\n", key ? "keyed" : "unkeyed", shifted, moved);
     CHECKF(shifted >= 4, "only %d turns overflowed", shifted);
     CHECKF(moved >= shifted - 1, "%d of %d shifted turns reused the moved KV", moved, shifted);
     for (int i = 0; i < n; i++)
@@ -515,7 +517,8 @@ int main(void)
         test_in_flight();
         test_cancel();
         test_budget();
-        test_overflow_shift();
+        test_overflow_shift("shift-conv");
+        test_overflow_shift(NULL);
         free(system_prompt);
     }
     kvc_model_free(model);

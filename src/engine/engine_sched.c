@@ -130,13 +130,15 @@ void kvc_engine_tier_gauges(kvc_engine *e, kvc_engine_metrics *m)
 
 /* The session for a request: its key's (NULL while another request of that
  * key holds it), else the idle unkeyed one sharing the longest token prefix
- * with it, else the least recently used idle one, reset (NULL when none). A
- * cold request (no_cache) always gets the last kind, and no key. */
+ * with it, else (a request a context shift cut) the idle unkeyed one whose
+ * last prompt it continues with turns dropped, else the least recently used
+ * idle one, reset (NULL when none). A cold request (no_cache) always gets the
+ * last kind, and no key. */
 static session_slot *pick_slot(kvc_engine *e, const kvc_request *r)
 {
     const bool cold = r->chat.no_cache;
     const char *key = cold ? NULL : r->session_key;
-    session_slot *best = NULL, *lru = NULL;
+    session_slot *best = NULL, *lru = NULL, *shifted = NULL;
     int64_t best_len = 0;
     for (int32_t i = 0; i < e->n_slots; i++) {
         session_slot *sl = &e->slots[i];
@@ -154,8 +156,13 @@ static session_slot *pick_slot(kvc_engine *e, const kvc_request *r)
         if (sl->s->n_prompt > 0 && len >= sl->s->n_prompt && len > best_len) {
             best = sl;
             best_len = len;
+        } else if (r->dropped > 0 && !shifted &&
+                   kvc_session_continues_shifted(sl->s, r->toks.v, r->toks.n, len)) {
+            shifted = sl;
         }
     }
+    if (!best)
+        best = shifted;
     if (best || !lru)
         return best;
     kvc_session_spill_tail(lru->s);

@@ -162,3 +162,29 @@ int64_t kvc_session_common(const kvc_session *s, const int32_t *tokens, int64_t 
         i++;
     return i;
 }
+
+int64_t kvc_session_find_moved(const int32_t *nw, int64_t n_new, const int32_t *old,
+                               int64_t n_old, int64_t s, int64_t *k)
+{
+    int64_t best_a = -1, best_k = 0;
+    for (int64_t a = s + 1; a < n_old && n_old - a > best_k; a++) {
+        int64_t j = 0;
+        while (s + j < n_new && a + j < n_old && nw[s + j] == old[a + j])
+            j++;
+        if (j > best_k) {
+            best_k = j;
+            best_a = a;
+        }
+    }
+    *k = best_k;
+    return best_a;
+}
+
+bool kvc_session_continues_shifted(const kvc_session *s, const int32_t *tokens, int64_t n,
+                                   int64_t common)
+{
+    if (s->n_prompt <= 0 || common >= s->n_prompt)
+        return false;
+    int64_t k, a = kvc_session_find_moved(tokens, n, s->toks.v, s->toks.n, common, &k);
+    return a > common && k > 0 && a + k >= s->n_prompt;
+}

@@ -92,6 +92,20 @@ uint64_t kvc_namespace_id(const char *name);
 /* How many of tokens[0, n) the session's conversation starts with. */
 int64_t kvc_session_common(const kvc_session *s, const int32_t *tokens, int64_t n);
 
+/* Where the kept turns of a shifted prompt nw[0, n_new) are in a session's
+ * tokens old[0, n_old): the offset a > s where the longest run of nw[s, n_new)
+ * starts in old; its length in *k (0 and -1: none). */
+int64_t kvc_session_find_moved(const int32_t *nw, int64_t n_new, const int32_t *old,
+                               int64_t n_old, int64_t s, int64_t *k);
+
+/* Do tokens[0, n), which share `common` tokens with the session's (less than
+ * its last prompt), continue its conversation after a context shift dropped
+ * turns? Yes when the rest of its last prompt, from some point after the
+ * common part on, follows the common part in tokens: the request is the
+ * session's last prompt with a run of it taken out. */
+bool kvc_session_continues_shifted(const kvc_session *s, const int32_t *tokens, int64_t n,
+                                   int64_t common);
+
 /* ------------------------------------------------------- session_turn.c */
 
 typedef struct kvc_turn kvc_turn;

@@ -320,26 +320,6 @@ static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int32_t tail, int64_t
 
 /* ------------------------------------------------------- context shift */
 
-/* Where the kept turns of a shifted prompt are in the session's cache: the
- * offset a > s in old[0, n_old) where the longest run of new[s, n_new) starts;
- * its length in *k (0: none). */
-static int64_t find_moved(const int32_t *nw, int64_t n_new, const int32_t *old, int64_t n_old,
-                          int64_t s, int64_t *k)
-{
-    int64_t best_a = -1, best_k = 0;
-    for (int64_t a = s + 1; a < n_old && n_old - a > best_k; a++) {
-        int64_t j = 0;
-        while (s + j < n_new && a + j < n_old && nw[s + j] == old[a + j])
-            j++;
-        if (j > best_k) {
-            best_k = j;
-            best_a = a;
-        }
-    }
-    *k = best_k;
-    return best_a;
-}
-
 /* Move the K/V of positions [a, a + k) of the session's sequence to [own,
  * own + k), K re-rotated by own - a, in place (a > own: every row is read
  * before it is overwritten), and cut the sequence at own + k. Blocks written
@@ -508,7 +488,7 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
      * move them (re-rotating K) rather than compute them again */
     int64_t sh_a = -1, sh_k = 0;
     if (cache && t->dropped > 0 && t->p.overflow == KVC_OVERFLOW_SHIFT && own < n - 1) {
-        sh_a = find_moved(t->toks.v, n, s->toks.v, kv_len, own, &sh_k);
+        sh_a = kvc_session_find_moved(t->toks.v, n, s->toks.v, kv_len, own, &sh_k);
         sh_k = KVC_MIN(sh_k, n - 1 - own);
         if (sh_a < 0 || sh_k < 1 || own + sh_k <= matched)
             sh_k = 0;
