@@ -51,7 +51,9 @@ int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir
 
 /* The same, with the disk tier optional (mib 0: none) and the shared tier in
  * Redis behind it (redis NULL: none; its model_fp is filled in here). Redis
- * being down is no error (block_store_redis.h). */
+ * being down is no error (block_store_redis.h). A pool with window groups
+ * (kv.h) gets no tiers for now (KVC_OK, c->tiers stays NULL): a tier record
+ * is one contiguous block. */
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err);
 

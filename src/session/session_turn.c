@@ -374,17 +374,10 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
         room(c, c->promised + n_cow, user);
     if (kvc_kv_n_free(pool) - c->promised < n_cow)
         return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full during a context shift");
-    for (int32_t i = first; i <= last; i++)
-        if (kvc_kv_block_refcount(pool, seq->blocks[i]) > 1) {
-            int32_t nb = kvc_kv_block_alloc(pool);
-            if (nb < 0)                      /* cannot happen: counted free above */
-                return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full during a context shift");
-            memcpy(kvc_kv_k(pool, nb, 0, 0), kvc_kv_k(pool, seq->blocks[i], 0, 0),
-                   kvc_kv_block_bytes(pool));
-            kvc_kv_block_unref(pool, seq->blocks[i]);
-            seq->blocks[i] = nb;
-        }
-    int rc = kvc_compute_move_kv(c->compute, pool, seq->blocks, a, seq->blocks, own, k, err);
+    int rc = kvc_kv_seq_make_private(pool, seq, first, last + 1, err);   /* counted free above */
+    if (rc)
+        return rc;
+    rc = kvc_compute_move_kv(c->compute, pool, seq->blocks, a, seq->blocks, own, k, err);
     kvc_kv_seq_truncate(pool, seq, rc ? own : own + k);
     return rc;
 }
