@@ -304,6 +304,37 @@ static void test_fork_and_append(void)
     kvc_kv_pool_free(pool);
 }
 
+/* Cached blocks below the window of the length they make may come
+ * without their window chunk; those the window needs may not. */
+static void test_append_evicted(void)
+{
+    kvc_kv_pool *pool = new_pool(32, 8);
+    kvc_kv_seq a, big, d, one;
+    kvc_kv_seq_init(&a);
+    kvc_kv_seq_init(&big);
+    kvc_kv_seq_init(&d);
+    kvc_kv_seq_init(&one);
+    int64_t held = 0;
+    kvc_err e = { 0 };
+    decode_to(pool, &a, 100, &held);                           /* holds 3-6, released 0-2 */
+    CHECK(kvc_kv_seq_reserve(pool, &big, 4 * B, &e) == KVC_OK);   /* 1 free + a's 0-2 */
+    CHECK(!kvc_kv_block_has(pool, a.blocks[0], 1) && !kvc_kv_block_has(pool, a.blocks[2], 1));
+    CHECK(kvc_kv_seq_append_blocks(pool, &d, a.blocks, 6, &e) == KVC_OK);
+    CHECK_EQ_INT(d.n_tokens, 96);
+    CHECK_EQ_INT(d.from[1], (96 - W) / B);
+    CHECK(kvc_kv_seq_append_blocks(pool, &one, a.blocks, 1, &e) == KVC_ERR_INVALID_ARG &&
+          strstr(e.msg, "evicted"));
+    CHECK_EQ_INT(one.n_blocks, 0);
+    CHECK_EQ_INT(kvc_kv_seq_truncate(pool, &d, 40), 0);   /* its window there is gone */
+    kvc_kv_seq_release(pool, &a);
+    kvc_kv_seq_release(pool, &big);
+    kvc_kv_seq_release(pool, &d);
+    kvc_kv_seq_release(pool, &one);
+    CHECK_EQ_INT(kvc_kv_n_free(pool), 32);
+    CHECK_EQ_INT(kvc_kv_group_n_free(pool, 1), 8);
+    kvc_kv_pool_free(pool);
+}
+
 static void test_groups_of_layers(void)
 {
     /* Gemma 3's pattern (5 local, 1 global), and a second window */
@@ -337,5 +368,6 @@ int main(void)
     test_tree_hits();
     test_dead_leaf_first();
     test_fork_and_append();
+    test_append_evicted();
     return test_done("test_kv_groups");
 }

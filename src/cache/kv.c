@@ -679,12 +679,22 @@ int kvc_kv_seq_append_blocks(kvc_kv_pool *pool, kvc_kv_seq *seq,
     int rc = seq_grow_table(seq, seq->n_blocks + n, err);
     if (rc)
         return rc;
+    int64_t from[KVC_KV_MAX_GROUPS];   /* what the window of len needs: held, the rest not */
+    for (int32_t g = 1; g < pool->p.n_groups; g++) {
+        from[g] = window_from(len, pool->g_params[g].window, B);
+        seq_hold_from(pool, seq, g, from[g]);
+    }
     for (int32_t i = 0; i < n; i++) {
         kvc_kv_block_ref(pool, blocks[i]);
-        seq_push(pool, seq, blocks[i]);
+        const int32_t at = seq->n_blocks;
+        seq->blocks[seq->n_blocks++] = blocks[i];
+        for (int32_t g = 1; g < pool->p.n_groups; g++)
+            if (at >= from[g])
+                hold(pool, g, blocks[i], 1);
+            else
+                seq->from[g] = seq->n_blocks;
     }
     seq->n_tokens = len;
-    kvc_kv_seq_slide(pool, seq);
     return KVC_OK;
 }
 

@@ -301,6 +301,9 @@ static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int32_t tail, int64_t
     kvc_kv_seq *seq = SEQ(t);
     const int64_t B = kvc_kv_block_tokens(c->pool);
     int32_t keep = (int32_t)(KVC_MIN(own, (int64_t)m->n_full * B) / B);
+    /* a window group may keep fewer of its own (their window evicted): the
+     * tree's blocks take their place */
+    keep = (int32_t)(kvc_kv_seq_truncate(c->pool, seq, (int64_t)keep * B) / B);
     int32_t nb = m->n_full - keep + (m->partial || tail >= 0 ? 1 : 0);
     int32_t *blocks = malloc((size_t)KVC_MAX(nb, 1) * sizeof(int32_t));
     if (!blocks)
@@ -311,7 +314,6 @@ static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int32_t tail, int64_t
         blocks[nb - 1] = tail;
     else if (m->partial)
         blocks[nb - 1] = m->partial->block;
-    kvc_kv_seq_truncate(c->pool, seq, (int64_t)keep * B);
     int rc = kvc_kv_seq_append_blocks(c->pool, seq, blocks, nb, err);
     free(blocks);
     kvc_kv_seq_truncate(c->pool, seq, len);
