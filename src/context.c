@@ -184,6 +184,46 @@ void kvc_context_free(kvc_context *c)
     free(c);
 }
 
+int kvc_context_set_windows(kvc_context *c, const int32_t *window, int64_t n_window, kvc_err *err)
+{
+    bool fresh = !c->tiers && kvc_pc_n_nodes(c->pc) == 0 && n_window >= 0;
+    for (int32_t s = 0; fresh && s < c->p.n_seq; s++)
+        fresh = c->seqs[s].n_blocks == 0;
+    if (!fresh)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "memory groups: %s",
+                        n_window < 0 ? "negative window capacity" : "the context's cache is in use already");
+    const int32_t n_layer = c->model->hp.n_layer;
+    kvc_kv_group groups[KVC_KV_MAX_GROUPS];
+    kvc_kv_layer *layers = malloc((size_t)n_layer * sizeof(*layers));
+    if (!layers)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    int rc = kvc_kv_groups_of_layers(n_layer, window, NULL, NULL, groups, layers, err);
+    kvc_kv_pool *pool = NULL;
+    kvc_prefix_cache *pc = NULL;
+    if (rc > 0) {
+        for (int32_t g = 1; g < rc; g++)
+            groups[g].n_blocks = n_window;
+        kvc_kv_pool_params pp = *kvc_kv_pool_params_of(c->pool);
+        pp.n_groups = rc;
+        pp.groups = groups;
+        pp.layers = layers;
+        rc = kvc_kv_pool_new(&pp, &pool, err);
+    }
+    if (!rc)
+        rc = kvc_pc_new(pool, &pc, err);
+    free(layers);
+    if (rc) {
+        kvc_pc_free(pc);
+        kvc_kv_pool_free(pool);
+        return rc;
+    }
+    kvc_pc_free(c->pc);
+    kvc_kv_pool_free(c->pool);
+    c->pc = pc;
+    c->pool = pool;
+    return KVC_OK;
+}
+
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err)
 {
