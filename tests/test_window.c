@@ -6,9 +6,13 @@
  * whether the prompt runs in one batch, in chunks of 16, or token by token,
  * and for every KV type; without the window they differ (the window is in
  * effect). A truncation back into the evicted part keeps less, and the
- * positions recomputed from there give the same bits again. */
+ * positions recomputed from there give the same bits again. And a chat of
+ * five turns (T2 and T3 extend, T4 diverges right after T1's prompt, T5 20
+ * tokens earlier) reuses every token before each divergence, the window
+ * chunks of T1's end long released, with replies equal to a fresh context's. */
 #include "context.h"
 #include "kv.h"
+#include "session.h"
 #include "model_gen.h"
 #include "test.h"
 
@@ -65,6 +69,121 @@ static float *run(kvc_model *m, int32_t kv_type, int32_t window, int64_t n_windo
     return out;
 }
 
+/* A context of m with layer 0 windowed (W), window chunks for every block. */
+static kvc_context *window_ctx(kvc_model *m)
+{
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = 2048;
+    cp.n_threads = 2;
+    kvc_context *c = NULL;
+    char err[512];
+    CHECKF(kvc_context_new(m, &cp, &c, err, sizeof(err)) == KVC_OK, "%s", err);
+    int32_t win[64] = { W };
+    kvc_err e = { 0 };
+    if (c)
+        CHECKF(kvc_context_set_windows(c, win, 0, &e) == KVC_OK, "%s", e.msg);
+    return c;
+}
+
+static char *chat(kvc_session *s, const kvc_chat_message *msgs, size_t n, kvc_chat_stats *st)
+{
+    kvc_chat_params p = kvc_chat_default_params();
+    p.max_tokens = 12;
+    p.sampling.temperature = 0.0f;
+    char err[512], *reply = NULL;
+    CHECKF(kvc_session_chat(s, msgs, n, &p, NULL, NULL, &reply, st, err, sizeof(err)) == KVC_OK, "%s", err);
+    return reply ? reply : strdup("");
+}
+
+/* Prompt tokens of msgs[0, n) (what a turn on them starts with). */
+static int32_t prompt_len(kvc_session *s, const kvc_chat_message *msgs, size_t n)
+{
+    kvc_chat_stats st = { 0 };
+    kvc_chat_params p = kvc_chat_default_params();
+    p.max_tokens = 1;
+    char err[512], *reply = NULL;
+    kvc_session_chat(s, msgs, n, &p, NULL, NULL, &reply, &st, err, sizeof(err));
+    free(reply);
+    return st.prompt_tokens;
+}
+
+static void test_five_turns(kvc_model *m)
+{
+    static char long1[8000], long2[8000];
+    size_t o1 = 0, o2 = 0;
+    for (int i = 0; i < 140; i++) {
+        o1 += (size_t)snprintf(long1 + o1, sizeof(long1) - o1, "w%d ", (i * 37) % 101);
+        o2 += (size_t)snprintf(long2 + o2, sizeof(long2) - o2, "v%d ", (i * 53) % 97);
+    }
+    kvc_context *c = window_ctx(m);
+    char err[512];
+    kvc_session *s = c ? kvc_session_new(c, 0, NULL, err, sizeof(err)) : NULL;
+    CHECKF(s, "%s", err);
+    if (!s) {
+        kvc_context_free(c);
+        return;
+    }
+    kvc_chat_message msgs[8] = { { "user", long1 } };
+    kvc_chat_stats st[6] = { { 0 } };
+    char *r1 = chat(s, msgs, 1, &st[1]);
+    msgs[1] = (kvc_chat_message){ "assistant", r1 };
+    msgs[2] = (kvc_chat_message){ "user", long2 };
+    char *r2 = chat(s, msgs, 3, &st[2]);
+    msgs[3] = (kvc_chat_message){ "assistant", r2 };
+    msgs[4] = (kvc_chat_message){ "user", "and now?" };
+    char *r3 = chat(s, msgs, 5, &st[3]);
+    /* T4: T1's messages and another user message after it */
+    kvc_chat_message t4[2] = { { "user", long1 }, { "assistant", "something else entirely" } };
+    kvc_chat_message t4b[3] = { t4[0], t4[1], { "user", "go on" } };
+    char *r4 = chat(s, t4b, 3, &st[4]);
+    /* T5: the first message cut 20 words short */
+    char cut[8000];
+    memcpy(cut, long1, o1);
+    size_t k = o1;
+    for (int words = 0; words < 21 && k > 0; k--)
+        words += cut[k - 1] == ' ';
+    cut[k] = 0;
+    kvc_chat_message t5[1] = { { "user", cut } };
+    char *r5 = chat(s, t5, 1, &st[5]);
+    CHECKF(st[2].cached_tokens >= st[1].prompt_tokens, "T2 reused %d of T1's %d", st[2].cached_tokens,
+           st[1].prompt_tokens);
+    CHECKF(st[3].cached_tokens >= st[2].prompt_tokens, "T3 reused %d of T2's %d", st[3].cached_tokens,
+           st[2].prompt_tokens);
+    printf("  five turns: prompt/cached %d/%d %d/%d %d/%d %d/%d %d/%d\n", st[1].prompt_tokens,
+           st[1].cached_tokens, st[2].prompt_tokens, st[2].cached_tokens, st[3].prompt_tokens,
+           st[3].cached_tokens, st[4].prompt_tokens, st[4].cached_tokens, st[5].prompt_tokens,
+           st[5].cached_tokens);
+    /* the divergence points, by the prompts a fresh session renders */
+    kvc_context *f = window_ctx(m);
+    kvc_session *fs = f ? kvc_session_new(f, 0, NULL, err, sizeof(err)) : NULL;
+    if (fs) {
+        const struct { const kvc_chat_message *m; size_t n; const char *r; int t; } turns[] = {
+            { msgs, 1, r1, 1 }, { msgs, 3, r2, 2 }, { msgs, 5, r3, 3 }, { t4b, 3, r4, 4 }, { t5, 1, r5, 5 } };
+        for (size_t i = 0; i < KVC_ARRAY_LEN(turns); i++) {
+            kvc_session_reset(fs);
+            kvc_chat_stats cs = { 0 };
+            char *cold = chat(fs, turns[i].m, turns[i].n, &cs);
+            CHECKF(strcmp(cold, turns[i].r) == 0, "T%d: warm reply differs from a fresh context's", turns[i].t);
+            free(cold);
+        }
+        /* T4 shares T1's prompt but its last token (a generation prompt
+         * rendered differently: at least all but the assistant header);
+         * T5 shares T1's up to its cut */
+        kvc_session_reset(fs);
+        kvc_chat_message t1only[1] = { { "user", long1 } };
+        const int32_t n1 = prompt_len(fs, t1only, 1);
+        kvc_session_reset(fs);
+        const int32_t n5 = prompt_len(fs, t5, 1);
+        CHECKF(st[4].cached_tokens >= n1 - 8, "T4 reused %d, T1's prompt is %d", st[4].cached_tokens, n1);
+        CHECKF(st[5].cached_tokens >= n5 - 8, "T5 reused %d of %d", st[5].cached_tokens, n5);
+    }
+    kvc_session_free(fs);
+    kvc_context_free(f);
+    free(r1); free(r2); free(r3); free(r4); free(r5);
+    kvc_session_free(s);
+    kvc_context_free(c);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/kvc_window_XXXXXX", path[4200];
@@ -104,6 +223,7 @@ int main(void)
         free(one);
         free(full);
     }
+    test_five_turns(m);
     kvc_model_release(m);
     unlink(path);
     rmdir(dir);
