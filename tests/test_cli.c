@@ -241,8 +241,12 @@ int main(void)
         if (sb && sscanf(sb, "side by side, 2 pairs: turn 1 computes %d tokens on a fresh context, turn 3 %d", &p1,
                          &p3) != 2)
             p1 = p3 = -2;
-        CHECKF(c1 > 0 && c3 > 0 && p1 == c1 && p3 == c3, "bench chat pairs compute %d and %d, the turns %d and %d",
-               p1, p3, c1, c3);
+        /* A prompt is tokenized whole between template control tokens, so the
+         * last token of the next turn's header may merge with the message that
+         * follows it: the background step, which renders the header without the
+         * message, can leave that one token to the turn. */
+        CHECKF(c1 > 0 && c3 > 0 && p1 == c1 && (p3 == c3 || p3 + 1 == c3),
+               "bench chat pairs compute %d and %d, the turns %d and %d", p1, p3, c1, c3);
     }
     free(out);
 
