@@ -2,7 +2,6 @@
 #include "kv.h"
 #include "quant.h"
 
-#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,23 +94,24 @@ int32_t kvc_kv_block_alloc(kvc_kv_pool *pool)
     if (pool->n_free == 0)
         return -1;
     int32_t b = pool->free_stack[--pool->n_free];
+    KVC_ASSERT(pool->refcount[b] == 0);   /* the free stack holds each free block once */
     pool->refcount[b] = 1;
     return b;
 }
 
 void kvc_kv_block_ref(kvc_kv_pool *pool, int32_t block)
 {
-    assert(pool->refcount[block] > 0);   /* a free block is taken by alloc, not ref */
+    KVC_ASSERT(pool->refcount[block] > 0);   /* a free block is taken by alloc, not ref */
     if (++pool->refcount[block] == 2 && pool->tag[block])
         pool->watch(pool->watch_user, pool->tag[block], 2);
 }
 
 void kvc_kv_block_unref(kvc_kv_pool *pool, int32_t block)
 {
-    assert(pool->refcount[block] > 0);
+    KVC_ASSERT(pool->refcount[block] > 0);
     int32_t rc = --pool->refcount[block];
     if (rc == 0) {
-        assert(!pool->tag[block]);         /* the watcher untags before its last unref */
+        KVC_ASSERT(!pool->tag[block]);         /* the watcher untags before its last unref */
         pool->free_stack[pool->n_free++] = block;
     } else if (rc == 1 && pool->tag[block]) {
         pool->watch(pool->watch_user, pool->tag[block], 1);
@@ -126,7 +126,7 @@ void kvc_kv_set_watch(kvc_kv_pool *pool, kvc_kv_watch_fn fn, void *user)
 
 void kvc_kv_block_tag(kvc_kv_pool *pool, int32_t block, void *tag)
 {
-    assert(!tag || pool->watch);
+    KVC_ASSERT(!tag || pool->watch);
     pool->tag[block] = tag;
 }
 
