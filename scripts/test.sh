@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build and run the test suite: a Release build, then the same tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer. Tests that need ../shared
-# (reference models, vocabularies) skip their cases when it is absent.
+# Build and run the test suite: a Release build (with bench/ compiled, so it
+# cannot rot), then the same tests under AddressSanitizer +
+# UndefinedBehaviorSanitizer without NDEBUG (every assert() runs; KVC_ASSERT
+# runs in both). Tests that need ../shared (reference models, vocabularies)
+# skip their cases when it is absent.
 #   scripts/test.sh           both builds
 #   scripts/test.sh --quick   the Release build only
 set -euo pipefail
@@ -11,13 +13,20 @@ scripts/install-deps.sh
 scripts/install-node-deps.sh || echo "node tests will skip" >&2
 
 jobs=$(nproc)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+stage() { echo "== test.sh: $1 ($((SECONDS / 60))m$((SECONDS % 60))s)"; }
+
+stage "Release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_BENCH=ON | grep '^-- kvchat:'
 ninja -C build
+stage "Release tests"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
 if [ "${1:-}" != "--quick" ]; then
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_SANITIZE=ON >/dev/null
+  stage "ASan + UBSan build"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_SANITIZE=ON |
+    grep '^-- kvchat:'
   ninja -C build-asan
+  stage "ASan + UBSan tests"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
 fi
