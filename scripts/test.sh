@@ -2,10 +2,12 @@
 # Build and run the test suite: a Release build (with bench/ compiled, so it
 # cannot rot), then the same tests under AddressSanitizer +
 # UndefinedBehaviorSanitizer without NDEBUG (every assert() runs; KVC_ASSERT
-# runs in both). Tests that need ../shared (reference models, vocabularies)
-# skip their cases when it is absent.
-#   scripts/test.sh           both builds
+# runs in both), then the libFuzzer targets, each fuzzed for a minute on its
+# seeds (scripts/fuzz.sh). Tests that need ../shared (reference models,
+# vocabularies) skip their cases when it is absent.
+#   scripts/test.sh           all three
 #   scripts/test.sh --quick   the Release build only
+# KVC_FUZZ_SECONDS: how long each fuzz target runs (60; 0 skips fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -29,4 +31,8 @@ if [ "${1:-}" != "--quick" ]; then
   stage "ASan + UBSan tests"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
+  if [ "${KVC_FUZZ_SECONDS:-60}" != 0 ]; then
+    stage "fuzzing"
+    scripts/fuzz.sh "${KVC_FUZZ_SECONDS:-60}"
+  fi
 fi
