@@ -6,7 +6,10 @@
  * the bugs the pool and the tree must refuse: a double kvc_kv_block_unref
  * (before KVC_ASSERT it left a reference count of -1, silently, in both CI
  * builds, which defined NDEBUG), a reference taken on a free block, a double
- * kvc_pc_unpin. A control case doing the same calls correctly exits 0. */
+ * kvc_pc_unpin. A control case doing the same calls correctly exits 0.
+ * Built without NDEBUG (the sanitizer builds), plain assert() must abort too;
+ * a sanitizer build (KVC_WANT_ASSERTS) that defines NDEBUG fails. */
+#include <assert.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -33,6 +36,14 @@ static void plain_false(void)
     int one = 1;
     KVC_ASSERT(one == 2);
 }
+
+#ifndef NDEBUG
+static void c_assert(void)
+{
+    int one = 1;
+    assert(one == 2);
+}
+#endif
 
 static void double_unref(void)
 {
@@ -126,8 +137,17 @@ int main(void)
 {
 #ifdef NDEBUG
     printf("test_assert: built with NDEBUG (plain assert() is off; KVC_ASSERT is not)\n");
+#ifdef KVC_WANT_ASSERTS
+    CHECKF(false, "a sanitizer build defines NDEBUG: its assert()s do not run");
+#endif
 #else
-    printf("test_assert: built without NDEBUG\n");
+    printf("test_assert: built without NDEBUG (assert() and KVC_ASSERT run)\n");
+    {
+        char out[4096];
+        int st = run_child(c_assert, out, sizeof(out));
+        CHECKF(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(out, "one == 2"),
+               "assert(): status %#x: %s", st, out);
+    }
 #endif
     expect_abort("plain_false", plain_false, "test_assert.c:", "one == 2");
     expect_abort("double_unref", double_unref, "kv.c:", "pool->refcount[block] > 0");
