@@ -1,7 +1,8 @@
 /* ab_kernels.c - an AVX2 matmul kernel of an older revision against the
  * working tree's, in one process, alternating call by call. Not a test; built
  * and run by bench/ab_kernels.sh, which compiles both revisions' kernel files
- * with their entry points renamed old_* and new_*.
+ * with their entry points renamed old_* and new_*. (-DKVC_BENCH=ON links it
+ * with both sides bound to the tree's kernels, so CI keeps it building.)
  *
  * WHY. The machines are shared and noisy: the same binary's speed moves by
  * 10-20% from one run to the next, more than most kernel changes. Timing the

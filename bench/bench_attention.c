@@ -6,7 +6,7 @@
  * The "vnni" row is the integer scheme (attention.h), the others the float
  * one. Not a test.
  *
- * Build (from the repo root; not in CMake):
+ * Build: `cmake -DKVC_BENCH=ON` makes build/bench_attention; by hand, from the repo root:
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Isrc/kernels \
  *       bench/bench_attention.c build/libkvchat.a -lm -lpthread -o bench_attention
  * Run: ./bench_attention [depth, default 4096] [tile tokens, default 18] */

@@ -10,7 +10,7 @@
  *   alone usually finds them warm).
  * open: the index rebuilt from the directory (a restart).
  *
- * Build (from the repo root; not in CMake):
+ * Build: `cmake -DKVC_BENCH=ON` makes build/bench_block_store; by hand, from the repo root:
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cache bench/bench_block_store.c \
  *       build/libkvchat.a -lxxhash -lm -lpthread -o bench_block_store
  * Run: ./bench_block_store DIR [blocks, default 512] */

@@ -9,7 +9,7 @@
  * skews them less. The "string" schema is the worst case: inside a free string
  * almost every token is allowed, so the walk visits most of the trie.
  *
- * Build (from the repo root; not in CMake):
+ * Build: `cmake -DKVC_BENCH=ON` makes build/bench_grammar; by hand, from the repo root:
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc -Isrc/grammar -Isrc/tokenizer -Isrc/gguf \
  *       -Isrc/model bench/bench_grammar.c build/libkvchat.a -lcjson -lpcre2-8 -lxxhash \
  *       -lmicrohttpd -lhiredis -lm -lpthread -o bench_grammar

@@ -11,7 +11,7 @@
  * read from memory (a plain sum over COLD_BYTES) to compare the bracketed
  * decode GB/s with.
  *
- * Build (from the repo root; not in CMake):
+ * Build: `cmake -DKVC_BENCH=ON` makes build/bench_kernels; by hand, from the repo root:
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Isrc/kernels bench/bench_kernels.c \
  *       build/libkvchat.a -lm -lpthread -o bench_kernels
  * Run: ./bench_kernels [seconds-per-case, default 0.3] [threads, default 1] [isa] [type] */

@@ -16,7 +16,7 @@
  * ~19-30 multiply-adds a cycle, against FMA's 16. Run it a few times and read
  * the best figures.
  *
- * Build: gcc -O2 bench/isa_roofs.c -o isa_roofs        Run: ./isa_roofs [seconds, default 0.5] */
+ * Build: gcc -O2 bench/isa_roofs.c -o isa_roofs (-DKVC_BENCH=ON: build/isa_roofs)   Run: ./isa_roofs [seconds, default 0.5] */
 #define _POSIX_C_SOURCE 199309L   /* clock_gettime */
 #include <stdio.h>
 #include <stdlib.h>

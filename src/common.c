@@ -1,4 +1,4 @@
-/* common.c - error messages, clock and aligned memory. */
+/* common.c - error messages, failed invariants, clock and aligned memory. */
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
 
@@ -65,4 +65,11 @@ bool kvc_grow(void **arr, size_t *cap, size_t n, size_t elsize)
     *arr = p;
     *cap = cap2;
     return true;
+}
+
+_Noreturn void kvc_assert_fail(const char *file, int line, const char *cond)
+{
+    fprintf(stderr, "%s:%d: KVC_ASSERT(%s) failed\n", file, line, cond);
+    fflush(stderr);
+    abort();
 }

@@ -27,6 +27,16 @@ int kvc_fail(kvc_err *err, int code, const char *fmt, ...)
 int kvc_err_prefix(kvc_err *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* KVC_ASSERT(cond): an invariant of kvchat's own code (a block's reference
+ * count, a node's pins), checked in every build whatever NDEBUG says, as
+ * llama.cpp's GGML_ASSERT. A false one is a bug, not bad input, so the one
+ * exception to "library code never prints or exits": it prints file:line and
+ * the condition to stderr and aborts. Keep the condition cheap (no loops, no
+ * calls that cost); input errors return a status instead. */
+#define KVC_ASSERT(cond) \
+    (__builtin_expect(!!(cond), 1) ? (void)0 : kvc_assert_fail(__FILE__, __LINE__, #cond))
+_Noreturn void kvc_assert_fail(const char *file, int line, const char *cond);
+
 #define KVC_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define KVC_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define KVC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

@@ -50,6 +50,7 @@ static void run_tasks(kvc_threadpool *tp, unsigned run, kvc_task_fn fn, void *ct
         if (!atomic_compare_exchange_weak_explicit(&tp->next, &v, v + 1, memory_order_acq_rel,
                                                    memory_order_relaxed))
             continue;
+        KVC_ASSERT(thread < tp->n_threads);
         fn(ctx, (int64_t)(v & 0xffffffffu), thread);
         atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
     }
@@ -138,6 +139,7 @@ void kvc_threadpool_run(kvc_threadpool *tp, int64_t n_tasks, kvc_task_fn fn, voi
 {
     if (n_tasks <= 0)
         return;
+    KVC_ASSERT(n_tasks <= 0xffffffff);   /* a task index is the counter's low 32 bits */
     if (tp->n_threads == 1 || n_tasks == 1) {
         for (int64_t t = 0; t < n_tasks; t++)
             fn(ctx, t, 0);
@@ -163,4 +165,5 @@ void kvc_threadpool_run(kvc_threadpool *tp, int64_t n_tasks, kvc_task_fn fn, voi
     run_tasks(tp, run, fn, ctx, n_tasks, 0);
     while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_tasks)
         __builtin_ia32_pause();
+    KVC_ASSERT(atomic_load(&tp->done) == n_tasks);   /* no task ran twice */
 }

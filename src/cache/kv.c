@@ -4,7 +4,6 @@
 #include "kv.h"
 #include "quant.h"
 
-#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -350,7 +349,7 @@ static void hold(kvc_kv_pool *pool, int32_t g, int32_t block, int delta)
 {
     kv_slab *s = &pool->slab[g];
     const int32_t c = s->chunk[block];
-    assert(c >= 0 && s->hold[block] + delta >= 0);
+    KVC_ASSERT(c >= 0 && s->hold[block] + delta >= 0);
     s->hold[block] += delta;
     if (delta > 0 && s->hold[block] == 1) {
         list_remove(s, c);
@@ -369,6 +368,7 @@ int32_t kvc_kv_block_alloc(kvc_kv_pool *pool)
     if (s0->n_free == 0)
         return -1;
     const int32_t b = s0->free_stack[s0->n_free - 1];
+    KVC_ASSERT(pool->refcount[b] == 0);   /* the free stack holds each free block once */
     for (int32_t g = 1; g < pool->p.n_groups; g++)
         if (chunk_alloc(pool, &pool->slab[g], b) < 0) {
             while (--g >= 1)
@@ -382,19 +382,19 @@ int32_t kvc_kv_block_alloc(kvc_kv_pool *pool)
 
 void kvc_kv_block_ref(kvc_kv_pool *pool, int32_t block)
 {
-    assert(pool->refcount[block] > 0);   /* a free block is taken by alloc, not ref */
+    KVC_ASSERT(pool->refcount[block] > 0);   /* a free block is taken by alloc, not ref */
     if (++pool->refcount[block] == 2 && pool->tag[block])
         pool->watch(pool->watch_user, pool->tag[block], 2);
 }
 
 void kvc_kv_block_unref(kvc_kv_pool *pool, int32_t block)
 {
-    assert(pool->refcount[block] > 0);
+    KVC_ASSERT(pool->refcount[block] > 0);
     int32_t rc = --pool->refcount[block];
     if (rc == 0) {
-        assert(!pool->tag[block]);         /* the watcher untags before its last unref */
+        KVC_ASSERT(!pool->tag[block]);         /* the watcher untags before its last unref */
         for (int32_t g = 1; g < pool->p.n_groups; g++) {
-            assert(pool->slab[g].chunk[block] < 0 || pool->slab[g].hold[block] == 0);
+            KVC_ASSERT(pool->slab[g].chunk[block] < 0 || pool->slab[g].hold[block] == 0);
             chunk_free(&pool->slab[g], block);
         }
         pool->slab[0].free_stack[pool->slab[0].n_free++] = block;
@@ -421,7 +421,7 @@ void kvc_kv_set_watch(kvc_kv_pool *pool, kvc_kv_watch_fn fn, void *user)
 
 void kvc_kv_block_tag(kvc_kv_pool *pool, int32_t block, void *tag)
 {
-    assert(!tag || pool->watch);
+    KVC_ASSERT(!tag || pool->watch);
     pool->tag[block] = tag;
     for (int32_t g = 1; g < pool->p.n_groups; g++) {   /* onto the list of its kind */
         kv_slab *s = &pool->slab[g];

@@ -4,7 +4,6 @@
 #include "prefix_cache.h"
 #include "kernels.h"
 
-#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +192,7 @@ static kvc_pc_node *find_hashed(kvc_prefix_cache *pc, uint64_t ns, kvc_pc_node *
 kvc_pc_node *kvc_pc_find(kvc_prefix_cache *pc, uint64_t ns, kvc_pc_node *parent,
                          const int32_t *tokens)
 {
-    assert(parent == pc->root || parent->ns == ns);
+    KVC_ASSERT(parent == pc->root || parent->ns == ns);
     return find_hashed(pc, ns, parent, hash_of(pc, ns, parent, tokens), tokens);
 }
 
@@ -417,7 +416,7 @@ static void lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int
 int kvc_pc_insert(kvc_prefix_cache *pc, uint64_t ns, kvc_pc_node *parent, const int32_t *tokens,
                   int32_t block, bool pending, kvc_pc_node **out, kvc_err *err)
 {
-    assert(parent == pc->root || parent->ns == ns);
+    KVC_ASSERT(parent == pc->root || parent->ns == ns);
     uint64_t h = hash_of(pc, ns, parent, tokens);
     kvc_pc_node *n = find_hashed(pc, ns, parent, h, tokens);
     if (n) {
@@ -427,7 +426,7 @@ int kvc_pc_insert(kvc_prefix_cache *pc, uint64_t ns, kvc_pc_node *parent, const 
     n = calloc(1, sizeof(*n) + (size_t)pc->B * sizeof(int32_t));
     if (!n)
         return kvc_fail(err, KVC_ERR_NOMEM, "prefix cache: out of memory");
-    assert(!kvc_kv_block_tag_of(pc->pool, block));   /* a block is in the tree once */
+    KVC_ASSERT(!kvc_kv_block_tag_of(pc->pool, block));   /* a block is in the tree once */
     memcpy(n->tokens, tokens, (size_t)pc->B * sizeof(int32_t));
     n->parent = parent;
     n->pc = pc;
@@ -467,7 +466,7 @@ void kvc_pc_set_ready(kvc_prefix_cache *pc, kvc_pc_node *node)
 
 void kvc_pc_remove(kvc_prefix_cache *pc, kvc_pc_node *n)
 {
-    assert(n->n_children == 0 && n->pins == 0);
+    KVC_ASSERT(n->n_children == 0 && n->pins == 0);
     kvc_pc_node *p = n->parent;
     if (n->on_lru)
         lru_unlink(pc, n);
@@ -501,7 +500,7 @@ void kvc_pc_unpin(kvc_pc_node *node)
 {
     if (!node || !node->parent)
         return;
-    assert(node->pins > 0);
+    KVC_ASSERT(node->pins > 0);
     if (--node->pins == 0)
         refresh(node->pc, node, ENTER_USED);
 }

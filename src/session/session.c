@@ -138,6 +138,7 @@ int kvc_session_prompt(kvc_session *s, const kvc_chat_message *msgs, size_t n,
 
 void kvc_session_keep(kvc_session *s, kvc_tokbuf *toks, int64_t n_prompt)
 {
+    KVC_ASSERT(n_prompt >= 0 && n_prompt <= toks->n && s->ctx->seqs[s->seq].n_tokens <= toks->n);
     s->n_prompt = n_prompt;
     kvc_tokbuf_free(&s->toks);
     s->toks = *toks;

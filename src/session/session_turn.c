@@ -218,6 +218,7 @@ static void set_promise(kvc_turn *t, int64_t promise)
 {
     t->s->ctx->promised += promise - t->promise;
     t->promise = promise;
+    KVC_ASSERT(promise >= 0 && t->s->ctx->promised >= promise);
 }
 
 static void update_promise(kvc_turn *t)
@@ -777,6 +778,7 @@ static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
     kvc_kv_seq *seq = SEQ(t);
     int64_t from = seq->n_tokens;
     int64_t to = t->phase == KVC_TURN_PREFILL ? t->n_fill : t->toks.n;
+    KVC_ASSERT(from <= to);              /* the sequence holds a prefix of the turn's tokens */
     const bool logits = t->kind != KVC_TURN_BACKGROUND;
     if (t->phase != KVC_TURN_PREFILL) {
         /* a decode token may start a new block: the sequence grows (the
