@@ -110,8 +110,12 @@ typedef struct kvc_schema_opts {
  * $ref to "#", "#/$defs/..." and "#/definitions/..." (recursion allowed),
  * minLength, maxLength, pattern (a regex subset: literals, ., classes,
  * \d \w \s, groups, |, * + ? {m,n}, ^ and $ at the ends), format (date, time,
- * date-time, uuid), minimum / maximum / exclusiveMinimum / exclusiveMaximum
- * for integers (|bound| < 10^15), nullable (OpenAPI). Annotations (title,
+ * date-time, uuid, email, hostname, ipv4, ipv6, uri, duration; beside a
+ * pattern, the pattern when it converts, else the format; lengths only where
+ * every string of the format meets them), minimum / maximum /
+ * exclusiveMinimum / exclusiveMaximum for integers (within 10^15: a bound
+ * beyond that is clamped when it only narrows, else refused), nullable
+ * (OpenAPI). Annotations (title,
  * description, default, examples, $schema, $id, $comment, strict...) and
  * unknown keywords are ignored; the known validation keywords not listed
  * here (not, if, uniqueItems, multipleOf, patternProperties, minProperties,
