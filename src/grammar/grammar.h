@@ -220,6 +220,14 @@ int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask);
  * cost as one uncached kvc_gmatch_mask; 0 when no token is closer (an open
  * UTF-8 character, a string's characters: use the plain mask then). */
 int32_t kvc_gmatch_mask_closer(kvc_gmatch *m, uint32_t *mask);
+/* The tokens of kvc_gmatch_mask after which kvc_gmatch_min_remaining is at
+ * most budget (and the EOG, when complete). A reply with budget + 1 tokens
+ * left that only takes these can always still end valid (every byte is a
+ * token): steering with it from a few dozen characters before the budget
+ * runs out keeps a token that opens more than it closes (a recursive
+ * schema's "[{") from making the end unreachable. Returns as
+ * kvc_gmatch_mask_closer (0: none, when min_remaining is already over). */
+int32_t kvc_gmatch_mask_within(kvc_gmatch *m, uint32_t *mask, int32_t budget);
 
 static inline size_t kvc_mask_words(int32_t n_vocab) { return ((size_t)n_vocab + 31) / 32; }
 static inline bool kvc_mask_test(const uint32_t *mask, int32_t id)

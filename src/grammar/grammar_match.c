@@ -931,6 +931,13 @@ int32_t kvc_gmatch_mask_closer(kvc_gmatch *m, uint32_t *mask)
     return mask_of(m, mask, kvc_gmatch_min_remaining(m));
 }
 
+int32_t kvc_gmatch_mask_within(kvc_gmatch *m, uint32_t *mask, int32_t budget)
+{
+    if (!m || !m->v || !mask || budget < 0)
+        return KVC_ERR_INVALID_ARG;
+    return mask_of(m, mask, budget == INT32_MAX ? budget : budget + 1);
+}
+
 kvc_gmatch_stats kvc_gmatch_get_stats(const kvc_gmatch *m)
 {
     return m ? m->stats : (kvc_gmatch_stats){ 0 };

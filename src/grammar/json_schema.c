@@ -250,7 +250,7 @@ static const char *piece(conv *c, int p)
                       "%s-n ::= [0-9]{1,9}\n"
                       "%s-d ::= %s-n \"D\" | %s-n \"M\" ( %s-n \"D\" )? | %s-n \"Y\" ( %s-n \"M\" ( %s-n \"D\" )? )?\n"
                       "%s-t ::= %s-n \"H\" ( %s-n \"M\" ( %s-n \"S\" )? )? | %s-n \"M\" ( %s-n \"S\" )? | %s-n \"S\"\n",
-                   nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm);
+                   nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm);
         break;
     }
     return nm;
