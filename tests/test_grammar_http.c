@@ -262,14 +262,14 @@ static void test_sweep(int port)
 
 /* A forced tool call (tool_choice required) swept over max_tokens 1..60:
  * the cut text of a call never shows as content ("<to" with finish
- * "length", issue 28); once the budget covers the shortest call the reply
- * is that call with finish "tool_calls". */
-static void __attribute__((unused)) test_forced_call_sweep(int port)
+ * "length", issue 28): content is null or "", and a reply without calls
+ * is "length"; streamed, no text chunk. */
+static void test_forced_call_sweep(int port)
 {
     static const char tools[] =
         "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
         "\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}]";
-    int calls = 0, bad = 0;
+    int calls = 0, bad = 0, length_calls = 0;
     for (int mt = 1; mt <= 60; mt++) {
         char body[1024];
         snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],"
@@ -282,15 +282,31 @@ static void __attribute__((unused)) test_forced_call_sweep(int port)
         bool has_calls = cJSON_GetArraySize(cJSON_GetObjectItem(msg, "tool_calls")) > 0;
         calls += has_calls;
         /* the shortest call: <tool_call>\n{"name": "get_weather", "arguments": {"city": ""}}\n</tool_call> */
+        bool is_length = finish && strcmp(finish, "length") == 0;
         bool ok = r.status == 200 && (!content || !*content) &&
-                  (has_calls ? finish && strcmp(finish, "tool_calls") == 0 : mt < 80);
+                  (has_calls ? is_length || strcmp(finish, "tool_calls") == 0 : is_length);
+        length_calls += has_calls && is_length;
         bad += !ok;
         CHECKF(ok, "forced call, max_tokens %d: %d finish %s, content \"%s\", %s", mt, r.status,
                finish ? finish : "none", content ? content : "(null)", has_calls ? "calls" : "no calls");
         cJSON_Delete(j);
         http_resp_free(&r);
     }
-    printf("forced call sweep: max_tokens 1..60: %d with tool_calls, %d wrong\n", calls, bad);
+    /* streamed: held-back text was sent at the end when no call parsed */
+    static const int streamed[] = { 3, 20, 45 };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(streamed); i++) {
+        char body[1024];
+        snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],"
+                 "\"tools\":%s,\"tool_choice\":\"required\",\"max_tokens\":%d,\"temperature\":0,"
+                 "\"stream\":true}", tools, streamed[i]);
+        http_resp r = http_request(port, "POST", chat, body, 120);
+        CHECKF(r.status == 200 && r.body && !strstr(r.body, "\"content\":\"<") &&
+               strstr(r.body, "\"finish_reason\":\""),
+               "streamed forced call, max_tokens %d: %s", streamed[i], r.body ? r.body : "");
+        http_resp_free(&r);
+    }
+    printf("forced call sweep: max_tokens 1..60: %d with tool_calls (%d of them cut: finish length), "
+           "%d wrong\n", calls, length_calls, bad);
 }
 
 int main(void)
@@ -323,6 +339,7 @@ int main(void)
         test_error_mid_reply(s.port);
         test_steered_end(s.port);
         test_sweep(s.port);
+        test_forced_call_sweep(s.port);
         test_no_stall(s.port, !generated);
     }
     http_server_stop(&s);

@@ -182,6 +182,7 @@ static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim,
         return BAD(e, "tool_choice", "tool_choice requires tools");
     r->params.chat.parse_tool_calls = have;
     r->params.chat.single_tool_call = par && cJSON_IsFalse(par);
+    r->params.chat.forced_tool_calls = force;
     if (!force)
         return 0;
     if (r->grammar)
