@@ -113,18 +113,40 @@ static const char *const schemas[] = {
     "\"string\",\"format\":\"ipv4\"},\"i6\":{\"type\":\"string\",\"format\":\"ipv6\"},\"h\":{\"type\":\"string\","
     "\"format\":\"idn-hostname\"},\"u\":{\"type\":\"string\",\"format\":\"uri\"},\"p\":{\"type\":\"string\","
     "\"format\":\"duration\"}},\"required\":[\"e\",\"i4\",\"i6\",\"h\",\"u\",\"p\"],\"additionalProperties\":false}",
-    /* 27 what zod 4's toJSONSchema writes: .int() bounds of +-(2^53-1), a
-     * format beside a pattern (email's has lookaheads), lengths with a format */
-    "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"type\":\"object\",\"properties\":{\"n\":"
-    "{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991},\"k\":{\"type\":\"integer\","
-    "\"exclusiveMinimum\":0,\"maximum\":9007199254740991},\"mail\":{\"type\":\"string\",\"format\":\"email\","
-    "\"pattern\":\"^(?!\\\\.)(?!.*\\\\.\\\\.)([A-Za-z0-9_'+\\\\-\\\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\\\-]*\\\\.)+"
-    "[A-Za-z]{2,}$\",\"minLength\":1},\"id\":{\"type\":\"string\",\"format\":\"uuid\",\"pattern\":\"^([0-9a-fA-F]{8}-"
-    "[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000)$\"},"
-    "\"at\":{\"type\":\"string\",\"format\":\"date-time\",\"pattern\":\"^(?:\\\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|"
-    "[12]\\\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\\\d|30)|(?:02)-(?:0[1-9]|1\\\\d|2[0-8])))T(?:(?:[01]\\\\d|2[0-3]):"
-    "[0-5]\\\\d(?::[0-5]\\\\d(?:\\\\.\\\\d+)?)?(?:Z))$\"},\"site\":{\"type\":\"string\",\"format\":\"uri\"}},"
-    "\"required\":[\"n\",\"k\",\"mail\",\"id\",\"at\",\"site\"],\"additionalProperties\":false}",
+    /* 27 what zod 4.x's toJSONSchema writes (npm zod, z.object of z.number().int(),
+     * .int().positive(), z.email(), z.uuid(), z.iso.datetime(), z.url(), z.iso.date(),
+     * z.iso.time(), z.iso.duration(), z.ipv4(), z.ipv6(), z.hostname(),
+     * z.string().min(1).email()): bounds of +-(2^53-1), formats beside patterns
+     * (lookaheads in some), a length beside a format */
+    "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"type\":\"object\",\"properties\":{\""
+    "n\":{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991},\"k\":{\"type\""
+    ":\"integer\",\"exclusiveMinimum\":0,\"maximum\":9007199254740991},\"mail\":{\"type\":\"string\",\"fo"
+    "rmat\":\"email\",\"pattern\":\"^(?:[A-Za-z0-9_'+\\\\-]+\\\\.)*[A-Za-z0-9_'+\\\\-]*[A-Za-z0-9_+-]@(?:"
+    "[A-Za-z0-9][A-Za-z0-9\\\\-]*\\\\.)+[A-Za-z]{2,}$\"},\"id\":{\"type\":\"string\",\"format\":\"uuid\","
+    "\"pattern\":\"^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]"
+    "{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$\"},\"at\":{\"type\""
+    ":\"string\",\"format\":\"date-time\",\"pattern\":\"^(?:(?:\\\\d\\\\d[2468][048]|\\\\d\\\\d[13579][26"
+    "]|\\\\d\\\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\\\d"
+    "|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\\\d|30)|(?:02)-(?:0[1-9]|1\\\\d|2[0-8])))T(?:(?:[01]\\\\d|2[0-"
+    "3]):[0-5]\\\\d:[0-5]\\\\d(?:\\\\.\\\\d+)?(?:Z))$\"},\"site\":{\"type\":\"string\",\"format\":\"uri\""
+    "},\"d\":{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^(?:(?:\\\\d\\\\d[2468][048]|\\\\d\\\\d"
+    "[13579][26]|\\\\d\\\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\\\d{4}-(?:(?:0[13578]|1[02])-(?:0["
+    "1-9]|[12]\\\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\\\d|30)|(?:02)-(?:0[1-9]|1\\\\d|2[0-8])))$\"},\""
+    "t\":{\"type\":\"string\",\"pattern\":\"^(?:[01]\\\\d|2[0-3]):[0-5]\\\\d(?::[0-5]\\\\d(?:\\\\.\\\\d+)"
+    "?)?$\"},\"dur\":{\"type\":\"string\",\"format\":\"duration\",\"pattern\":\"^P(?:(\\\\d+W)|(?!.*W)(?="
+    "\\\\d|T\\\\d)(\\\\d+Y)?(\\\\d+M)?(\\\\d+D)?(T(?=\\\\d)(\\\\d+H)?(\\\\d+M)?(\\\\d+([.,]\\\\d+)?S)?)?)"
+    "$\"},\"ip\":{\"type\":\"string\",\"format\":\"ipv4\",\"pattern\":\"^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9]"
+    "[0-9]|[1-9][0-9]|[0-9])\\\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])$\"},\"ip6\":{\""
+    "type\":\"string\",\"format\":\"ipv6\",\"pattern\":\"^(([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|([0-9a-"
+    "fA-F]{1,4}:){1,7}:|([0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,5}(:[0-9a-fA-F]{1"
+    ",4}){1,2}|([0-9a-fA-F]{1,4}:){1,4}(:[0-9a-fA-F]{1,4}){1,3}|([0-9a-fA-F]{1,4}:){1,3}(:[0-9a-fA-F]{1,4"
+    "}){1,4}|([0-9a-fA-F]{1,4}:){1,2}(:[0-9a-fA-F]{1,4}){1,5}|[0-9a-fA-F]{1,4}:((:[0-9a-fA-F]{1,4}){1,6})"
+    "|:((:[0-9a-fA-F]{1,4}){1,7}|:))$\"},\"host\":{\"type\":\"string\",\"format\":\"hostname\",\"pattern\""
+    ":\"^(?=.{1,253}\\\\.?$)[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(?:\\\\.[a-zA-Z0-9](?:[-0-9a-zA-"
+    "Z]{0,61}[0-9a-zA-Z])?)*\\\\.?$\"},\"m2\":{\"type\":\"string\",\"minLength\":1,\"format\":\"email\",\""
+    "pattern\":\"^(?:[A-Za-z0-9_'+\\\\-]+\\\\.)*[A-Za-z0-9_'+\\\\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0"
+    "-9\\\\-]*\\\\.)+[A-Za-z]{2,}$\"}},\"required\":[\"n\",\"k\",\"mail\",\"id\",\"at\",\"site\",\"d\",\""
+    "t\",\"dur\",\"ip\",\"ip6\",\"host\",\"m2\"],\"additionalProperties\":false}",
 };
 
 /* ---------------------------------------------------------------- validator */
@@ -177,6 +199,7 @@ static bool valid_format(const char *f, const char *s)
                  "(/([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})*)*(\\?([A-Za-z0-9._~!$&'()*+,;=:@/?-]|"
                  "%[0-9A-Fa-f]{2})*)?(#([A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})*)?$" },
         { "idn-hostname", "^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$" },
+        { "hostname"    , "^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$" },
         { "duration", "^P(?!$)(\\d+Y)?(\\d+M)?(\\d+D)?(T(?=\\d)(\\d+H)?(\\d+M)?(\\d+S)?)?$|^P\\d+W$" },
     };
     for (size_t i = 0; i < KVC_ARRAY_LEN(res); i++)
@@ -265,9 +288,7 @@ static bool validate_string(const cJSON *v, const cJSON *s)
         return false;
     if (pat && !regex_match(pat->valuestring, v->valuestring))
         return false;
-    /* beside a pattern, the pattern is what the grammar enforces (zod's
-     * date-time pattern allows no seconds, RFC 3339 requires them) */
-    return !fmt || pat || valid_format(fmt->valuestring, v->valuestring);
+    return !fmt || valid_format(fmt->valuestring, v->valuestring);
 }
 
 static bool validate_number(const cJSON *v, const cJSON *s)
@@ -593,12 +614,14 @@ static void test_known_strings(void)
         { 26, "{\"e\":\"a@b.co\",\"i4\":\"1.2.3.4\",\"i6\":\"1:2:3:4:5:6:7::8\",\"h\":\"x\",\"u\":\"a://b\",\"p\":\"P2W\"}", false },
         { 26, "{\"e\":\"a@b.co\",\"i4\":\"1.2.3.4\",\"i6\":\"1:2:3:4:5:6:7::\",\"h\":\"x\",\"u\":\"a://b\",\"p\":\"PT\"}", false },
         { 26, "{\"e\":\"a@b.co\",\"i4\":\"1.2.3.4\",\"i6\":\"1:2:3:4:5:6:7::\",\"h\":\"x\",\"u\":\"a://b\",\"p\":\"PT1S\"}", true },
-        { 27, "{\"n\":-999999999999999,\"k\":1,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\","
-              "\"at\":\"2024-01-01T10:00Z\",\"site\":\"http://x.io\"}", true },
-        { 27, "{\"n\":1,\"k\":0,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\","
-              "\"at\":\"2024-01-01T10:00Z\",\"site\":\"http://x.io\"}", false },
-        { 27, "{\"n\":1,\"k\":1,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\","
-              "\"at\":\"2024-01-01T10:00+01:00\",\"site\":\"http://x.io\"}", false },
+        { 27, "{\"n\":-999999999999999,\"k\":1,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-01-01T10:00:00Z\","
+              "\"site\":\"http://x.io\",\"d\":\"2024-02-29\",\"t\":\"10:00\",\"dur\":\"P1DT2H\",\"ip\":\"10.0.0.1\",\"ip6\":\"::1\",\"host\":\"a.b\",\"m2\":\"x@y.zz\"}", true },
+        { 27, "{\"n\":1,\"k\":0,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-01-01T10:00:00Z\","
+              "\"site\":\"http://x.io\",\"d\":\"2024-02-29\",\"t\":\"10:00\",\"dur\":\"P1DT2H\",\"ip\":\"10.0.0.1\",\"ip6\":\"::1\",\"host\":\"a.b\",\"m2\":\"x@y.zz\"}", false },
+        { 27, "{\"n\":1,\"k\":1,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-01-01T10:00:00+01:00\","
+              "\"site\":\"http://x.io\",\"d\":\"2024-02-29\",\"t\":\"10:00\",\"dur\":\"P1DT2H\",\"ip\":\"10.0.0.1\",\"ip6\":\"::1\",\"host\":\"a.b\",\"m2\":\"x@y.zz\"}", false },
+        { 27, "{\"n\":1,\"k\":1,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-01-01T10:00Z\","
+              "\"site\":\"http://x.io\",\"d\":\"2024-02-29\",\"t\":\"10:00\",\"dur\":\"P1DT2H\",\"ip\":\"10.0.0.1\",\"ip6\":\"::1\",\"host\":\"a.b\",\"m2\":\"x@y.zz\"}", false },
         { 10, "{\"d\":\"2024-02-28\",\"t\":\"2024-01-01T10:00:00.5Z\",\"u\":\"123e4567-e89b-12d3-a456-426614174000\",\"h\":\"23:59:59+01:00\"}", true },
     };
     for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {
