@@ -228,6 +228,11 @@ int32_t kvc_gmatch_mask_closer(kvc_gmatch *m, uint32_t *mask);
  * schema's "[{") from making the end unreachable. Returns as
  * kvc_gmatch_mask_closer (0: none, when min_remaining is already over). */
 int32_t kvc_gmatch_mask_within(kvc_gmatch *m, uint32_t *mask, int32_t budget);
+/* The tokens of kvc_gmatch_mask_closer that leave the fewest characters to
+ * the end: when the budget cannot cover the end one byte a token, the
+ * longest strides towards it (a "</tool_call>" closed by a few long
+ * tokens). Same returns. */
+int32_t kvc_gmatch_mask_nearest(kvc_gmatch *m, uint32_t *mask);
 
 static inline size_t kvc_mask_words(int32_t n_vocab) { return ((size_t)n_vocab + 31) / 32; }
 static inline bool kvc_mask_test(const uint32_t *mask, int32_t id)
