@@ -289,6 +289,10 @@ typedef struct kvc_chat_params {
                                        DONE event */
     bool               single_tool_call; /* ... keeping only the first (parallel_tool_calls
                                        false) */
+    bool               forced_tool_calls; /* ... which the grammar forces (tool_choice required
+                                       or named): the reply is only calls, never text: no
+                                       TEXT events, and text beside the calls (a call cut
+                                       by max_tokens) is not content */
     bool               special_in_content; /* control-token text in message content becomes
                                        control tokens (false: content is tokenized as plain
                                        text, only the template's own markup gives them) */

@@ -325,7 +325,9 @@ static void test_cost_limits(void)
 }
 
 /* kvc_gmatch_mask_closer is, token by token, the mask's tokens after which
- * kvc_gmatch_min_remaining is smaller (or the EOG), along random walks over
+ * kvc_gmatch_min_remaining is smaller (or the EOG); kvc_gmatch_mask_within
+ * (budget) those after which it is at most budget; kvc_gmatch_mask_nearest
+ * the closer ones after which it is smallest; along random walks over
  * a schema (what the engine's steering to the end used to try one token at
  * a time: ~1 s a step with a 50k vocabulary and 150 candidate objects). */
 static void test_closer(void)
@@ -340,23 +342,39 @@ static void test_closer(void)
     int32_t n_vocab = v ? kvc_gvocab_n_vocab(v) : 0;
     uint32_t *mask = malloc(kvc_mask_words(n_vocab) * sizeof(*mask));
     uint32_t *near = malloc(kvc_mask_words(n_vocab) * sizeof(*near));
+    uint32_t *within = malloc(kvc_mask_words(n_vocab) * sizeof(*within));
+    uint32_t *best = malloc(kvc_mask_words(n_vocab) * sizeof(*best));
+    int32_t *rem = malloc((size_t)(n_vocab ? n_vocab : 1) * sizeof(*rem));
     uint64_t rng = 12345;
-    int differ = 0, steps = 0;
+    int differ = 0, differ_within = 0, differ_best = 0, steps = 0;
     for (int walk = 0; g && walk < 6; walk++) {
         kvc_gmatch *m = kvc_gmatch_new(g, v);
         for (int step = 0; m && step < 40 && !kvc_gmatch_is_done(m); step++, steps++) {
             int32_t n = kvc_gmatch_mask(m, mask), k = kvc_gmatch_mask_closer(m, near);
-            int32_t need = kvc_gmatch_min_remaining(m), count = 0;
-            CHECK(n > 0 && k >= 0);
+            int32_t need = kvc_gmatch_min_remaining(m), count = 0, budget = need - 2 + step % 6;
+            int32_t kw = budget >= 0 ? kvc_gmatch_mask_within(m, within, budget) : 0;
+            int32_t kb = kvc_gmatch_mask_nearest(m, best), fewest = INT32_MAX;
+            CHECK(n > 0 && k >= 0 && kw >= 0 && kb >= 0);
             for (int32_t id = 0; id < n_vocab; id++) {
                 bool want = false;
+                rem[id] = -1;
                 if (kvc_mask_test(mask, id) && kvc_gmatch_accept_token(m, id) == KVC_OK) {
+                    rem[id] = kvc_gmatch_is_done(m) ? 0 : kvc_gmatch_min_remaining(m);
                     want = kvc_gmatch_is_done(m) || kvc_gmatch_min_remaining(m) < need;
                     kvc_gmatch_rollback(m, 1);
                 }
+                if (want)
+                    fewest = KVC_MIN(fewest, rem[id]);
+                else if (rem[id] >= 0)
+                    rem[id] = -2 - rem[id];          /* allowed, not closer */
                 differ += want != kvc_mask_test(near, id);
+                if (budget >= 0)
+                    differ_within += ((rem[id] >= 0 && rem[id] <= budget) ||
+                                      (rem[id] <= -2 && -2 - rem[id] <= budget)) != kvc_mask_test(within, id);
                 count += want;
             }
+            for (int32_t id = 0; id < n_vocab; id++)
+                differ_best += (rem[id] >= 0 && rem[id] == fewest) != kvc_mask_test(best, id);
             CHECK_EQ_INT(k, count);
             /* a random allowed token; towards the end after a while */
             const uint32_t *from = step > 20 && k > 0 ? near : mask;
@@ -370,10 +388,15 @@ static void test_closer(void)
         kvc_gmatch_free(m);
     }
     CHECKF(differ == 0, "%d tokens differ from the brute-force closer set over %d steps", differ, steps);
+    CHECKF(differ_within == 0, "%d tokens differ from the brute-force within set", differ_within);
+    CHECKF(differ_best == 0, "%d tokens differ from the brute-force nearest set", differ_best);
     kvc_grammar_free(g);
     free(any);
     free(mask);
     free(near);
+    free(within);
+    free(best);
+    free(rem);
     kvc_gvocab_free(v);
     kvc_tokenizer_free(tok);
 }

@@ -14,6 +14,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
 #include <pcre2.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include "gguf.h"
@@ -107,6 +108,45 @@ static const char *const schemas[] = {
     /* 25 nested quantifiers over groups that may match nothing (issue 30) */
     "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":\"^(a*)*b$\"},"
     "\"q\":{\"type\":\"string\",\"pattern\":\"^(xy?)+(a?)+$\"}},\"required\":[\"p\",\"q\"]}",
+    /* 26 the other formats clients write (issue 28) */
+    "{\"type\":\"object\",\"properties\":{\"e\":{\"type\":\"string\",\"format\":\"email\"},\"i4\":{\"type\":"
+    "\"string\",\"format\":\"ipv4\"},\"i6\":{\"type\":\"string\",\"format\":\"ipv6\"},\"h\":{\"type\":\"string\","
+    "\"format\":\"idn-hostname\"},\"u\":{\"type\":\"string\",\"format\":\"uri\"},\"p\":{\"type\":\"string\","
+    "\"format\":\"duration\"}},\"required\":[\"e\",\"i4\",\"i6\",\"h\",\"u\",\"p\"],\"additionalProperties\":false}",
+    /* 27 what zod 4.x's toJSONSchema writes (npm zod, z.object of z.number().int(),
+     * .int().positive(), z.email(), z.uuid(), z.iso.datetime(), z.url(), z.iso.date(),
+     * z.iso.time(), z.iso.duration(), z.ipv4(), z.ipv6(), z.hostname(),
+     * z.string().min(1).email()): bounds of +-(2^53-1), formats beside patterns
+     * (lookaheads in some), a length beside a format */
+    "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"type\":\"object\",\"properties\":{\""
+    "n\":{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991},\"k\":{\"type\""
+    ":\"integer\",\"exclusiveMinimum\":0,\"maximum\":9007199254740991},\"mail\":{\"type\":\"string\",\"fo"
+    "rmat\":\"email\",\"pattern\":\"^(?:[A-Za-z0-9_'+\\\\-]+\\\\.)*[A-Za-z0-9_'+\\\\-]*[A-Za-z0-9_+-]@(?:"
+    "[A-Za-z0-9][A-Za-z0-9\\\\-]*\\\\.)+[A-Za-z]{2,}$\"},\"id\":{\"type\":\"string\",\"format\":\"uuid\","
+    "\"pattern\":\"^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]"
+    "{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$\"},\"at\":{\"type\""
+    ":\"string\",\"format\":\"date-time\",\"pattern\":\"^(?:(?:\\\\d\\\\d[2468][048]|\\\\d\\\\d[13579][26"
+    "]|\\\\d\\\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\\\d"
+    "|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\\\d|30)|(?:02)-(?:0[1-9]|1\\\\d|2[0-8])))T(?:(?:[01]\\\\d|2[0-"
+    "3]):[0-5]\\\\d:[0-5]\\\\d(?:\\\\.\\\\d+)?(?:Z))$\"},\"site\":{\"type\":\"string\",\"format\":\"uri\""
+    "},\"d\":{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^(?:(?:\\\\d\\\\d[2468][048]|\\\\d\\\\d"
+    "[13579][26]|\\\\d\\\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\\\d{4}-(?:(?:0[13578]|1[02])-(?:0["
+    "1-9]|[12]\\\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\\\d|30)|(?:02)-(?:0[1-9]|1\\\\d|2[0-8])))$\"},\""
+    "t\":{\"type\":\"string\",\"pattern\":\"^(?:[01]\\\\d|2[0-3]):[0-5]\\\\d(?::[0-5]\\\\d(?:\\\\.\\\\d+)"
+    "?)?$\"},\"dur\":{\"type\":\"string\",\"format\":\"duration\",\"pattern\":\"^P(?:(\\\\d+W)|(?!.*W)(?="
+    "\\\\d|T\\\\d)(\\\\d+Y)?(\\\\d+M)?(\\\\d+D)?(T(?=\\\\d)(\\\\d+H)?(\\\\d+M)?(\\\\d+([.,]\\\\d+)?S)?)?)"
+    "$\"},\"ip\":{\"type\":\"string\",\"format\":\"ipv4\",\"pattern\":\"^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9]"
+    "[0-9]|[1-9][0-9]|[0-9])\\\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])$\"},\"ip6\":{\""
+    "type\":\"string\",\"format\":\"ipv6\",\"pattern\":\"^(([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|([0-9a-"
+    "fA-F]{1,4}:){1,7}:|([0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,5}(:[0-9a-fA-F]{1"
+    ",4}){1,2}|([0-9a-fA-F]{1,4}:){1,4}(:[0-9a-fA-F]{1,4}){1,3}|([0-9a-fA-F]{1,4}:){1,3}(:[0-9a-fA-F]{1,4"
+    "}){1,4}|([0-9a-fA-F]{1,4}:){1,2}(:[0-9a-fA-F]{1,4}){1,5}|[0-9a-fA-F]{1,4}:((:[0-9a-fA-F]{1,4}){1,6})"
+    "|:((:[0-9a-fA-F]{1,4}){1,7}|:))$\"},\"host\":{\"type\":\"string\",\"format\":\"hostname\",\"pattern\""
+    ":\"^(?=.{1,253}\\\\.?$)[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(?:\\\\.[a-zA-Z0-9](?:[-0-9a-zA-"
+    "Z]{0,61}[0-9a-zA-Z])?)*\\\\.?$\"},\"m2\":{\"type\":\"string\",\"minLength\":1,\"format\":\"email\",\""
+    "pattern\":\"^(?:[A-Za-z0-9_'+\\\\-]+\\\\.)*[A-Za-z0-9_'+\\\\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0"
+    "-9\\\\-]*\\\\.)+[A-Za-z]{2,}$\"}},\"required\":[\"n\",\"k\",\"mail\",\"id\",\"at\",\"site\",\"d\",\""
+    "t\",\"dur\",\"ip\",\"ip6\",\"host\",\"m2\"],\"additionalProperties\":false}",
 };
 
 /* ---------------------------------------------------------------- validator */
@@ -151,6 +191,24 @@ static bool valid_format(const char *f, const char *s)
     const char *date = "(\\d{4})-(\\d{2})-(\\d{2})";
     const char *time = "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
     char re[256];
+    static const struct { const char *name, *re; } res[] = {
+        { "email", "^[A-Za-z0-9_+-]+(\\.[A-Za-z0-9_+-]+)*@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,}$" },
+        { "ipv4", "^((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$" },
+        /* RFC 3986 section 3 (scheme and authority required), port <= 9999 */
+        { "uri", "^[A-Za-z][A-Za-z0-9+.-]*://([A-Za-z0-9._~!$&'()*+,;=-]|%[0-9A-Fa-f]{2})+(:[0-9]{1,4})?"
+                 "(/([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})*)*(\\?([A-Za-z0-9._~!$&'()*+,;=:@/?-]|"
+                 "%[0-9A-Fa-f]{2})*)?(#([A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})*)?$" },
+        { "idn-hostname", "^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$" },
+        { "hostname"    , "^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$" },
+        { "duration", "^P(?!$)(\\d+Y)?(\\d+M)?(\\d+D)?(T(?=\\d)(\\d+H)?(\\d+M)?(\\d+S)?)?$|^P\\d+W$" },
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(res); i++)
+        if (strcmp(f, res[i].name) == 0)
+            return regex_match(res[i].re, s);
+    if (strcmp(f, "ipv6") == 0) {        /* inet_pton is the reference */
+        unsigned char a[16];
+        return inet_pton(AF_INET6, s, a) == 1 && strlen(s) <= 39;
+    }
     if (strcmp(f, "uuid") == 0)
         return regex_match("^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", s);
     if (strcmp(f, "time") == 0) {
@@ -490,7 +548,11 @@ static void test_unsupported(void)
         { "{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' at #" },
         { "{\"properties\":{\"a\":{\"not\":{\"type\":\"string\"}}}}", "'not' at #/properties/a" },
         { "{\"type\":\"number\",\"multipleOf\":3}", "'multipleOf'" },
-        { "{\"type\":\"string\",\"format\":\"email\"}", "format 'email'" },
+        { "{\"type\":\"string\",\"format\":\"ipv5\"}", "format 'ipv5'" },
+        { "{\"type\":\"string\",\"format\":\"email\",\"maxLength\":50}", "format 'email' with minLength/maxLength" },
+        { "{\"type\":\"string\",\"format\":\"date\",\"minLength\":11}", "format 'date' with" },
+        { "{\"type\":\"integer\",\"minimum\":9007199254740991}", "'minimum' beyond 10^15" },
+        { "{\"type\":\"integer\",\"exclusiveMaximum\":-9007199254740991}", "'exclusiveMaximum' beyond 10^15" },
         { "{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences" },
         { "{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "(?...)" },
         { "{\"type\":\"number\",\"minimum\":1.5}", "minimum/maximum on type 'number'" },
@@ -544,6 +606,22 @@ static void test_known_strings(void)
         { 21, "{\"na\xc3\xafve \xd0\xba\xd0\xbb\xd1\x8e\xd1\x87\":\"a\\\"b\",\"free\":\"\\u00e9\\n\"}", true },
         { 21, "{\"na\xc3\xafve \xd0\xba\xd0\xbb\xd1\x8e\xd1\x87\":\"a\\\"b\",\"free\":\"\\ud800\"}", false },
         { 10, "{\"d\":\"2024-02-29\",\"t\":\"2024-01-01T10:00:00Z\",\"u\":\"123e4567-e89b-12d3-a456-426614174000\",\"h\":\"23:59:59+01:00\"}", false },
+        { 26, "{\"e\":\"a.b+c@mail.example.org\",\"i4\":\"255.0.10.9\",\"i6\":\"fe80::1:2\",\"h\":\"api.example.com\","
+              "\"u\":\"https://example.com:8080/a/b?q=1&r=%20#top\",\"p\":\"P1Y2M3DT4H5M6S\"}", true },
+        { 26, "{\"e\":\"a@b.co\",\"i4\":\"1.2.3.4\",\"i6\":\"::\",\"h\":\"localhost\",\"u\":\"a://1.2.3.4\",\"p\":\"P2W\"}", true },
+        { 26, "{\"e\":\".a@b.co\",\"i4\":\"1.2.3.4\",\"i6\":\"::\",\"h\":\"x\",\"u\":\"a://b\",\"p\":\"P2W\"}", false },
+        { 26, "{\"e\":\"a@b.co\",\"i4\":\"1.2.3.04\",\"i6\":\"::\",\"h\":\"x\",\"u\":\"a://b\",\"p\":\"P2W\"}", false },
+        { 26, "{\"e\":\"a@b.co\",\"i4\":\"1.2.3.4\",\"i6\":\"1:2:3:4:5:6:7::8\",\"h\":\"x\",\"u\":\"a://b\",\"p\":\"P2W\"}", false },
+        { 26, "{\"e\":\"a@b.co\",\"i4\":\"1.2.3.4\",\"i6\":\"1:2:3:4:5:6:7::\",\"h\":\"x\",\"u\":\"a://b\",\"p\":\"PT\"}", false },
+        { 26, "{\"e\":\"a@b.co\",\"i4\":\"1.2.3.4\",\"i6\":\"1:2:3:4:5:6:7::\",\"h\":\"x\",\"u\":\"a://b\",\"p\":\"PT1S\"}", true },
+        { 27, "{\"n\":-999999999999999,\"k\":1,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-01-01T10:00:00Z\","
+              "\"site\":\"http://x.io\",\"d\":\"2024-02-29\",\"t\":\"10:00\",\"dur\":\"P1DT2H\",\"ip\":\"10.0.0.1\",\"ip6\":\"::1\",\"host\":\"a.b\",\"m2\":\"x@y.zz\"}", true },
+        { 27, "{\"n\":1,\"k\":0,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-01-01T10:00:00Z\","
+              "\"site\":\"http://x.io\",\"d\":\"2024-02-29\",\"t\":\"10:00\",\"dur\":\"P1DT2H\",\"ip\":\"10.0.0.1\",\"ip6\":\"::1\",\"host\":\"a.b\",\"m2\":\"x@y.zz\"}", false },
+        { 27, "{\"n\":1,\"k\":1,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-01-01T10:00:00+01:00\","
+              "\"site\":\"http://x.io\",\"d\":\"2024-02-29\",\"t\":\"10:00\",\"dur\":\"P1DT2H\",\"ip\":\"10.0.0.1\",\"ip6\":\"::1\",\"host\":\"a.b\",\"m2\":\"x@y.zz\"}", false },
+        { 27, "{\"n\":1,\"k\":1,\"mail\":\"a@b.cd\",\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"at\":\"2024-01-01T10:00Z\","
+              "\"site\":\"http://x.io\",\"d\":\"2024-02-29\",\"t\":\"10:00\",\"dur\":\"P1DT2H\",\"ip\":\"10.0.0.1\",\"ip6\":\"::1\",\"host\":\"a.b\",\"m2\":\"x@y.zz\"}", false },
         { 10, "{\"d\":\"2024-02-28\",\"t\":\"2024-01-01T10:00:00.5Z\",\"u\":\"123e4567-e89b-12d3-a456-426614174000\",\"h\":\"23:59:59+01:00\"}", true },
     };
     for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {

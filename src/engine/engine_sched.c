@@ -276,6 +276,11 @@ static void end_request(kvc_engine *e, kvc_request *r)
         rc = kvc_fail(&err, KVC_ERR_NOMEM, "out of memory");
     if (!rc && done.tool_calls && strcmp(st.finish_reason, "stop") == 0)
         st.finish_reason = "tool_calls";
+    /* forced calls: any text beside them, or a reply with none, is a call
+     * cut short by max_tokens ("<to", "</tool_ca"), not content */
+    const bool only_calls = !rc && reply && r->chat.forced_tool_calls;
+    if (only_calls && done.content)
+        done.content[0] = 0;
     if (!rc && reply)
         kvc_engine_background_queue(e, r, reply, &st, &done);
     release_slot(e, r);
@@ -298,8 +303,8 @@ static void end_request(kvc_engine *e, kvc_request *r)
         kvc_request_push(r, KVC_EVENT_ERROR, NULL, 0, rc, err.msg[0] ? err.msg : kvc_strerror(rc),
                          NULL);
     else
-        kvc_request_push_done(r, KVC_EVENT_DONE, reply ? reply : "", reply ? strlen(reply) : 0,
-                              0, NULL, &st, &done);
+        kvc_request_push_done(r, KVC_EVENT_DONE, reply && !only_calls ? reply : "",
+                              reply && !only_calls ? strlen(reply) : 0, 0, NULL, &st, &done);
     if (rc)
         kvc_event_clear(&done);
     free(reply);
@@ -329,7 +334,9 @@ static int start_turn(kvc_engine *e, kvc_request *r, kvc_err *err)
     sl->busy = r;
     sl->last_used = ++e->tick;
     r->slot = sl;
-    int rc = kvc_turn_new(sl->s, r->toks.v, r->toks.n, r->kind, &r->chat, on_text, r, r->t_submit,
+    /* forced calls are never text: nothing streams before DONE's calls */
+    int rc = kvc_turn_new(sl->s, r->toks.v, r->toks.n, r->kind, &r->chat,
+                          r->chat.forced_tool_calls ? NULL : on_text, r, r->t_submit,
                           &r->turn, err);
     if (!rc)
         kvc_turn_set_dropped(r->turn, r->dropped);

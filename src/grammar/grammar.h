@@ -110,8 +110,12 @@ typedef struct kvc_schema_opts {
  * $ref to "#", "#/$defs/..." and "#/definitions/..." (recursion allowed),
  * minLength, maxLength, pattern (a regex subset: literals, ., classes,
  * \d \w \s, groups, |, * + ? {m,n}, ^ and $ at the ends), format (date, time,
- * date-time, uuid), minimum / maximum / exclusiveMinimum / exclusiveMaximum
- * for integers (|bound| < 10^15), nullable (OpenAPI). Annotations (title,
+ * date-time, uuid, email, hostname, ipv4, ipv6, uri, duration; beside a
+ * pattern, the pattern when it converts, else the format; lengths only where
+ * every string of the format meets them), minimum / maximum /
+ * exclusiveMinimum / exclusiveMaximum for integers (within 10^15: a bound
+ * beyond that is clamped when it only narrows, else refused), nullable
+ * (OpenAPI). Annotations (title,
  * description, default, examples, $schema, $id, $comment, strict...) and
  * unknown keywords are ignored; the known validation keywords not listed
  * here (not, if, uniqueItems, multipleOf, patternProperties, minProperties,
@@ -216,6 +220,19 @@ int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask);
  * cost as one uncached kvc_gmatch_mask; 0 when no token is closer (an open
  * UTF-8 character, a string's characters: use the plain mask then). */
 int32_t kvc_gmatch_mask_closer(kvc_gmatch *m, uint32_t *mask);
+/* The tokens of kvc_gmatch_mask after which kvc_gmatch_min_remaining is at
+ * most budget (and the EOG, when complete). A reply with budget + 1 tokens
+ * left that only takes these can always still end valid (every byte is a
+ * token): steering with it from a few dozen characters before the budget
+ * runs out keeps a token that opens more than it closes (a recursive
+ * schema's "[{") from making the end unreachable. Returns as
+ * kvc_gmatch_mask_closer (0: none, when min_remaining is already over). */
+int32_t kvc_gmatch_mask_within(kvc_gmatch *m, uint32_t *mask, int32_t budget);
+/* The tokens of kvc_gmatch_mask_closer that leave the fewest characters to
+ * the end: when the budget cannot cover the end one byte a token, the
+ * longest strides towards it (a "</tool_call>" closed by a few long
+ * tokens). Same returns. */
+int32_t kvc_gmatch_mask_nearest(kvc_gmatch *m, uint32_t *mask);
 
 static inline size_t kvc_mask_words(int32_t n_vocab) { return ((size_t)n_vocab + 31) / 32; }
 static inline bool kvc_mask_test(const uint32_t *mask, int32_t id)

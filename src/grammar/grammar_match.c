@@ -729,6 +729,8 @@ typedef struct walk {
     int64_t     visited;
     int         status;
     int32_t     need;        /* >= 0: allow only tokens leaving fewer characters to the end */
+    bool        best;        /* ... and of those only the ones leaving the fewest */
+    int32_t     best_rem;    /* (the fewest so far) */
 } walk;
 
 static void allow_tokens(walk *w, const gtrie_node *nd)
@@ -797,7 +799,16 @@ static bool closer(walk *w, int32_t id)
         }
         m->ws_rem[id] = stacks_remaining(m, &m->ws[id]);
     }
-    return m->ws_rem[id] < w->need;
+    if (m->ws_rem[id] >= w->need)
+        return false;
+    if (w->best && m->ws_rem[id] > w->best_rem)
+        return false;
+    if (w->best && m->ws_rem[id] < w->best_rem) {     /* a better one: drop the others */
+        memset(w->mask, 0, kvc_mask_words(m->v->n_vocab) * sizeof(*w->mask));
+        w->count = 0;
+        w->best_rem = m->ws_rem[id];
+    }
+    return true;
 }
 
 /* Try each child of trie node k from walk state id; recurse where a byte is
@@ -875,12 +886,12 @@ static void cache_put(kvc_gmatch *m, const gstate *s, const uint32_t *mask, int3
 /* The mask of the current state (need < 0), or only its tokens that leave
  * fewer than need characters to the end (and the EOG); the plain masks are
  * cached per state. */
-static int32_t mask_of(kvc_gmatch *m, uint32_t *mask, int32_t need)
+static int32_t mask_of(kvc_gmatch *m, uint32_t *mask, int32_t need, bool best)
 {
     int64_t t0 = kvc_time_us();
     const kvc_gvocab *v = m->v;
     const size_t words = kvc_mask_words(v->n_vocab);
-    walk w = { .m = m, .mask = mask, .need = need };
+    walk w = { .m = m, .mask = mask, .need = need, .best = best, .best_rem = INT32_MAX };
     const gstate s = *current(m);
     mcache *hit = s.done || need >= 0 ? NULL : cache_find(m, &s);
     m->work = 0;
@@ -921,14 +932,28 @@ int32_t kvc_gmatch_mask(kvc_gmatch *m, uint32_t *mask)
 {
     if (!m || !m->v || !mask)
         return KVC_ERR_INVALID_ARG;
-    return mask_of(m, mask, -1);
+    return mask_of(m, mask, -1, false);
 }
 
 int32_t kvc_gmatch_mask_closer(kvc_gmatch *m, uint32_t *mask)
 {
     if (!m || !m->v || !mask)
         return KVC_ERR_INVALID_ARG;
-    return mask_of(m, mask, kvc_gmatch_min_remaining(m));
+    return mask_of(m, mask, kvc_gmatch_min_remaining(m), false);
+}
+
+int32_t kvc_gmatch_mask_nearest(kvc_gmatch *m, uint32_t *mask)
+{
+    if (!m || !m->v || !mask)
+        return KVC_ERR_INVALID_ARG;
+    return mask_of(m, mask, kvc_gmatch_min_remaining(m), true);
+}
+
+int32_t kvc_gmatch_mask_within(kvc_gmatch *m, uint32_t *mask, int32_t budget)
+{
+    if (!m || !m->v || !mask || budget < 0)
+        return KVC_ERR_INVALID_ARG;
+    return mask_of(m, mask, budget == INT32_MAX ? budget : budget + 1, false);
 }
 
 kvc_gmatch_stats kvc_gmatch_get_stats(const kvc_gmatch *m)

@@ -91,7 +91,8 @@ void gsb_literal(gsbuf *b, const char *s, size_t n)
 
 /* The shared pieces, emitted on first use. */
 enum { P_WS, P_CHAR, P_STRING, P_NUMBER, P_INTEGER, P_BOOLEAN, P_NULL, P_VALUE, P_OBJECT,
-       P_ARRAY, P_DATE, P_TIME, P_DATETIME, P_UUID, P_COUNT };
+       P_ARRAY, P_DATE, P_TIME, P_DATETIME, P_UUID, P_LABEL, P_HOSTNAME, P_EMAIL, P_IPV4, P_IPV6,
+       P_URI, P_DURATION, P_COUNT };
 
 typedef struct conv {
     const cJSON *root;
@@ -124,7 +125,8 @@ static void name_of(conv *c, int p, char *out, size_t cap)
 {
     static const char *const names[P_COUNT] = {
         "ws", "char", "string", "number", "integer", "boolean", "null", "value", "object",
-        "array", "date", "time", "date-time", "uuid",
+        "array", "date", "time", "date-time", "uuid", "label", "hostname", "email", "ipv4", "ipv6",
+        "uri", "duration",
     };
     snprintf(out, cap, "%.32s%s", c->prefix, names[p]);
 }
@@ -205,6 +207,50 @@ static const char *piece(conv *c, int p)
         gsb_printf(o, "%s ::= %shex{8} \"-\" %shex{4} \"-\" %shex{4} \"-\" %shex{4} \"-\" %shex{12}\n",
                    nm, P, P, P, P, P);
         piece(c, P_CHAR);        /* defines hex */
+        break;
+    case P_LABEL:            /* a hostname's label: 1-63 letters, digits, inner hyphens */
+        gsb_printf(o, "%s ::= [A-Za-z0-9] ( [A-Za-z0-9-]{0,61} [A-Za-z0-9] )?\n", nm);
+        break;
+    case P_HOSTNAME:         /* up to 4 labels, the last led by a letter: at most 253 bytes */
+        gsb_printf(o, "%s ::= ( %s \".\" ){0,3} [A-Za-z] ( [A-Za-z0-9-]{0,59} [A-Za-z0-9] )?\n",
+                   nm, piece(c, P_LABEL));
+        break;
+    case P_EMAIL:            /* dot-atoms @ a domain with a letters-only top level (zod's too) */
+        gsb_printf(o, "%s ::= [A-Za-z0-9_+-]+ ( \".\" [A-Za-z0-9_+-]+ )* \"@\" ( %s \".\" ){1,3} "
+                      "[A-Za-z]{2,24}\n", nm, piece(c, P_LABEL));
+        break;
+    case P_IPV4:             /* dotted decimal without leading zeros */
+        gsb_printf(o, "%s ::= %s-o \".\" %s-o \".\" %s-o \".\" %s-o\n"
+                      "%s-o ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]\n",
+                   nm, nm, nm, nm, nm, nm);
+        break;
+    case P_IPV6: {           /* RFC 3986's IPv6address without the embedded IPv4 form */
+        const char *h = nm;
+        piece(c, P_CHAR);    /* defines hex */
+        gsb_printf(o, "%s ::= ( %s-h \":\" ){7} %s-h | \"::\" ( ( %s-h \":\" ){0,6} %s-h )?", nm, h, h, h, h);
+        for (int k = 0; k <= 5; k++)       /* k+1 groups before "::", up to 6-k after it */
+            gsb_printf(o, " | ( %s-h \":\" ){%d} %s-h \"::\" ( ( %s-h \":\" ){0,%d} %s-h )?", h, k, h, h,
+                       5 - k, h);
+        gsb_printf(o, " | ( %s-h \":\" ){6} %s-h \"::\"", h, h);
+        gsb_printf(o, "\n%s-h ::= %shex{1,4}\n", nm, P);
+        break;
+    }
+    case P_URI: {            /* scheme://host[:port][/path][?query][#fragment] (RFC 3986) */
+        const char *host = piece(c, P_HOSTNAME), *ip = piece(c, P_IPV4);
+        piece(c, P_CHAR);
+        gsb_printf(o, "%s ::= [A-Za-z] [A-Za-z0-9+.-]{0,15} \"://\" ( %s | %s ) ( \":\" [1-9] [0-9]{0,3} )? "
+                      "( \"/\" %s-p* )* ( \"?\" %s-q* )? ( \"#\" %s-q* )?\n"
+                      "%s-p ::= [A-Za-z0-9._~!$&'()*+,;=:@-] | \"%%\" %shex %shex\n"
+                      "%s-q ::= %s-p | [/?]\n",
+                   nm, host, ip, nm, nm, nm, nm, P, P, nm, nm);
+        break;
+    }
+    case P_DURATION:         /* ISO 8601 as RFC 3339 appendix A writes it */
+        gsb_printf(o, "%s ::= \"P\" ( %s-d ( \"T\" %s-t )? | \"T\" %s-t | %s-n \"W\" )\n"
+                      "%s-n ::= [0-9]{1,9}\n"
+                      "%s-d ::= %s-n \"D\" | %s-n \"M\" ( %s-n \"D\" )? | %s-n \"Y\" ( %s-n \"M\" ( %s-n \"D\" )? )?\n"
+                      "%s-t ::= %s-n \"H\" ( %s-n \"M\" ( %s-n \"S\" )? )? | %s-n \"M\" ( %s-n \"S\" )? | %s-n \"S\"\n",
+                   nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm, nm);
         break;
     }
     return nm;
@@ -586,6 +632,21 @@ static int gen_array(conv *c, const cJSON *s, const char *path, gsbuf *body)
 
 /* ---------------------------------------------------------------- strings */
 
+/* The rule body for a string matching pattern pat; false (body untouched)
+ * when the pattern does not convert. */
+static bool pattern_body(const char *pat, gsbuf *body)
+{
+    gsbuf expr = { 0 };
+    kvc_err e = { 0 };
+    bool ok = gram_pattern_to_gbnf(pat, &expr, &e) == KVC_OK;
+    if (ok) {
+        gsb_printf(body, "\"\\\"\" %s \"\\\"\"", expr.oom ? "" : expr.s);
+        body->oom |= expr.oom;
+    }
+    free(expr.s);
+    return ok;
+}
+
 static int gen_string(conv *c, const cJSON *s, const char *path, gsbuf *body)
 {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
@@ -597,8 +658,15 @@ static int gen_string(conv *c, const cJSON *s, const char *path, gsbuf *body)
         return bad(c, path, "maxLength < minLength%s", "");
     bool lengths = min > 0 || max >= 0;
     if (fmt) {
-        static const struct { const char *name; int piece; } formats[] = {
-            { "date", P_DATE }, { "time", P_TIME }, { "date-time", P_DATETIME }, { "uuid", P_UUID },
+        /* min, max: the lengths of the strings each grammar writes (-1: unbounded) */
+        static const struct { const char *name; int piece; long min, max; } formats[] = {
+            { "date", P_DATE, 10, 10 },          { "time", P_TIME, 9, 21 },
+            { "date-time", P_DATETIME, 20, 32 }, { "uuid", P_UUID, 36, 36 },
+            { "email", P_EMAIL, 6, -1 },         { "idn-email", P_EMAIL, 6, -1 },
+            { "hostname", P_HOSTNAME, 1, 253 },  { "idn-hostname", P_HOSTNAME, 1, 253 },
+            { "ipv4", P_IPV4, 7, 15 },           { "ipv6", P_IPV6, 2, 39 },
+            { "uri", P_URI, 4, -1 },             { "url", P_URI, 4, -1 },
+            { "iri", P_URI, 4, -1 },             { "duration", P_DURATION, 3, -1 },
         };
         if (!cJSON_IsString(fmt))
             return bad(c, path, "'%s' must be a string", "format");
@@ -607,8 +675,13 @@ static int gen_string(conv *c, const cJSON *s, const char *path, gsbuf *body)
             i++;
         if (i == KVC_ARRAY_LEN(formats))
             return bad(c, path, "unsupported string format '%s'", fmt->valuestring);
-        if (pat || lengths)
-            return bad(c, path, "format with %s", pat ? "pattern" : "minLength/maxLength");
+        /* a pattern beside a format (zod writes both) is the stricter of the
+         * two when it converts; else the format's grammar stands alone */
+        if (pat && cJSON_IsString(pat) && !lengths && pattern_body(pat->valuestring, body))
+            return KVC_OK;
+        /* lengths every string of the format meets are no constraint */
+        if (min > formats[i].min || (max >= 0 && (formats[i].max < 0 || max < formats[i].max)))
+            return bad(c, path, "format '%s' with minLength/maxLength", formats[i].name);
         gsb_printf(body, "\"\\\"\" %s \"\\\"\"", piece(c, formats[i].piece));
         return KVC_OK;
     }
@@ -705,9 +778,21 @@ static int bound(conv *c, const cJSON *s, const char *key, const char *path, boo
         return KVC_OK;
     if (!cJSON_IsNumber(x))
         return bad(c, path, "'%s' must be a number", key);
-    if (fabs(x->valuedouble) > (double)INT_LIMIT)
-        return bad(c, path, "'%s' beyond 10^15 is not supported", key);
     bool excl = strncmp(key, "exclusive", 9) == 0, is_min = strstr(key, "inimum") != NULL;
+    /* a bound beyond the 15 digits written is clamped to them when that only
+     * narrows the range (zod's .int() writes +-(2^53 - 1)); one that would
+     * widen it cannot be honoured */
+    if (fabs(x->valuedouble) > (double)INT_LIMIT) {
+        if ((x->valuedouble > 0) == is_min)
+            return bad(c, path, "'%s' beyond 10^15 is not supported", key);
+        long long val = x->valuedouble > 0 ? INT_LIMIT : -INT_LIMIT;
+        if (*has)
+            *v = is_min ? KVC_MAX(*v, val) : KVC_MIN(*v, val);
+        else
+            *v = val;
+        *has = true;
+        return KVC_OK;
+    }
     double d = is_min ? ceil(x->valuedouble) : floor(x->valuedouble);
     if (excl && d == x->valuedouble)
         d += is_min ? 1 : -1;

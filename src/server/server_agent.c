@@ -175,6 +175,7 @@ static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim,
     r->params.chat.parse_tool_calls = have;
     r->params.chat.single_tool_call = par && cJSON_IsFalse(par);
     r->forced_calls = force;
+    r->params.chat.forced_tool_calls = force;
     if (!force)
         return 0;
     if (r->grammar)

@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Characters before the grammar's shortest end at which steering starts:
+ * more than one token adds to it (an object's "{" opening required keys). */
+enum { STEER_WINDOW = 64 };
+
 int turn_sample_init(turn_sample *ts, kvc_context *c, const kvc_chat_params *p,
                      kvc_sampler *smp, kvc_err *err)
 {
@@ -83,12 +87,16 @@ int turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int
 {
     *id = -1;
     if (ts->m) {
-        /* when the tokens left are about what the grammar still needs, only
-         * the tokens that bring its end closer: a reply cut by max_tokens
-         * would not parse */
-        int32_t n = 0;
-        if (left <= kvc_gmatch_min_remaining(ts->m) + 1)
-            n = kvc_gmatch_mask_closer(ts->m, ts->mask);
+        /* when the tokens left come near what the grammar still needs, only
+         * the tokens after which the rest still fits (one byte a token at
+         * worst): a reply cut by max_tokens would not parse. If it already
+         * cannot fit that way, the tokens that stride furthest to the end
+         * (it may still fit in long tokens), then any (it ends "length"). */
+        int32_t n = 0, need = kvc_gmatch_min_remaining(ts->m);
+        if (left - 1 < need + STEER_WINDOW)
+            n = kvc_gmatch_mask_within(ts->m, ts->mask, left - 1);
+        if (n == 0 && left <= need + 1)
+            n = kvc_gmatch_mask_nearest(ts->m, ts->mask);
         if (n == 0)
             n = kvc_gmatch_mask(ts->m, ts->mask);
         if (n < 0)
