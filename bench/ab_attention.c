@@ -40,15 +40,15 @@ static double run(const kvc_attn_i16_ops *ops, const kvc_attn_args *a, int64_t n
 {
     const double t0 = now_s();
     const int32_t rows = a->n_tok * a->n_q;
-    kvc_attn_state_init(a);
+    kvc_attn_state_init(a, true);
     kvc_attn_i16_block ib[KVC_ATTN_I16_SLOTS];
     for (int i = 0; i < KVC_ATTN_I16_SLOTS; i++)
         ib[i] = kvc_attn_i16_block_at(a, i);
     for (int64_t b = 0, nb; b < n_full; b += nb) {
         nb = KVC_MIN(n_full - b, (int64_t)ops->max_nb);
         for (int i = 0; i < nb; i++)
-            ops->convert(a, b + i, B, &ib[i]);
-        ops->rows(a, ib, 0, rows, B, (int)nb);
+            ops->convert(a, b + i, 0, B, &ib[i]);
+        ops->rows(a, ib, 0, rows, 0, B, (int)nb);
     }
     return now_s() - t0;
 }

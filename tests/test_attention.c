@@ -6,7 +6,11 @@
  * time (prefill = decode); positions a token does not see may hold inf or NaN
  * without effect; and the result is a softmax-weighted mean of V within float
  * rounding of a float64 computation (the integer scheme: within 1e-3 of
- * the largest output, also when K has a few dimensions 20 times larger). */
+ * the largest output, also when K has a few dimensions 20 times larger).
+ * The same with a sliding window (smaller and larger than a block and than
+ * the tile; blocks wholly below the window are NULL, so reading one
+ * crashes; positions below the window are poisoned), attention sinks and
+ * another scale; a window wider than everything gives the bits of none. */
 #include "attention.h"
 #include "kernels.h"
 #include "quant.h"
@@ -30,10 +34,11 @@ typedef struct kv_case {
     double  *kd, *vd;     /* [position][hd] as the kernel sees them */
 } kv_case;
 
-/* n_total positions of random K/V; the rest of the last block is poisoned.
+/* n_total positions of random K/V; the rest of the last block is poisoned,
+ * and so are the positions below lo; the blocks wholly below lo are NULL.
  * outliers: K's dimensions 3 and hd - 5 are 20 times larger (as real keys
  * have a few). */
-static void kv_make(kv_case *c, int hd, int64_t n_total, bool f16, bool outliers)
+static void kv_make(kv_case *c, int hd, int64_t n_total, int64_t lo, bool f16, bool outliers)
 {
     const int B = KVC_ATTN_B;
     c->hd = hd;
@@ -54,7 +59,7 @@ static void kv_make(kv_case *c, int hd, int64_t n_total, bool f16, bool outliers
                 float k = 2 * frand(), v = frand();
                 if (outliers && (d == 3 || d == hd - 5))
                     k *= 20;
-                if (b * B + r >= n_total)       /* never seen: must not matter */
+                if (b * B + r >= n_total || b * B + r < lo)   /* never seen: must not matter */
                     k = (r & 1) ? INFINITY : NAN, v = (r & 1) ? NAN : INFINITY;
                 size_t ki = (size_t)d * B + r, vi = (size_t)r * hd + d;
                 if (f16) {
@@ -69,6 +74,8 @@ static void kv_make(kv_case *c, int hd, int64_t n_total, bool f16, bool outliers
                 c->kd[(b * B + r) * hd + d] = k;
                 c->vd[(b * B + r) * hd + d] = v;
             }
+        if ((b + 1) * B <= lo)
+            c->kb[b] = c->vb[b] = NULL;
     }
 }
 
@@ -77,25 +84,29 @@ static void kv_free(kv_case *c)
     free(c->kmem); free(c->vmem); free(c->kb); free(c->vb); free(c->kd); free(c->vd);
 }
 
-/* The float64 attention of one query over positions [0, n_pos): worst error
- * of out, relative to the largest |output| when rel. */
-static double f64_error(const kv_case *c, const float *q, int64_t n_pos, const float *out, bool rel)
+/* The float64 attention of one query over positions [lo, n_pos) with the
+ * scores times scale and (sink not NULL) *sink in the denominator: worst
+ * error of out, relative to the largest |output| when rel. */
+static double f64_error(const kv_case *c, const float *q, int64_t lo, int64_t n_pos, double scale,
+                        const float *sink, const float *out, bool rel)
 {
     const int hd = c->hd;
-    double *s = malloc((size_t)n_pos * sizeof(double)), mx = -1e300, sum = 0, worst = 0;
-    for (int64_t j = 0; j < n_pos; j++) {
+    double *s = malloc((size_t)n_pos * sizeof(double)), mx = sink ? *sink : -1e300, sum = 0, worst = 0;
+    for (int64_t j = lo; j < n_pos; j++) {
         double t = 0;
         for (int d = 0; d < hd; d++)
             t += (double)q[d] * c->kd[j * hd + d];
-        s[j] = t / sqrt((double)hd);
+        s[j] = t * scale;
         mx = s[j] > mx ? s[j] : mx;
     }
-    for (int64_t j = 0; j < n_pos; j++)
+    for (int64_t j = lo; j < n_pos; j++)
         sum += (s[j] = exp(s[j] - mx));
+    if (sink)
+        sum += exp(*sink - mx);
     double big = 0;
     for (int d = 0; d < hd; d++) {
         double o = 0;
-        for (int64_t j = 0; j < n_pos; j++)
+        for (int64_t j = lo; j < n_pos; j++)
             o += s[j] * c->vd[j * hd + d];
         double e = fabs(o / sum - out[d]);
         worst = e > worst ? e : worst;
@@ -108,10 +119,25 @@ static double f64_error(const kv_case *c, const float *q, int64_t n_pos, const f
 /* A tile of n_tok tokens, the first at position n_pos - 1, n_q heads each. */
 static double i16_worst;   /* the integer scheme's largest relative error from float64 */
 
-static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool outliers)
+typedef struct attn_opts {
+    int32_t window;   /* 0: none */
+    bool    sinks;    /* a random sink per head */
+    float   scale;    /* 0: 1/sqrt(hd) */
+} attn_opts;
+
+static int64_t first_seen(int64_t p, int32_t w)
+{
+    return w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
+}
+
+static void run_case_opts(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool outliers, attn_opts op)
 {
     kv_case c;
-    kv_make(&c, hd, n_pos + n_tok - 1, f16, outliers);
+    kv_make(&c, hd, n_pos + n_tok - 1, first_seen(n_pos - 1, op.window), f16, outliers);
+    float sinks[16];
+    for (int h = 0; h < n_q; h++)
+        sinks[h] = 3.0f * frand();   /* from well below the scores to well above */
+    const float scale = op.scale != 0.0f ? op.scale : 1.0f / sqrtf((float)hd);
     const int64_t ld = (int64_t)n_q * hd + 3;    /* rows of a batch are wider than the tile */
     const size_t nf = (size_t)n_tok * ld;
     float *q = malloc(nf * sizeof(float)), *ref = calloc(nf, sizeof(float));
@@ -119,9 +145,9 @@ static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool o
     float *sc = malloc(kvc_attn_scratch_floats((int64_t)n_tok * n_q, hd) * sizeof(float));
     for (size_t i = 0; i < nf; i++)
         q[i] = frand();
-    kvc_attn_args a = { .n_tok = n_tok, .n_q = n_q, .hd = hd, .n_pos = n_pos, .f16 = f16,
-                        .k = c.kb, .v = c.vb, .q = q, .ldq = ld, .scale = 1.0f / sqrtf((float)hd),
-                        .out = ref, .ldo = ld, .scratch = sc };
+    kvc_attn_args a = { .n_tok = n_tok, .n_q = n_q, .hd = hd, .n_pos = n_pos, .window = op.window, .f16 = f16,
+                        .k = c.kb, .v = c.vb, .q = q, .ldq = ld, .scale = scale,
+                        .sinks = op.sinks ? sinks : NULL, .out = ref, .ldo = ld, .scratch = sc };
     kvc_attention_ref(&a);
     float *ref_i16 = calloc(nf, sizeof(float));
     const bool i16 = kvc_attn_i16_ok(hd);
@@ -139,8 +165,9 @@ static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool o
         bool same = true;
         for (int t = 0; t < n_tok; t++)
             same = same && memcmp(out + t * ld, want + t * ld, (size_t)n_q * hd * sizeof(float)) == 0;
-        CHECKF(same, "%s: n_q %d hd %d n_pos %lld n_tok %d %s differs from the reference",
-               kvc_isa_name((kvc_isa)isa), n_q, hd, (long long)n_pos, n_tok, f16 ? "f16" : "f32");
+        CHECKF(same, "%s: n_q %d hd %d n_pos %lld n_tok %d w %d%s %s differs from the reference",
+               kvc_isa_name((kvc_isa)isa), n_q, hd, (long long)n_pos, n_tok, op.window, op.sinks ? " sinks" : "",
+               f16 ? "f16" : "f32");
         /* the same tokens one at a time, as decode steps */
         for (int t = 0; t < n_tok; t++) {
             kvc_attn_args d = a;
@@ -153,17 +180,30 @@ static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool o
         same = true;
         for (int t = 0; t < n_tok; t++)
             same = same && memcmp(one + t * ld, want + t * ld, (size_t)n_q * hd * sizeof(float)) == 0;
-        CHECKF(same, "%s: n_q %d hd %d n_pos %lld: a tile of %d differs from its tokens one by one",
-               kvc_isa_name((kvc_isa)isa), n_q, hd, (long long)n_pos, n_tok);
+        CHECKF(same, "%s: n_q %d hd %d n_pos %lld w %d: a tile of %d differs from its tokens one by one",
+               kvc_isa_name((kvc_isa)isa), n_q, hd, (long long)n_pos, op.window, n_tok);
+        /* a window wider than every token's past: the bits of no window */
+        if (op.window > 0 && op.window >= n_pos + n_tok - 1) {
+            kvc_attn_args n = a;
+            n.window = 0;
+            n.out = one;
+            kvc_attention(&n);
+            same = true;
+            for (int t = 0; t < n_tok; t++)
+                same = same && memcmp(one + t * ld, out + t * ld, (size_t)n_q * hd * sizeof(float)) == 0;
+            CHECKF(same, "%s: window %d wider than n_pos %lld + %d changes bits",
+                   kvc_isa_name((kvc_isa)isa), op.window, (long long)n_pos, n_tok);
+        }
     }
     double worst = 0, worst_i16 = 0;
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_q; h++) {
-            const float *qr = q + t * ld + h * hd;
-            double e = f64_error(&c, qr, n_pos + t, ref + t * ld + h * hd, false);
+            const float *qr = q + t * ld + h * hd, *sk = op.sinks ? &sinks[h] : NULL;
+            const int64_t lo = first_seen(n_pos - 1 + t, op.window);
+            double e = f64_error(&c, qr, lo, n_pos + t, scale, sk, ref + t * ld + h * hd, false);
             worst = e > worst ? e : worst;
             if (i16) {
-                e = f64_error(&c, qr, n_pos + t, ref_i16 + t * ld + h * hd, true);
+                e = f64_error(&c, qr, lo, n_pos + t, scale, sk, ref_i16 + t * ld + h * hd, true);
                 worst_i16 = e > worst_i16 ? e : worst_i16;
             }
         }
@@ -176,6 +216,43 @@ static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool o
     i16_worst = worst_i16 > i16_worst ? worst_i16 : i16_worst;
     kv_free(&c);
     free(q); free(ref); free(ref_i16); free(out); free(one); free(sc);
+}
+
+static void run_case(int n_q, int hd, int64_t n_pos, int n_tok, bool f16, bool outliers)
+{
+    run_case_opts(n_q, hd, n_pos, n_tok, f16, outliers, (attn_opts){ 0 });
+}
+
+/* Sliding windows, sinks and scales, in every ISA: windows of 1 (a token
+ * sees itself), inside one block, a block and a bit, wider than the tile,
+ * and wider than everything; Gemma's scale 1.0 and head dims 256 and 512
+ * (Gemma 4's global layers), gpt-oss's 64 with sinks. */
+static void window_cases(void)
+{
+    const int64_t lens[] = { 1, 7, 16, 33, 100, 333 };
+    const int toks[] = { 1, 5, 16, 40 };
+    const int32_t wins[] = { 1, 5, 16, 23, 128, 1000 };
+    for (int f16 = 0; f16 <= 1; f16++)
+        for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++)
+            for (size_t t = 0; t < sizeof(toks) / sizeof(toks[0]); t++)
+                for (size_t w = 0; w < sizeof(wins) / sizeof(wins[0]); w++) {
+                    const attn_opts plain = { wins[w], false, 0.0f }, sink = { wins[w], true, 0.0f };
+                    run_case_opts(8, 64, lens[l], toks[t], f16, false, sink);      /* gpt-oss */
+                    run_case_opts(7, 64, lens[l], toks[t], f16, true, plain);
+                    run_case_opts(2, 256, lens[l], toks[t], f16, false, (attn_opts){ wins[w], false, 1.0f / 16 });
+                    run_case_opts(4, 32, lens[l], toks[t], f16, false, sink);
+                    run_case_opts(3, 80, lens[l], toks[t], f16, false, sink);     /* float on every ISA */
+                    run_case_opts(2, 8, lens[l], toks[t], f16, false, plain);
+                    run_case_opts(3, 12, lens[l], toks[t], f16, false, sink);     /* scalar everywhere */
+                }
+    /* Gemma: scale 1.0 with small q/k (QK-normed in the model), head dims 256
+     * and 512, window and none */
+    for (int f16 = 0; f16 <= 1; f16++)
+        for (int32_t w = 0; w <= 20; w += 20) {
+            run_case_opts(2, 256, 50, 9, f16, false, (attn_opts){ w, false, 1.0f / 16 });
+            run_case_opts(2, 512, 50, 9, f16, false, (attn_opts){ w, false, 1.0f / 22.6f });
+            run_case_opts(1, 512, 97, 1, f16, false, (attn_opts){ w, true, 1.0f / 22.6f });
+        }
 }
 
 int main(void)
@@ -196,6 +273,7 @@ int main(void)
                 run_case(2, 288, lens[l], toks[t], f16, false); /* past the integer scheme: float, whole blocks */
                 run_case(3, 12, lens[l], toks[t], f16, false);  /* not a multiple of 8: scalar everywhere */
             }
+    window_cases();
     printf("integer scheme: largest error relative to the largest output, from float64: %.3g\n", i16_worst);
     kvc_kernels_set_isa(best);
     return test_done("test_attention");

@@ -10,14 +10,20 @@
  * The kernel walks the blocks once, in order 0, 1, 2, ...; each block's K and
  * V are read once for the whole tile (F16 converted in registers, or on
  * avx2 once a tile into the scratch) and folded into every query row that
- * sees part of it, with an online softmax. For one
- * query row and block b (positions p = 16b + j, j < 16, the row seeing n of them):
- *   s_j   = (fma chain over d = 0 .. hd-1 of q[d] * K[d][j]) * scale,  -inf for j >= n
- *   m'    = max(m, max_j s_j);  alpha = kvc_exp_neg(m - m')   (m = -inf before block 0)
- *   e_j   = kvc_exp_neg(s_j - m') for j < n, else 0
- *   l[j]  = l[j] * alpha + e_j               (16 lane sums, l = 0 before block 0)
- *   o[d]  = fma chain over j < n of e_j * V[j][d], starting from o[d] * alpha
+ * sees part of it, with an online softmax. A row sees one
+ * contiguous run of positions (its window, or all before it); block b
+ * (positions 16b + j, j < 16) is folded into the rows that see part of it,
+ * a row seeing its positions j0 <= j < n (j0 > 0 only at a window's lower
+ * edge; blocks a row does not see are skipped, not folded):
+ *   s_j   = (fma chain over d = 0 .. hd-1 of q[d] * K[d][j]) * scale,  -inf for j outside [j0, n)
+ *   m'    = max(m, max_j s_j);  alpha = kvc_exp_neg(m - m')
+ *   e_j   = kvc_exp_neg(s_j - m') for j0 <= j < n, else 0
+ *   l[j]  = l[j] * alpha + e_j               (16 lane sums)
+ *   o[d]  = fma chain over j0 <= j < n of e_j * V[j][d], starting from o[d] * alpha
  * and after the last block  o[d] *= 1 / (l summed as halves added pairwise: +8, +4, +2, +1).
+ * Before the first block: m = -inf, l = 0, o = 0; with a sink (sinks[h] for
+ * head h), m = sinks[h] and l[0] = 1, as a position whose V is 0 (in the
+ * integer scheme's base 2: m = sinks[h] * KVC_LOG2E).
  * The scalar, avx2 and avx512 ISAs run exactly these operations for every
  * row (vnni and avx2 run the integer scheme below where it applies), so a
  * row's result depends only on its query and the positions it sees: not on
@@ -45,18 +51,20 @@
  *     scores are in base 2, so the softmax's exps are kvc_exp2_neg (cheaper
  *     than kvc_exp_neg, and what the weights' 15 bits need).
  *   K of block b at position j < n: (sK[j], Ki[.][j]) in integer form.
- *   V of block b as a row that sees n of its positions takes it, per dim d:
- *     vmax = max over j < n of |V[j][d]| (NaN counts as 0)
+ *   V of block b as a row that sees its positions [j0, n) takes it, per dim d:
+ *     vmax = max over j0 <= j < n of |V[j][d]| (NaN counts as 0)
  *     if !(vmax >= AMIN): cv[d] = 0, Vi[.][d] = 0
  *     else: cv[d] = vmax / 4095,  Vi[j][d] = rint(V[j][d] * (4095 / vmax))
- *     for j < n, 0 for j >= n. (The scales see only the positions the row
- *     sees, so a block that fills up later changes nothing for it.)
+ *     for j0 <= j < n, 0 elsewhere. (The scales see only the positions the
+ *     row sees, so neither a block that fills up later nor the window's
+ *     lower edge passing changes anything for it.)
+ *   K of block b at a position the row does not see: sK[j] = 0, Ki[.][j] = 0.
  *   scores: D_j = sum over d of a[d] * Ki[d][j] (exact int32)
- *     s_j = ((float)D_j * sK[j]) * cq for j < n, -inf otherwise;  mb = max_j s_j
+ *     s_j = ((float)D_j * sK[j]) * cq for j0 <= j < n, -inf otherwise;  mb = max_j s_j
  *   softmax, with the weights against the block's largest (so that they
  *   need neither m' nor a division):
  *     m' = max(m, mb);  alpha = kvc_exp2_neg(m - m');  emax = kvc_exp2_neg(mb - m')
- *     e_j = kvc_exp2_neg(s_j - mb) for j < n, else 0   (<= 1, and 1 where s_j = mb)
+ *     e_j = kvc_exp2_neg(s_j - mb) for j0 <= j < n, else 0   (<= 1, and 1 where s_j = mb)
  *     l[j] = fma(emax, e_j, l[j] * alpha)
  *     Pi[j] = rint(e_j * 32767);  w = emax * (1 / 32767.0f) if emax >= AMIN, else 0
  *   output: DV[d] = sum over j of Pi[j] * Vi[j][d] (exact int32: 16 * 32767 * 4095 < 2^31)
@@ -73,14 +81,22 @@
 typedef struct kvc_attn_args {
     int32_t             n_tok;    /* tokens: consecutive positions of one sequence */
     int32_t             n_q;      /* query heads per token sharing this KV head */
-    int32_t             hd;       /* head dim */
-    int64_t             n_pos;    /* token t attends to positions [0, n_pos + t); n_pos >= 1 */
+    int32_t             hd;       /* head dim (the layer's; any, the SIMD paths where a multiple of 8) */
+    int64_t             n_pos;    /* token t (at position p = n_pos - 1 + t) attends to positions
+                                   * [lo, n_pos + t), lo = 0, or with a window p - window + 1 (not
+                                   * below 0); n_pos >= 1 */
+    int32_t             window;   /* sliding window w: p sees p - w + 1 .. p (llama.cpp's and vLLM's
+                                   * rule); 0: no window (all of [0, p]) */
     bool                f16;      /* K/V are F16 (else F32) */
-    const void *const  *k;        /* per block: its K [hd][KVC_ATTN_B] */
-    const void *const  *v;        /* per block: its V [KVC_ATTN_B][hd] */
+    const void *const  *k;        /* per block: its K [hd][KVC_ATTN_B]; blocks wholly below every
+                                   * token's window are not read (may be NULL) */
+    const void *const  *v;        /* per block: its V [KVC_ATTN_B][hd]; the same */
     const float        *q;        /* query of token t, head h: q + t * ldq + h * hd */
     int64_t             ldq;
-    float               scale;    /* 1/sqrt(hd) */
+    float               scale;    /* the scores' factor: 1/sqrt(hd), or the layer's (Gemma: 1.0) */
+    const float        *sinks;    /* NULL, or per query head h < n_q a logit (in the scores' units,
+                                   * after scale) that takes part in the softmax's denominator only
+                                   * (gpt-oss's attention sinks) */
     float              *out;      /* output of token t, head h: out + t * ldo + h * hd */
     int64_t             ldo;
     float              *scratch;  /* kvc_attn_scratch_floats(n_tok * n_q, hd), owned by the caller */
@@ -135,8 +151,8 @@ float kvc_exp2_neg(float x);
  * scratch[r], l[r][16] at scratch[n_rows + 16 r]; o is the row's output. A
  * block kernel folds block b into rows [r0, r1), each of which sees at least
  * one position of it. kvc_attn_state_init puts every row in its state before
- * block 0: m = -inf, l = 0, o = 0. */
-void kvc_attn_state_init(const kvc_attn_args *a);
+ * block 0 (above; base2: the integer scheme's, whose sink is in base 2). */
+void kvc_attn_state_init(const kvc_attn_args *a, bool base2);
 void kvc_attn_block_avx512(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 void kvc_attn_block_avx2(const kvc_attn_args *a, int64_t b, int32_t r0, int32_t r1);
 /* Blocks [b0, b1) into every row of the tile, each of which sees all their
@@ -204,23 +220,38 @@ void kvc_attn_i16_quantize_q(const kvc_attn_args *a);
 void kvc_attn_i16_quantize_q_simd(const kvc_attn_args *a);   /* the same bits, on vnni and avx2 */
 
 /* An ISA's two steps of the integer scheme; attention.c walks the blocks
- * with them. convert puts block b into slot ib as rows that see its first n
- * positions take it; rows folds the nb <= max_nb blocks of ib (in order, each
- * seen whole when nb > 1) into rows [r0, r1), which see its first n. */
+ * with them. convert puts block b into slot ib as rows that see its
+ * positions [j0, n) take it; rows folds the nb <= max_nb blocks of ib (in
+ * order, each seen whole when nb > 1) into rows [r0, r1), which see its
+ * positions [j0, n). */
 typedef struct kvc_attn_i16_ops {
-    void (*convert)(const kvc_attn_args *a, int64_t b, int32_t n, const kvc_attn_i16_block *ib);
-    void (*rows)(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t r1, int32_t n,
-                 int nb);
+    void (*convert)(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n, const kvc_attn_i16_block *ib);
+    void (*rows)(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t r1, int32_t j0,
+                 int32_t n, int nb);
     int   max_nb;   /* <= KVC_ATTN_I16_SLOTS */
 } kvc_attn_i16_ops;
 extern const kvc_attn_i16_ops kvc_attn_i16_vnni;   /* attention_vnni.c */
 extern const kvc_attn_i16_ops kvc_attn_i16_avx2;   /* attention_avx2_i16.c */
 
-/* How many positions of block b row r sees: 1 .. KVC_ATTN_B. */
+/* The positions [kvc_attn_seen_lo, kvc_attn_seen) of block b that row r
+ * sees, for a row that sees part of it: 1 <= n <= KVC_ATTN_B, 0 <= j0 < n
+ * (j0 > 0 only at the window's lower edge). */
 static inline int32_t kvc_attn_seen(const kvc_attn_args *a, int64_t b, int32_t r)
 {
     int64_t n = a->n_pos + r / a->n_q - b * KVC_ATTN_B;
     return (int32_t)(n < KVC_ATTN_B ? n : KVC_ATTN_B);
+}
+
+static inline int32_t kvc_attn_seen_lo(const kvc_attn_args *a, int64_t b, int32_t r)
+{
+    int64_t j0 = a->n_pos + r / a->n_q - a->window - b * KVC_ATTN_B;
+    return a->window > 0 && j0 > 0 ? (int32_t)j0 : 0;
+}
+
+/* The 16-bit mask of positions [j0, n) of a block. */
+static inline uint32_t kvc_attn_span_mask(int32_t j0, int32_t n)
+{
+    return ((1u << n) - 1) & ~((1u << j0) - 1);
 }
 
 static inline const float *kvc_attn_q_row(const kvc_attn_args *a, int32_t r)

@@ -31,14 +31,15 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
     const void *kb = a->k[b], *vb = a->v[b];
     const float *q[6];
     float *o[6], alpha[6], e[6][16];
-    int32_t seen[6];
+    int32_t seen[6], from[6];   /* row r sees the block's positions [from[r], seen[r]) */
     bool full = true;
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
         q[r] = kvc_attn_q_row(a, r0 + r);
         o[r] = kvc_attn_o_row(a, r0 + r);
         seen[r] = kvc_attn_seen(a, b, r0 + r);
-        full = full && seen[r] == 16;
+        from[r] = kvc_attn_seen_lo(a, b, r0 + r);
+        full = full && seen[r] == 16 && from[r] == 0;
     }
     __m256 lo[6], hi[6];
     #pragma GCC unroll 6
@@ -60,8 +61,8 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
     for (int r = 0; r < R; r++) {
         float *m = a->scratch + r0 + r;
         __m256 sc = _mm256_set1_ps(a->scale), ninf = _mm256_set1_ps(-INFINITY);
-        m0[r] = _mm256_castsi256_ps(kvc_first_lanes8(seen[r]));
-        m1[r] = _mm256_castsi256_ps(kvc_first_lanes8(seen[r] - 8));
+        m0[r] = _mm256_castsi256_ps(_mm256_andnot_si256(kvc_first_lanes8(from[r]), kvc_first_lanes8(seen[r])));
+        m1[r] = _mm256_castsi256_ps(_mm256_andnot_si256(kvc_first_lanes8(from[r] - 8), kvc_first_lanes8(seen[r] - 8)));
         s0[r] = _mm256_blendv_ps(ninf, _mm256_mul_ps(lo[r], sc), m0[r]);
         s1[r] = _mm256_blendv_ps(ninf, _mm256_mul_ps(hi[r], sc), m1[r]);
         __m256 mx = _mm256_max_ps(s0[r], s1[r]);
@@ -95,7 +96,7 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
             __m256 v = load8(a->f16, vb, (int64_t)j * hd + d0);
             #pragma GCC unroll 6
             for (int r = 0; r < R; r++)
-                if (full || j < seen[r])   /* unseen positions may hold anything: skip, not times 0 */
+                if (full || (j >= from[r] && j < seen[r]))   /* unseen positions may hold anything: skip, not times 0 */
                     acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(e[r][j]), v, acc[r]);
         }
         #pragma GCC unroll 6

@@ -89,8 +89,11 @@ AI __m128 rows_max4(const __m256 *x, const int R)
     return _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
 }
 
-/* All-ones in the lanes j (of 8, starting at j0) with j < n. */
-AI __m256 seen_mask(int32_t j0, int32_t n) { return _mm256_castsi256_ps(kvc_first_lanes8(n - j0)); }
+/* All-ones in the lanes j (of 8, position base + j) with lo <= base + j < n. */
+AI __m256 seen_mask(int32_t base, int32_t lo, int32_t n)
+{
+    return _mm256_castsi256_ps(_mm256_andnot_si256(kvc_first_lanes8(lo - base), kvc_first_lanes8(n - base)));
+}
 
 /* kvc_attn_i16_quantize_q with SSE lanes, for kvc_attn_i16_ok(hd): lane i
  * of the norm is the reference's fma chain over d = i, i + 4, ..., the rest
@@ -130,9 +133,10 @@ void kvc_attn_i16_quantize_q_simd(const kvc_attn_args *a)
     }
 }
 
-/* Block b into slot ib as rows that see its first n positions take it (the
+/* Block b into slot ib as rows that see its positions [j0, n) take it (the
  * ops' convert). */
-AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const kvc_attn_i16_block *ib, const bool f16)
+AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n, const kvc_attn_i16_block *ib,
+                   const bool f16)
 {
     const int32_t hd = a->hd;
     const void *kb = a->k[b], *vb = a->v[b];
@@ -150,7 +154,7 @@ AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const kvc_attn_
             }
         const __m256 n2 = _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3]));
         const __m256 amax = _mm256_max_ps(_mm256_max_ps(mx[0], mx[1]), _mm256_max_ps(mx[2], mx[3]));
-        const __m256 ok = _mm256_and_ps(_mm256_and_ps(seen_mask(8 * h, n),
+        const __m256 ok = _mm256_and_ps(_mm256_and_ps(seen_mask(8 * h, j0, n),
                                                       _mm256_cmp_ps(amax, _mm256_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ)),
                                         _mm256_cmp_ps(n2, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ));
         const __m256 inv = _mm256_and_ps(ok, _mm256_min_ps(
@@ -166,34 +170,34 @@ AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const kvc_attn_
     /* V: lane d; the scales over the n positions seen */
     for (int32_t d0 = 0; d0 < hd; d0 += 8) {
         __m256 vmax = _mm256_setzero_ps();
-        for (int32_t j = 0; j < n; j++)
+        for (int32_t j = j0; j < n; j++)
             vmax = _mm256_max_ps(abs8(load8(f16, vb, (int64_t)j * hd + d0)), vmax);
         const __m256 vok = _mm256_cmp_ps(vmax, _mm256_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ);
         const __m256 iv = _mm256_and_ps(vok, _mm256_div_ps(_mm256_set1_ps(4095.0f), vmax));
         _mm256_storeu_ps(ib->cv + d0, _mm256_and_ps(vok, _mm256_div_ps(vmax, _mm256_set1_ps(4095.0f))));
         for (int32_t k = 0; k < 8; k++) {
-            const __m256i lo = 2 * k < n ? rint32(_mm256_mul_ps(load8(f16, vb, (int64_t)(2 * k) * hd + d0), iv))
-                                         : _mm256_setzero_si256();
-            const __m256i hi = 2 * k + 1 < n ? rint32(_mm256_mul_ps(load8(f16, vb, (int64_t)(2 * k + 1) * hd + d0), iv))
-                                             : _mm256_setzero_si256();
+            const __m256i lo = 2 * k >= j0 && 2 * k < n
+                ? rint32(_mm256_mul_ps(load8(f16, vb, (int64_t)(2 * k) * hd + d0), iv)) : _mm256_setzero_si256();
+            const __m256i hi = 2 * k + 1 >= j0 && 2 * k + 1 < n
+                ? rint32(_mm256_mul_ps(load8(f16, vb, (int64_t)(2 * k + 1) * hd + d0), iv)) : _mm256_setzero_si256();
             _mm256_storeu_si256((__m256i *)(ib->vp + (int64_t)k * hd + d0), pair16(lo, hi));
         }
     }
 }
 
-static __attribute__((noinline)) void convert(const kvc_attn_args *a, int64_t b, int32_t n,
+static __attribute__((noinline)) void convert(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n,
                                               const kvc_attn_i16_block *ib)
 {
     if (a->f16)
-        convert_kv(a, b, n, ib, true);
+        convert_kv(a, b, j0, n, ib, true);
     else
-        convert_kv(a, b, n, ib, false);
+        convert_kv(a, b, j0, n, ib, false);
 }
 
-/* Rows [r0, r0 + R), each seeing the first n positions of the block in ib.
+/* Rows [r0, r0 + R), each seeing the positions [j0, n) of the block in ib.
  * R and HD (the head dim, 0: a->hd) are constants at every call site, so the
  * accumulators stay in registers. */
-AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t n,
+AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t j0, int32_t n,
                  const int R, const int HD, const bool FULL)
 {
     const int32_t hd = HD ? HD : a->hd, rows = a->n_tok * a->n_q;
@@ -217,7 +221,7 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
             dot[r][1] = madd_bcast(dot[r][1], k1, QP(r) + p);
         }
     }
-    const __m256 seen[2] = { seen_mask(0, n), seen_mask(8, n) };
+    const __m256 seen[2] = { seen_mask(0, j0, n), seen_mask(8, j0, n) };
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 s[R_MAX][2], mx[R_MAX];
     #pragma GCC unroll 4
@@ -297,10 +301,10 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
 
 #define ROWS_CASES(HD, FULL)                                \
     switch (R) {                                            \
-    case 4: rows_i16(a, ib, r0, n, 4, HD, FULL); break;     \
-    case 3: rows_i16(a, ib, r0, n, 3, HD, FULL); break;     \
-    case 2: rows_i16(a, ib, r0, n, 2, HD, FULL); break;     \
-    case 1: rows_i16(a, ib, r0, n, 1, HD, FULL); break;     \
+    case 4: rows_i16(a, ib, r0, j0, n, 4, HD, FULL); break; \
+    case 3: rows_i16(a, ib, r0, j0, n, 3, HD, FULL); break; \
+    case 2: rows_i16(a, ib, r0, j0, n, 2, HD, FULL); break; \
+    case 1: rows_i16(a, ib, r0, j0, n, 1, HD, FULL); break; \
     default: break;                                         \
     }
 
@@ -308,13 +312,14 @@ AI void rows_i16(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r
  * unrolls on. Not inlined into the loop below: inlined, the compiler keeps
  * kvc_exp2_neg8's constants in registers across it. */
 static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0,
-                                             int32_t R, int32_t n)
+                                             int32_t R, int32_t j0, int32_t n)
 {
-    if (a->hd == 64 && n == B)
+    const bool whole = j0 == 0 && n == B;
+    if (a->hd == 64 && whole)
         ROWS_CASES(64, true)
     else if (a->hd == 64)
         ROWS_CASES(64, false)
-    else if (a->hd == 128 && n == B)
+    else if (a->hd == 128 && whole)
         ROWS_CASES(128, true)
     else if (a->hd == 128)
         ROWS_CASES(128, false)
@@ -324,14 +329,14 @@ static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const kvc_a
 
 /* Rows [r0, r1) in the block of ib (nb = 1), 4 at a time (the last 5 to 7
  * split evenly): the ops' rows. */
-static void rows_all(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t r1, int32_t n,
-                     int nb)
+static void rows_all(const kvc_attn_args *a, const kvc_attn_i16_block *ib, int32_t r0, int32_t r1, int32_t j0,
+                     int32_t n, int nb)
 {
     (void)nb;
     for (int32_t R; r0 < r1; r0 += R) {
         const int32_t left = r1 - r0;
         R = left <= R_MAX ? left : left < 2 * R_MAX ? (left + 1) / 2 : R_MAX;
-        rows_n(a, ib, r0, R, n);
+        rows_n(a, ib, r0, R, j0, n);
     }
 }
 

@@ -27,16 +27,14 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
     const void *kb = a->k[b], *vb = a->v[b];
     const float *q[16];
     float *o[16], alpha[16], e[16][16];
-    int32_t seen[16];
-    __mmask16 mask[16];
+    __mmask16 mask[16];   /* the positions row r sees */
     bool full = true;
     #pragma GCC unroll 16
     for (int r = 0; r < R; r++) {
         q[r] = kvc_attn_q_row(a, r0 + r);
         o[r] = kvc_attn_o_row(a, r0 + r);
-        seen[r] = kvc_attn_seen(a, b, r0 + r);
-        mask[r] = (__mmask16)((1u << seen[r]) - 1);
-        full = full && seen[r] == 16;
+        mask[r] = (__mmask16)kvc_attn_span_mask(kvc_attn_seen_lo(a, b, r0 + r), kvc_attn_seen(a, b, r0 + r));
+        full = full && mask[r] == 0xFFFF;
     }
     __m512 acc[16];
     #pragma GCC unroll 16
@@ -86,7 +84,7 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
                 #pragma GCC unroll 16
                 for (int r = 0; r < R; r++)
                     acc[r] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(e[r][j]), v, acc[r],
-                                                   (__mmask16)-(j < seen[r]));
+                                                   (__mmask16)-((mask[r] >> j) & 1));
             }
         }
         #pragma GCC unroll 16

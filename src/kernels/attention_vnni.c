@@ -66,13 +66,13 @@ AI __m512 bcast_load(const float *p)
     return x;
 }
 
-/* Block b into slot ib as rows that see its first n positions take it (the
+/* Block b into slot ib as rows that see its positions [j0, n) take it (the
  * ops' convert). */
-AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const iblock *ib, const bool f16)
+AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n, const iblock *ib, const bool f16)
 {
     const int32_t hd = a->hd;
     const void *kb = a->k[b], *vb = a->v[b];
-    const __mmask16 seen = (__mmask16)((1u << n) - 1);
+    const __mmask16 seen = (__mmask16)kvc_attn_span_mask(j0, n);
     /* K: lane j is position j; the squared norm as four fma chains over d */
     __m512 c[4], mx[4];
     for (int i = 0; i < 4; i++)
@@ -100,34 +100,35 @@ AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t n, const iblock *i
     /* V: lane d; the scales over the n positions seen */
     for (int32_t d0 = 0; d0 < hd; d0 += 16) {
         __m512 vmax = _mm512_setzero_ps();
-        for (int32_t j = 0; j < n; j++)
+        for (int32_t j = j0; j < n; j++)
             vmax = _mm512_max_ps(_mm512_abs_ps(load16(f16, vb, (int64_t)j * hd + d0)), vmax);
         const __mmask16 vok = _mm512_cmp_ps_mask(vmax, _mm512_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ);
         const __m512 iv = _mm512_maskz_div_ps(vok, _mm512_set1_ps(4095.0f), vmax);
         _mm512_storeu_ps(ib->cv + d0, _mm512_maskz_div_ps(vok, vmax, _mm512_set1_ps(4095.0f)));
         for (int32_t k = 0; k < 8; k++) {
-            const __m512i lo = 2 * k < n ? rint32(_mm512_mul_ps(load16(f16, vb, (int64_t)(2 * k) * hd + d0), iv))
-                                         : _mm512_setzero_si512();
-            const __m512i hi = 2 * k + 1 < n ? rint32(_mm512_mul_ps(load16(f16, vb, (int64_t)(2 * k + 1) * hd + d0), iv))
-                                             : _mm512_setzero_si512();
+            const __m512i lo = 2 * k >= j0 && 2 * k < n
+                ? rint32(_mm512_mul_ps(load16(f16, vb, (int64_t)(2 * k) * hd + d0), iv)) : _mm512_setzero_si512();
+            const __m512i hi = 2 * k + 1 >= j0 && 2 * k + 1 < n
+                ? rint32(_mm512_mul_ps(load16(f16, vb, (int64_t)(2 * k + 1) * hd + d0), iv)) : _mm512_setzero_si512();
             _mm512_storeu_si512(ib->vp + (int64_t)k * hd + d0, pair16(lo, hi));
         }
     }
 }
 
-static __attribute__((noinline)) void convert(const kvc_attn_args *a, int64_t b, int32_t n, const iblock *ib)
+static __attribute__((noinline)) void convert(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n,
+                                              const iblock *ib)
 {
     if (a->f16)
-        convert_kv(a, b, n, ib, true);
+        convert_kv(a, b, j0, n, ib, true);
     else
-        convert_kv(a, b, n, ib, false);
+        convert_kv(a, b, j0, n, ib, false);
 }
 
-/* Rows [r0, r0 + R), each seeing the first n positions of each of the NB
- * blocks in ib (in order; n = 16 when NB > 1). R, NB and HD (the head dim,
+/* Rows [r0, r0 + R), each seeing the positions [j0, n) of each of the NB
+ * blocks in ib (in order; all 16 when NB > 1). R, NB and HD (the head dim,
  * 0: a->hd) are constants at every call site, so the accumulators stay in
  * registers and the q rows' addresses are one pointer plus constants. */
-AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n,
+AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t j0, int32_t n,
                  const int R, const int NB, const int HD)
 {
     const int32_t hd = HD ? HD : a->hd, rows = a->n_tok * a->n_q;
@@ -136,7 +137,7 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
 #define QP(r) ((const int32_t *)(const void *)(q0 + (size_t)(r) * hd))
     float *o[R_MAX];
     kvc_attn_rows_at(a, r0, R, NULL, o);
-    const __mmask16 seen = (__mmask16)((1u << n) - 1);
+    const __mmask16 seen = (__mmask16)kvc_attn_span_mask(j0, n);
     /* scores */
     __m512i dot[2][R_MAX];
     #pragma GCC unroll 2
@@ -238,24 +239,24 @@ AI void rows_i16(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t n
 #undef QP
 }
 
-#define ROWS_CASES(NB, HD)                                    \
-    switch (R) {                                              \
-    case 8: rows_i16(a, ib, r0, n, 8, NB, HD); break;         \
-    case 7: rows_i16(a, ib, r0, n, 7, NB, HD); break;         \
-    case 6: rows_i16(a, ib, r0, n, 6, NB, HD); break;         \
-    case 5: rows_i16(a, ib, r0, n, 5, NB, HD); break;         \
-    case 4: rows_i16(a, ib, r0, n, 4, NB, HD); break;         \
-    case 3: rows_i16(a, ib, r0, n, 3, NB, HD); break;         \
-    case 2: rows_i16(a, ib, r0, n, 2, NB, HD); break;         \
-    case 1: rows_i16(a, ib, r0, n, 1, NB, HD); break;         \
-    default: break;                                           \
+#define ROWS_CASES(NB, HD)                                  \
+    switch (R) {                                            \
+    case 8: rows_i16(a, ib, r0, j0, n, 8, NB, HD); break;   \
+    case 7: rows_i16(a, ib, r0, j0, n, 7, NB, HD); break;   \
+    case 6: rows_i16(a, ib, r0, j0, n, 6, NB, HD); break;   \
+    case 5: rows_i16(a, ib, r0, j0, n, 5, NB, HD); break;   \
+    case 4: rows_i16(a, ib, r0, j0, n, 4, NB, HD); break;   \
+    case 3: rows_i16(a, ib, r0, j0, n, 3, NB, HD); break;   \
+    case 2: rows_i16(a, ib, r0, j0, n, 2, NB, HD); break;   \
+    case 1: rows_i16(a, ib, r0, j0, n, 1, NB, HD); break;   \
+    default: break;                                         \
     }
 
 /* Rows [r0, r0 + R), R <= 8, in the NB (1 or 2) blocks of ib: the constants
  * rows_i16 unrolls on. Not inlined into the loops below: inlined, the
  * compiler keeps kvc_exp2_neg16's constants in registers across them. */
 static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const iblock *ib, int32_t r0,
-                                             int32_t R, int32_t n, int NB)
+                                             int32_t R, int32_t j0, int32_t n, int NB)
 {
     if (NB == 2 && a->hd == 64)
         ROWS_CASES(2, 64)
@@ -272,11 +273,12 @@ static __attribute__((noinline)) void rows_n(const kvc_attn_args *a, const ibloc
 }
 
 /* Rows [r0, r1) in the NB blocks of ib, 8 at a time: the ops' rows. */
-static void rows_all(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t r1, int32_t n, int NB)
+static void rows_all(const kvc_attn_args *a, const iblock *ib, int32_t r0, int32_t r1, int32_t j0, int32_t n,
+                     int NB)
 {
     for (int32_t R; r0 < r1; r0 += R) {
         R = r1 - r0 < R_MAX ? r1 - r0 : R_MAX;
-        rows_n(a, ib, r0, R, n, NB);
+        rows_n(a, ib, r0, R, j0, n, NB);
     }
 }
 
