@@ -389,6 +389,7 @@ static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, uint8_t d)
     case KVC_D_Q:        return (int64_t)p->n_head * p->head_dim;
     case KVC_D_KV:       return (int64_t)p->n_head_kv * p->head_dim;
     case KVC_D_HEAD:     return p->head_dim;
+    case KVC_D_HEADS:    return p->n_head;
     case KVC_D_FF:       return p->n_ff;
     case KVC_D_EXP:      return p->n_expert;
     case KVC_D_FF_EXP:   return p->n_ff_exp;
