@@ -13,6 +13,7 @@ static const char help[] =
     "                        qwen3-30b-a3b (use --n-layer to cut it)\n"
     "      --arch A          llama, qwen2, qwen3, qwen3moe\n"
     "      --type T          f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
+    "                        mxfp4_moe (experts MXFP4, the rest Q8_0)\n"
     "      --n-embd N  --n-layer N  --n-head N  --n-head-kv N  --head-dim N  --n-ff N\n"
     "      --n-ctx N   --n-vocab N  --vocab bpe|spm  --tied | --untied\n"
     "      --rope-theta X  --rms-eps X  --seed N  --name NAME\n"

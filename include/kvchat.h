@@ -362,7 +362,8 @@ typedef struct kvc_gen_params {
                               * "qwen3moe" (qwen3 with a mixture-of-experts FFN) */
     const char *ftype;       /* "f32" "f16" "bf16" "q8_0" "q4_0" "q4_1" "q5_0" "q5_1"
                               * "q4_k" (= "q4_k_s") "q5_k" (= "q5_k_s") "q6_k"
-                              * "q4_k_m" "q5_k_m"; case-insensitive */
+                              * "q4_k_m" "q5_k_m" "mxfp4_moe" (experts MXFP4, the rest
+                              * Q8_0); case-insensitive */
     int32_t     n_embd;      /* > 0 */
     int32_t     n_layer;     /* > 0 */
     int32_t     n_head;      /* > 0 */

@@ -6,7 +6,7 @@
  * 7 (as Qwen2.5-0.5B), F16 and Q8_0 KV caches, Q8_0, Q4_0, Q4_K and Q6_K
  * weights (the vnni ISA's integer path; the float path on the others) and
  * F16 (whose decode reads its rows in lanes, kernels_internal.h). The same for
- * mixture-of-experts models (qwen3moe, Q8_0 and Q4_K experts), plus a batch
+ * mixture-of-experts models (qwen3moe, Q8_0, Q4_K and MXFP4 experts), plus a batch
  * mixing two conversations routed to different experts: each token's logits
  * equal those of its conversation run alone. */
 #include <unistd.h>
@@ -219,6 +219,7 @@ int main(void)
     check_model("qwen2", "f16");
     check_model("qwen3moe", "q8_0");
     check_model("qwen3moe", "q4_k");
+    check_model("qwen3moe", "mxfp4_moe");
     check_moe_mixed("q8_0");
     check_moe_mixed("f32");
     char cmd[300];

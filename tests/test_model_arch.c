@@ -5,13 +5,16 @@
  * nothing from ../shared. */
 #include "test.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "arch.h"
 #include "gguf.h"
+#include "kernels.h"
 #include "model.h"
 #include "model_gen.h"
+#include "quant.h"
 
 static char dir[] = "/tmp/kvc_model_arch_XXXXXX";
 
@@ -121,11 +124,129 @@ static void test_rows(void)
     CHECK(n_rows >= 3);
 }
 
+/* Copy every key of f into w (the types the generator writes). */
+static bool copy_keys(const gguf_file *f, gguf_writer *w)
+{
+    bool ok = true;
+    for (int64_t i = 0; ok && i < gguf_n_kv(f); i++) {
+        const gguf_kv *kv = gguf_kv_at(f, i);
+        char key[256];
+        snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.s);
+        switch (kv->type) {
+        case GGUF_TYPE_UINT32:  ok = gguf_writer_set_u32(w, key, (uint32_t)kv->v.u64) == KVC_OK; break;
+        case GGUF_TYPE_INT32:   ok = gguf_writer_set_i32(w, key, (int32_t)kv->v.i64) == KVC_OK; break;
+        case GGUF_TYPE_FLOAT32: ok = gguf_writer_set_f32(w, key, (float)kv->v.f64) == KVC_OK; break;
+        case GGUF_TYPE_BOOL:    ok = gguf_writer_set_bool(w, key, kv->v.u64 != 0) == KVC_OK; break;
+        case GGUF_TYPE_STRING: {
+            char *v = strndup(kv->v.str.s, kv->v.str.len);
+            ok = v && gguf_writer_set_str(w, key, v) == KVC_OK;
+            free(v);
+            break;
+        }
+        case GGUF_TYPE_ARRAY:
+            if (kv->v.arr.type == GGUF_TYPE_STRING) {
+                char **v = calloc(kv->v.arr.n + 1, sizeof(char *));
+                for (uint64_t k = 0; v && k < kv->v.arr.n; k++)
+                    v[k] = strndup(kv->v.arr.strs[k].s, kv->v.arr.strs[k].len);
+                ok = v && gguf_writer_set_arr_str(w, key, (const char *const *)v, kv->v.arr.n) == KVC_OK;
+                for (uint64_t k = 0; v && k < kv->v.arr.n; k++)
+                    free(v[k]);
+                free(v);
+            } else {
+                ok = gguf_writer_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n) == KVC_OK;
+            }
+            break;
+        default:
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+/* The logits of a few tokens, one batch, on the current ISA. */
+static float *logits_of(const char *path, int n_tok, int *n_vocab)
+{
+    kvc_model *m = NULL;
+    char err[512];
+    CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
+    if (!m)
+        return NULL;
+    *n_vocab = m->hp.n_vocab;
+    kvc_context *c = test_new_context(m, 64, 64, 1, 16);
+    int32_t toks[64];
+    for (int i = 0; i < n_tok; i++)
+        toks[i] = (int32_t)((2654435761u * (uint32_t)(i + 3)) % (uint32_t)m->hp.n_vocab);
+    float *out = c ? malloc((size_t)n_tok * *n_vocab * sizeof(float)) : NULL;
+    if (out && kvc_context_decode(c, 0, toks, n_tok, true, err, sizeof(err)) == KVC_OK)
+        for (int i = 0; i < n_tok; i++)
+            memcpy(out + (size_t)i * *n_vocab, kvc_context_logits(c, i), (size_t)*n_vocab * sizeof(float));
+    kvc_context_free(c);
+    kvc_model_free(m);
+    return out;
+}
+
+/* Experts whose gate and up stacks differ in type (Q8_0 gate, F32 up: a
+ * mix a quantizer may make) run as the same model with both Q8_0, up to
+ * rounding. The MoE step once prepared quantized activations for the gate's
+ * type only, and the up matmul, whose F32 kernel takes none, wrote nothing. */
+static void test_mixed_expert_types(void)
+{
+    char a[sizeof(dir) + 32], b[sizeof(dir) + 32];
+    snprintf(a, sizeof(a), "%s/q8.gguf", dir);
+    snprintf(b, sizeof(b), "%s/mixed.gguf", dir);
+    kvc_gen_params p;
+    kvc_gen_preset("tiny-qwen3moe", &p);
+    p.ftype = "q8_0";
+    p.n_threads = 1;
+    kvc_err err = { 0 };
+    CHECKF(kvc_gen_model(&p, a, &err) == KVC_OK, "%s", err.msg);
+    gguf_file *f = NULL;
+    CHECKF(gguf_open(a, &f, &err) == KVC_OK, "%s", err.msg);
+    if (!f)
+        return;
+    gguf_writer *w = gguf_writer_new();
+    CHECK(copy_keys(f, w));
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.s);
+        if (strstr(name, "ffn_up_exps") && t->type == KVC_TYPE_Q8_0) {
+            const int64_t n = t->ne[0] * t->ne[1] * t->ne[2];
+            float *x = malloc((size_t)n * sizeof(float));
+            kvc_dequantize_row_ref(t->type, t->data, x, n);
+            CHECK(gguf_writer_add_tensor(w, name, KVC_TYPE_F32, t->n_dims, t->ne, x,
+                                         (size_t)n * sizeof(float)) == KVC_OK);
+            free(x);
+        } else {
+            CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->size) == KVC_OK);
+        }
+    }
+    CHECKF(gguf_writer_write(w, b, &err) == KVC_OK, "%s", err.msg);
+    gguf_writer_free(w);
+    gguf_close(f);
+    const kvc_isa def = kvc_kernels_isa();
+    for (int isa = KVC_ISA_SCALAR; isa <= KVC_ISA_VNNI; isa++) {
+        if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK)
+            continue;
+        int nv = 0;
+        float *la = logits_of(a, 20, &nv), *lb = logits_of(b, 20, &nv);
+        double d = la && lb ? 0.0 : 1e9;
+        for (int64_t i = 0; la && lb && i < 20 * (int64_t)nv; i++)
+            d = fmax(d, fabs((double)la[i] - lb[i]));
+        CHECKF(d < 1e-2, "%s: Q8_0 gate with F32 up experts: max |dlogit| %g from all-Q8_0",
+               kvc_isa_name((kvc_isa)isa), d);
+        free(la);
+        free(lb);
+    }
+    kvc_kernels_set_isa(def);
+}
+
 int main(void)
 {
     CHECK(mkdtemp(dir) != NULL);
     test_refused();
     test_rows();
+    test_mixed_expert_types();
     char cmd[sizeof(dir) + 16];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

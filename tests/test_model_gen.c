@@ -181,6 +181,15 @@ static void test_moe(void)
     t = gguf_find_tensor(f, "blk.1.ffn_down_exps.weight");      /* "more bits" layer */
     CHECK(t && t->n_dims == 3 && t->type == KVC_TYPE_Q6_K);
     expect_tensor(f, "blk.0.ffn_gate_inp.weight", 256, 8, KVC_TYPE_F32);
+    gguf_close(f);
+    free(buf);
+    p.ftype = "mxfp4_moe";                      /* gpt-oss's mix */
+    if (!(f = gen_open(&p, &buf, &size)))
+        return;
+    t = gguf_find_tensor(f, "blk.1.ffn_down_exps.weight");
+    CHECK(t && t->type == KVC_TYPE_MXFP4 && t->size == 8 * 256 * kvc_row_size(KVC_TYPE_MXFP4, 256));
+    expect_tensor(f, "blk.1.attn_v.weight", 256, 32, KVC_TYPE_Q8_0);
+    CHECK_EQ_INT(get_i64(f, "general.file_type"), 38);
     expect_tensor(f, "blk.0.attn_q_norm.weight", 32, 1, KVC_TYPE_F32);
     /* expert e's rows are a slice of one stream: expert 1 differs from expert 0 */
     t = gguf_find_tensor(f, "blk.0.ffn_gate_exps.weight");

@@ -69,9 +69,22 @@ int kvc_moe_alloc(kvc_compute *c)
     b->act_off = malloc((N + 1) * sizeof(size_t));
     b->max_tasks = (int64_t)(B * k / MOE_TOK_TASK + 2 * N + 4 * (size_t)nt + 64);
     b->tasks = malloc((size_t)b->max_tasks * sizeof(moe_task));
-    return b->logits && b->sel && b->w && b->pair_of && b->pair_tok && b->first && b->fill && b->x &&
-           b->gu && b->y && b->sh_g && b->sh_u && b->sh_y && b->sh_gate && b->act_off && b->tasks
-               ? KVC_OK : KVC_ERR_NOMEM;
+    /* prepared activations of a full batch spread over the experts (grown by
+     * plan_act if a split needs more) */
+    const int64_t n_in = (int64_t)KVC_MAX(d, ff);
+    b->act_bytes = kvc_matmul_act_bytes(n_in, (int64_t)(B * k)) + N * (kvc_matmul_act_bytes(n_in, 1) + 64);
+    b->act = b->act_bytes ? kvc_alloc_aligned(b->act_bytes) : NULL;
+    if (!b->logits || !b->sel || !b->w || !b->pair_of || !b->pair_tok || !b->first || !b->fill || !b->x ||
+        !b->gu || !b->y || !b->sh_g || !b->sh_u || !b->sh_y || !b->sh_gate || !b->act_off || !b->tasks ||
+        (b->act_bytes && !b->act))
+        return KVC_ERR_NOMEM;
+    /* touched now, so that a context's first full batch does not pay the page faults */
+    memset(b->x, 0, B * k * d * sizeof(float));
+    memset(b->gu, 0, B * k * 2 * ff * sizeof(float));
+    memset(b->y, 0, B * k * d * sizeof(float));
+    if (b->act)
+        memset(b->act, 0, b->act_bytes);
+    return KVC_OK;
 }
 
 void kvc_moe_free(kvc_compute *c)
@@ -219,7 +232,8 @@ void kvc_fwd_ffn_act(kvc_ffn_act act, float *g, const float *u, int64_t n)
 }
 
 /* Split each active expert's n_rows rows into tasks of about equal work
- * (tokens x rows) over the threads; rows in multiples of the kernels' group. */
+ * (tokens x rows) over the threads; rows in multiples of the kernels' group.
+ * At most 4 * threads + (active experts) tasks, within b->max_tasks. */
 static void plan_rows(moe_job *j, int64_t n_rows)
 {
     kvc_compute *c = j->f->c;
@@ -240,13 +254,14 @@ static void plan_rows(moe_job *j, int64_t n_rows)
     }
 }
 
-/* Prepared activations of each active expert's rows of x (n_in wide, stride
- * ldx): offsets into b->act, which grows when needed. False when this ISA or
- * weight type does not use them (or memory ran out): the matmuls then take x. */
-static bool plan_act(moe_job *j, int64_t n_in, const kvc_weight *w)
+/* Prepared activations of each active expert's rows of x (n_in wide):
+ * offsets into b->act, which grows when needed, and the quantization tasks.
+ * False when this ISA or one of the phase's weights (w, and w2 unless NULL)
+ * does not use them, or memory ran out: the matmuls then take x. */
+static bool plan_act(moe_job *j, int64_t n_in, const kvc_weight *w, const kvc_weight *w2)
 {
     kvc_moe_buf *b = &j->f->c->moe;
-    if (!kvc_matmul_act_bytes(n_in, 1) || !kvc_matmul_uses_act(w))
+    if (!kvc_matmul_act_bytes(n_in, 1) || !kvc_matmul_uses_act(w) || (w2 && !kvc_matmul_uses_act(w2)))
         return false;
     size_t off = 0;
     for (int32_t e = 0; e < j->n_exp; e++) {
@@ -423,13 +438,14 @@ void kvc_moe_step(fwd *f)
     const int64_t n_pairs = n * j.k;
     kvc_threadpool_run(c->tp, (n_pairs + MOE_PAIR_TASK - 1) / MOE_PAIR_TASK, gather_task, &j);
 
-    const kvc_experts *in = L->gate_up_exps.n ? &L->gate_up_exps : &L->gate_exps;
-    if ((j.act = plan_act(&j, j.d, &in->w)))
+    const bool fused = L->gate_up_exps.n > 0;
+    if ((j.act = plan_act(&j, j.d, fused ? &L->gate_up_exps.w : &L->gate_exps.w,
+                          fused ? NULL : &L->up_exps.w)))
         kvc_threadpool_run(c->tp, j.n_tasks, quant_in_task, &j);
     plan_rows(&j, j.ff);
     kvc_threadpool_run(c->tp, j.n_tasks, gate_up_task, &j);
 
-    if ((j.act = plan_act(&j, j.ff, &L->down_exps.w)))
+    if ((j.act = plan_act(&j, j.ff, &L->down_exps.w, NULL)))
         kvc_threadpool_run(c->tp, j.n_tasks, quant_down_task, &j);
     plan_rows(&j, j.d);
     kvc_threadpool_run(c->tp, j.n_tasks, down_task, &j);

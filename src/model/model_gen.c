@@ -83,7 +83,9 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
 
 /* ------------------------------------------------------------ weight types */
 
-typedef enum gen_mix { MIX_NONE, MIX_K_S, MIX_K_M } gen_mix;
+/* MIX_MXFP4_MOE: llama.cpp's MXFP4_MOE (gpt-oss's release): experts MXFP4,
+ * everything else Q8_0. */
+typedef enum gen_mix { MIX_NONE, MIX_K_S, MIX_K_M, MIX_MXFP4_MOE } gen_mix;
 
 typedef struct gen_ftype {
     const char *name;
@@ -108,6 +110,7 @@ static const gen_ftype ftypes[] = {
     { "q5_k_s", 16, KVC_TYPE_Q5_K, MIX_K_S  },
     { "q5_k_m", 17, KVC_TYPE_Q5_K, MIX_K_M  },
     { "q6_k",   18, KVC_TYPE_Q6_K, MIX_NONE },
+    { "mxfp4_moe", 38, KVC_TYPE_Q8_0, MIX_MXFP4_MOE },
 };
 
 static const gen_ftype *find_ftype(const char *name)
@@ -145,7 +148,9 @@ int kvc_gen_tensor_type(const char *ftype, const char *name, int layer, int n_la
         return (int)t;
     bool is_output = strcmp(name, "output.weight") == 0 ||
                      (tied && strcmp(name, "token_embd.weight") == 0);
-    if (is_output) {
+    if (ft->mix == MIX_MXFP4_MOE && name_has(name, "_exps.weight")) {
+        t = KVC_TYPE_MXFP4;
+    } else if (is_output) {
         t = (ne0 % block_of(t) != 0 || t == KVC_TYPE_Q8_0) ? KVC_TYPE_Q8_0 : KVC_TYPE_Q6_K;
     } else if (name_has(name, "attn_v.weight")) {
         if (ft->mix == MIX_K_M && more_bits(layer, n_layer))
@@ -202,7 +207,7 @@ static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *e
     }
     if (!find_ftype(p->ftype))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "ftype \"%s\" unknown (f32 f16 bf16 q8_0 q4_0 "
-                        "q4_1 q5_0 q5_1 q4_k q4_k_s q4_k_m q5_k q5_k_s q5_k_m q6_k)",
+                        "q4_1 q5_0 q5_1 q4_k q4_k_s q4_k_m q5_k q5_k_s q5_k_m q6_k mxfp4_moe)",
                         p->ftype ? p->ftype : "(null)");
     *q = *p;
     if (q->n_head_kv == 0)
