@@ -10,14 +10,20 @@ static const char help[] =
     "Options override the preset (default: demo).\n\n"
     "  -o, --output FILE     where to write (required)\n"
     "      --preset NAME     demo, tiny, tiny-llama, tiny-qwen3, tiny-qwen3moe, qwen2.5-0.5b,\n"
-    "                        qwen3-30b-a3b (use --n-layer to cut it)\n"
-    "      --arch A          llama, qwen2, qwen3, qwen3moe\n"
+    "                        qwen3-30b-a3b, tiny-gemma3, tiny-gpt-oss, gemma3-4b, gpt-oss-20b\n"
+    "                        (use --n-layer to cut the large ones)\n"
+    "      --arch A          llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss\n"
     "      --type T          f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
+    "                        mxfp4_moe (experts MXFP4, the rest Q8_0)\n"
     "                        mxfp4_moe (experts MXFP4, the rest Q8_0)\n"
     "      --n-embd N  --n-layer N  --n-head N  --n-head-kv N  --head-dim N  --n-ff N\n"
     "      --n-ctx N   --n-vocab N  --vocab bpe|spm  --tied | --untied\n"
     "      --rope-theta X  --rms-eps X  --seed N  --name NAME\n"
-    "      --n-expert N  --n-expert-used N  --n-ff-exp N   (mixture of experts: qwen3moe)\n"
+    "      --n-expert N  --n-expert-used N  --n-ff-exp N   (mixture of experts: qwen3moe, gpt-oss)\n"
+    "      --sliding-window N  --swa-pattern N  --rope-theta-swa X   (gemma3, gpt-oss: the\n"
+    "                        window, every N-th layer global, the sliding layers' RoPE base)\n"
+    "      --rope-scaling none|linear|yarn  --rope-factor X  --rope-orig-ctx N\n"
+    "      --logit-softcap X   final logit soft-capping\n"
     "      --all-tokens      every token as likely as any other (by default bytes outside\n"
     "                        printable ASCII and control tokens but EOS are made unlikely)\n";
 
@@ -75,8 +81,21 @@ int cmd_make_model(int argc, char **argv)
         else if (!strcmp(a, "--n-expert")) ip = &p.n_expert;
         else if (!strcmp(a, "--n-expert-used")) ip = &p.n_expert_used;
         else if (!strcmp(a, "--n-ff-exp")) ip = &p.n_ff_exp;
+        else if (!strcmp(a, "--sliding-window")) ip = &p.n_swa;
+        else if (!strcmp(a, "--swa-pattern")) ip = &p.swa_pattern;
+        else if (!strcmp(a, "--rope-orig-ctx")) ip = &p.rope_orig_ctx;
+        else if (!strcmp(a, "--rope-scaling")) p.rope_scaling = v;
         else if (!strcmp(a, "--rope-theta")) {
             if (!cli_float(a, v, &p.rope_theta))
+                return 2;
+        } else if (!strcmp(a, "--rope-theta-swa")) {
+            if (!cli_float(a, v, &p.rope_theta_swa))
+                return 2;
+        } else if (!strcmp(a, "--rope-factor")) {
+            if (!cli_float(a, v, &p.rope_factor))
+                return 2;
+        } else if (!strcmp(a, "--logit-softcap")) {
+            if (!cli_float(a, v, &p.logit_softcap))
                 return 2;
         } else if (!strcmp(a, "--rms-eps")) {
             if (!cli_float(a, v, &p.rms_eps))
