@@ -10,7 +10,9 @@
  * mixing two conversations routed to different experts: each token's logits
  * equal those of its conversation run alone. The same for the sliding-window
  * models of ../shared (tiny-gpt-oss: window 8, sinks, YaRN; tiny-gemma3: window
- * 12, pattern 3), whose windows lie between the chunks of 7 and 64. */
+ * 12, pattern 3), whose windows lie between the chunks of 7 and 64, and of
+ * make-model's tiny-gemma3 (Q8_0, window 100 > 64) and tiny-gpt-oss (MXFP4
+ * experts, window 5 < 7). */
 #include <unistd.h>
 
 #include "forward.h"
@@ -237,6 +239,23 @@ static void check_moe_mixed(const char *ftype)
         check_mixed_path(path, label);
 }
 
+/* A sliding-window model of make-model's preset with window n_swa. */
+static void check_swa_preset(const char *preset, const char *ftype, int n_swa)
+{
+    char path[512], label[96];
+    snprintf(path, sizeof(path), "%s/%s-%s-w%d.gguf", tmpdir, preset, ftype, n_swa);
+    snprintf(label, sizeof(label), "%s %s window %d", preset, ftype, n_swa);
+    kvc_gen_params p;
+    CHECK_EQ_INT(kvc_gen_preset(preset, &p), KVC_OK);
+    p.ftype = ftype;
+    p.n_swa = n_swa;
+    p.n_threads = 2;
+    char err[512];
+    CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "gen %s: %s", label, err);
+    check_path(path, label);
+    check_mixed_path(path, label);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_kernels_batch_XXXXXX");
@@ -252,6 +271,9 @@ int main(void)
     check_model("qwen3moe", "mxfp4_moe");
     check_moe_mixed("q8_0");
     check_moe_mixed("f32");
+    /* sliding windows below a chunk of 7 and above one of 64 (q8_0 weights, MXFP4 experts) */
+    check_swa_preset("tiny-gemma3", "q8_0", 100);
+    check_swa_preset("tiny-gpt-oss", "mxfp4_moe", 5);
     /* sliding windows (8 and 12) between the chunks of 7 and 64, sinks, YaRN */
     const char *const shared[] = { "tiny-gpt-oss-f32", "tiny-gemma3-f32" };
     for (size_t i = 0; i < KVC_ARRAY_LEN(shared); i++) {
