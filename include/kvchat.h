@@ -181,7 +181,9 @@ int kvc_context_decode(kvc_context *ctx, int32_t seq, const int32_t *tokens, int
 const float *kvc_context_logits(const kvc_context *ctx, int32_t i);
 
 int32_t kvc_context_seq_len(const kvc_context *ctx, int32_t seq);
-/* Keep positions [0, n_keep) of a sequence, drop the rest. */
+/* Keep positions [0, n_keep) of a sequence, drop the rest. A sliding-window
+ * model may keep less (its window's memory there was evicted):
+ * kvc_context_seq_len says what was kept. */
 int     kvc_context_seq_truncate(kvc_context *ctx, int32_t seq, int32_t n_keep);
 
 /* --------------------------------------------------------------- sampler */

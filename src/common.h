@@ -31,6 +31,10 @@ int kvc_err_prefix(kvc_err *err, const char *fmt, ...)
 #define KVC_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define KVC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Positions per KV block: the pool's (kv.h, which gives the block layout)
+ * and the attention kernel's (attention.h). Here, below both. */
+#define KVC_BLOCK_TOKENS 16
+
 /* Make room for one more element in a growing array: *arr holds n elements
  * of elsize bytes with room for *cap; when full, the room doubles (16 at
  * first). false (nothing changed) when memory runs out. */

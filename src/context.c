@@ -94,7 +94,7 @@ static int kv_type_of(int32_t t)
 int32_t kvc_context_fit_n_ctx(const kvc_model *model, int32_t kv_type, int64_t kv_blocks,
                               int32_t n_seq)
 {
-    const int64_t B = 16, n_train = model->hp.n_ctx_train;
+    const int64_t B = KVC_BLOCK_TOKENS, n_train = model->hp.n_ctx_train;
     int64_t blocks = kv_blocks;
     if (blocks <= 0) {              /* no budget given: n_seq contexts in half the RAM */
         size_t bb = kvc_context_block_bytes(model, kv_type);
@@ -124,7 +124,7 @@ int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_cont
         p.n_threads = (int32_t)KVC_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
     if (p.n_batch > p.n_ctx)
         p.n_batch = p.n_ctx;
-    const int32_t B = 16;
+    const int32_t B = KVC_BLOCK_TOKENS;
     if (p.kv_blocks <= 0)   /* and one for a copy-on-write (a shared block being extended) */
         p.kv_blocks = (int64_t)p.n_seq * ((p.n_ctx + B - 1) / B) + 1;
     int kt = kv_type_of(p.kv_type);
@@ -184,6 +184,46 @@ void kvc_context_free(kvc_context *c)
     free(c);
 }
 
+int kvc_context_set_windows(kvc_context *c, const int32_t *window, int64_t n_window, kvc_err *err)
+{
+    bool fresh = !c->tiers && kvc_pc_n_nodes(c->pc) == 0 && n_window >= 0;
+    for (int32_t s = 0; fresh && s < c->p.n_seq; s++)
+        fresh = c->seqs[s].n_blocks == 0;
+    if (!fresh)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "memory groups: %s",
+                        n_window < 0 ? "negative window capacity" : "the context's cache is in use already");
+    const int32_t n_layer = c->model->hp.n_layer;
+    kvc_kv_group groups[KVC_KV_MAX_GROUPS];
+    kvc_kv_layer *layers = malloc((size_t)n_layer * sizeof(*layers));
+    if (!layers)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    int rc = kvc_kv_groups_of_layers(n_layer, window, NULL, NULL, groups, layers, err);
+    kvc_kv_pool *pool = NULL;
+    kvc_prefix_cache *pc = NULL;
+    if (rc > 0) {
+        for (int32_t g = 1; g < rc; g++)
+            groups[g].n_blocks = n_window;
+        kvc_kv_pool_params pp = *kvc_kv_pool_params_of(c->pool);
+        pp.n_groups = rc;
+        pp.groups = groups;
+        pp.layers = layers;
+        rc = kvc_kv_pool_new(&pp, &pool, err);
+    }
+    if (!rc)
+        rc = kvc_pc_new(pool, &pc, err);
+    free(layers);
+    if (rc) {
+        kvc_pc_free(pc);
+        kvc_kv_pool_free(pool);
+        return rc;
+    }
+    kvc_pc_free(c->pc);
+    kvc_kv_pool_free(c->pool);
+    c->pc = pc;
+    c->pool = pool;
+    return KVC_OK;
+}
+
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err)
 {
@@ -193,6 +233,8 @@ int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *di
                         : mib < 0   ? "negative size"
                         : !mib && !redis ? "neither disk nor Redis"
                                     : "the context's cache is in use already");
+    if (kvc_kv_n_groups(c->pool) > 1)   /* a tier record is one contiguous block (kv.h): */
+        return KVC_OK;                  /* window models keep their cache in RAM only, for now */
     kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false };
     kvc_block_store *store = NULL;
     kvc_tiers *tiers = NULL;
@@ -257,7 +299,7 @@ size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
     if (kt < 0)
         return 0;
     kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
-                              16, (uint32_t)kt, 1 };
+                              KVC_BLOCK_TOKENS, (uint32_t)kt, 1 };
     return kvc_kv_block_bytes_for(&pp);
 }
 

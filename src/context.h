@@ -49,9 +49,21 @@ struct kvc_context {
 int kvc_context_set_disk(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                          kvc_err *err);
 
+/* Give the context's pool memory groups (kv.h): layer l attends with window
+ * window[l] (0: full attention), the layers of each window in a window group
+ * with room for n_window chunks (0: as many as the pool has blocks), the
+ * full layers in group 0. The pool and tree are made again, so only on a
+ * fresh context (nothing cached, no tiers). The attention of the forward
+ * pass then takes each layer's window from its group. KVC_ERR_INVALID_ARG
+ * (context unchanged) otherwise, or for a layout kvc_kv_groups_of_layers
+ * refuses; NOMEM. */
+int kvc_context_set_windows(kvc_context *c, const int32_t *window, int64_t n_window, kvc_err *err);
+
 /* The same, with the disk tier optional (mib 0: none) and the shared tier in
  * Redis behind it (redis NULL: none; its model_fp is filled in here). Redis
- * being down is no error (block_store_redis.h). */
+ * being down is no error (block_store_redis.h). A pool with window groups
+ * (kv.h) gets no tiers for now (KVC_OK, c->tiers stays NULL): a tier record
+ * is one contiguous block. */
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err);
 

@@ -1,19 +1,39 @@
-/* kv.h - the paged KV pool (DESIGN.md §2).
+/* kv.h - the paged KV pool (DESIGN.md §2, "Memory groups").
  *
- * The pool holds fixed-size blocks of B tokens (block_tokens, 16 by default).
- * One block stores, for every layer, the keys and values of its B positions:
- *     K, V of layer l: [n_kv_head][B][head_dim] elements of the pool's type
- * (head-major, so attention reads one head's keys for consecutive positions
- * contiguously). The block is the unit of sharing, eviction and, later,
- * spilling to disk: all of it is one contiguous chunk of kvc_kv_block_bytes().
+ * The pool holds fixed-size blocks of B positions (block_tokens; models run
+ * with KVC_BLOCK_TOKENS, common.h). Each layer belongs to a MEMORY GROUP of
+ * one kind:
+ *   full       K/V of every position (every model has one: group 0);
+ *   window(w)  K/V too, but position p attends only to p - w + 1 .. p, so a
+ *              running sequence needs only the blocks of its last w positions.
+ * A block is one id (what sequences, the prefix tree and the tiers hold and
+ * reference-count) with one CHUNK per group: group 0's chunk is always
+ * there; a window group's chunk may be gone (evicted) while the block, and
+ * so the full layers' K/V of its positions, stays. Chunk of group g:
+ *     for each layer l of g, in layer order:
+ *       K: [n_kv_head_l][head_dim_l][B]  (kvc_kv_k; F16/F32: transposed per head,
+ *          attention.h's [head_dim][B]; Q8_0: B rows of head_dim, store_k in forward.c)
+ *       V: [n_kv_head_l][B][head_dim_l]  (kvc_kv_v: B rows of head_dim elements)
+ *     each head's part kvc_kv_layer_row_bytes(l) * B bytes
+ * With one group (every model without windows) a block is exactly the one
+ * contiguous chunk it always was (kvc_kv_block_data).
  *
  * Blocks are reference-counted, like SQLite's page cache: kvc_kv_block_alloc()
  * returns a block pinned once; every kvc_kv_block_ref() needs one
- * kvc_kv_block_unref(); the block returns to the free list when its count
- * reaches zero. A full block is immutable and may be shared by any number of
- * sequences (and the prefix tree). A partly filled block may be written only by
- * a sole owner: kvc_kv_seq_reserve() copies a shared block before the sequence
- * writes into it (copy-on-write).
+ * kvc_kv_block_unref(); the block (every chunk of it) returns to the free
+ * lists when its count reaches zero. A full block is immutable and may be
+ * shared by any number of sequences (and the prefix tree). A partly filled
+ * block may be written only by a sole owner: kvc_kv_seq_reserve() copies a
+ * shared block before the sequence writes into it (copy-on-write).
+ *
+ * Window chunks. A sequence HOLDS the window chunks of its blocks from the
+ * one its window still needs on (kvc_kv_seq.from); a block behind the window
+ * keeps its reference (the full layers need it) but its window chunk is
+ * released: evictable, still usable until evicted. A group's chunks run out
+ * -> the pool evicts one that no sequence holds, first those of blocks not in
+ * the prefix tree (untagged: no future hit can use them), then the least
+ * recently released. So a long sequence costs its full layers plus about one
+ * window (w positions and a block) per window group.
  *
  * A sequence is a block table plus a length: position p lives in block
  * blocks[p / B], row p % B. Not thread-safe: one engine thread owns the pool. */
@@ -24,57 +44,127 @@
 
 typedef struct kvc_kv_pool kvc_kv_pool;
 
+#define KVC_KV_MAX_GROUPS 4
+
+typedef enum kvc_kv_kind {
+    KVC_KV_FULL = 0,
+    KVC_KV_WINDOW = 1,
+} kvc_kv_kind;
+
+typedef struct kvc_kv_group {
+    kvc_kv_kind kind;
+    int32_t     window;     /* KVC_KV_WINDOW: w >= 1, position p attends to p - w + 1 .. p */
+    int64_t     n_blocks;   /* chunks this group has room for; 0: the pool's n_blocks. Group 0: n_blocks */
+} kvc_kv_group;
+
+typedef struct kvc_kv_layer {
+    int32_t group;          /* its memory group, < n_groups */
+    int32_t n_kv_head;      /* 0: the pool's n_kv_head */
+    int32_t head_dim;       /* 0: the pool's head_dim */
+} kvc_kv_layer;
+
 typedef struct kvc_kv_pool_params {
     int32_t  n_layer;
-    int32_t  n_kv_head;
+    int32_t  n_kv_head;     /* every layer's, unless layers says otherwise */
     int32_t  head_dim;
-    int32_t  block_tokens;  /* B; 0 = 16 */
+    int32_t  block_tokens;  /* B; 0 = KVC_BLOCK_TOKENS (what the attention kernel takes) */
     uint32_t type;          /* KVC_TYPE_F16 (default), KVC_TYPE_F32 or KVC_TYPE_Q8_0 */
-    int64_t  n_blocks;      /* capacity in blocks */
+    int64_t  n_blocks;      /* capacity in blocks (group 0's chunks) */
+    int32_t  n_groups;      /* 0 = 1: one full group of every layer, groups and layers unused */
+    const kvc_kv_group *groups;   /* [n_groups], borrowed; group 0 full (every full layer, whatever
+                                   * its head dim), the others window groups */
+    const kvc_kv_layer *layers;   /* [n_layer], borrowed; NULL: every layer in group 0 */
 } kvc_kv_pool_params;
 
-/* Allocate the pool's memory up front. KVC_ERR_INVALID_ARG for a bad shape or
- * type (Q8_0 needs head_dim % 32 == 0), KVC_ERR_NOMEM. */
+/* The memory groups of a model's layers: layer l attends with window
+ * window[l] (0: full) and has n_kv_head[l] KV heads of head_dim[l] (either
+ * array NULL, or an entry 0: the pool's). Group 0 takes the full layers,
+ * then one window group per distinct window, first seen first, each with
+ * room for as many chunks as the pool has blocks (n_blocks 0). Fills
+ * groups[KVC_KV_MAX_GROUPS] and layers[n_layer] for kvc_kv_pool_params;
+ * returns the number of groups (1: no window layer), or
+ * KVC_ERR_INVALID_ARG (nothing usable) when no layer is full or there are
+ * more than KVC_KV_MAX_GROUPS - 1 distinct windows: the caller then runs
+ * one full group, the attention still windowed, without the memory saving. */
+int  kvc_kv_groups_of_layers(int32_t n_layer, const int32_t *window, const int32_t *n_kv_head,
+                             const int32_t *head_dim, kvc_kv_group *groups, kvc_kv_layer *layers,
+                             kvc_err *err);
+
+/* Allocate the pool's memory up front. KVC_ERR_INVALID_ARG for a bad shape,
+ * group layout or type (Q8_0 needs head_dim % 32 == 0), KVC_ERR_NOMEM. */
 int  kvc_kv_pool_new(const kvc_kv_pool_params *p, kvc_kv_pool **out, kvc_err *err);
 void kvc_kv_pool_free(kvc_kv_pool *pool);                 /* NULL ok */
 
+/* The params as resolved (block_tokens, n_groups >= 1; groups and layers
+ * point into the pool). */
 const kvc_kv_pool_params *kvc_kv_pool_params_of(const kvc_kv_pool *pool);
 int32_t kvc_kv_block_tokens(const kvc_kv_pool *pool);
 int64_t kvc_kv_n_blocks(const kvc_kv_pool *pool);
 int64_t kvc_kv_n_free(const kvc_kv_pool *pool);
-size_t  kvc_kv_block_bytes(const kvc_kv_pool *pool);      /* all layers, K and V */
-size_t  kvc_kv_row_bytes(const kvc_kv_pool *pool);        /* one head, one position */
-/* kvc_kv_block_bytes of a pool with these params (block_tokens 0 = 16), before
- * making it, to size a pool for a memory budget; 0 for a bad shape or type. */
+size_t  kvc_kv_block_bytes(const kvc_kv_pool *pool);      /* every group's chunk, all layers, K and V */
+size_t  kvc_kv_row_bytes(const kvc_kv_pool *pool);        /* one head, one position, of layer 0 */
+size_t  kvc_kv_layer_row_bytes(const kvc_kv_pool *pool, int32_t layer);
+/* kvc_kv_block_bytes of a pool with these params, before making it, to size a
+ * pool for a memory budget; 0 for a bad shape or type. */
 size_t  kvc_kv_block_bytes_for(const kvc_kv_pool_params *p);
 
-/* A free block with reference count 1, or -1 when none is free. Its contents
- * are undefined. */
+/* Groups. */
+int32_t kvc_kv_n_groups(const kvc_kv_pool *pool);
+const kvc_kv_group *kvc_kv_group_of(const kvc_kv_pool *pool, int32_t g);   /* n_blocks resolved */
+int32_t kvc_kv_layer_group(const kvc_kv_pool *pool, int32_t layer);
+/* The attention window of a layer (attention.h's kvc_attn_args.window): its
+ * group's w, 0 for a full group. */
+int32_t kvc_kv_layer_window(const kvc_kv_pool *pool, int32_t layer);
+size_t  kvc_kv_group_chunk_bytes(const kvc_kv_pool *pool, int32_t g);
+int64_t kvc_kv_group_n_free(const kvc_kv_pool *pool, int32_t g);   /* free chunks */
+int64_t kvc_kv_group_n_held(const kvc_kv_pool *pool, int32_t g);   /* chunks a sequence holds */
+/* Whether block's chunk of group g is there (always for group 0); whether
+ * it has every group's. */
+bool    kvc_kv_block_has(const kvc_kv_pool *pool, int32_t block, int32_t g);
+bool    kvc_kv_block_whole(const kvc_kv_pool *pool, int32_t block);
+
+/* A free block with reference count 1 and a chunk in every group (a group
+ * short of free chunks evicts one, see above), or -1 when none is free or a
+ * group has no chunk left to evict. Its contents are undefined. */
 int32_t kvc_kv_block_alloc(kvc_kv_pool *pool);
 void    kvc_kv_block_ref(kvc_kv_pool *pool, int32_t block);
-/* Drop one reference (the block must have one); at zero the block is free
- * again. */
+/* Drop one reference (the block must have one); at zero the block and its
+ * chunks are free again. */
 void    kvc_kv_block_unref(kvc_kv_pool *pool, int32_t block);
 int32_t kvc_kv_block_refcount(const kvc_kv_pool *pool, int32_t block);
+/* Copy every chunk src has into dst (which has them all): copy-on-write. */
+void    kvc_kv_block_copy(kvc_kv_pool *pool, int32_t dst, int32_t src);
 
 /* Watching: the prefix tree keeps a running count of the blocks it could evict,
  * and a block is evictable only while the tree's is its sole reference. So the
  * pool tells one watcher, in O(1), whenever a tagged block's count moves
  * between 1 and 2: fn(user, tag, 1) after it fell to 1, fn(user, tag, 2) after
- * it rose to 2. A tag is the watcher's (the tree node holding the block); a
- * block has at most one. Set the watcher before tagging; tag NULL = untagged. */
+ * it rose to 2; and fn(user, tag, 0) after the block lost a window chunk
+ * (evicted: no hit can end in it any more). A tag is the watcher's (the tree
+ * node holding the block); a block has at most one. Set the watcher before
+ * tagging; tag NULL = untagged. (An untagged block's released window chunks
+ * are evicted first.) */
 typedef void (*kvc_kv_watch_fn)(void *user, void *tag, int32_t refcount);
 void    kvc_kv_set_watch(kvc_kv_pool *pool, kvc_kv_watch_fn fn, void *user);
 void    kvc_kv_block_tag(kvc_kv_pool *pool, int32_t block, void *tag);
 void   *kvc_kv_block_tag_of(const kvc_kv_pool *pool, int32_t block);
 
-/* The whole block: kvc_kv_block_bytes() contiguous bytes (what a tier stores). */
+/* Group 0's chunk of the block: kvc_kv_group_chunk_bytes(pool, 0) contiguous
+ * bytes; with one group, the whole block (what a tier stores). */
 void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block);
 
-/* Keys / values of one head of one layer of a block: B rows of head_dim
- * elements of the pool's type, kvc_kv_row_bytes() apart. */
+/* Keys / values of one head of one layer of a block (layout above), or NULL
+ * when the block's chunk of the layer's group is gone. */
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
 void *kvc_kv_v(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
+
+/* How much of a path every group can serve: blocks[] covers positions
+ * [0, len) (ceil(len / B) blocks). The longest L <= len, L = len or a
+ * multiple of B, such that a sequence continuing from L has what each group
+ * needs: full, every block (they exist); window(w), the chunks of positions
+ * [L - w, L) (one more than the next position attends to, so that the last
+ * token can be run again). 0 is always served. */
+int64_t kvc_kv_servable(const kvc_kv_pool *pool, const int32_t *blocks, int64_t len);
 
 /* ------------------------------------------------------------ sequences */
 
@@ -83,35 +173,56 @@ typedef struct kvc_kv_seq {
     int32_t  n_blocks;
     int32_t  cap;        /* allocated entries */
     int64_t  n_tokens;   /* positions [0, n_tokens) hold valid K/V */
+    int32_t  from[KVC_KV_MAX_GROUPS];   /* per group: it holds the chunks of blocks [from, n_blocks)
+                                         * (full groups: 0) */
 } kvc_kv_seq;
 
 void kvc_kv_seq_init(kvc_kv_seq *seq);
 
-/* Make positions [seq->n_tokens, n) writable: allocate the blocks they need and
- * copy-on-write a shared block among them. Does not change n_tokens (the
- * forward pass sets it as it writes). On KVC_ERR_KV_FULL or KVC_ERR_NOMEM the
- * sequence is as it was. */
+/* Make positions [seq->n_tokens, n) writable: first release the window
+ * chunks behind the window of position n_tokens (kvc_kv_seq_slide), then
+ * allocate the blocks they need and copy-on-write a shared block among them.
+ * Does not change n_tokens (the forward pass sets it as it writes). On
+ * KVC_ERR_KV_FULL or KVC_ERR_NOMEM the sequence is as it was but for the
+ * slide. */
 int  kvc_kv_seq_reserve(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *err);
 
 /* How many free blocks kvc_kv_seq_reserve(pool, seq, n) would take now
  * (new blocks and a copy-on-write), without taking them. */
 int64_t kvc_kv_seq_reserve_need(const kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t n);
 
-/* Keep positions [0, n), drop the rest: blocks wholly past n are released.
- * n >= n_tokens keeps every position; only blocks reserved past n_tokens
- * (kvc_kv_seq_reserve) and not written are released. */
-void kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n);
+/* Release the window chunks the sequence no longer needs: those of blocks
+ * wholly below position n_tokens - w, for each window group. */
+void kvc_kv_seq_slide(kvc_kv_pool *pool, kvc_kv_seq *seq);
+
+/* Keep positions [0, n), drop the rest: blocks wholly past what is kept are
+ * released. Returns what it kept: min(n, n_tokens), or less when a window
+ * group cannot serve that length any more (its chunks there were evicted):
+ * then the longest length kvc_kv_servable allows (0 at worst). The window
+ * chunks of the kept length's window are held again. n >= n_tokens keeps
+ * every position; only blocks reserved past n_tokens and not written are
+ * released. */
+int64_t kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n);
+
+/* Make blocks [i0, i1) of the sequence its own: each shared one is copied
+ * (every chunk it has) into a fresh block that takes its place, the
+ * sequence's holds moving with it. KVC_ERR_KV_FULL when a block cannot be
+ * had: the blocks copied before stay copied. */
+int  kvc_kv_seq_make_private(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t i0, int32_t i1, kvc_err *err);
 
 /* Release every block and the table; the sequence is empty afterwards. */
 void kvc_kv_seq_release(kvc_kv_pool *pool, kvc_kv_seq *seq);
 
 /* Append `n` full blocks (a cached prefix found elsewhere), taking a reference
- * on each; the sequence must end on a block boundary. n_tokens grows by n*B. */
+ * on each; the sequence must end on a block boundary. n_tokens grows by n*B.
+ * KVC_ERR_INVALID_ARG (sequence unchanged) when a window group's chunk the
+ * new length needs is gone: check with kvc_kv_servable first. */
 int  kvc_kv_seq_append_blocks(kvc_kv_pool *pool, kvc_kv_seq *seq,
                               const int32_t *blocks, int32_t n, kvc_err *err);
 
 /* Make `dst` (empty) share the first n positions of `src`: full blocks are
- * shared by reference; a trailing partial block too (copied on first write). */
+ * shared by reference; a trailing partial block too (copied on first write).
+ * dst holds the window chunks src holds among them. */
 int  kvc_kv_seq_fork(kvc_kv_pool *pool, const kvc_kv_seq *src, kvc_kv_seq *dst,
                      int64_t n, kvc_err *err);
 

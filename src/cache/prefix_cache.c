@@ -238,10 +238,18 @@ static void lru_push_head(kvc_prefix_cache *pc, kvc_pc_node *n)
 }
 
 /* A use of n: the most recent end of the list if it is on it. */
+/* A node no hit can end in: its block lost a window group's chunk. Such
+ * leaves are evicted first (the least recent end of the list, and a use does
+ * not move them). */
+static bool dead(const kvc_prefix_cache *pc, const kvc_pc_node *n)
+{
+    return !kvc_kv_block_whole(pc->pool, n->block);
+}
+
 static void touch(kvc_prefix_cache *pc, kvc_pc_node *n, uint64_t tick)
 {
     n->last_used = tick;
-    if (n->on_lru && pc->lru_tail != n) {
+    if (n->on_lru && pc->lru_tail != n && !dead(pc, n)) {
         lru_unlink(pc, n);
         lru_push_tail(pc, n);
     }
@@ -267,7 +275,9 @@ static void refresh(kvc_prefix_cache *pc, kvc_pc_node *n, int how)
     bool b = !self_evictable(pc, n) || n->n_blocked_kids > 0;
     bool leaf_now = !b && n->n_children == 0;
     if (leaf_now && !n->on_lru) {
-        if (how == ENTER_USED) {
+        if (dead(pc, n)) {
+            lru_push_head(pc, n);
+        } else if (how == ENTER_USED) {
             n->last_used = ++pc->tick;
             lru_push_tail(pc, n);
         } else if (!pc->lru_head || n->last_used <= pc->lru_head->last_used) {
@@ -293,8 +303,14 @@ static void refresh(kvc_prefix_cache *pc, kvc_pc_node *n, int how)
 
 static void on_refcount(void *user, void *tag, int32_t refcount)
 {
-    (void)refcount;
-    refresh(user, tag, ENTER_USED);
+    kvc_prefix_cache *pc = user;
+    kvc_pc_node *n = tag;
+    if (refcount > 0) {
+        refresh(pc, n, ENTER_USED);
+    } else if (n->on_lru && pc->lru_head != n) {   /* lost a window chunk: first to go */
+        lru_unlink(pc, n);
+        lru_push_head(pc, n);
+    }
 }
 
 int64_t kvc_pc_evictable(const kvc_prefix_cache *pc)
@@ -315,7 +331,47 @@ void kvc_pc_set_evict_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user)
 
 /* -------------------------------------------------------------- lookup */
 
+static void lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int64_t n,
+                   kvc_pc_match *m);
+
+/* Cut the match back to the longest length every memory group of the pool
+ * can serve (kvc_kv_servable): a window group needs the chunks of the last w
+ * positions before the hit point. Out of memory: no match. */
+static void serve(kvc_prefix_cache *pc, kvc_pc_match *m)
+{
+    const int64_t B = pc->B, len = (int64_t)m->n_full * B + m->partial_len;
+    if (kvc_kv_n_groups(pc->pool) == 1 || len == 0)
+        return;
+    const int32_t nb = m->n_full + (m->partial != NULL);
+    int32_t *blocks = malloc((size_t)nb * sizeof(*blocks));
+    int64_t L = 0;
+    if (blocks) {
+        for (kvc_pc_node *x = m->last; x != pc->root; x = x->parent)
+            blocks[x->depth] = x->block;
+        if (m->partial)
+            blocks[m->n_full] = m->partial->block;
+        L = kvc_kv_servable(pc->pool, blocks, len);
+        free(blocks);
+    }
+    if (L == len)
+        return;
+    m->partial = NULL;     /* L < len is a block boundary */
+    m->partial_len = 0;
+    m->pending = NULL;     /* no longer the next block */
+    while (m->n_full > L / B) {
+        m->last = m->last->parent;
+        m->n_full--;
+    }
+}
+
 void kvc_pc_lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int64_t n,
+                   kvc_pc_match *m)
+{
+    lookup(pc, ns, tokens, n, m);
+    serve(pc, m);
+}
+
+static void lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int64_t n,
                    kvc_pc_match *m)
 {
     const int64_t B = pc->B;

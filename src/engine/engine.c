@@ -45,7 +45,7 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
     pthread_cond_init(&eng->bg_cv, NULL);
     /* The pool is the budget: --kv-budget MiB of blocks of the KV type, or
      * n_parallel whole contexts (and a block for a copy-on-write). */
-    const int64_t B = 16;
+    const int64_t B = KVC_BLOCK_TOKENS;
     int rc = KVC_OK;
     eng->block_bytes = kvc_context_block_bytes(model, p.kv_type);
     int64_t budget = p.kv_budget_mib > 0 && eng->block_bytes

@@ -76,7 +76,7 @@
 
 #include "common.h"
 
-#define KVC_ATTN_B 16   /* positions per KV block the kernel takes (the pool's block_tokens) */
+#define KVC_ATTN_B KVC_BLOCK_TOKENS   /* positions per KV block the kernel takes (common.h) */
 
 typedef struct kvc_attn_args {
     int32_t             n_tok;    /* tokens: consecutive positions of one sequence */

@@ -106,7 +106,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->mm_scratch = calloc((size_t)n_threads, sizeof(float *));
     c->scores = calloc((size_t)n_threads, sizeof(float *));
     c->krow = calloc((size_t)n_threads, sizeof(float *));
-    c->blk = calloc((size_t)n_threads * 2 * ((size_t)max_ctx / 16 + 2), sizeof(void *));
+    c->blk = calloc((size_t)n_threads * 2 * ((size_t)max_ctx / KVC_BLOCK_TOKENS + 2), sizeof(void *));
     bool ok = c->x && c->h && c->q && c->k && c->v && c->att && c->gate && c->up &&
               c->rope_cos && c->rope_sin && c->rope[0].freq && c->rope[1].freq && c->tiles && c->tp && c->mm_scratch &&
               c->scores && c->krow && c->blk;
@@ -471,6 +471,9 @@ static float *dequant_kv(fwd *f, const kvc_batch_item *it, int32_t kvh, int64_t 
         const uint8_t *kh = kvc_kv_k(f->pool, blk, f->layer, kvh);
         const uint8_t *vh = kvc_kv_v(f->pool, blk, f->layer, kvh);
         float *kb_f = kt + b * B * hd, *vb_f = vt + b * B * hd;
+        kb[b] = vb[b] = NULL;
+        if (!kh)   /* behind a window group's window: released, not read */
+            continue;
         for (int32_t r = 0; r < B && b * B + r < n_pos; r++) {
             kvc_dequantize_row(f->kv_type, kh + (size_t)r * f->row_bytes, row, hd);
             for (int32_t d = 0; d < hd; d++)
@@ -504,7 +507,7 @@ static void attn_task(void *ctx, int64_t task, int thread)
     const int32_t i0 = c->tiles[tile], n_tok = c->tiles[tile + 1] - i0;
     const kvc_batch_item *it = &f->items[i0];
     const int64_t n_pos = (int64_t)it->pos + n_tok, nb = (n_pos + f->B - 1) / f->B;
-    const void **kb = c->blk + (size_t)thread * 2 * ((size_t)c->max_ctx / 16 + 2), **vb = kb + nb;
+    const void **kb = c->blk + (size_t)thread * 2 * ((size_t)c->max_ctx / KVC_BLOCK_TOKENS + 2), **vb = kb + nb;
     if (f->kv_type == KVC_TYPE_Q8_0) {
         if (!dequant_kv(f, it, kvh, n_pos, thread, kb, vb)) {
             atomic_store(&f->failed, true);
@@ -518,8 +521,11 @@ static void attn_task(void *ctx, int64_t task, int thread)
     }
     const int64_t ld = (int64_t)L->n_head * hd;
     const size_t off = (size_t)i0 * ld + (size_t)kvh * group * hd;
+    /* the model's sliding window; a layer of a model without one follows its
+     * pool group's (kvc_context_set_windows: the window pools of test_window) */
+    const int32_t window = L->window ? L->window : kvc_kv_layer_window(f->pool, f->layer);
     kvc_attn_args a = {
-        .n_tok = n_tok, .n_q = group, .hd = hd, .n_pos = (int64_t)it->pos + 1, .window = L->window,
+        .n_tok = n_tok, .n_q = group, .hd = hd, .n_pos = (int64_t)it->pos + 1, .window = window,
         .f16 = f->kv_type == KVC_TYPE_F16, .k = kb, .v = vb,
         .q = c->q + off, .ldq = ld, .scale = L->attn_scale,
         .sinks = L->sinks ? L->sinks + (size_t)kvh * group : NULL,
@@ -718,6 +724,8 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
             for (int32_t h = 0; h < hp->n_head_kv; h++) {
                 void *head = kvc_kv_k(pool, blk, l, h);
                 const int r = c->m->layers[l].rope;
+                if (!head)   /* behind a window group's window: released */
+                    continue;
                 load_k(type, head, (int32_t)(p % B), B, rb, hd, row);
                 rope_head(row, cs[r], sn[r], hp->n_rot, hp->rope_neox);
                 store_k(type, row, head, (int32_t)(p % B), B, rb, hd);
@@ -747,6 +755,8 @@ int kvc_compute_move_kv(kvc_compute *c, kvc_kv_pool *pool, const int32_t *src_bl
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "move into a shared block");
         for (int32_t l = 0; l < hp->n_layer; l++)
             for (int32_t h = 0; h < hp->n_head_kv; h++) {
+                if (!kvc_kv_k(pool, sb, l, h) || !kvc_kv_k(pool, db, l, h))
+                    continue;   /* behind a window group's window: released */
                 load_k(type, kvc_kv_k(pool, sb, l, h), sr, B, rb, hd, row);
                 rope_head(row, cs[c->m->layers[l].rope], sn[c->m->layers[l].rope], hp->n_rot, hp->rope_neox);
                 store_k(type, row, kvc_kv_k(pool, db, l, h), dr, B, rb, hd);

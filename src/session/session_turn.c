@@ -301,6 +301,9 @@ static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int32_t tail, int64_t
     kvc_kv_seq *seq = SEQ(t);
     const int64_t B = kvc_kv_block_tokens(c->pool);
     int32_t keep = (int32_t)(KVC_MIN(own, (int64_t)m->n_full * B) / B);
+    /* a window group may keep fewer of its own (their window evicted): the
+     * tree's blocks take their place */
+    keep = (int32_t)(kvc_kv_seq_truncate(c->pool, seq, (int64_t)keep * B) / B);
     int32_t nb = m->n_full - keep + (m->partial || tail >= 0 ? 1 : 0);
     int32_t *blocks = malloc((size_t)KVC_MAX(nb, 1) * sizeof(int32_t));
     if (!blocks)
@@ -311,7 +314,6 @@ static int attach_tree(kvc_turn *t, const kvc_pc_match *m, int32_t tail, int64_t
         blocks[nb - 1] = tail;
     else if (m->partial)
         blocks[nb - 1] = m->partial->block;
-    kvc_kv_seq_truncate(c->pool, seq, (int64_t)keep * B);
     int rc = kvc_kv_seq_append_blocks(c->pool, seq, blocks, nb, err);
     free(blocks);
     kvc_kv_seq_truncate(c->pool, seq, len);
@@ -374,17 +376,10 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
         room(c, c->promised + n_cow, user);
     if (kvc_kv_n_free(pool) - c->promised < n_cow)
         return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full during a context shift");
-    for (int32_t i = first; i <= last; i++)
-        if (kvc_kv_block_refcount(pool, seq->blocks[i]) > 1) {
-            int32_t nb = kvc_kv_block_alloc(pool);
-            if (nb < 0)                      /* cannot happen: counted free above */
-                return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full during a context shift");
-            memcpy(kvc_kv_k(pool, nb, 0, 0), kvc_kv_k(pool, seq->blocks[i], 0, 0),
-                   kvc_kv_block_bytes(pool));
-            kvc_kv_block_unref(pool, seq->blocks[i]);
-            seq->blocks[i] = nb;
-        }
-    int rc = kvc_compute_move_kv(c->compute, pool, seq->blocks, a, seq->blocks, own, k, err);
+    int rc = kvc_kv_seq_make_private(pool, seq, first, last + 1, err);   /* counted free above */
+    if (rc)
+        return rc;
+    rc = kvc_compute_move_kv(c->compute, pool, seq->blocks, a, seq->blocks, own, k, err);
     kvc_kv_seq_truncate(pool, seq, rc ? own : own + k);
     return rc;
 }
