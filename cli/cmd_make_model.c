@@ -12,14 +12,16 @@ static const char help[] =
 enum { OPT_PRESET = CLI_OPT_CMD, OPT_ARCH, OPT_TYPE, OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD,
        OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB, OPT_VOCAB, OPT_TIED,
        OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_SEED, OPT_NAME, OPT_ALL_TOKENS,
-       OPT_N_EXPERT, OPT_N_EXPERT_USED, OPT_N_FF_EXP };
+       OPT_N_EXPERT, OPT_N_EXPERT_USED, OPT_N_FF_EXP, OPT_SWA, OPT_SWA_PATTERN, OPT_ROPE_THETA_SWA,
+       OPT_ROPE_SCALING, OPT_ROPE_FACTOR, OPT_ROPE_ORIG_CTX, OPT_LOGIT_SOFTCAP };
 
 static const cli_option make_model_opts[] = {
     { "output", 'o', "FILE", 'o', 0, "where to write (required)" },
     { "preset", 0, "NAME", OPT_PRESET, 0,
       "demo, tiny, tiny-llama, tiny-qwen3, tiny-qwen3moe, qwen2.5-0.5b,\n"
-      "qwen3-30b-a3b (use --n-layer to cut it)" },
-    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe" },
+      "qwen3-30b-a3b, tiny-gemma3, tiny-gpt-oss, gemma3-4b, gpt-oss-20b\n"
+      "(use --n-layer to cut the large ones)" },
+    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss" },
     { "type", 0, "T", OPT_TYPE, 0,
       "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
       "mxfp4_moe (experts MXFP4, the rest Q8_0)" },
@@ -32,6 +34,13 @@ static const cli_option make_model_opts[] = {
     { "n-expert", 0, "N", OPT_N_EXPERT, 0, "experts (mixture of experts: qwen3moe)" },
     { "n-expert-used", 0, "N", OPT_N_EXPERT_USED, 0, "experts each token uses (top-k)" },
     { "n-ff-exp", 0, "N", OPT_N_FF_EXP, 0, "one expert's feed-forward width" },
+    { "sliding-window", 0, "N", OPT_SWA, 0, "the sliding layers' window (gemma3, gpt-oss)" },
+    { "swa-pattern", 0, "N", OPT_SWA_PATTERN, 0, "every N-th layer is global, the others slide" },
+    { "rope-theta-swa", 0, "X", OPT_ROPE_THETA_SWA, 0, "the sliding layers' RoPE base" },
+    { "rope-scaling", 0, "none|linear|yarn", OPT_ROPE_SCALING, 0, "RoPE scaling" },
+    { "rope-factor", 0, "X", OPT_ROPE_FACTOR, 0, "RoPE scaling factor" },
+    { "rope-orig-ctx", 0, "N", OPT_ROPE_ORIG_CTX, 0, "YaRN's original context length" },
+    { "logit-softcap", 0, "X", OPT_LOGIT_SOFTCAP, 0, "final logit soft-capping" },
     { "n-ctx", 0, "N", OPT_N_CTX, 0, "training context length" },
     { "n-vocab", 0, "N", OPT_N_VOCAB, 0, "vocabulary size" },
     { "vocab", 0, "bpe|spm", OPT_VOCAB, 0, "tokenizer kind" },
@@ -74,6 +83,10 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
         return true;
     case OPT_ROPE_THETA: return cli_float("--rope-theta", v, &p->rope_theta);
     case OPT_RMS_EPS: return cli_float("--rms-eps", v, &p->rms_eps);
+    case OPT_ROPE_THETA_SWA: return cli_float("--rope-theta-swa", v, &p->rope_theta_swa);
+    case OPT_ROPE_FACTOR: return cli_float("--rope-factor", v, &p->rope_factor);
+    case OPT_LOGIT_SOFTCAP: return cli_float("--logit-softcap", v, &p->logit_softcap);
+    case OPT_ROPE_SCALING: p->rope_scaling = v; return true;
     case OPT_SEED:
         if (!cli_int("--seed", v, 0, INT64_MAX, &n))
             return false;
@@ -88,6 +101,9 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
     case OPT_N_EXPERT: ip = &p->n_expert; break;
     case OPT_N_EXPERT_USED: ip = &p->n_expert_used; break;
     case OPT_N_FF_EXP: ip = &p->n_ff_exp; break;
+    case OPT_SWA: ip = &p->n_swa; break;
+    case OPT_SWA_PATTERN: ip = &p->swa_pattern; break;
+    case OPT_ROPE_ORIG_CTX: ip = &p->rope_orig_ctx; break;
     case OPT_N_CTX: ip = &p->n_ctx; break;
     case OPT_N_VOCAB: ip = &p->n_vocab; break;
     default: return true;

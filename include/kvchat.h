@@ -404,6 +404,15 @@ typedef struct kvc_gen_params {
     int32_t     n_expert;    /* experts per layer, > 0 */
     int32_t     n_expert_used; /* experts per token (top-k), 1..n_expert */
     int32_t     n_ff_exp;    /* one expert's FFN width, > 0 */
+    /* sliding-window attention and RoPE scaling (gemma3, gpt-oss; 0 / NULL: key not written) */
+    int32_t     n_swa;       /* attention.sliding_window (gemma3, gpt-oss: > 0) */
+    int32_t     swa_pattern; /* attention.sliding_window_pattern: every n-th layer is global
+                              * (0: the architecture's default, gemma3 6, gpt-oss 2) */
+    float       rope_theta_swa; /* rope.freq_base_swa of the sliding layers */
+    const char *rope_scaling;   /* rope.scaling.type: NULL or "none", "linear", "yarn" */
+    float       rope_factor;    /* rope.scaling.factor, >= 1 with a scaling type */
+    int32_t     rope_orig_ctx;  /* rope.scaling.original_context_length (YaRN) */
+    float       logit_softcap;  /* final_logit_softcapping (gemma3) */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -423,6 +432,16 @@ kvc_gen_params kvc_gen_default_params(void);
  *   "qwen3-30b-a3b" Qwen3-30B-A3B's shapes: 48 layers (cut with n_layer), d 2048,
  *                   32/4 heads of 128, 128 experts of 768, top-8, vocab 151936,
  *                   ctx 40960, theta 1e6, untied, bpe, q4_k_m
+ *   "tiny-gemma3"   gemma3, d 64, 6 layers, 4/2 heads, hd 32, ff 128, window 12, pattern 3,
+ *                   ctx 2048, theta 1e6 (sliding 1e4), f32, spm, tied
+ *   "tiny-gpt-oss"  gpt-oss, d 64, 4 layers, 4/2 heads, hd 32, 8 experts of 64, top-4,
+ *                   window 8, YaRN x4 over 512, ctx 2048, theta 150000, f32, bpe, untied
+ *   "gemma3-4b"     Gemma 3 4B's shapes: 34 layers (cut with n_layer), d 2560, 8/4 heads
+ *                   of 256, ff 10240, window 1024, pattern 6, vocab 262144, ctx 131072,
+ *                   theta 1e6 (linear x8; sliding 1e4), tied, bpe, q4_k_m
+ *   "gpt-oss-20b"   gpt-oss-20b's shapes: 24 layers (cut with n_layer), d 2880, 64/8 heads
+ *                   of 64, 32 experts of 2880, top-4, window 128, YaRN x32 over 4096,
+ *                   vocab 201088, ctx 131072, theta 150000, untied, bpe, mxfp4_moe
  * Returns KVC_OK, or KVC_ERR_NOT_FOUND for an unknown name (out untouched). */
 int kvc_gen_preset(const char *name, kvc_gen_params *out);
 

@@ -395,6 +395,8 @@ int main(void)
         { "tiny-qwen3moe-q4_k_m", NULL, "tiny-qwen3moe-q4_k_m.gguf" },
         { "TinyStories-656K", NULL, "TinyStories-656K-Q8_0.gguf" },
         { "stories260K", NULL, "stories260K.gguf" },
+        { "tiny-gemma3-f32 (window 12)", NULL, "tiny-gemma3-f32.gguf" },
+        { "tiny-gpt-oss-f32 (window 8, sinks)", NULL, "tiny-gpt-oss-f32.gguf" },
     };
     const char *shared = test_shared_dir();
     totals tot = { 0 };
@@ -406,6 +408,10 @@ int main(void)
             unlink(path);
         } else if (shared) {
             snprintf(path, sizeof(path), "%s/models/%s", shared, models[k].file);
+            if (access(path, R_OK) != 0) {
+                printf("  %s: skipped (no %s)\n", models[k].name, path);
+                continue;
+            }
             m = load(path);
         } else {
             printf("  %s: skipped (no ../shared)\n", models[k].name);

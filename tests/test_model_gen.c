@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "model.h"
 #include "model_gen.h"
 #include "quant.h"
 #include "tokenizer.h"
@@ -158,6 +159,73 @@ static void test_presets(void)
           p.n_ff_exp == 768 && p.n_vocab == 151936 && !p.tied);
 }
 
+/* The sliding-window presets: Gemma 3 4B's and gpt-oss-20b's shapes, and the
+ * keys and extra tensors of the tiny ones (loaded and run by test_kernels_batch). */
+static void test_swa(void)
+{
+    kvc_gen_params p;
+    CHECK_EQ_INT(kvc_gen_preset("gemma3-4b", &p), KVC_OK);
+    CHECK(strcmp(p.arch, "gemma3") == 0 && p.n_embd == 2560 && p.n_layer == 34 && p.n_head == 8 &&
+          p.n_head_kv == 4 && p.head_dim == 256 && p.n_ff == 10240 && p.n_swa == 1024 &&
+          p.swa_pattern == 6 && p.n_vocab == 262144 && p.tied);
+    CHECK_EQ_INT(kvc_gen_preset("gpt-oss-20b", &p), KVC_OK);
+    CHECK(strcmp(p.arch, "gpt-oss") == 0 && p.n_embd == 2880 && p.n_layer == 24 && p.n_head == 64 &&
+          p.n_head_kv == 8 && p.head_dim == 64 && p.n_expert == 32 && p.n_expert_used == 4 &&
+          p.n_ff_exp == 2880 && p.n_swa == 128 && strcmp(p.rope_scaling, "yarn") == 0 &&
+          p.rope_factor == 32.0f && p.rope_orig_ctx == 4096 && p.n_vocab == 201088 && !p.tied);
+
+    void *buf = NULL;
+    size_t size = 0;
+    CHECK_EQ_INT(kvc_gen_preset("tiny-gemma3", &p), KVC_OK);
+    p.n_threads = 2;
+    gguf_file *f = gen_open(&p, &buf, &size);
+    if (f) {
+        CHECK_EQ_INT(get_i64(f, "gemma3.attention.sliding_window"), 12);
+        CHECK_EQ_INT(get_i64(f, "gemma3.attention.sliding_window_pattern"), 3);
+        CHECK(get_f32(f, "gemma3.rope.freq_base_swa") == 1e4f);
+        expect_tensor(f, "blk.2.post_attention_norm.weight", 64, 1, KVC_TYPE_F32);
+        expect_tensor(f, "blk.2.post_ffw_norm.weight", 64, 1, KVC_TYPE_F32);
+        expect_tensor(f, "blk.0.attn_k_norm.weight", 32, 1, KVC_TYPE_F32);
+        gguf_close(f);
+        free(buf);
+    }
+    CHECK_EQ_INT(kvc_gen_preset("tiny-gpt-oss", &p), KVC_OK);
+    p.n_threads = 2;
+    if ((f = gen_open(&p, &buf, &size))) {
+        CHECK_EQ_INT(get_i64(f, "gpt-oss.attention.sliding_window"), 8);
+        CHECK(gguf_find_kv(f, "gpt-oss.attention.sliding_window_pattern") == NULL);
+        CHECK(get_f32(f, "gpt-oss.rope.scaling.factor") == 4.0f);
+        CHECK_EQ_INT(get_i64(f, "gpt-oss.rope.scaling.original_context_length"), 512);
+        expect_tensor(f, "blk.1.attn_sinks.weight", 4, 1, KVC_TYPE_F32);
+        expect_tensor(f, "blk.1.attn_output.bias", 64, 1, KVC_TYPE_F32);
+        expect_tensor(f, "blk.1.post_attention_norm.weight", 64, 1, KVC_TYPE_F32);
+        expect_tensor(f, "blk.0.ffn_gate_inp.bias", 8, 1, KVC_TYPE_F32);
+        expect_tensor(f, "blk.0.ffn_down_exps.bias", 64, 8, KVC_TYPE_F32);
+        gguf_close(f);
+        free(buf);
+    }
+    /* both load and run */
+    const char *const tiny[] = { "tiny-gemma3", "tiny-gpt-oss" };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(tiny); i++) {
+        char path[] = "/tmp/kvc_gen_swa_XXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        if (fd < 0)
+            continue;
+        close(fd);
+        CHECK_EQ_INT(kvc_gen_preset(tiny[i], &p), KVC_OK);
+        char err[512];
+        CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "%s: %s", tiny[i], err);
+        kvc_model *m = NULL;
+        CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s: %s", tiny[i], err);
+        if (m) {
+            CHECK(m->layers[0].window == p.n_swa && m->layers[p.n_layer - 1].window == 0);
+            kvc_model_free(m);
+        }
+        unlink(path);
+    }
+}
+
 /* A qwen3moe file: the expert keys, the 3-D expert tensors (GGUF ne = [in,
  * out, experts]) in the file type's mix, the router left F32. */
 static void test_moe(void)
@@ -225,6 +293,10 @@ static void test_bad_params(void)
     p = small("qwen2", "f32"); p.n_ff = -1;             expect_invalid(&p, "n_ff");
     p = small("qwen2", "f32"); p.n_vocab = 300;         expect_invalid(&p, "n_vocab");
     p = small("qwen2", "f32"); p.rope_theta = 0;        expect_invalid(&p, "rope_theta");
+    p = small("qwen2", "f32"); p.n_swa = 8;             expect_invalid(&p, "sliding");
+    p = small("gemma3", "f32"); p.n_swa = -1;           expect_invalid(&p, "n_swa");
+    p = small("gemma3", "f32"); p.n_swa = 8; p.rope_scaling = "ntk"; expect_invalid(&p, "ntk");
+    p = small("gemma3", "f32"); p.n_swa = 8; p.rope_scaling = "yarn"; expect_invalid(&p, "factor");
     kvc_err err = { 0 };
     CHECK_EQ_INT(kvc_gen_model(&p, NULL, &err), KVC_ERR_INVALID_ARG);
 }
@@ -821,6 +893,7 @@ int main(void)
     int64_t t0 = kvc_time_us();
     RUN(test_presets);
     RUN(test_moe);
+    RUN(test_swa);
     RUN(test_bad_params);
     RUN(test_type_rules);
     RUN(test_archs_and_types);

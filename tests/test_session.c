@@ -377,6 +377,22 @@ int main(void)
     }
     kvc_model_free(qwen1);
     kvc_model_free(llama1);
+    /* sliding layers: each rotated with its own RoPE (gemma3's sliding base
+     * 1e4 beside the global 1e6, gpt-oss's YaRN); one layer slides alone
+     * (exact), the whole presets mix sliding and global layers */
+    const char *const swa[] = { "tiny-gemma3", "tiny-gpt-oss" };
+    for (size_t i = 0; i < sizeof(swa) / sizeof(swa[0]); i++) {
+        char label[64];
+        kvc_model *one = make_model_layers(swa[i], "f32", 1), *all = make_model(swa[i], "f32");
+        snprintf(label, sizeof(label), "%s 1 sliding layer", swa[i]);
+        if (one)
+            test_overflow_shift(one, label, true);
+        snprintf(label, sizeof(label), "%s sliding and global", swa[i]);
+        if (all)
+            test_overflow_shift(all, label, false);
+        kvc_model_free(one);
+        kvc_model_free(all);
+    }
     if (qwen && llama) {
         test_equivalence(qwen, "qwen2/bpe greedy", 0.0f);
         test_equivalence(llama, "llama/spm greedy", 0.0f);

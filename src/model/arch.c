@@ -23,6 +23,20 @@ static const kvc_arch_key keys_common[] = {
     KEY("attention.value_length",           KVC_KEY_U32, false, value_dim, 0),
     KEY("attention.layer_norm_rms_epsilon", KVC_KEY_F32, false, rms_eps, 1e-5f),
     KEY("rope.freq_base",                   KVC_KEY_F32, false, rope_theta, 10000.0f),
+    KEY("rope.dimension_count",             KVC_KEY_U32, false, n_rot, 0),
+    KEY("rope.scaling.type",                KVC_KEY_ROPE_SCALING, false, rope_scaling, KVC_ROPE_NONE),
+    KEY("rope.scaling.factor",              KVC_KEY_F32, false, rope_factor, 0),
+    KEY("rope.scaling.original_context_length", KVC_KEY_U32, false, rope_orig_ctx, 0),
+    { 0 }
+};
+
+/* Interleaved sliding-window attention (Gemma 3, gpt-oss). NAN: absent leaves
+ * the row's default. */
+static const kvc_arch_key keys_swa[] = {
+    KEY("attention.sliding_window",         KVC_KEY_U32, false, n_swa, 0),
+    KEY("attention.sliding_window_pattern", KVC_KEY_U32, false, swa_period, NAN),
+    KEY("rope.freq_base_swa",               KVC_KEY_F32, false, rope_theta_swa, 0),
+    KEY("final_logit_softcapping",          KVC_KEY_F32, false, logit_softcap, 0),
     { 0 }
 };
 
@@ -78,8 +92,32 @@ static const kvc_arch_tensor t_qk_norm[] = {
     { 0 }
 };
 
+/* The FFN's input norm, on every layer (gpt-oss names it post_attention_norm). */
+static const kvc_arch_tensor t_ffn_norm[] = {
+    VEC("ffn_norm.weight", KVC_D_EMBD, KVC_ON_ALL, 0, ffn_norm),
+    { 0 }
+};
+
+static const kvc_arch_tensor t_ffn_norm_oai[] = {
+    VEC("post_attention_norm.weight", KVC_D_EMBD, KVC_ON_ALL, 0, ffn_norm),
+    { 0 }
+};
+
+/* Gemma's sandwich norms: each sublayer's output normalised before its residual add. */
+static const kvc_arch_tensor t_post_norms[] = {
+    VEC("post_attention_norm.weight", KVC_D_EMBD, KVC_ON_ALL, 0, post_attn_norm),
+    VEC("post_ffw_norm.weight",       KVC_D_EMBD, KVC_ON_ALL, 0, post_ffn_norm),
+    { 0 }
+};
+
+/* gpt-oss: the attention output's bias and the per-head sinks. */
+static const kvc_arch_tensor t_attn_oai[] = {
+    VEC("attn_output.bias",  KVC_D_EMBD,  KVC_ON_ALL, 0, bo),
+    VEC("attn_sinks.weight", KVC_D_HEADS, KVC_ON_ALL, 0, sinks),
+    { 0 }
+};
+
 static const kvc_arch_tensor t_ffn_dense[] = {
-    VEC("ffn_norm.weight", KVC_D_EMBD,          KVC_ON_DENSE, 0, ffn_norm),
     MAT("ffn_gate.weight", KVC_D_EMBD, KVC_D_FF, KVC_ON_DENSE, 0, w_gate),
     MAT("ffn_up.weight",   KVC_D_EMBD, KVC_D_FF, KVC_ON_DENSE, 0, w_up),
     MAT("ffn_down.weight", KVC_D_FF, KVC_D_EMBD, KVC_ON_DENSE, 0, w_down),
@@ -89,7 +127,6 @@ static const kvc_arch_tensor t_ffn_dense[] = {
 /* Every variant's tensors; what a file lacks of the optional ones it does
  * not use (biases, selection bias, shared expert, the fused gate_up). */
 static const kvc_arch_tensor t_ffn_moe[] = {
-    VEC("ffn_norm.weight",     KVC_D_EMBD,              KVC_ON_MOE, 0, ffn_norm),
     MAT("ffn_gate_inp.weight", KVC_D_EMBD, KVC_D_EXP,   KVC_ON_MOE, 0, router),
     VEC("ffn_gate_inp.bias",   KVC_D_EXP,               KVC_ON_MOE, OPT, router_b),
     VEC("exp_probs_b.bias",    KVC_D_EXP,               KVC_ON_MOE, OPT, sel_bias),
@@ -133,24 +170,35 @@ const kvc_arch_tensor kvc_arch_globals[] = {
 static const kvc_arch rows[] = {
     { .name = "llama", .ffn = KVC_FFN_DENSE,
       .keys = KEYS(keys_common, keys_dense),
-      .tensors = TENSORS(t_attn, t_ffn_dense) },
+      .tensors = TENSORS(t_attn, t_ffn_norm, t_ffn_dense) },
     { .name = "qwen2", .rope_neox = true, .ffn = KVC_FFN_DENSE,
       .keys = KEYS(keys_common, keys_dense),
-      .tensors = TENSORS(t_attn, t_qkv_bias, t_ffn_dense) },
+      .tensors = TENSORS(t_attn, t_qkv_bias, t_ffn_norm, t_ffn_dense) },
     { .name = "qwen3", .rope_neox = true, .ffn = KVC_FFN_DENSE,
       .keys = KEYS(keys_common, keys_dense),
-      .tensors = TENSORS(t_attn, t_qk_norm, t_ffn_dense) },
+      .tensors = TENSORS(t_attn, t_qk_norm, t_ffn_norm, t_ffn_dense) },
     { .name = "qwen3moe", .rope_neox = true, .ffn = KVC_FFN_MOE,
       .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true,
       .keys = KEYS(keys_common, keys_moe),
-      .tensors = TENSORS(t_attn, t_qk_norm, t_ffn_moe) },
+      .tensors = TENSORS(t_attn, t_qk_norm, t_ffn_norm, t_ffn_moe) },
+    /* Gemma 3: 5 sliding layers to 1 global, GeGLU, sandwich norms, embeddings
+     * x sqrt(n_embd); norms are stored as (1 + w) by the converter */
+    { .name = "gemma3", .rope_neox = true, .ffn = KVC_FFN_DENSE, .act = KVC_ACT_GELU,
+      .swa_period = 6, .emb_scale_sqrt = true, .attn_scale_embd_layers = 62,
+      .keys = KEYS(keys_common, keys_dense, keys_swa),
+      .tensors = TENSORS(t_attn, t_qk_norm, t_post_norms, t_ffn_norm, t_ffn_dense) },
+    /* gpt-oss: sliding and full layers alternate (layer 0 slides), sinks,
+     * biases, top-k of the raw router logits then a softmax over the k */
+    { .name = "gpt-oss", .rope_neox = true, .ffn = KVC_FFN_MOE,
+      .gating = KVC_GATING_SOFTMAX_WEIGHT, .moe_norm_w = false, .act = KVC_ACT_SWIGLU_OAI,
+      .swa_period = 2, .swa_rope_as_global = true,
+      .keys = KEYS(keys_common, keys_moe, keys_swa),
+      .tensors = TENSORS(t_attn, t_qkv_bias, t_attn_oai, t_ffn_norm_oai, t_ffn_moe) },
 
     /* known, not run yet (ARCHITECTURES.md) */
 #define LATER(nm, why) { .name = nm, .unsupported = why }
-    LATER("gemma3",         "sliding-window attention is not supported yet"),
-    LATER("gemma3n",        "sliding-window attention is not supported yet"),
-    LATER("gemma4",         "sliding-window attention is not supported yet"),
-    LATER("gpt-oss",        "sliding-window attention with sinks is not supported yet"),
+    LATER("gemma3n",        "per-layer embeddings and AltUp are not supported yet"),
+    LATER("gemma4",         "per-layer head sizes, K = V layers and proportional RoPE are not supported yet"),
     LATER("qwen35",         "Gated DeltaNet recurrent layers are not supported yet"),
     LATER("qwen35moe",      "Gated DeltaNet recurrent layers are not supported yet"),
     LATER("qwen3next",      "Gated DeltaNet recurrent layers are not supported yet"),

@@ -12,10 +12,18 @@
 
 #include "common.h"
 
-/* What a layer's attention is. Windowed and recurrent kinds come later. */
+/* What a layer's attention is. Recurrent kinds come later. */
 typedef enum kvc_attn_kind {
-    KVC_ATTN_FULL = 0,       /* causal attention over every earlier position */
+    KVC_ATTN_FULL   = 0,     /* causal attention over every earlier position */
+    KVC_ATTN_WINDOW = 1,     /* sliding window: position p sees p - w + 1 .. p (kvc_layer.window) */
 } kvc_attn_kind;
+
+/* How RoPE's angles are scaled (rope.scaling.type). */
+typedef enum kvc_rope_scaling {
+    KVC_ROPE_NONE   = 0,
+    KVC_ROPE_LINEAR = 1,     /* angles x 1/factor */
+    KVC_ROPE_YARN   = 2,     /* YaRN: per-pair mix of scaled and unscaled angles, magnitude x (1 + 0.1 ln factor) */
+} kvc_rope_scaling;
 
 /* What a layer's feed-forward is. */
 typedef enum kvc_ffn_kind {
@@ -47,6 +55,7 @@ typedef enum kvc_dim {
     KVC_D_Q,                 /* n_head * head_dim of the layer */
     KVC_D_KV,                /* n_head_kv * head_dim of the layer */
     KVC_D_HEAD,              /* head_dim */
+    KVC_D_HEADS,             /* n_head of the layer (one value per query head: attention sinks) */
     KVC_D_FF,                /* n_ff (dense FFN) */
     KVC_D_EXP,               /* n_expert */
     KVC_D_FF_EXP,            /* n_ff_exp (one expert's FFN width) */
@@ -80,7 +89,10 @@ typedef struct kvc_arch_tensor {
 } kvc_arch_tensor;
 
 /* One metadata key, read as "{arch}.{suffix}" into a kvc_hparams field. */
-typedef enum kvc_key_type { KVC_KEY_U32, KVC_KEY_F32, KVC_KEY_BOOL } kvc_key_type;
+typedef enum kvc_key_type {
+    KVC_KEY_U32, KVC_KEY_F32, KVC_KEY_BOOL,
+    KVC_KEY_ROPE_SCALING,    /* a string: "none", "linear" or "yarn", into a kvc_rope_scaling */
+} kvc_key_type;
 
 typedef struct kvc_arch_key {
     const char *suffix;
@@ -94,6 +106,16 @@ typedef struct kvc_arch {
     const char *name;                        /* general.architecture */
     const char *unsupported;                 /* why it cannot run yet; NULL when it can */
     bool        rope_neox;                   /* rotate (i, i + hd/2), else (2i, 2i+1) */
+    int32_t     swa_period;                  /* default sliding_window_pattern: with a window,
+                                              * layer il slides iff il % period < period - 1
+                                              * (llama.cpp's set_swa_pattern; 0: all slide) */
+    bool        swa_rope_as_global;          /* sliding layers rotate with the global base and
+                                              * scaling unless rope.freq_base_swa says otherwise
+                                              * (gpt-oss); else base 10000, unscaled (Gemma 3) */
+    bool        emb_scale_sqrt;              /* embeddings x sqrt(n_embd) (Gemma) */
+    int32_t     attn_scale_embd_layers;      /* at this many layers the query scale is
+                                              * 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim)
+                                              * (Gemma 3 27B, as llama.cpp chooses it); 0: never */
     kvc_ffn_kind ffn;                        /* every layer's FFN (hybrids: per layer later) */
     kvc_moe_gating gating;                   /* default router (MoE) */
     bool        moe_norm_w;                  /* default: renormalise the selected weights */

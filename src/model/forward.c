@@ -30,6 +30,40 @@
 
 static float *alloc_f(size_t n) { return kvc_alloc_aligned(n * sizeof(float)); }
 
+/* YaRN's correction dimension for beta (ggml's ggml_rope_yarn_corr_dim). */
+static double yarn_corr_dim(int32_t n_rot, int32_t n_ctx_orig, double beta, double base)
+{
+    return n_rot * log(n_ctx_orig / (beta * 2 * M_PI)) / (2 * log(base));
+}
+
+/* The rotation of layers with RoPE base `base` (kvc_rope; ARCHITECTURES.md
+ * §3.0, as ggml_rope_ext computes it, in double): unscaled when `unscaled`
+ * (Gemma 3's sliding layers), else the file's linear or YaRN scaling. */
+static void rope_init(kvc_rope *r, const kvc_hparams *hp, double base, bool unscaled)
+{
+    const int32_t n = hp->n_rot, half = n / 2;
+    const int scaling = unscaled ? KVC_ROPE_NONE : hp->rope_scaling;
+    const double fs = scaling == KVC_ROPE_NONE ? 1.0 : 1.0 / (double)hp->rope_factor;
+    double lo = 0, hi = 0;
+    if (scaling == KVC_ROPE_YARN) {
+        lo = KVC_MAX(0.0, floor(yarn_corr_dim(n, hp->rope_orig_ctx, 32.0, base)));
+        hi = KVC_MIN((double)(n - 1), ceil(yarn_corr_dim(n, hp->rope_orig_ctx, 1.0, base)));
+    }
+    for (int32_t i = 0; i < half; i++) {
+        const double extrap = pow(base, -2.0 * (double)i / (double)n);
+        if (scaling == KVC_ROPE_YARN) {
+            /* the pairs below lo keep their angle, those above hi are scaled */
+            const double y = ((double)i - lo) / KVC_MAX(0.001, hi - lo);
+            const double ramp = 1.0 - KVC_MIN(1.0, KVC_MAX(0.0, y));
+            r->freq[i] = extrap * (fs * (1.0 - ramp) + ramp);
+        } else {
+            r->freq[i] = scaling == KVC_ROPE_NONE ? extrap : extrap * fs;
+        }
+    }
+    /* llama.cpp's attn_factor cancels get_mscale(factor): what is left is ggml's 1 + 0.1 ln(1/fs) */
+    r->mscale = scaling == KVC_ROPE_YARN ? 1.0 + 0.1 * log(1.0 / fs) : 1.0;
+}
+
 int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int n_threads,
                     kvc_compute **out, kvc_err *err)
 {
@@ -54,9 +88,15 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->att = alloc_f(B * nq);
     c->gate = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));       /* n_ff is 0 in some MoE files */
     c->up = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));
-    c->rope_cos = alloc_f(B * hd / 2);
-    c->rope_sin = alloc_f(B * hd / 2);
-    c->inv_freq = malloc(hd / 2 * sizeof(double));
+    const size_t half = (size_t)hp->n_rot / 2;
+    c->n_rope = 1;
+    for (int32_t il = 0; il < hp->n_layer; il++)
+        if (m->layers[il].rope == 1)
+            c->n_rope = 2;
+    c->rope_cos = alloc_f(B * (size_t)c->n_rope * half);
+    c->rope_sin = alloc_f(B * (size_t)c->n_rope * half);
+    c->rope[0].freq = malloc(half * sizeof(double));
+    c->rope[1].freq = malloc(half * sizeof(double));
     c->tiles = malloc((B + 1) * sizeof(int32_t));
     /* Tiles of about kvc_attn_tile_rows query rows: K/V blocks are read from
      * memory once per tile and from L1 for every 8 or 16 of its rows. */
@@ -68,7 +108,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->krow = calloc((size_t)n_threads, sizeof(float *));
     c->blk = calloc((size_t)n_threads * 2 * ((size_t)max_ctx / KVC_BLOCK_TOKENS + 2), sizeof(void *));
     bool ok = c->x && c->h && c->q && c->k && c->v && c->att && c->gate && c->up &&
-              c->rope_cos && c->rope_sin && c->inv_freq && c->tiles && c->tp && c->mm_scratch &&
+              c->rope_cos && c->rope_sin && c->rope[0].freq && c->rope[1].freq && c->tiles && c->tp && c->mm_scratch &&
               c->scores && c->krow && c->blk;
     int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
     max_in = KVC_MAX(max_in, KVC_MAX((int64_t)hp->n_ff_exp, (int64_t)hp->n_ff_shexp));
@@ -90,8 +130,8 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the experts' buffers");
     }
-    for (size_t i = 0; i < hd / 2; i++)
-        c->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)hd);
+    rope_init(&c->rope[0], hp, hp->rope_theta, false);
+    rope_init(&c->rope[1], hp, hp->rope_theta_swa, !hp->arch->swa_rope_as_global);
     *out = c;
     return KVC_OK;
 }
@@ -119,7 +159,8 @@ void kvc_compute_free(kvc_compute *c)
     float *bufs[] = { c->x, c->h, c->q, c->k, c->v, c->att, c->gate, c->up, c->rope_cos, c->rope_sin };
     for (size_t i = 0; i < KVC_ARRAY_LEN(bufs); i++)
         kvc_free_aligned(bufs[i]);
-    free(c->inv_freq);
+    free(c->rope[0].freq);
+    free(c->rope[1].freq);
     free(c->tiles);
     free(c);
 }
@@ -229,10 +270,11 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float
         out[i] = (x[i] * scale) * w[i];
 }
 
-/* Rotate one head in place: pairs (2i, 2i+1), or (i, i + hd/2) for NEOX. */
-static void rope_head(float *x, const float *cs, const float *sn, int32_t hd, bool neox)
+/* Rotate the first n_rot dims of one head in place: pairs (2i, 2i+1), or
+ * (i, i + n_rot/2) for NEOX; the rest stay as they are. */
+static void rope_head(float *x, const float *cs, const float *sn, int32_t n_rot, bool neox)
 {
-    int32_t half = hd / 2;
+    int32_t half = n_rot / 2;
     for (int32_t i = 0; i < half; i++) {
         int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         float x0 = x[a], x1 = x[b];
@@ -241,12 +283,12 @@ static void rope_head(float *x, const float *cs, const float *sn, int32_t hd, bo
     }
 }
 
-static void rope_table(const double *inv_freq, int32_t half, double pos, float *cs, float *sn)
+static void rope_table(const double *freq, int32_t half, double pos, double mscale, float *cs, float *sn)
 {
     for (int32_t i = 0; i < half; i++) {
-        double th = pos * inv_freq[i];
-        cs[i] = (float)cos(th);
-        sn[i] = (float)sin(th);
+        double th = pos * freq[i];
+        cs[i] = (float)(cos(th) * mscale);
+        sn[i] = (float)(sin(th) * mscale);
     }
 }
 
@@ -297,9 +339,17 @@ static void embed_task(void *ctx, int64_t i, int thread)
     const kvc_model *m = f->c->m;
     const kvc_weight *e = &m->tok_embd;
     const uint8_t *row = (const uint8_t *)e->data + (size_t)f->items[i].token * e->row_bytes;
-    kvc_dequantize_row(e->type, row, f->c->x + i * m->hp.n_embd, m->hp.n_embd);
-    rope_table(f->c->inv_freq, m->hp.head_dim / 2, (double)f->items[i].pos,
-               f->c->rope_cos + i * (m->hp.head_dim / 2), f->c->rope_sin + i * (m->hp.head_dim / 2));
+    float *x = f->c->x + i * m->hp.n_embd;
+    kvc_dequantize_row(e->type, row, x, m->hp.n_embd);
+    if (m->hp.emb_scale != 0.0f)
+        for (int32_t d = 0; d < m->hp.n_embd; d++)
+            x[d] *= m->hp.emb_scale;
+    const int32_t half = m->hp.n_rot / 2;
+    for (int32_t r = 0; r < f->c->n_rope; r++) {
+        const size_t at = ((size_t)i * (size_t)f->c->n_rope + (size_t)r) * (size_t)half;
+        rope_table(f->c->rope[r].freq, half, (double)f->items[i].pos, f->c->rope[r].mscale,
+                   f->c->rope_cos + at, f->c->rope_sin + at);
+    }
 }
 
 static void add_rows(float *x, const float *y, int64_t n)
@@ -312,6 +362,23 @@ static void add_rows(float *x, const float *y, int64_t n)
  * thread): a sublayer leaves its output in h, and the task that reads x next
  * first adds it. */
 
+static void add_bias(float *x, const float *b, int64_t n)
+{
+    if (b)
+        for (int64_t i = 0; i < n; i++)
+            x[i] += b[i];
+}
+
+/* x += a sublayer's output h, after its bias and its post-norm (Gemma's
+ * sandwich norms) where the layer has them. */
+static void residual_add(const kvc_hparams *hp, float *x, float *h, const float *bias, const float *post_norm)
+{
+    add_bias(h, bias, hp->n_embd);
+    if (post_norm)
+        rmsnorm(h, h, post_norm, hp->n_embd, hp->rms_eps);
+    add_rows(x, h, hp->n_embd);
+}
+
 /* Row i: x += the previous layer's FFN output (none before layer 0), then the
  * attention's norm. */
 static void attn_norm_task(void *ctx, int64_t i, int thread)
@@ -320,41 +387,36 @@ static void attn_norm_task(void *ctx, int64_t i, int thread)
     const kvc_hparams *hp = &f->c->m->hp;
     float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
     if (f->layer > 0)
-        add_rows(x, h, hp->n_embd);
+        residual_add(hp, x, h, NULL, f->c->m->layers[f->layer - 1].post_ffn_norm);
     rmsnorm(h, x, f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
 }
 
-/* Row i: x += the attention's output, then the FFN's norm. */
+/* Row i: x += the attention's output (+ its bias, post-norm), then the FFN's norm. */
 void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
     const kvc_hparams *hp = &f->c->m->hp;
+    const kvc_layer *L = &f->c->m->layers[f->layer];
     float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
-    add_rows(x, h, hp->n_embd);
-    rmsnorm(h, x, f->c->m->layers[f->layer].ffn_norm, hp->n_embd, hp->rms_eps);
+    residual_add(hp, x, h, L->bo, L->post_attn_norm);
+    rmsnorm(h, x, L->ffn_norm, hp->n_embd, hp->rms_eps);
 }
 
-/* Row i: gate = silu(gate) * up. */
+/* Row i: gate = act(gate, up) (SwiGLU, GeGLU, ...: the row's activation). */
 static void ffn_act_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
     const int64_t n_ff = f->c->m->hp.n_ff;
-    kvc_swiglu(f->c->gate + i * n_ff, f->c->up + i * n_ff, n_ff);
+    kvc_fwd_ffn_act(f->c->m->hp.ffn_act, f->c->gate + i * n_ff, f->c->up + i * n_ff, n_ff);
 }
 
 /* Row i: x += the last layer's FFN output. */
 static void last_residual_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
-    const int64_t d = f->c->m->hp.n_embd;
-    add_rows(f->c->x + i * d, f->c->h + i * d, d);
-}
-
-static void add_bias(float *x, const float *b, int64_t n)
-{
-    if (b)
-        for (int64_t i = 0; i < n; i++)
-            x[i] += b[i];
+    const kvc_model *m = f->c->m;
+    const int64_t d = m->hp.n_embd;
+    residual_add(&m->hp, f->c->x + i * d, f->c->h + i * d, NULL, m->layers[m->hp.n_layer - 1].post_ffn_norm);
 }
 
 /* Biases, per-head norms, rope; then K and V of token i go into the pool. */
@@ -364,18 +426,19 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     kvc_compute *c = f->c;
     const kvc_hparams *hp = &c->m->hp;
     const kvc_layer *L = &c->m->layers[f->layer];
-    const int32_t hd = L->head_dim, half = hd / 2;
+    const int32_t hd = L->head_dim, half = hp->n_rot / 2;
     float *q = c->q + i * L->n_head * hd;
     float *k = c->k + i * L->n_head_kv * hd;
     float *v = c->v + i * L->n_head_kv * hd;
     add_bias(q, L->bq, (int64_t)L->n_head * hd);
     add_bias(k, L->bk, (int64_t)L->n_head_kv * hd);
     add_bias(v, L->bv, (int64_t)L->n_head_kv * hd);
-    const float *cs = c->rope_cos + i * half, *sn = c->rope_sin + i * half;
+    const size_t at = ((size_t)i * (size_t)c->n_rope + (size_t)L->rope) * (size_t)half;
+    const float *cs = c->rope_cos + at, *sn = c->rope_sin + at;
     for (int32_t h = 0; h < L->n_head; h++) {
         if (L->q_norm)
             rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
-        rope_head(q + h * hd, cs, sn, hd, hp->rope_neox);
+        rope_head(q + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
     }
     const kvc_batch_item *it = &f->items[i];
     int32_t blk = it->seq->blocks[it->pos / f->B];
@@ -383,7 +446,7 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     for (int32_t h = 0; h < L->n_head_kv; h++) {
         if (L->k_norm)
             rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
-        rope_head(k + h * hd, cs, sn, hd, hp->rope_neox);
+        rope_head(k + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
         store_k(f->kv_type, k + h * hd, kvc_kv_k(f->pool, blk, f->layer, h), it->pos % f->B, f->B,
                 f->row_bytes, hd);
         store_row(f->kv_type, v + h * hd, (uint8_t *)kvc_kv_v(f->pool, blk, f->layer, h) + off, hd);
@@ -458,11 +521,14 @@ static void attn_task(void *ctx, int64_t task, int thread)
     }
     const int64_t ld = (int64_t)L->n_head * hd;
     const size_t off = (size_t)i0 * ld + (size_t)kvh * group * hd;
+    /* the model's sliding window; a layer of a model without one follows its
+     * pool group's (kvc_context_set_windows: the window pools of test_window) */
+    const int32_t window = L->window ? L->window : kvc_kv_layer_window(f->pool, f->layer);
     kvc_attn_args a = {
-        .n_tok = n_tok, .n_q = group, .hd = hd, .n_pos = (int64_t)it->pos + 1,
+        .n_tok = n_tok, .n_q = group, .hd = hd, .n_pos = (int64_t)it->pos + 1, .window = window,
         .f16 = f->kv_type == KVC_TYPE_F16, .k = kb, .v = vb,
-        .window = kvc_kv_layer_window(f->pool, f->layer),
-        .q = c->q + off, .ldq = ld, .scale = 1.0f / sqrtf((float)hd),
+        .q = c->q + off, .ldq = ld, .scale = L->attn_scale,
+        .sinks = L->sinks ? L->sinks + (size_t)kvh * group : NULL,
         .out = c->att + off, .ldo = ld, .scratch = c->scores[thread],
     };
     kvc_attention(&a);
@@ -497,9 +563,9 @@ static int32_t make_tiles(kvc_compute *c, const kvc_batch_item *items, int32_t n
  * previous step's output (left in h) to the residual stream x. */
 typedef void (*layer_step)(fwd *f);
 
-/* Full causal attention (llama, qwen2, qwen3: biases and QK-norm are the
- * layer's optional tensors). */
-static void attn_full_step(fwd *f)
+/* Causal attention, full or over the layer's sliding window (biases,
+ * QK-norm, sinks and the post-norm are the layer's optional tensors). */
+static void attn_step(fwd *f)
 {
     kvc_compute *c = f->c;
     const kvc_layer *L = &c->m->layers[f->layer];
@@ -529,7 +595,8 @@ static void ffn_dense_step(fwd *f)
 }
 
 static const layer_step attn_steps[] = {
-    [KVC_ATTN_FULL] = attn_full_step,
+    [KVC_ATTN_FULL]   = attn_step,
+    [KVC_ATTN_WINDOW] = attn_step,
 };
 
 static const layer_step ffn_steps[] = {
@@ -626,6 +693,11 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
     out_job o = { c, rows };
     kvc_threadpool_run(c->tp, n_out, out_norm_task, &o);
     matmul(c, &c->m->output, c->h, n_out, logits, hp->n_vocab);
+    if (hp->logit_softcap > 0.0f) {
+        const float cap = hp->logit_softcap;
+        for (int64_t j = 0; j < (int64_t)n_out * hp->n_vocab; j++)
+            logits[j] = cap * tanhf(logits[j] / cap);
+    }
     return KVC_OK;
 }
 
@@ -635,14 +707,15 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
                         int64_t p0, int64_t p1, int64_t delta, kvc_err *err)
 {
     const kvc_hparams *hp = &c->m->hp;
-    const int32_t hd = hp->head_dim, half = hd / 2, B = kvc_kv_block_tokens(pool);
+    const int32_t hd = hp->head_dim, half = hp->n_rot / 2, B = kvc_kv_block_tokens(pool);
     const uint32_t type = kvc_kv_pool_params_of(pool)->type;
     const size_t rb = kvc_kv_row_bytes(pool);
     if (p0 < 0 || p1 > seq->n_tokens || p0 > p1)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "shift of positions [%lld, %lld) of %lld",
                         (long long)p0, (long long)p1, (long long)seq->n_tokens);
-    float cs[512], sn[512], row[1024];
-    rope_table(c->inv_freq, half, (double)delta, cs, sn);
+    float cs[2][512], sn[2][512], row[1024];
+    for (int r = 0; r < c->n_rope; r++)
+        rope_table(c->rope[r].freq, half, (double)delta, 1.0, cs[r], sn[r]);
     for (int64_t p = p0; p < p1; p++) {
         int32_t blk = seq->blocks[p / B];
         if (kvc_kv_block_refcount(pool, blk) > 1)
@@ -650,10 +723,11 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
         for (int32_t l = 0; l < hp->n_layer; l++)
             for (int32_t h = 0; h < hp->n_head_kv; h++) {
                 void *head = kvc_kv_k(pool, blk, l, h);
+                const int r = c->m->layers[l].rope;
                 if (!head)   /* behind a window group's window: released */
                     continue;
                 load_k(type, head, (int32_t)(p % B), B, rb, hd, row);
-                rope_head(row, cs, sn, hd, hp->rope_neox);
+                rope_head(row, cs[r], sn[r], hp->n_rot, hp->rope_neox);
                 store_k(type, row, head, (int32_t)(p % B), B, rb, hd);
             }
     }
@@ -664,14 +738,15 @@ int kvc_compute_move_kv(kvc_compute *c, kvc_kv_pool *pool, const int32_t *src_bl
                         const int32_t *dst_blocks, int64_t d, int64_t k, kvc_err *err)
 {
     const kvc_hparams *hp = &c->m->hp;
-    const int32_t hd = hp->head_dim, half = hd / 2, B = kvc_kv_block_tokens(pool);
+    const int32_t hd = hp->head_dim, half = hp->n_rot / 2, B = kvc_kv_block_tokens(pool);
     const uint32_t type = kvc_kv_pool_params_of(pool)->type;
     const size_t rb = kvc_kv_row_bytes(pool);
     if (a < 0 || d < 0 || k < 0 || hd > 1024 || (src_blocks == dst_blocks && d > a))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "move of positions [%lld, %lld) to %lld",
                         (long long)a, (long long)(a + k), (long long)d);
-    float cs[512], sn[512], row[1024];
-    rope_table(c->inv_freq, half, (double)(d - a), cs, sn);
+    float cs[2][512], sn[2][512], row[1024];
+    for (int r = 0; r < c->n_rope; r++)
+        rope_table(c->rope[r].freq, half, (double)(d - a), 1.0, cs[r], sn[r]);
     for (int64_t j = 0; j < k; j++) {
         const int64_t p = a + j, q = d + j;
         const int32_t sb = src_blocks[p / B], db = dst_blocks[q / B];
@@ -683,7 +758,7 @@ int kvc_compute_move_kv(kvc_compute *c, kvc_kv_pool *pool, const int32_t *src_bl
                 if (!kvc_kv_k(pool, sb, l, h) || !kvc_kv_k(pool, db, l, h))
                     continue;   /* behind a window group's window: released */
                 load_k(type, kvc_kv_k(pool, sb, l, h), sr, B, rb, hd, row);
-                rope_head(row, cs, sn, hd, hp->rope_neox);
+                rope_head(row, cs[c->m->layers[l].rope], sn[c->m->layers[l].rope], hp->n_rot, hp->rope_neox);
                 store_k(type, row, kvc_kv_k(pool, db, l, h), dr, B, rb, hd);
                 memcpy((uint8_t *)kvc_kv_v(pool, db, l, h) + (size_t)dr * rb,
                        (const uint8_t *)kvc_kv_v(pool, sb, l, h) + (size_t)sr * rb, rb);

@@ -34,6 +34,16 @@ typedef struct kvc_moe_buf {
     int64_t  max_tasks;
 } kvc_moe_buf;
 
+/* One RoPE rotation, shared by the layers whose kvc_layer.rope names it: pair
+ * i < n_rot / 2 turns by pos * freq[i] (base^(-2i/n_rot), with linear or YaRN
+ * scaling folded in: the angle stays linear in the position, so a context
+ * shift is a rotation by the shift), and cos, sin are scaled by mscale (YaRN's
+ * magnitude, 1 otherwise). */
+typedef struct kvc_rope {
+    double  *freq;        /* [n_rot / 2] */
+    double   mscale;
+} kvc_rope;
+
 struct kvc_compute {
     const kvc_model *m;
     kvc_threadpool  *tp;
@@ -48,9 +58,10 @@ struct kvc_compute {
     float   *att;         /* [n][n_head * hd] attention output */
     float   *gate;        /* [n][n_ff] */
     float   *up;          /* [n][n_ff] */
-    float   *rope_cos;    /* [n][hd / 2] */
-    float   *rope_sin;    /* [n][hd / 2] */
-    double  *inv_freq;    /* [hd / 2] theta^(-2i/hd) */
+    float   *rope_cos;    /* [n][n_rope][n_rot / 2] */
+    float   *rope_sin;    /* [n][n_rope][n_rot / 2] */
+    int32_t  n_rope;      /* rotations in use: 1, or 2 when sliding layers rotate their own way */
+    kvc_rope rope[2];     /* [0]: the global layers', [1]: the sliding layers' (kvc_layer.rope) */
     int32_t *tiles;       /* [max_batch + 1] first batch index of each attention tile, then n */
     int32_t  tile_tok;    /* tokens per attention tile at most */
     /* per-thread scratch */
@@ -80,6 +91,9 @@ typedef struct fwd {
  * threads (forward.c). */
 void kvc_fwd_matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const kvc_weight *const w[],
                       float *const y[], const int64_t ldy[]);
+/* g = act(g, u) over n elements, in place: the activation of a gated FFN,
+ * dense or expert (arch.h; GeGLU with the exact tanh GELU). */
+void kvc_fwd_ffn_act(kvc_ffn_act act, float *g, const float *u, int64_t n);
 /* Row i: x += the attention's output, then the FFN's norm into h. */
 void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread);
 

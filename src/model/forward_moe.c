@@ -203,8 +203,7 @@ static void gather_task(void *ctx, int64_t task, int thread)
 
 /* ----------------------------------------------------- expert matmuls */
 
-/* The activation of a gated FFN, in place in g over n elements (arch.h). */
-static void ffn_act(kvc_ffn_act act, float *g, const float *u, int64_t n)
+void kvc_fwd_ffn_act(kvc_ffn_act act, float *g, const float *u, int64_t n)
 {
     switch (act) {
     case KVC_ACT_SILU:
@@ -351,7 +350,7 @@ static void gate_up_task(void *ctx, int64_t task, int thread)
             if (L->up_exps_b)
                 u[r] += L->up_exps_b[(int64_t)e * ff + r];
         }
-        ffn_act(act, g + t->r0, u + t->r0, t->r1 - t->r0);
+        kvc_fwd_ffn_act(act, g + t->r0, u + t->r0, t->r1 - t->r0);
     }
 }
 
@@ -380,7 +379,7 @@ static void shexp_act_task(void *ctx, int64_t t, int thread)
     moe_job *j = ctx;
     kvc_moe_buf *b = &j->f->c->moe;
     const int64_t fs = j->f->c->m->hp.n_ff_shexp;
-    ffn_act(j->f->c->m->hp.ffn_act, b->sh_g + t * fs, b->sh_u + t * fs, fs);
+    kvc_fwd_ffn_act(j->f->c->m->hp.ffn_act, b->sh_g + t * fs, b->sh_u + t * fs, fs);
 }
 
 /* Token t's output: its experts' outputs weighted, in selection order, then

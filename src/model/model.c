@@ -9,6 +9,27 @@
 
 /* ------------------------------------------------------- hyperparameters */
 
+/* rope.scaling.type: absent is "none"; a type kvc_rope_scaling lacks is refused
+ * (running it unscaled would give other logits). */
+static int read_rope_scaling(const gguf_file *f, const char *key, int32_t *out, kvc_err *err)
+{
+    char *s = NULL;
+    int rc = gguf_get_str(f, key, &s, err);
+    *out = KVC_ROPE_NONE;
+    if (rc == KVC_ERR_NOT_FOUND)
+        return KVC_OK;
+    if (rc)
+        return rc;
+    if (strcmp(s, "linear") == 0)
+        *out = KVC_ROPE_LINEAR;
+    else if (strcmp(s, "yarn") == 0)
+        *out = KVC_ROPE_YARN;
+    else if (strcmp(s, "none") != 0)
+        rc = kvc_fail(err, KVC_ERR_UNSUPPORTED, "metadata key %s: RoPE scaling '%.32s' not supported", key, s);
+    free(s);
+    return rc;
+}
+
 /* One key of the row into its field; absent optional keys take their default
  * (NAN: leave the row's default in place). */
 static int read_key(const gguf_file *f, const char *an, const kvc_arch_key *k, kvc_hparams *hp,
@@ -20,6 +41,8 @@ static int read_key(const gguf_file *f, const char *an, const kvc_arch_key *k, k
     uint32_t u = 0;
     float x = 0.0f;
     bool b = false;
+    if (k->type == KVC_KEY_ROPE_SCALING)
+        return read_rope_scaling(f, key, field, err);
     int rc = k->type == KVC_KEY_U32 ? gguf_get_u32(f, key, &u, err)
            : k->type == KVC_KEY_F32 ? gguf_get_f32(f, key, &x, err)
                                     : gguf_get_bool(f, key, &b, err);
@@ -77,6 +100,7 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
     hp->moe_gating = a->gating;
     hp->moe_norm_w = a->moe_norm_w;
     hp->ffn_act = a->act;
+    hp->swa_period = a->swa_period;
     for (const kvc_arch_key *const *list = a->keys; *list; list++)
         for (const kvc_arch_key *k = *list; k->suffix; k++)
             if ((rc = read_key(f, a->name, k, hp, err)))
@@ -117,22 +141,51 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
                         hp->rms_eps, hp->rope_theta);
     if (hp->n_ctx_train == 0)
         hp->n_ctx_train = 4096;
+    if (hp->n_rot == 0)
+        hp->n_rot = hp->head_dim;
+    if (hp->n_rot < 2 || hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim)
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "rope dimension count %d of head dimension %d not supported",
+                        hp->n_rot, hp->head_dim);
+    if (hp->rope_scaling != KVC_ROPE_NONE && !(hp->rope_factor > 1.0f))
+        hp->rope_scaling = KVC_ROPE_NONE;   /* a factor of 1 (or none) scales nothing */
+    if (hp->rope_orig_ctx == 0)
+        hp->rope_orig_ctx = hp->n_ctx_train;
+    if (hp->n_swa < 0 || hp->swa_period < 0 || !(hp->rope_theta_swa >= 0.0f) || !(hp->logit_softcap >= 0.0f))
+        return kvc_fail(err, KVC_ERR_FORMAT, "bad sliding window %d (pattern %d), rope base %g or soft-cap %g",
+                        hp->n_swa, hp->swa_period, hp->rope_theta_swa, hp->logit_softcap);
+    if (hp->rope_theta_swa == 0.0f)
+        hp->rope_theta_swa = a->swa_rope_as_global ? hp->rope_theta : 10000.0f;
+    if (a->emb_scale_sqrt)
+        hp->emb_scale = sqrtf((float)hp->n_embd);
     return KVC_OK;
 }
 
-/* Every layer's kinds and attention shape (uniform for the rows so far). */
+/* Whether layer il slides, by llama.cpp's set_swa_pattern rule. */
+static bool layer_slides(const kvc_hparams *hp, int il)
+{
+    const int p = hp->swa_period;
+    return hp->n_swa > 0 && (p == 0 || il % p < p - 1);
+}
+
+/* Every layer's kinds and attention shape: full or sliding by the pattern,
+ * the sliding layers with their own RoPE base (and rotation, forward.c). */
 static void layer_hparams(kvc_model *m)
 {
     const kvc_hparams *hp = &m->hp;
+    const int32_t per_head = hp->arch->attn_scale_embd_layers == hp->n_layer ? hp->n_embd / hp->n_head
+                                                                             : hp->head_dim;
     for (int il = 0; il < hp->n_layer; il++) {
         kvc_layer *L = &m->layers[il];
-        L->attn = KVC_ATTN_FULL;
+        const bool slides = layer_slides(hp, il);
+        L->attn = slides ? KVC_ATTN_WINDOW : KVC_ATTN_FULL;
         L->ffn = hp->arch->ffn;
         L->n_head = hp->n_head;
         L->n_head_kv = hp->n_head_kv;
         L->head_dim = hp->head_dim;
-        L->rope_theta = hp->rope_theta;
-        L->window = 0;
+        L->rope_theta = slides ? hp->rope_theta_swa : hp->rope_theta;
+        L->window = slides ? hp->n_swa : 0;
+        L->rope = slides ? 1 : 0;
+        L->attn_scale = 1.0f / sqrtf((float)per_head);
     }
 }
 
@@ -163,6 +216,7 @@ static int64_t dim_of(const kvc_hparams *hp, const kvc_layer *L, uint8_t d)
     case KVC_D_Q:        return (L ? L->n_head : hp->n_head) * hd;
     case KVC_D_KV:       return (L ? L->n_head_kv : hp->n_head_kv) * hd;
     case KVC_D_HEAD:     return hd;
+    case KVC_D_HEADS:    return L ? L->n_head : hp->n_head;
     case KVC_D_FF:       return hp->n_ff;
     case KVC_D_EXP:      return hp->n_expert;
     case KVC_D_FF_EXP:   return hp->n_ff_exp;

@@ -30,6 +30,15 @@ typedef struct kvc_hparams {
     float    rms_eps;
     float    rope_theta;     /* rope.freq_base, default 10000 */
     bool     rope_neox;      /* rotate (i, i + hd/2) rather than (2i, 2i+1) */
+    int32_t  n_rot;          /* rope.dimension_count: the rotated dims of a head (0: head_dim) */
+    int32_t  rope_scaling;   /* kvc_rope_scaling (rope.scaling.type) */
+    float    rope_factor;    /* rope.scaling.factor (<= 1: no scaling) */
+    int32_t  rope_orig_ctx;  /* rope.scaling.original_context_length (YaRN; 0: n_ctx_train) */
+    int32_t  n_swa;          /* attention.sliding_window (0: no sliding layers) */
+    int32_t  swa_period;     /* attention.sliding_window_pattern (arch.h) */
+    float    rope_theta_swa; /* rope.freq_base_swa (0: the row's default) */
+    float    emb_scale;      /* embeddings x this (0: none) */
+    float    logit_softcap;  /* final_logit_softcapping: logits = c tanh(logits / c) (0: none) */
     bool     tied;           /* token_embd is the output projection */
     /* mixture of experts (n_expert == 0: none) */
     int32_t  n_expert;       /* expert_count */
@@ -67,6 +76,8 @@ typedef struct kvc_layer {
     int32_t      head_dim;
     float        rope_theta;
     int32_t      window;             /* sliding window in positions; 0 = full */
+    int32_t      rope;               /* which of the compute's rotations (0: global, 1: sliding layers) */
+    float        attn_scale;         /* the scores' factor (1/sqrt(head_dim), or the row's rule) */
 
     const float *attn_norm;          /* [n_embd] */
     kvc_weight   wq;                 /* n_embd -> n_head * hd */
@@ -75,6 +86,12 @@ typedef struct kvc_layer {
     kvc_weight   wo;                 /* n_head * hd -> n_embd */
     const float *bq, *bk, *bv;       /* qwen2 biases, else NULL */
     const float *q_norm, *k_norm;    /* qwen3 [hd], else NULL */
+    const float *bo;                 /* attn_output.bias [n_embd] (gpt-oss), else NULL */
+    const float *sinks;              /* attn_sinks [n_head]: per-head logits in the softmax's
+                                      * denominator (gpt-oss), else NULL */
+    const float *post_attn_norm;     /* [n_embd] rms-norm of the attention's output before the
+                                      * residual add (Gemma's sandwich norms), else NULL */
+    const float *post_ffn_norm;      /* [n_embd] the same for the FFN's output, else NULL */
     const float *ffn_norm;           /* [n_embd] */
     /* dense FFN */
     kvc_weight   w_gate;             /* n_embd -> n_ff */

@@ -37,7 +37,8 @@ kvc_gen_params kvc_gen_default_params(void)
 }
 
 static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-qwen3", "tiny-qwen3moe",
-                                            "qwen2.5-0.5b", "qwen3-30b-a3b" };
+                                            "qwen2.5-0.5b", "qwen3-30b-a3b", "tiny-gemma3",
+                                            "tiny-gpt-oss", "gemma3-4b", "gpt-oss-20b" };
 
 const char *kvc_gen_preset_name(int i)
 {
@@ -71,6 +72,29 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.n_embd = 2048, p.n_layer = 48, p.n_head = 32, p.n_head_kv = 4, p.head_dim = 128;
         p.n_ff = 6144, p.n_vocab = 151936, p.n_ctx = 40960, p.rope_theta = 1e6f;
         p.n_expert = 128, p.n_expert_used = 8, p.n_ff_exp = 768;
+    } else if (strcmp(name, "tiny-gemma3") == 0) {
+        p.arch = "gemma3", p.ftype = "f32", p.vocab = "spm";
+        p.n_embd = 64, p.n_layer = 6, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 32;
+        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f, p.rope_theta_swa = 1e4f;
+        p.n_swa = 12, p.swa_pattern = 3;
+    } else if (strcmp(name, "tiny-gpt-oss") == 0) {
+        p.arch = "gpt-oss", p.ftype = "f32", p.tied = false, p.rms_eps = 1e-5f;
+        p.n_embd = 64, p.n_layer = 4, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 32;
+        p.n_ff = 64, p.n_ctx = 2048, p.rope_theta = 150000.0f, p.n_swa = 8;
+        p.rope_scaling = "yarn", p.rope_factor = 4.0f, p.rope_orig_ctx = 512;
+        p.n_expert = 8, p.n_expert_used = 4, p.n_ff_exp = 64;
+    } else if (strcmp(name, "gemma3-4b") == 0) {
+        p.arch = "gemma3", p.ftype = "q4_k_m";
+        p.n_embd = 2560, p.n_layer = 34, p.n_head = 8, p.n_head_kv = 4, p.head_dim = 256;
+        p.n_ff = 10240, p.n_vocab = 262144, p.n_ctx = 131072, p.rope_theta = 1e6f;
+        p.rope_theta_swa = 1e4f, p.rope_scaling = "linear", p.rope_factor = 8.0f;
+        p.n_swa = 1024, p.swa_pattern = 6;
+    } else if (strcmp(name, "gpt-oss-20b") == 0) {
+        p.arch = "gpt-oss", p.ftype = "mxfp4_moe", p.tied = false, p.rms_eps = 1e-5f;
+        p.n_embd = 2880, p.n_layer = 24, p.n_head = 64, p.n_head_kv = 8, p.head_dim = 64;
+        p.n_ff = 2880, p.n_vocab = 201088, p.n_ctx = 131072, p.rope_theta = 150000.0f;
+        p.n_swa = 128, p.rope_scaling = "yarn", p.rope_factor = 32.0f, p.rope_orig_ctx = 4096;
+        p.n_expert = 32, p.n_expert_used = 4, p.n_ff_exp = 2880;
     } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
         p.n_embd = 896, p.n_layer = 24, p.n_head = 14, p.n_head_kv = 2, p.head_dim = 64;
         p.n_ff = 4864, p.n_vocab = 151936, p.n_ctx = 32768, p.rope_theta = 1e6f;
@@ -193,6 +217,31 @@ static int check_dim(const char *what, int64_t v, int64_t lo, int64_t hi, kvc_er
     return KVC_OK;
 }
 
+/* The sliding-window and RoPE-scaling parameters: a window only on the rows
+ * that slide (gemma3, gpt-oss; without one all their layers are global), a
+ * known scaling type with a factor. */
+static int check_swa(const kvc_gen_params *q, kvc_err *err)
+{
+    const kvc_arch *a = gen_arch(q->arch);
+    int rc;
+    if (a->swa_period == 0 && (q->n_swa || q->swa_pattern || q->rope_theta_swa))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\" has no sliding-window layers "
+                        "(sliding window, pattern, rope base swa: gemma3, gpt-oss)", q->arch);
+    if ((rc = check_dim("n_swa", q->n_swa, 0, INT32_MAX, err)) ||
+        (rc = check_dim("swa_pattern", q->swa_pattern, 0, GEN_MAX_LAYERS, err)) ||
+        (rc = check_dim("rope_orig_ctx", q->rope_orig_ctx, 0, INT32_MAX, err)))
+        return rc;
+    if (!(q->rope_theta_swa >= 0.0f) || !(q->logit_softcap >= 0.0f))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope_theta_swa and logit_softcap must not be negative");
+    const char *sc = q->rope_scaling;
+    if (sc && strcmp(sc, "none") != 0 && strcmp(sc, "linear") != 0 && strcmp(sc, "yarn") != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope scaling \"%s\": expected none, linear or yarn", sc);
+    if (sc && strcmp(sc, "none") != 0 && !(q->rope_factor >= 1.0f))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope scaling %s needs a factor >= 1 (got %g)", sc,
+                        (double)q->rope_factor);
+    return KVC_OK;
+}
+
 /* Validate p and fill the defaults (n_head_kv, head_dim, n_vocab) into *q. */
 static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *err)
 {
@@ -242,6 +291,8 @@ static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *e
                         (int)q->head_dim);
     if (!(q->rope_theta > 0.0f) || !(q->rms_eps > 0.0f))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope_theta and rms_eps must be positive");
+    if ((rc = check_swa(q, err)))
+        return rc;
     int32_t natural = kvc_gen_vocab_size(q->vocab);
     if (natural < 0)
         return kvc_fail(err, KVC_ERR_NOMEM, "building the %s vocabulary: out of memory", q->vocab);
@@ -394,6 +445,7 @@ static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, uint8_t d)
     case KVC_D_Q:        return (int64_t)p->n_head * p->head_dim;
     case KVC_D_KV:       return (int64_t)p->n_head_kv * p->head_dim;
     case KVC_D_HEAD:     return p->head_dim;
+    case KVC_D_HEADS:    return p->n_head;
     case KVC_D_FF:       return p->n_ff;
     case KVC_D_EXP:      return p->n_expert;
     case KVC_D_FF_EXP:   return p->n_ff_exp;
@@ -403,12 +455,24 @@ static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, uint8_t d)
     return 0;
 }
 
+/* The optional tensors a row's released models carry, written too: gpt-oss's
+ * router and expert biases. */
+static const struct { const char *arch, *name; } gen_optional[] = {
+    { "gpt-oss", "ffn_gate_inp.bias" },
+    { "gpt-oss", "ffn_gate_exps.bias" },
+    { "gpt-oss", "ffn_up_exps.bias" },
+    { "gpt-oss", "ffn_down_exps.bias" },
+};
+
 /* Whether table tensor t is written: the required ones (and the separate
- * gate/up of experts rather than the fused form) on layers of its kind. */
+ * gate/up of experts rather than the fused form), and the row's gen_optional
+ * ones, on layers of its kind. */
 static bool gen_writes(const kvc_arch *a, const kvc_arch_tensor *t)
 {
-    return !(t->flags & KVC_T_OPTIONAL) &&
-           (t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE) == (a->ffn == KVC_FFN_DENSE));
+    bool want = !(t->flags & KVC_T_OPTIONAL);
+    for (size_t i = 0; !want && i < KVC_ARRAY_LEN(gen_optional); i++)
+        want = strcmp(a->name, gen_optional[i].arch) == 0 && strcmp(t->name, gen_optional[i].name) == 0;
+    return want && (t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE) == (a->ffn == KVC_FFN_DENSE));
 }
 
 /* The tensors of the model, in file order (malloc'd, *n_out of them): the
@@ -505,6 +569,22 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
         ARCH_U32("expert_count", p->n_expert);
         ARCH_U32("expert_used_count", p->n_expert_used);
         ARCH_U32("expert_feed_forward_length", p->n_ff_exp);
+    }
+    if (p->n_swa > 0)
+        ARCH_U32("attention.sliding_window", p->n_swa);
+    if (p->swa_pattern > 0)
+        ARCH_U32("attention.sliding_window_pattern", p->swa_pattern);
+    if (p->rope_theta_swa > 0.0f)
+        ARCH_F32("rope.freq_base_swa", p->rope_theta_swa);
+    if (p->logit_softcap > 0.0f)
+        ARCH_F32("final_logit_softcapping", p->logit_softcap);
+    if (p->rope_scaling) {
+        if (!rc) { snprintf(key, sizeof(key), "%s.rope.scaling.type", p->arch);
+                   rc = gguf_writer_set_str(w, key, p->rope_scaling); }
+        if (strcmp(p->rope_scaling, "none") != 0)
+            ARCH_F32("rope.scaling.factor", p->rope_factor);
+        if (p->rope_orig_ctx > 0)
+            ARCH_U32("rope.scaling.original_context_length", p->rope_orig_ctx);
     }
 #undef ARCH_U32
 #undef ARCH_F32
