@@ -173,7 +173,7 @@ static bool run_seqs(kvc_model *m, const int32_t *toks, int n_seq, int n, bool t
             const int s = (int)(items[b].seq - seq), i = items[b].pos;
             memcpy(logits + ((size_t)s * n + i) * hp->n_vocab, out + (size_t)b * hp->n_vocab,
                    (size_t)hp->n_vocab * sizeof(float));
-            if (together)
+            if (together && hp->n_expert_used > 0)       /* dense models have no selection */
                 memcpy(sel + ((size_t)s * n + i) * hp->n_expert_used,
                        c->moe.sel + (size_t)b * hp->n_expert_used, (size_t)hp->n_expert_used * sizeof(int32_t));
         }
