@@ -66,22 +66,22 @@ def gguf_seeds():
                kv("x.u8", U8, b"\x07"), kv("x.i8", I8, b"\xf9"), kv("x.u16", U16, struct.pack("<H", 513)),
                kv("x.i16", I16, struct.pack("<h", -2)), kv("x.i32", I32, struct.pack("<i", -70000)),
                kv("x.i64", I64, struct.pack("<q", -1)), kv("x.bool", BOOL, b"\x01")]
-    put("fuzz_gguf", "kv_only.gguf", gguf(scalars))
-    put("fuzz_gguf", "v2_empty.gguf", gguf([], version=2))
+    put("fuzz_gguf", "kv_only.seed", gguf(scalars))
+    put("fuzz_gguf", "v2_empty.seed", gguf([], version=2))
     toks = ["<unk>", "<s>", "</s>", "\u2581the", "\u2581a", "b", "<0x0A>", "\u2581hello"]
     vocab = [kv("tokenizer.ggml.model", STR, gstr("llama")),
              kv("tokenizer.ggml.tokens", ARR, arr(STR, toks)),
              kv("tokenizer.ggml.scores", ARR, arr(F32, [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0], "f")),
              kv("tokenizer.ggml.token_type", ARR, arr(I32, [2, 3, 3, 1, 1, 1, 6, 1], "i")),
              kv("tokenizer.ggml.bos_token_id", U32, struct.pack("<I", 1))]
-    put("fuzz_gguf", "vocab.gguf", gguf(vocab))
+    put("fuzz_gguf", "vocab.seed", gguf(vocab))
     f32 = struct.pack("<8f", *[i * 0.5 for i in range(8)])
     f16 = struct.pack("<4e", 1.0, -2.0, 0.5, 3.0)
     q8 = struct.pack("<e", 0.25) + bytes(range(32))                       # one Q8_0 block
     tensors = [("token_embd.weight", [4, 2], 0, f32), ("blk.0.attn_norm.weight", [4], 1, f16),
                ("blk.0.ffn_up.weight", [32], 8, q8)]
-    put("fuzz_gguf", "tensors.gguf", gguf(scalars[:3], tensors))
-    put("fuzz_gguf", "align64.gguf",
+    put("fuzz_gguf", "tensors.seed", gguf(scalars[:3], tensors))
+    put("fuzz_gguf", "align64.seed",
         gguf([kv("general.alignment", U32, struct.pack("<I", 64))], tensors[:1], align=64))
 
 
