@@ -422,6 +422,16 @@ char *srv_detokenize(const kvc_model *model, const char *body, size_t len, srv_e
 int srv_parse_chat(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e);
 int srv_parse_completion(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e);
 
+/* A dialect that is a chat request in other words: `translate` writes the
+ * chat request the body means into a new tree, which the request adopts
+ * (r->json: what its fields borrow), and srv_parse_chat parses it. 0 or the
+ * HTTP status. */
+struct cJSON;
+typedef int (*srv_translate_fn)(srv_request *r, struct cJSON *chat, const struct cJSON *root,
+                                srv_error *e);
+int srv_parse_translated(srv_request *r, void *root_json, srv_translate_fn translate,
+                         const srv_limits *lim, srv_error *e);
+
 /* Print and free a cJSON tree (NULL ok): valid UTF-8 JSON text whatever its
  * strings held, malloc'd; NULL when o is NULL or memory ran out. */
 char *srv_json_print(void *cjson);

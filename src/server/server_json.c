@@ -565,6 +565,22 @@ int srv_parse_chat(srv_request *r, void *root_json, const srv_limits *lim, srv_e
     return srv_agent_parse(r, root, lim, false, e);
 }
 
+int srv_parse_translated(srv_request *r, void *root_json, srv_translate_fn translate,
+                         const srv_limits *lim, srv_error *e)
+{
+    cJSON *chat = cJSON_CreateObject();
+    if (!chat)
+        return srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    int rc = translate(r, chat, root_json, e);
+    if (rc) {
+        cJSON_Delete(chat);
+        return rc;
+    }
+    cJSON_Delete(r->json);         /* what the request borrows is in the chat tree */
+    r->json = chat;
+    return srv_parse_chat(r, chat, lim, e);
+}
+
 int srv_parse_completion(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e)
 {
     const cJSON *root = root_json;

@@ -330,17 +330,8 @@ static int translate(srv_request *r, cJSON *chat, const cJSON *root, srv_error *
 
 static int messages_parse(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e)
 {
-    cJSON *chat = cJSON_CreateObject();
-    if (!chat)
-        return OOM(e);
-    int rc = translate(r, chat, root_json, e);
-    if (rc) {
-        cJSON_Delete(chat);
-        return rc;
-    }
-    cJSON_Delete(r->json);         /* what the request borrows is in the chat tree */
-    r->json = chat;
-    if ((rc = srv_parse_chat(r, chat, lim, e)))
+    int rc = srv_parse_translated(r, root_json, translate, lim, e);
+    if (rc)
         return rc;
     /* which stop sequence ended a reply is told by its tokens (srv_reply_make) */
     if (r->params.chat.n_stop > 0 && r->params.chat.logprobs < 0)

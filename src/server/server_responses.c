@@ -348,17 +348,7 @@ static int translate(srv_request *r, cJSON *chat, const cJSON *root, srv_error *
 
 static int responses_parse(srv_request *r, void *root_json, const srv_limits *lim, srv_error *e)
 {
-    cJSON *chat = cJSON_CreateObject();
-    if (!chat)
-        return OOM(e);
-    int rc = translate(r, chat, root_json, e);
-    if (rc) {
-        cJSON_Delete(chat);
-        return rc;
-    }
-    cJSON_Delete(r->json);         /* what the request borrows is in the chat tree */
-    r->json = chat;
-    return srv_parse_chat(r, chat, lim, e);
+    return srv_parse_translated(r, root_json, translate, lim, e);
 }
 
 /* ============================================================== answer */
