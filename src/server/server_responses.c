@@ -24,7 +24,6 @@
 #include "server.h"
 
 #define BAD(e, param, ...) srv_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
-#define OOM(e) srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory")
 
 /* The member `name` of o, NULL when absent or null. */
 static const cJSON *get(const cJSON *o, const char *name)
