@@ -20,10 +20,13 @@ static char *serve_log(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(args, sizeof(args), fmt, ap);
     va_end(ap);
-    snprintf(log, sizeof(log), "%s/serve.log", tmpdir);
+    /* a new file each call: the shell's grep may run before the server's
+     * stderr is opened, and must not find the last server's line */
+    static int calls;
+    snprintf(log, sizeof(log), "%s/serve%d.log", tmpdir, calls++);
     snprintf(cmd, sizeof(cmd),
              "'%s' serve --port 0 -t 1 %s 2>%s & p=$!; i=0; "
-             "while [ $i -lt 600 ] && ! grep -q 'listening on' %s && kill -0 $p 2>/dev/null; do "
+             "while [ $i -lt 600 ] && ! grep -qs 'listening on' %s && kill -0 $p 2>/dev/null; do "
              "sleep 0.1; i=$((i+1)); done; kill $p 2>/dev/null; wait $p",
              bin, args, log, log);
     if (system(cmd) == -1)
