@@ -108,6 +108,23 @@ int32_t kvc_context_fit_n_ctx(const kvc_model *model, int32_t kv_type, int64_t k
     return (int32_t)KVC_MAX(KVC_MIN(n_train, fit), B);
 }
 
+/* The pool's layers of a model with recurrent layers (malloc'd; each
+ * attention layer its K/V heads, each recurrent one its state), or NULL for
+ * a model without (or out of memory: the pool then keeps K/V for every layer,
+ * and the forward pass fails on the first recurrent layer's missing state). */
+static kvc_kv_layer *recurrent_layers(const kvc_model *m)
+{
+    bool any = false;
+    for (int32_t l = 0; l < m->hp.n_layer; l++)
+        any |= m->layers[l].state_floats > 0;
+    kvc_kv_layer *layers = any ? malloc((size_t)m->hp.n_layer * sizeof(*layers)) : NULL;
+    for (int32_t l = 0; layers && l < m->hp.n_layer; l++) {
+        const kvc_layer *L = &m->layers[l];
+        layers[l] = (kvc_kv_layer){ 0, L->n_head_kv, L->head_dim, L->state_floats };
+    }
+    return layers;
+}
+
 int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_context **out,
                     char *err, size_t err_size)
 {
@@ -140,7 +157,15 @@ int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_cont
         c->p = p;
         kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
                                   B, (uint32_t)kt, p.kv_blocks };
+        kvc_kv_group full = { KVC_KV_FULL, 0, 0 };
+        kvc_kv_layer *layers = recurrent_layers(model);
+        if (layers) {   /* recurrent layers: states instead of K/V */
+            pp.n_groups = 1;
+            pp.groups = &full;
+            pp.layers = layers;
+        }
         rc = kvc_kv_pool_new(&pp, &c->pool, &e);
+        free(layers);
     }
     if (!rc)
         rc = kvc_pc_new(c->pool, &c->pc, &e);

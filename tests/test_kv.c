@@ -160,8 +160,53 @@ static void test_bad_params(void)
     kvc_kv_pool_free(NULL);
 }
 
+/* Recurrent layers: no K/V in the block, a state per sequence that starts
+ * at zero, is copied whole by a fork of the whole sequence, and is zeroed by
+ * any cut (no snapshots yet: a cut keeps nothing, no cached path serves). */
+static void test_recurrent_states(void)
+{
+    kvc_kv_group full = { KVC_KV_FULL, 0, 0 };
+    kvc_kv_layer layers[3] = { { 0, 0, 0, 10 }, { 0, 0, 0, 0 }, { 0, 0, 0, 6 } };
+    kvc_kv_pool_params p = { 3, 2, 32, 4, KVC_TYPE_F16, 8, 1, &full, layers };
+    kvc_kv_pool *pool = NULL;
+    kvc_err e = { 0 };
+    CHECKF(kvc_kv_pool_new(&p, &pool, &e) == KVC_OK, "%s", e.msg);
+    if (!pool)
+        return;
+    CHECK_EQ_INT(kvc_kv_block_bytes(pool), 2 * 4 * 32 * 2 * 2);   /* layer 1's K/V only */
+    CHECK_EQ_INT(kvc_kv_state_floats(pool), 16);
+    CHECK_EQ_INT(kvc_kv_layer_state_floats(pool, 2), 6);
+    kvc_kv_seq a, b;
+    kvc_kv_seq_init(&a);
+    kvc_kv_seq_init(&b);
+    CHECK(kvc_kv_seq_state(pool, &a, 1) == NULL);
+    float *s0 = kvc_kv_seq_state(pool, &a, 0), *s2 = kvc_kv_seq_state(pool, &a, 2);
+    CHECK(s0 && s2 && s2 == s0 + 10 && s0[9] == 0.0f && s2[5] == 0.0f);
+    CHECK(kvc_kv_seq_reserve(pool, &a, 6, &e) == KVC_OK);
+    a.n_tokens = 6;
+    s2[5] = 3.0f;
+    CHECK_EQ_INT(kvc_kv_servable(pool, a.blocks, 4), 0);
+    CHECK(kvc_kv_seq_fork(pool, &a, &b, 6, &e) == KVC_OK);
+    CHECK_EQ_INT(b.n_tokens, 6);
+    CHECK(kvc_kv_seq_state(pool, &b, 2)[5] == 3.0f);
+    kvc_kv_seq_release(pool, &b);
+    kvc_kv_seq_init(&b);
+    CHECK(kvc_kv_seq_fork(pool, &a, &b, 5, &e) == KVC_OK);
+    CHECK_EQ_INT(b.n_tokens, 0);
+    CHECK(kvc_kv_seq_append_blocks(pool, &b, a.blocks, 1, &e) == KVC_ERR_INVALID_ARG);
+    CHECK_EQ_INT(kvc_kv_seq_truncate(pool, &a, 6), 6);
+    CHECK(s2[5] == 3.0f);
+    CHECK_EQ_INT(kvc_kv_seq_truncate(pool, &a, 5), 0);
+    CHECK(s2[5] == 0.0f);
+    kvc_kv_seq_release(pool, &a);
+    kvc_kv_seq_release(pool, &b);
+    CHECK_EQ_INT(kvc_kv_n_free(pool), 8);
+    kvc_kv_pool_free(pool);
+}
+
 int main(void)
 {
+    test_recurrent_states();
     test_alloc_and_refs();
     test_watch();
     test_seq_reserve_truncate();

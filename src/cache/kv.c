@@ -29,6 +29,8 @@ typedef struct kv_layer {
     int32_t group, n_kv_head, head_dim;
     size_t  row_bytes;        /* one head, one position */
     size_t  off;              /* of its K in its group's chunk; V follows n_kv_head * row_bytes * B later */
+    int64_t state_floats;     /* recurrent: its state's floats (no K/V), else 0 */
+    int64_t state_off;        /* recurrent: its state's offset in kvc_kv_seq.state */
 } kv_layer;
 
 struct kvc_kv_pool {
@@ -38,6 +40,7 @@ struct kvc_kv_pool {
     kv_layer      *layer;     /* [n_layer] */
     kv_slab        slab[KVC_KV_MAX_GROUPS];
     size_t    block_bytes;    /* every group's chunk */
+    int64_t   state_floats;   /* every recurrent layer's state */
     int32_t  *refcount;       /* n_blocks */
     void    **tag;            /* n_blocks: the watcher's tag of each block, or NULL */
     kvc_kv_watch_fn watch;    /* called on a tagged block's 1 <-> 2 transitions */
@@ -82,10 +85,14 @@ static int resolve(const kvc_kv_pool_params *p, kvc_kv_pool_params *q, kvc_kv_gr
             gs[g].window = 0;
         bytes[g] = 0;
     }
+    int64_t state_floats = 0;
     for (int32_t l = 0; l < q->n_layer; l++) {
-        const kvc_kv_layer in = q->layers ? q->layers[l] : (kvc_kv_layer){ 0, 0, 0 };
+        const kvc_kv_layer in = q->layers ? q->layers[l] : (kvc_kv_layer){ 0, 0, 0, 0 };
         kv_layer *L = &ls[l];
         L->group = in.group;
+        L->state_floats = in.state_floats > 0 ? in.state_floats : 0;
+        L->state_off = state_floats;
+        state_floats += L->state_floats;
         L->n_kv_head = in.n_kv_head > 0 ? in.n_kv_head : q->n_kv_head;
         L->head_dim = in.head_dim > 0 ? in.head_dim : q->head_dim;
         if (L->group < 0 || L->group >= q->n_groups)
@@ -96,7 +103,8 @@ static int resolve(const kvc_kv_pool_params *p, kvc_kv_pool_params *q, kvc_kv_gr
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool: layer %d: head dim %d is not a multiple of the %s block",
                             l, L->head_dim, kvc_type_info(q->type)->name);
         L->off = bytes[L->group];
-        bytes[L->group] += L->row_bytes * (size_t)q->block_tokens * (size_t)L->n_kv_head * 2;
+        if (L->state_floats == 0)
+            bytes[L->group] += L->row_bytes * (size_t)q->block_tokens * (size_t)L->n_kv_head * 2;
     }
     for (int32_t g = 0; g < q->n_groups; g++)
         if (bytes[g] == 0)
@@ -124,7 +132,7 @@ int kvc_kv_groups_of_layers(int32_t n_layer, const int32_t *window, const int32_
             }
         }
         n_full += g == 0;
-        layers[l] = (kvc_kv_layer){ g, n_kv_head ? n_kv_head[l] : 0, head_dim ? head_dim[l] : 0 };
+        layers[l] = (kvc_kv_layer){ g, n_kv_head ? n_kv_head[l] : 0, head_dim ? head_dim[l] : 0, 0 };
     }
     if (n_full == 0)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool: no full-attention layer for memory group 0");
@@ -169,8 +177,11 @@ int kvc_kv_pool_new(const kvc_kv_pool_params *p, kvc_kv_pool **out, kvc_err *err
         return rc;
     }
     kvc_kv_pool_params *q = &pool->p;
-    for (int32_t l = 0; l < q->n_layer; l++)
-        pool->l_params[l] = (kvc_kv_layer){ pool->layer[l].group, pool->layer[l].n_kv_head, pool->layer[l].head_dim };
+    for (int32_t l = 0; l < q->n_layer; l++) {
+        const kv_layer *L = &pool->layer[l];
+        pool->l_params[l] = (kvc_kv_layer){ L->group, L->n_kv_head, L->head_dim, L->state_floats };
+        pool->state_floats += L->state_floats;
+    }
     q->groups = pool->g_params;
     q->layers = pool->l_params;
     const size_t nb = (size_t)q->n_blocks;
@@ -480,7 +491,7 @@ static int64_t window_from(int64_t n, int32_t w, int64_t B)
 int64_t kvc_kv_servable(const kvc_kv_pool *pool, const int32_t *blocks, int64_t len)
 {
     const int64_t B = pool->p.block_tokens;
-    int64_t L = len;
+    int64_t L = pool->state_floats > 0 ? 0 : len;   /* no state kept for any length but 0 */
     while (L > 0) {
         /* the highest block the candidate's windows miss, or -1 */
         int64_t miss = -1;
@@ -501,6 +512,21 @@ int64_t kvc_kv_servable(const kvc_kv_pool *pool, const int32_t *blocks, int64_t 
             L = miss * B;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ recurrent layers */
+
+int64_t kvc_kv_state_floats(const kvc_kv_pool *pool) { return pool->state_floats; }
+int64_t kvc_kv_layer_state_floats(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].state_floats; }
+
+float *kvc_kv_seq_state(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t layer)
+{
+    const kv_layer *L = &pool->layer[layer];
+    if (L->state_floats == 0)
+        return NULL;
+    if (!seq->state)
+        seq->state = calloc((size_t)pool->state_floats, sizeof(float));
+    return seq->state ? seq->state + L->state_off : NULL;
 }
 
 /* ------------------------------------------------------------ sequences */
@@ -621,6 +647,8 @@ int64_t kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n)
     n = KVC_MAX(0, KVC_MIN(n, seq->n_tokens));
     if (n < seq->n_tokens)   /* blocks past n_tokens (reserved) have every chunk */
         n = kvc_kv_servable(pool, seq->blocks, n);
+    if (n == 0 && seq->state)   /* the states of no position */
+        memset(seq->state, 0, (size_t)pool->state_floats * sizeof(float));
     int32_t keep = (int32_t)((n + B - 1) / B);
     while (seq->n_blocks > keep)
         seq_pop(pool, seq);
@@ -658,6 +686,7 @@ void kvc_kv_seq_release(kvc_kv_pool *pool, kvc_kv_seq *seq)
 {
     kvc_kv_seq_truncate(pool, seq, 0);
     free(seq->blocks);
+    free(seq->state);
     kvc_kv_seq_init(seq);
 }
 
@@ -669,6 +698,8 @@ int kvc_kv_seq_append_blocks(kvc_kv_pool *pool, kvc_kv_seq *seq,
         return kvc_fail(err, KVC_ERR_INVALID_ARG,
                         "KV sequence: appending blocks after %lld tokens (not a block boundary)",
                         (long long)seq->n_tokens);
+    if (pool->state_floats > 0 && n > 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV sequence: cached blocks carry no recurrent state");
     const int64_t len = seq->n_tokens + (int64_t)n * B;
     for (int32_t g = 1; g < pool->p.n_groups; g++)
         for (int64_t i = KVC_MAX(window_from(len, pool->g_params[g].window, B), (int64_t)seq->n_blocks);
@@ -703,7 +734,16 @@ int kvc_kv_seq_fork(kvc_kv_pool *pool, const kvc_kv_seq *src, kvc_kv_seq *dst,
 {
     const int64_t B = pool->p.block_tokens;
     n = KVC_MAX(0, KVC_MIN(n, src->n_tokens));
-    n = kvc_kv_servable(pool, src->blocks, n);
+    if (pool->state_floats > 0 && n == src->n_tokens && n > 0) {   /* the whole source, its states */
+        if (!dst->state && !(dst->state = malloc((size_t)pool->state_floats * sizeof(float))))
+            return kvc_fail(err, KVC_ERR_NOMEM, "KV sequence: out of memory for recurrent states");
+        if (src->state)
+            memcpy(dst->state, src->state, (size_t)pool->state_floats * sizeof(float));
+        else
+            memset(dst->state, 0, (size_t)pool->state_floats * sizeof(float));
+    } else {
+        n = kvc_kv_servable(pool, src->blocks, n);
+    }
     int32_t nb = (int32_t)((n + B - 1) / B);
     int rc = seq_grow_table(dst, nb, err);
     if (rc)

@@ -49,6 +49,7 @@ typedef struct kvc_kv_pool kvc_kv_pool;
 typedef enum kvc_kv_kind {
     KVC_KV_FULL = 0,
     KVC_KV_WINDOW = 1,
+    KVC_KV_RECURRENT = 2,   /* a fixed-size state per sequence (kvc_kv_layer.state_floats) */
 } kvc_kv_kind;
 
 typedef struct kvc_kv_group {
@@ -61,6 +62,8 @@ typedef struct kvc_kv_layer {
     int32_t group;          /* its memory group, < n_groups */
     int32_t n_kv_head;      /* 0: the pool's n_kv_head */
     int32_t head_dim;       /* 0: the pool's head_dim */
+    int64_t state_floats;   /* > 0: a recurrent layer: no K/V in any chunk, instead a state of
+                             * this many floats per sequence (kvc_kv_seq_state) */
 } kvc_kv_layer;
 
 typedef struct kvc_kv_pool_params {
@@ -166,6 +169,22 @@ void *kvc_kv_v(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
  * token can be run again). 0 is always served. */
 int64_t kvc_kv_servable(const kvc_kv_pool *pool, const int32_t *blocks, int64_t len);
 
+/* ------------------------------------------------------------ recurrent layers
+ *
+ * A recurrent layer (state_floats > 0) keeps no K/V: each sequence has one
+ * state per such layer that summarises its positions [0, n_tokens) (zero at
+ * n_tokens 0), read and updated in place by the forward pass, token by token
+ * in position order. A state cannot be cut back: until snapshots of states
+ * are kept (DESIGN.md §2, recurrent groups), a pool with recurrent layers
+ * serves no cached path to another sequence (kvc_kv_servable is 0), a
+ * truncation below n_tokens keeps 0 positions, and a fork shares either the
+ * whole of its source or nothing. */
+
+/* Floats of every recurrent layer's state, summed (0: no recurrent layer). */
+int64_t kvc_kv_state_floats(const kvc_kv_pool *pool);
+/* Floats of layer's state (0: not recurrent). */
+int64_t kvc_kv_layer_state_floats(const kvc_kv_pool *pool, int32_t layer);
+
 /* ------------------------------------------------------------ sequences */
 
 typedef struct kvc_kv_seq {
@@ -175,6 +194,8 @@ typedef struct kvc_kv_seq {
     int64_t  n_tokens;   /* positions [0, n_tokens) hold valid K/V */
     int32_t  from[KVC_KV_MAX_GROUPS];   /* per group: it holds the chunks of blocks [from, n_blocks)
                                          * (full groups: 0) */
+    float   *state;      /* every recurrent layer's state (kvc_kv_seq_state), made on first use;
+                          * NULL: all zero */
 } kvc_kv_seq;
 
 void kvc_kv_seq_init(kvc_kv_seq *seq);
@@ -210,7 +231,13 @@ int64_t kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n);
  * had: the blocks copied before stay copied. */
 int  kvc_kv_seq_make_private(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t i0, int32_t i1, kvc_err *err);
 
-/* Release every block and the table; the sequence is empty afterwards. */
+/* The state of recurrent `layer` of the sequence: kvc_kv_layer_state_floats
+ * floats, all zero while n_tokens is 0. NULL for a layer that is not
+ * recurrent, or when the states cannot be allocated (out of memory). */
+float *kvc_kv_seq_state(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t layer);
+
+/* Release every block, the table and the states; the sequence is empty
+ * afterwards. */
 void kvc_kv_seq_release(kvc_kv_pool *pool, kvc_kv_seq *seq);
 
 /* Append `n` full blocks (a cached prefix found elsewhere), taking a reference

@@ -12,10 +12,15 @@
 
 #include "common.h"
 
-/* What a layer's attention is. Recurrent kinds come later. */
+/* What a layer's attention (its token mixer) is. The recurrent kinds keep a
+ * fixed-size state per sequence instead of K/V (kvc_layer.state_floats,
+ * kv.h's recurrent layers). */
 typedef enum kvc_attn_kind {
     KVC_ATTN_FULL   = 0,     /* causal attention over every earlier position */
     KVC_ATTN_WINDOW = 1,     /* sliding window: position p sees p - w + 1 .. p (kvc_layer.window) */
+    KVC_ATTN_GDN    = 2,     /* Gated DeltaNet (qwen35, qwen35moe, qwen3next) */
+    KVC_ATTN_SHORTCONV = 3,  /* gated short convolution (lfm2) */
+    KVC_ATTN_MAMBA2 = 4,     /* Mamba-2 selective state space (granitehybrid, nemotron_h) */
 } kvc_attn_kind;
 
 /* How RoPE's angles are scaled (rope.scaling.type). */

@@ -78,6 +78,8 @@ typedef struct kvc_layer {
     int32_t      window;             /* sliding window in positions; 0 = full */
     int32_t      rope;               /* which of the compute's rotations (0: global, 1: sliding layers) */
     float        attn_scale;         /* the scores' factor (1/sqrt(head_dim), or the row's rule) */
+    int64_t      state_floats;       /* recurrent kinds: floats of the layer's per-sequence state
+                                      * (conv state, then the recurrent state); 0 for attention */
 
     const float *attn_norm;          /* [n_embd] */
     kvc_weight   wq;                 /* n_embd -> n_head * hd */
