@@ -9,15 +9,20 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kvc_version.h"
 #include "server.h"
 
 int cmd_serve(int argc, char **argv);
 
-/* The server's notices, on stderr. */
+/* The server's lines (a line per request, notices), on stderr, each
+ * written whole: lines of concurrent requests do not interleave. */
 static void log_line(const char *line, void *user)
 {
     (void)user;
-    fprintf(stderr, "kvchat: %s\n", line);
+    flockfile(stderr);
+    fputs(line, stderr);
+    fputc('\n', stderr);
+    funlockfile(stderr);
 }
 
 static const char serve_help[] =
@@ -27,13 +32,18 @@ static const char serve_help[] =
     "/v1/messages/count_tokens; GET /v1/models, GET /health, GET /metrics\n"
     "(Prometheus), POST /tokenize, POST /detokenize, POST /apply-template\n"
     "(?api=responses or ?api=messages: a request of that API). The sampling\n"
-    "options set the defaults of requests that leave them out.\n";
+    "options set the defaults of requests that leave them out.\n\n"
+    "Every finished request gets a line on stderr: time, client, method, path,\n"
+    "status, duration and, for a generation, prompt / cached (of which from\n"
+    "disk) / computed / generated tokens, time to first token, tokens/s, finish\n"
+    "reason and the session key's hash (successful /health and /metrics probes\n"
+    "are left out).\n";
 
 enum { OPT_HOST = CLI_OPT_CMD, OPT_PORT, OPT_API_KEY, OPT_API_KEY_FILE, OPT_SHARE_KEYS,
        OPT_ALIAS, OPT_CORS, OPT_PARALLEL, OPT_KV_BUDGET, OPT_MAX_QUEUE, OPT_MAX_SESSIONS,
        OPT_OVERFLOW, OPT_NO_CACHE, OPT_SPECIAL, OPT_TIMEOUT, OPT_REQUEST_TIMEOUT,
        OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY, OPT_QUIET,
-       OPT_STRICT_FIELDS };
+       OPT_STRICT_FIELDS, OPT_LOG_FORMAT };
 
 static const cli_option serve_opts[] = {
     { "host", 0, "ADDR", OPT_HOST, 0, "address to bind (default 127.0.0.1)" },
@@ -84,8 +94,12 @@ static const cli_option serve_opts[] = {
       "--host, as behind a reverse proxy; else 64; 0 = no limit)" },
     { "max-body", 0, "MIB", OPT_MAX_BODY, 0, "request body limit (default 8)" },
     { "quiet", 'q', NULL, 'q', 0,
-      "no start summary and no loading progress: only warnings,\n"
-      "errors and the 'listening on' line" },
+      "no start summary, no loading progress and no request lines\n"
+      "but failed ones (5xx, a stream cut by an error): only\n"
+      "warnings, errors and the 'listening on' line" },
+    { "log-format", 0, "text|json", OPT_LOG_FORMAT, 0,
+      "request lines and notices as text (default) or one JSON\n"
+      "object a line" },
     { 0 }
 };
 
@@ -156,6 +170,13 @@ static int serve_apply(kvc_server_params *sp, kvc_engine_params *ep, int id, con
     case OPT_NO_CACHE: ep->no_cache = true; return 1;
     case OPT_SPECIAL: ep->special_in_content = true; return 1;
     case OPT_STRICT_FIELDS: sp->strict_fields = true; return 1;
+    case OPT_LOG_FORMAT:
+        if (strcmp(v, "text") && strcmp(v, "json")) {
+            fprintf(stderr, "kvchat: --log-format must be text or json, got '%s'\n", v);
+            return -1;
+        }
+        sp->log_format = !strcmp(v, "json") ? KVC_SERVER_LOG_JSON : KVC_SERVER_LOG_TEXT;
+        return 1;
     case OPT_OVERFLOW:
         if (strcmp(v, "error") && strcmp(v, "shift")) {
             fprintf(stderr, "kvchat: --context-overflow must be error or shift, got '%s'\n", v);
@@ -220,6 +241,7 @@ static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
             sp->fixed_seed = true;
         if (id == 'q') {
             c->quiet = true;
+            sp->log_requests = KVC_SERVER_LOG_ERRORS;
             continue;
         }
         if ((r = serve_apply(sp, ep, id, cli_opt_name(&p), v)) == 0 &&
@@ -253,6 +275,8 @@ static int serve(kvc_model *m, const char *model_path, const kvc_engine_params *
         return 1;
     }
     sp->log = log_line;
+    sp->model_path = model_path;
+    sp->version = KVC_VERSION;
     if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         kvc_engine_free(e);

@@ -110,11 +110,38 @@ static void log_ignored(const char *field, void *user)
         free(copy), copy = NULL;
     pthread_mutex_unlock(&s->logged_mu);
     if (copy && s->log) {
-        char line[200];
-        snprintf(line, sizeof(line), "request field '%.100s' accepted and ignored (it changes "
+        char msg[200];
+        snprintf(msg, sizeof(msg), "request field '%.100s' accepted and ignored (it changes "
                  "nothing kvchat does; told once)", field);
-        s->log(line, s->log_user);
+        char *line = srv_log_notice("warning", msg, s->log_format);
+        if (line)
+            s->log(line, s->log_user);
+        free(line);
     }
+}
+
+void srv_log_request(const kvc_server *s, srv_reqlog *l)
+{
+    if (l && s->log && srv_reqlog_wanted(l, s->log_requests)) {
+        char *line = srv_reqlog_line(l, s->log_format);
+        if (line)
+            s->log(line, s->log_user);
+        free(line);
+    }
+    free(l);
+}
+
+/* The peer's address as text ("127.0.0.1", "::1"); "" when unknown. */
+static void client_address(struct MHD_Connection *mc, char *buf, size_t size)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+    buf[0] = 0;
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, (socklen_t)size);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, buf, (socklen_t)size);
 }
 
 
@@ -196,6 +223,7 @@ enum MHD_Result srv_respond_error(kvc_server *s, struct MHD_Connection *mc, cons
         *p++ = MHD_HTTP_HEADER_CONNECTION, *p++ = "close";
     if (c->post)
         srv_metrics_failed(s->metrics);
+    srv_reqlog_error(c->log, e);
     return srv_respond(s, mc, e->http_status, c->dialect->error(e), "application/json", h);
 }
 
@@ -443,6 +471,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (!(c = calloc(1, sizeof(*c))))
             return MHD_NO;
         *con_cls = c;
+        char client[64];
+        client_address(mc, client, sizeof(client));
+        c->log = srv_reqlog_new(method, url, client);   /* NULL: no line */
         return on_headers(s, mc, c, url, method, &ret) ? MHD_YES : ret;
     }
     if (*data_size) {
@@ -467,6 +498,16 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     srv_guard_arm(s->guard, conn_guard(mc));   /* the next request on it, if any */
     conn *c = *con_cls;
     if (c) {
+        if (c->log && !c->log->status) {
+            const union MHD_ConnectionInfo *ci =
+                MHD_get_connection_info(mc, MHD_CONNECTION_INFO_HTTP_STATUS);
+            c->log->status = ci ? (int)ci->http_status : 0;
+        }
+        if (c->log && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->log->error[0])
+            snprintf(c->log->error, sizeof(c->log->error), "%s",
+                     toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "the client went away"
+                                                                : "the connection ended early");
+        srv_log_request(s, c->log);
         free(c->body);
         free(c);
         *con_cls = NULL;
@@ -543,6 +584,8 @@ static void server_free(kvc_server *s)
     free(s->key_ns);
     free(s->model_name);
     free(s->cors);
+    free(s->version);
+    free(s->model_path);
     srv_bulk_free(s->bulk);
     srv_vocab_free(s->lim.vocab);
     for (size_t i = 0; i < s->n_logged; i++)
@@ -629,6 +672,14 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->lim.log_user = s;
     s->log = p->log;
     s->log_user = p->log_user;
+    s->log_format = p->log_format;
+    s->log_requests = p->log_requests;
+    s->version = strdup(p->version ? p->version : "?");
+    s->model_path = p->model_path ? strdup(p->model_path) : NULL;
+    if (!s->version || (p->model_path && !s->model_path)) {
+        server_free(s);
+        return NULL;
+    }
     if (p->cors_origins && *p->cors_origins && !(s->cors = strdup(p->cors_origins))) {
         server_free(s);
         return NULL;

@@ -83,14 +83,30 @@ typedef struct kvc_server_params {
                                   * hints are accepted and named in the answer's
                                   * X-Kvchat-Ignored-Fields header; fields that would
                                   * change the answer are 400s either way) */
-    void      (*log)(const char *line, void *user);  /* the server's notices (an ignored
-                                  * field, once per name); NULL = none. Called from
-                                  * connection threads */
+    void      (*log)(const char *line, void *user);  /* the server's log lines, whole (no
+                                  * newline): a line per request (see log_requests) and
+                                  * notices (an ignored field, once per name); NULL =
+                                  * none. Called from connection threads */
     void       *log_user;
+    int         log_format;      /* enum kvc_server_log_format of every line given to log */
+    int         log_requests;    /* enum kvc_server_log_requests: which requests get a line */
+    const char *version;         /* kvchat's version (/props, /api/version); NULL = "?" */
+    const char *model_path;      /* the GGUF served (/props, /api/show); NULL = unknown */
     const char *cors_origins;    /* origins allowed to call from a browser: "*" or a comma
                                   * list ("https://a.example,https://b.example"); NULL = none.
                                   * OPTIONS preflights are answered 204 either way */
 } kvc_server_params;
+
+enum kvc_server_log_format {
+    KVC_SERVER_LOG_TEXT = 0,     /* "2026-01-02T03:04:05.678Z 127.0.0.1 POST /v1/... 200 ..." */
+    KVC_SERVER_LOG_JSON = 1,     /* one JSON object a line */
+};
+
+enum kvc_server_log_requests {
+    KVC_SERVER_LOG_ALL    = 0,   /* every request but a successful /health or /metrics */
+    KVC_SERVER_LOG_ERRORS = 1,   /* requests answered >= 500, or whose stream failed */
+    KVC_SERVER_LOG_NONE   = 2,
+};
 
 kvc_server_params kvc_server_default_params(void);
 
@@ -325,6 +341,7 @@ struct srv_dialect {
     const char *name;             /* "chat.completions", "completions", "responses", "messages" */
     const char *id_prefix;        /* of response ids: "chatcmpl-", "cmpl-", "resp_", "msg_" */
     const struct srv_field *fields; /* its request's fields (server_fields.c) */
+    const char *stream_type;      /* a stream's Content-Type; NULL = "text/event-stream" */
     /* The dialect's fields of root (a JSON object; it may be replaced: the
      * request keeps r->json) into r, whose common defaults are set. 0 or the
      * HTTP status with *e filled. */
@@ -506,6 +523,40 @@ char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e);
  * missing the request deadline. */
 void srv_metrics_connections(srv_metrics *m, int64_t open, uint64_t dropped);
 
+/* ================================================= request log (server_log.c) */
+
+/* What one request's log line says, filled as the request goes: who asked
+ * what, the status, and for a generation its figures (the choices' stats
+ * summed as the usage is). */
+typedef struct srv_reqlog {
+    struct timespec start;       /* CLOCK_MONOTONIC when the headers came */
+    struct timespec wall;        /* CLOCK_REALTIME then */
+    char            method[12];
+    char            path[200];
+    char            client[64];  /* the peer's address */
+    char            api[24];     /* the dialect's name for a generation; "" = none */
+    char            session[17]; /* 16 hex digits of a hash of the session key; "" = none */
+    int             status;      /* HTTP status; 0 = not yet known */
+    bool            has_stats;   /* a generation ran: stats hold its figures */
+    kvc_chat_stats  stats;
+    char            error[640];  /* an error's message; "" = none */
+} srv_reqlog;
+
+/* A new record (malloc'd; NULL when out of memory) started now. */
+srv_reqlog *srv_reqlog_new(const char *method, const char *path, const char *client);
+/* The session key's hash (key NULL or "": none). */
+void srv_reqlog_session(srv_reqlog *l, const char *key);
+/* The error's status and message. */
+void srv_reqlog_error(srv_reqlog *l, const srv_error *e);
+/* The line of l (no newline), as of now: enum kvc_server_log_format format.
+ * Malloc'd; NULL when out of memory. */
+char *srv_reqlog_line(const srv_reqlog *l, int format);
+/* Whether l gets a line under enum kvc_server_log_requests policy. */
+bool srv_reqlog_wanted(const srv_reqlog *l, int policy);
+/* A notice (not a request) as a line of the format, at level "info",
+ * "warning" or "error". Malloc'd; NULL when out of memory. */
+char *srv_log_notice(const char *level, const char *message, int format);
+
 /* =========================================== streams (server_stream.c) */
 
 /* One choice of a streamed response: its engine events turned into SSE
@@ -580,5 +631,9 @@ bool srv_stream_begin(srv_stream *st, int i, const kvc_event *first);
  * SRV_STREAM_ERROR. */
 ssize_t srv_stream_read(srv_stream *st, char *out, size_t max);
 void srv_stream_free(srv_stream *st);   /* NULL ok */
+/* The usage of the choices that finished so far (srv_stats_sum) into *sum
+ * (false when none did), and the error a choice failed with into *e
+ * (http_status 0 = none). */
+bool srv_stream_result(const srv_stream *st, kvc_chat_stats *sum, srv_error *e);
 
 #endif

@@ -31,6 +31,10 @@ struct kvc_server {
     srv_bulk          *bulk;         /* where large bodies are parsed and tokenized */
     void             (*log)(const char *line, void *user);   /* params.log */
     void              *log_user;
+    int                log_format;   /* params' */
+    int                log_requests;
+    char              *version;      /* params.version ("?" when none) */
+    char              *model_path;   /* params.model_path; NULL = unknown */
     pthread_mutex_t    logged_mu;    /* guards logged */
     char             **logged;       /* ignored field names already logged [n_logged] */
     size_t             n_logged, cap_logged;
@@ -58,6 +62,7 @@ typedef struct conn {
     bool   unread_body;  /* answering from the headers while a body may follow */
     bool   preflight;    /* an OPTIONS request: answered 204 with the CORS headers */
     int    key;          /* the API key it authenticated with, -1 = none */
+    srv_reqlog *log;     /* its log line's record (a stream takes it); NULL = none */
 } conn;
 
 /* ================================================ answers (server.c) */
@@ -76,6 +81,8 @@ enum MHD_Result srv_respond_json(const kvc_server *s, struct MHD_Connection *mc,
 void srv_add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_Response *r);
 /* The client's socket, -1 when unknown. */
 int srv_conn_fd(struct MHD_Connection *mc);
+/* Give l's line to the log when the policy wants it, and free l (NULL ok). */
+void srv_log_request(const kvc_server *s, srv_reqlog *l);
 
 /* ==================================== generation requests (server_run.c) */
 
