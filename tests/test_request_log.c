@@ -144,6 +144,8 @@ static void test_text(void)
     CHECKF(c2 >= (long)num(a, "usage", "prompt_tokens") && c2 < (long)num(b, "usage", "prompt_tokens"),
            "turn 2 cached %ld of %g (turn 1: %g)", c2, num(b, "usage", "prompt_tokens"),
            num(a, "usage", "prompt_tokens"));
+    printf("request log: turn 2 cached %ld of %g prompt tokens (turn 1: %g)\n", c2,
+           num(b, "usage", "prompt_tokens"), num(a, "usage", "prompt_tokens"));
     CHECKF(cached_after - cached_before == c2, "/metrics counted %g cached, the line %ld",
            cached_after - cached_before, c2);
     /* the session: hashed, the key itself never written */

@@ -229,6 +229,8 @@ typedef struct srv_request {
                                          * (a thinking template, reasoning_format not none) */
     bool               think_open;      /* ... the reply begins inside it (the prompt
                                          * ended with <think>: server.c finds out) */
+    bool               load_only;       /* nothing to generate (Ollama's generate with an
+                                         * empty prompt): answered at once */
 } srv_request;
 
 typedef struct srv_limits {
@@ -241,6 +243,7 @@ typedef struct srv_limits {
                                          * (srv_vocab_get); NULL = not checked */
     bool               strict_fields;   /* a field not used is a 400 (server_fields.c) */
     bool               think_tags;      /* the template writes reasoning in <think> tags */
+    int32_t            n_ctx;           /* the context per conversation; 0 = unknown */
     void             (*log_ignored)(const char *field, void *user); /* a request carried a
                                          * field accepted and not used; NULL = not told */
     void              *log_user;
@@ -522,6 +525,58 @@ char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e);
 /* Connection gauges for the next srv_metrics_text: open now, and dropped for
  * missing the request deadline. */
 void srv_metrics_connections(srv_metrics *m, int64_t open, uint64_t dropped);
+
+/* ==================================== the model told (server_model.c) */
+
+/* What the routes that describe the model say (/props, /v1/models,
+ * Ollama's /api/tags, /api/show, /api/ps), made once at start. */
+typedef struct srv_model_desc {
+    const char        *name;          /* served name (borrowed: the server's) */
+    const char        *path;          /* the GGUF file; NULL = unknown (borrowed) */
+    const char        *version;       /* kvchat's (borrowed) */
+    const char        *chat_template; /* Jinja source or built-in name; NULL = chatml */
+    kvc_model_info     info;
+    char               weight_type[16]; /* the largest share of the weights: "Q8_0"; "" = ? */
+    char               digest[65];    /* 64 hex digits naming the model file */
+    uint64_t           file_bytes;
+    time_t             modified;      /* the file's mtime */
+    time_t             started;
+    int32_t            n_ctx;         /* per conversation */
+    int32_t            n_parallel;
+    kvc_sampler_params sampling;      /* the defaults */
+    char              *bos, *eos;     /* the tokens' text (owned; "" = none) */
+} srv_model_desc;
+
+/* Fill d (the strings are borrowed but bos/eos). KVC_OK or KVC_ERR_NOMEM. */
+int  srv_model_desc_init(srv_model_desc *d, kvc_engine *engine, const char *name,
+                         const char *path, const char *version, time_t started,
+                         const kvc_sampler_params *sampling);
+void srv_model_desc_free(srv_model_desc *d);
+/* GET /props (llama-server's shape). Malloc'd JSON. */
+char *srv_props_json(const srv_model_desc *d);
+/* GET /v1/models (one: /v1/models/NAME): entries with the context length
+ * and llama-server's meta. Malloc'd JSON. */
+char *srv_models_desc_json(const srv_model_desc *d, bool one);
+/* "494.03M", "7.62B": a parameter count as Ollama writes it. */
+void srv_param_size(uint64_t n, char *buf, size_t size);
+
+/* ======================================= Ollama's API (server_ollama.c) */
+
+extern const srv_dialect srv_dialect_ollama_chat;      /* POST /api/chat */
+extern const srv_dialect srv_dialect_ollama_generate;  /* POST /api/generate */
+extern const srv_field srv_fields_ollama_chat[], srv_fields_ollama_generate[];
+
+/* GET /api/tags (running false) and /api/ps (true): the one model. */
+char *srv_ollama_list_json(const srv_model_desc *d, bool running);
+/* POST /api/show {"model"} of body[0, len): the model's details, template,
+ * model_info, capabilities; NULL with *e set (400) for a bad body. */
+char *srv_ollama_show_json(const srv_model_desc *d, const char *body, size_t len,
+                           srv_error *e);
+/* GET /api/version. */
+char *srv_ollama_version_json(const srv_model_desc *d);
+/* The answer to a generate request with nothing to generate (an empty
+ * prompt: Ollama's way to load a model): done, done_reason "load". */
+char *srv_ollama_load_json(const char *model);
 
 /* ================================================= request log (server_log.c) */
 

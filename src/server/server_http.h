@@ -35,6 +35,7 @@ struct kvc_server {
     int                log_requests;
     char              *version;      /* params.version ("?" when none) */
     char              *model_path;   /* params.model_path; NULL = unknown */
+    srv_model_desc     desc;         /* what /props, /v1/models and /api/... tell */
     pthread_mutex_t    logged_mu;    /* guards logged */
     char             **logged;       /* ignored field names already logged [n_logged] */
     size_t             n_logged, cap_logged;
@@ -47,6 +48,9 @@ struct kvc_server {
 enum route {
     ROUTE_NONE = 0, ROUTE_GENERATE, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
     ROUTE_METRICS, ROUTE_APPLY_TEMPLATE, ROUTE_TOKENIZE, ROUTE_DETOKENIZE, ROUTE_COUNT_TOKENS,
+    ROUTE_PROPS, ROUTE_OLLAMA_TAGS, ROUTE_OLLAMA_PS, ROUTE_OLLAMA_VERSION, ROUTE_OLLAMA_SHOW,
+    ROUTE_OLLAMA_EMBED,      /* 501: no embeddings (any method) */
+    ROUTE_OLLAMA_MANAGE,     /* 501: pull, push, create, copy, delete (any method) */
 };
 
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */

@@ -289,6 +289,9 @@ static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, con
 static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, conn *c,
                                    const srv_request *rq)
 {
+    if (rq->load_only)        /* Ollama's "load the model": it is */
+        return srv_respond_json(s, mc, srv_ollama_load_json(rq->model ? rq->model
+                                                                      : s->model_name));
     return rq->stream ? run_stream(s, mc, c, rq) : run_choices(s, mc, c, rq);
 }
 
@@ -395,11 +398,13 @@ enum MHD_Result srv_handle_completion(kvc_server *s, struct MHD_Connection *mc, 
                       "the request body is larger than the limit of %zu bytes", s->max_body);
         return srv_respond_error(s, mc, c, &e);
     }
-    if (c->route == ROUTE_TOKENIZE || c->route == ROUTE_DETOKENIZE) {
+    if (c->route == ROUTE_TOKENIZE || c->route == ROUTE_DETOKENIZE ||
+        c->route == ROUTE_OLLAMA_SHOW) {
         memset(&e, 0, sizeof(e));
-        char *json = c->route == ROUTE_TOKENIZE
-                   ? srv_tokenize(s->lim.model, c->body ? c->body : "", c->len, &e)
-                   : srv_detokenize(s->lim.model, c->body ? c->body : "", c->len, &e);
+        const char *body = c->body ? c->body : "";
+        char *json = c->route == ROUTE_TOKENIZE ? srv_tokenize(s->lim.model, body, c->len, &e)
+                   : c->route == ROUTE_DETOKENIZE ? srv_detokenize(s->lim.model, body, c->len, &e)
+                                                  : srv_ollama_show_json(&s->desc, body, c->len, &e);
         e.http_status = json ? 0 : e.http_status ? e.http_status : 500;
         return json ? srv_respond_json(s, mc, json) : srv_respond_error(s, mc, c, &e);
     }
@@ -415,6 +420,12 @@ enum MHD_Result srv_handle_completion(kvc_server *s, struct MHD_Connection *mc, 
     if (c->log) {
         srv_reqlog_session(c->log, rq.params.session_key);
         snprintf(c->log->api, sizeof(c->log->api), "%s", rq.dialect->name);
+    }
+    if (rq.load_only && c->route != ROUTE_GENERATE) {   /* an Ollama load: nothing to render */
+        srv_request_free(&rq);
+        srv_error_set(&e, 400, "invalid_request_error", NULL, NULL,
+                      "the request has no prompt and no messages: nothing to render");
+        return srv_respond_error(s, mc, c, &e);
     }
     enum MHD_Result ret = c->route == ROUTE_APPLY_TEMPLATE ? handle_apply_template(s, mc, c, &rq)
                         : c->route == ROUTE_COUNT_TOKENS   ? handle_count_tokens(s, mc, c, &rq)
