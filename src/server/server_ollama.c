@@ -22,7 +22,9 @@
  *   does not know either are ignored and logged, as Ollama does;
  *   format "json" or a JSON schema -> constrained decoding; think (true,
  *   false, "low", "medium", "high") -> the template's thinking switch;
- *   keep_alive: accepted and ignored (the model stays loaded), logged.
+ *   keep_alive: accepted and ignored (the model stays loaded), logged;
+ *   the extensions every route honours (prompt_cache_key, cache_salt, user,
+ *   ...) pass through as they are.
  * Refused with a 400 naming the field: images (kvchat's models read text),
  * generate's suffix (fill-in-the-middle), template (a Go template: kvchat
  * renders the model's Jinja template) and context (the token list of an
@@ -190,6 +192,10 @@ static int map_common(cJSON *chat, const cJSON *root, srv_error *e)
     if (!cJSON_IsString(model) || !*model->valuestring)
         return BAD(e, "model", "model is required");
     cJSON_AddStringToObject(chat, "model", model->valuestring);
+    const cJSON *v;
+    cJSON_ArrayForEach(v, root)        /* the extensions every route honours (cache_salt, ...) */
+        if (srv_field_use(NULL, v->string) == SRV_FIELD_USED && !cJSON_IsNull(v))
+            cJSON_AddItemToObject(chat, v->string, cJSON_Duplicate(v, true));
     if (stream && !cJSON_IsBool(stream))
         return BAD(e, "stream", "stream must be a boolean");
     cJSON_AddBoolToObject(chat, "stream", !stream || cJSON_IsTrue(stream));
