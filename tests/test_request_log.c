@@ -6,7 +6,8 @@
  * errors carry their status and message, the session key appears only
  * hashed, successful /health probes are left out; --log-format json gives
  * one JSON object a line with the same figures; --quiet leaves out every
- * line of a request that did not fail.
+ * line of a request that did not fail; after a restart, the tokens read
+ * from the disk tier are those the answer says.
  *
  * Needs $KVC_BIN (set by CTest); skips without it. */
 #include <cjson/cJSON.h>
@@ -256,6 +257,45 @@ static void test_quiet(void)
     http_server_stop(&s);
 }
 
+/* After a restart the prompt comes from the disk tier: the line's disk
+ * figure is the answer's cache_disk_n, and all of cached. */
+static void test_disk(void)
+{
+    char dir[64], cmd[128];
+    snprintf(dir, sizeof(dir), "/tmp/kvc_reqlog_kv_%d", (int)getpid());
+    const char *args[] = { "-m", model_path, "--parallel", "1", "--cache-disk", "64",
+                           "--cache-dir", dir, "-t", "1", NULL };
+    cJSON *a = NULL;
+    for (int run = 0; run < 2; run++) {
+        http_server s;
+        CHECK(http_server_start_logged(&s, bin, args, 60, log_path));
+        if (s.port <= 0)
+            break;
+        int st;
+        cJSON_Delete(a);
+        a = post(s.port, TURN1, &st);
+        CHECK_EQ_INT(st, 200);
+        for (int i = 0; run == 0 && i < 100 &&
+                        metric(s.port, "kvchat_disk_blocks_written_total") < 2; i++)
+            usleep(50000);                   /* written through before the stop */
+        char *lines = lines_with("POST /v1/chat/completions 200", 1);
+        long disk = field(lines, "disk");
+        if (run == 1)
+            CHECKF(disk > 0 && disk == (long)num(a, "timings", "cache_disk_n") &&
+                   disk == field(lines, "cached"), "after a restart: %s", lines);
+        else
+            CHECKF(disk == 0, "first run: %s", lines);
+        if (run == 1)
+            printf("request log: after a restart, %ld of %ld prompt tokens from disk\n", disk,
+                   field(lines, "prompt"));
+        free(lines);
+        http_server_stop(&s);
+    }
+    cJSON_Delete(a);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     bin = getenv("KVC_BIN");
@@ -272,6 +312,7 @@ int main(void)
     test_text();
     test_json();
     test_quiet();
+    test_disk();
     unlink(model_path);
     unlink(log_path);
     return test_done("test_request_log");

@@ -1,6 +1,7 @@
 /* server.h - the HTTP server over a kvc_engine (DESIGN.md §4, §6): one
  * internal request model, several API dialects (OpenAI chat completions,
- * completions and Responses, Anthropic Messages) as ops tables.
+ * completions and Responses, Anthropic Messages, Ollama's chat and generate)
+ * as ops tables.
  *
  * The parts, one file each:
  *   server.c          the HTTP layer (libmicrohttpd, one thread per connection):
@@ -11,6 +12,10 @@
  *   server_chat.c     the chat completions and completions dialects;
  *   server_responses.c the Responses dialect (POST /v1/responses);
  *   server_messages.c the Anthropic Messages dialect (POST /v1/messages);
+ *   server_ollama.c   Ollama's dialects (POST /api/chat, /api/generate) and
+ *                     its routes that describe the model (/api/tags, ...);
+ *   server_model.c    the served model's description: /props, /v1/models;
+ *   server_log.c      the log lines: one per finished request, text or JSON;
  *   server_fields.c   the field policy: used, ignored (hints), refused;
  *   server_json.c     request bodies -> kvc_request_params (validated, with
  *                     errors naming the field), and the JSON helpers the
