@@ -188,6 +188,22 @@ static void test_text(void)
     CHECKF(strstr(lines, "error=\"temperature must be a number between 0 and 2\""),
            "400 line: %s", lines);
     free(lines);
+    /* a client that leaves before its answer: nginx's 499 */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s.port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const char *gone = "{\"messages\":[{\"role\":\"user\",\"content\":\"Go on.\"}],"
+                       "\"max_tokens\":1900,\"temperature\":1}";
+    char req[512];
+    int len = snprintf(req, sizeof(req), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                       "Content-Length: %zu\r\n\r\n%s", strlen(gone), gone);
+    CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+          send(fd, req, (size_t)len, MSG_NOSIGNAL) == len);
+    usleep(30000);
+    close(fd);
+    lines = lines_with("POST /v1/chat/completions 499", 1);
+    CHECKF(strstr(lines, "error=\"the client went away\""), "no 499 line: %s", lines);
+    free(lines);
     lines = lines_with("/health", 0);
     CHECKF(!*lines, "a /health probe logged: %s", lines);
     free(lines);

@@ -539,8 +539,11 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         }
         if (c->log && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->log->error[0])
             snprintf(c->log->error, sizeof(c->log->error), "%s",
-                     toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "the client went away"
-                                                                : "the connection ended early");
+                     toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "the connection timed out"
+                     : atomic_load(&s->stopping) ? "the server is stopping"
+                                                 : "the client went away");
+        if (c->log && !c->log->status)    /* ended before any answer: nginx's 499 */
+            c->log->status = 499;
         srv_log_request(s, c->log);
         free(c->body);
         free(c);
