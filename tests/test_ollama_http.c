@@ -298,6 +298,8 @@ static void test_fields(int port)
     cJSON_Delete(a);
     a = post_json(port, "/api/chat", "{\"model\":\"m\",\"messages\":[]}", &st);
     CHECK(st == 200 && !strcmp(str_at(a, "done_reason"), "load"));
+    CHECKF(!strcmp(str_at(a, "message.role"), "assistant") && !at(a, "response"),
+           "a chat's load answer is a chat answer");
     cJSON_Delete(a);
     /* what kvchat does not do: 501s in Ollama's shape */
     check_refused(port, "/api/embed", "{\"model\":\"m\",\"input\":\"x\"}", 501, "embeddings");

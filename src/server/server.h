@@ -579,9 +579,10 @@ char *srv_ollama_show_json(const srv_model_desc *d, const char *body, size_t len
                            srv_error *e);
 /* GET /api/version. */
 char *srv_ollama_version_json(const srv_model_desc *d);
-/* The answer to a generate request with nothing to generate (an empty
- * prompt: Ollama's way to load a model): done, done_reason "load". */
-char *srv_ollama_load_json(const char *model);
+/* The answer to a request of Ollama's dialect d with nothing to generate
+ * (an empty prompt or no messages: Ollama's way to load a model): done,
+ * done_reason "load", an empty response or message. */
+char *srv_ollama_load_json(const srv_dialect *d, const char *model);
 
 /* ================================================= request log (server_log.c) */
 

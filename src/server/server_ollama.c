@@ -619,11 +619,11 @@ const srv_dialect srv_dialect_ollama_generate = {
     .sse_error = ollama_sse_error,
 };
 
-char *srv_ollama_load_json(const char *model)
+char *srv_ollama_load_json(const srv_dialect *d, const char *model)
 {
     srv_reply_id id = { .model = model };
     cJSON *o = head(&id);
-    cJSON_AddStringToObject(o, "response", "");
+    add_text(o, is_generate(d), NULL, 0, NULL, 0, NULL);
     cJSON_AddBoolToObject(o, "done", true);
     cJSON_AddStringToObject(o, "done_reason", "load");
     return srv_json_print(o);

@@ -290,8 +290,8 @@ static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, con
                                    const srv_request *rq)
 {
     if (rq->load_only)        /* Ollama's "load the model": it is */
-        return srv_respond_json(s, mc, srv_ollama_load_json(rq->model ? rq->model
-                                                                      : s->model_name));
+        return srv_respond_json(s, mc, srv_ollama_load_json(rq->dialect, rq->model ? rq->model
+                                                                                  : s->model_name));
     return rq->stream ? run_stream(s, mc, c, rq) : run_choices(s, mc, c, rq);
 }
 
