@@ -219,6 +219,10 @@ static void test_json(void)
     /* a bad option first: the server refuses to start */
     CHECK(!http_server_start_logged(&s, bin, args, 10, log_path));
     args[10] = NULL;
+    char cmd[600];                                /* a format it does not know */
+    snprintf(cmd, sizeof(cmd), "'%s' serve --log-format=xml 2>&1 | grep -q -e "
+             "\"--log-format must be text or json, got 'xml'\"", bin);
+    CHECK(system(cmd) == 0);
     CHECK(http_server_start_logged(&s, bin, args, 60, log_path));
     if (s.port <= 0)
         return;
