@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,23 @@ static void log_line(const char *line, void *user)
     fputs(line, stderr);
     fputc('\n', stderr);
     funlockfile(stderr);
+}
+
+/* A line of the server's life (listening, shutting down): as it is, or
+ * with --log-format json as a JSON notice (which still holds the text). */
+static void say(const kvc_server_params *sp, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void say(const kvc_server_params *sp, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    char *json = sp->log_format == KVC_SERVER_LOG_JSON ? srv_log_notice("info", msg, sp->log_format)
+                                                      : NULL;
+    log_line(json ? json : msg, NULL);
+    free(json);
 }
 
 static const char serve_help[] =
@@ -101,7 +119,7 @@ static const cli_option serve_opts[] = {
       "warnings, errors and the 'listening on' line" },
     { "log-format", 0, "text|json", OPT_LOG_FORMAT, 0,
       "request lines and notices as text (default) or one JSON\n"
-      "object a line" },
+      "object a line (the start summary stays text)" },
     { 0 }
 };
 
@@ -290,16 +308,17 @@ static int serve(kvc_model *m, const char *model_path, const kvc_engine_params *
         cli_serve_summary(stderr, &info);
     }
     bool v6 = strchr(sp->host, ':') != NULL;
-    fprintf(stderr, "listening on http://%s%s%s:%d (up to %d connections)\n", v6 ? "[" : "",
-            sp->host, v6 ? "]" : "", kvc_server_port(s),
-            sp->max_connections > 0 ? sp->max_connections : kvc_server_default_max_connections());
+    say(sp, "listening on http://%s%s%s:%d (up to %d connections)", v6 ? "[" : "", sp->host,
+        v6 ? "]" : "", kvc_server_port(s),
+        sp->max_connections > 0 ? sp->max_connections : kvc_server_default_max_connections());
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     int sig = 0;
     sigwait(&set, &sig);
-    fprintf(stderr, "kvchat: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    say(sp, "%s%s: shutting down", sp->log_format == KVC_SERVER_LOG_JSON ? "" : "kvchat: ",
+        sig == SIGINT ? "SIGINT" : "SIGTERM");
     kvc_server_stop(s);
     kvc_engine_free(e);
     return 0;
