@@ -7,6 +7,7 @@
  *   - /api/chat and /api/generate stream NDJSON (application/x-ndjson, one
  *     object a line, done false until the last) whose text is the whole
  *     answer's; Ollama's fields (done_reason, eval_count, durations);
+ *   - logprobs: an entry per token, whole and streamed;
  *   - options mapped (num_predict, stop, seed) and refused (a 400 naming
  *     each), runtime ones ignored and named, keep_alive ignored; images,
  *     suffix, template, context refused; an empty prompt loads;
@@ -205,6 +206,45 @@ static void test_streams(int port)
         http_resp_free(&r);
         cJSON_Delete(whole);
     }
+}
+
+/* logprobs: one entry per generated token, whole and streamed, whose
+ * tokens spell the text. */
+static void test_logprobs(int port)
+{
+    int st;
+    const char *body = "{\"model\":\"m\",\"prompt\":\"Once upon a time\",\"logprobs\":true,"
+                       "\"top_logprobs\":2,\"stream\":%s,\"options\":{\"temperature\":0,"
+                       "\"num_predict\":6}}";
+    char b[512];
+    snprintf(b, sizeof(b), body, "false");
+    cJSON *w = post_json(port, "/api/generate", b, &st);
+    const cJSON *lp = at(w, "logprobs"), *x;
+    CHECKF(cJSON_GetArraySize(lp) == 6 && cJSON_GetArraySize(at(w, "logprobs.0.top_logprobs")) == 2,
+           "whole: %d entries", cJSON_GetArraySize(lp));
+    char text[1024] = "";
+    cJSON_ArrayForEach(x, lp)
+        strncat(text, str_at(x, "token"), sizeof(text) - strlen(text) - 1);
+    CHECKF(!strcmp(text, str_at(w, "response")), "tokens '%s', response '%s'", text,
+           str_at(w, "response"));
+    snprintf(b, sizeof(b), body, "true");
+    http_resp r = http_request(port, "POST", "/api/generate", b, 60);
+    cJSON *lines[32];
+    int n = r.body ? ndjson(r.body, lines, 32) : 0, entries = 0;
+    char streamed[1024] = "";
+    for (int i = 0; i < n; i++) {
+        cJSON_ArrayForEach(x, at(lines[i], "logprobs")) {
+            entries++;
+            strncat(streamed, str_at(x, "token"), sizeof(streamed) - strlen(streamed) - 1);
+        }
+        cJSON_Delete(lines[i]);
+    }
+    CHECKF(entries == 6 && !strcmp(streamed, text), "streamed: %d entries, '%s'", entries,
+           streamed);
+    http_resp_free(&r);
+    cJSON_Delete(w);
+    check_refused(port, "/api/chat", "{\"model\":\"m\",\"top_logprobs\":2,\"messages\":"
+                  "[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "top_logprobs");
 }
 
 /* ========================================================= the fields */
@@ -427,6 +467,7 @@ int main(void)
     if (s.port > 0) {
         test_same_conversation(s.port);
         test_streams(s.port);
+        test_logprobs(s.port);
         test_fields(s.port);
         test_described(s.port);
     }

@@ -22,6 +22,8 @@
  *   does not know either are ignored and logged, as Ollama does;
  *   format "json" or a JSON schema -> constrained decoding; think (true,
  *   false, "low", "medium", "high") -> the template's thinking switch;
+ *   logprobs and top_logprobs as chat's (each answer object then carries
+ *   logprobs [{token, logprob, bytes, top_logprobs}] of its tokens);
  *   keep_alive: accepted and ignored (the model stays loaded), logged;
  *   the extensions every route honours (prompt_cache_key, cache_salt, user,
  *   ...) pass through as they are.
@@ -82,14 +84,15 @@ static bool empty(const cJSON *v)
 
 const srv_field srv_fields_ollama_chat[] = {
     USED("model"), USED("messages"), USED("tools"), USED("format"), USED("options"),
-    USED("stream"), USED("think"), IGNORED("keep_alive"),
+    USED("stream"), USED("think"), USED("logprobs"), USED("top_logprobs"), IGNORED("keep_alive"),
     { NULL, 0, NULL },
 };
 
 const srv_field srv_fields_ollama_generate[] = {
     USED("model"), USED("prompt"), USED("system"), USED("raw"), USED("format"),
     USED("options"), USED("stream"), USED("think"), USED("images"), USED("suffix"),
-    USED("template"), USED("context"), IGNORED("keep_alive"),
+    USED("template"), USED("context"), USED("logprobs"), USED("top_logprobs"),
+    IGNORED("keep_alive"),
     { NULL, 0, NULL },
 };
 
@@ -196,6 +199,8 @@ static int map_common(cJSON *chat, const cJSON *root, srv_error *e)
     cJSON_ArrayForEach(v, root)        /* the extensions every route honours (cache_salt, ...) */
         if (srv_field_use(NULL, v->string) == SRV_FIELD_USED && !cJSON_IsNull(v))
             cJSON_AddItemToObject(chat, v->string, cJSON_Duplicate(v, true));
+    copy_as(chat, root, "logprobs", "logprobs");          /* chat's, checked there */
+    copy_as(chat, root, "top_logprobs", "top_logprobs");
     if (stream && !cJSON_IsBool(stream))
         return BAD(e, "stream", "stream must be a boolean");
     cJSON_AddBoolToObject(chat, "stream", !stream || cJSON_IsTrue(stream));
@@ -513,12 +518,26 @@ static void add_done(cJSON *o, const kvc_chat_stats *st)
     srv_add_timings(o, st);
 }
 
+/* Ollama's logprobs [{token, logprob, bytes, top_logprobs}]: the entries of
+ * chat's {"content": [...]} (lp, taken), added to o. */
+static void add_logprobs(cJSON *o, cJSON *lp)
+{
+    cJSON *c = lp ? cJSON_DetachItemFromObjectCaseSensitive(lp, "content") : NULL;
+    if (c)
+        cJSON_AddItemToObject(o, "logprobs", c);
+    cJSON_Delete(lp);
+}
+
 static char *ollama_response(const srv_reply_id *id, const srv_request *rq, const srv_reply *rp,
                              int n, int per_prompt, const kvc_model *model, bool logprobs)
 {
     cJSON *o = head(id);
     add_text(o, is_generate(rq->dialect), rp->content, rp->n_content, rp->reasoning,
              rp->n_reasoning, rp->tool_calls);
+    size_t off = 0;
+    if (logprobs && model)
+        add_logprobs(o, srv_logprobs_chat_json(rp->done->logprobs, rp->done->n_logprobs, model,
+                                               &off));
     add_done(o, &rp->done->stats);
     return srv_json_print(o);
 }
@@ -556,18 +575,17 @@ static bool o_begin(srv_emit *h, srv_buf *out)
 
 static bool o_text(srv_emit *h, int ch, const char *text, size_t len, void *logprobs, srv_buf *out)
 {
-    cJSON_Delete(logprobs);
     cJSON *o = head(h->head.id);
     bool thinking = ch == SRV_REASONING;
     add_text(o, is_generate(h->head.dialect), thinking ? NULL : text, len,
              thinking ? text : NULL, len, NULL);
+    add_logprobs(o, logprobs);
     cJSON_AddBoolToObject(o, "done", false);
     return line(o, out);
 }
 
 static bool o_finish(srv_emit *h, const srv_reply *rp, void *logprobs, srv_buf *out)
 {
-    cJSON_Delete(logprobs);
     bool generate = is_generate(h->head.dialect), ok = true;
     if (rp->tool_calls && !generate) {      /* the calls in their own line, as Ollama */
         cJSON *o = head(h->head.id);
@@ -577,6 +595,7 @@ static bool o_finish(srv_emit *h, const srv_reply *rp, void *logprobs, srv_buf *
     }
     cJSON *o = head(h->head.id);
     add_text(o, generate, NULL, 0, NULL, 0, NULL);
+    add_logprobs(o, logprobs);            /* the tokens no text showed (a stop string's) */
     add_done(o, &rp->done->stats);
     return line(o, out) && ok;
 }
