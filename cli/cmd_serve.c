@@ -4,36 +4,66 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "kvc_version.h"
 #include "server.h"
 
 int cmd_serve(int argc, char **argv);
 
-/* The server's notices, on stderr. */
+/* The server's lines (a line per request, notices), on stderr, each
+ * written whole: lines of concurrent requests do not interleave. */
 static void log_line(const char *line, void *user)
 {
     (void)user;
-    fprintf(stderr, "kvchat: %s\n", line);
+    flockfile(stderr);
+    fputs(line, stderr);
+    fputc('\n', stderr);
+    funlockfile(stderr);
+}
+
+/* A line of the server's life (listening, shutting down): as it is, or
+ * with --log-format json as a JSON notice (which still holds the text). */
+static void say(const kvc_server_params *sp, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void say(const kvc_server_params *sp, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    char *json = sp->log_format == KVC_SERVER_LOG_JSON ? srv_log_notice("info", msg, sp->log_format)
+                                                      : NULL;
+    log_line(json ? json : msg, NULL);
+    free(json);
 }
 
 static const char serve_help[] =
     "usage: kvchat serve [options]\n\n"
     "Serve the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
-    "POST /v1/responses (stateless), and Anthropic's POST /v1/messages and\n"
-    "/v1/messages/count_tokens; GET /v1/models, GET /health, GET /metrics\n"
-    "(Prometheus), POST /tokenize, POST /detokenize, POST /apply-template\n"
-    "(?api=responses or ?api=messages: a request of that API). The sampling\n"
-    "options set the defaults of requests that leave them out.\n";
+    "POST /v1/responses (stateless), Anthropic's POST /v1/messages and\n"
+    "/v1/messages/count_tokens, and Ollama's POST /api/chat, /api/generate,\n"
+    "/api/show, GET /api/tags, /api/ps, /api/version; GET /v1/models, GET /props,\n"
+    "GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize,\n"
+    "POST /apply-template (?api=responses, messages, ollama.chat: a request of\n"
+    "that API). The sampling options set the defaults of requests that leave\n"
+    "them out.\n\n"
+    "Every finished request gets a line on stderr: time, client, method, path,\n"
+    "status, duration and, for a generation, prompt / cached (of which from\n"
+    "disk) / computed / generated tokens, time to first token, tokens/s, finish\n"
+    "reason and the session key's hash (successful /health and /metrics probes\n"
+    "are left out).\n";
 
 enum { OPT_HOST = CLI_OPT_CMD, OPT_PORT, OPT_API_KEY, OPT_API_KEY_FILE, OPT_SHARE_KEYS,
        OPT_ALIAS, OPT_CORS, OPT_PARALLEL, OPT_KV_BUDGET, OPT_MAX_QUEUE, OPT_MAX_SESSIONS,
        OPT_OVERFLOW, OPT_NO_CACHE, OPT_SPECIAL, OPT_TIMEOUT, OPT_REQUEST_TIMEOUT,
        OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY, OPT_QUIET,
-       OPT_STRICT_FIELDS };
+       OPT_STRICT_FIELDS, OPT_LOG_FORMAT };
 
 static const cli_option serve_opts[] = {
     { "host", 0, "ADDR", OPT_HOST, 0, "address to bind (default 127.0.0.1)" },
@@ -84,8 +114,12 @@ static const cli_option serve_opts[] = {
       "--host, as behind a reverse proxy; else 64; 0 = no limit)" },
     { "max-body", 0, "MIB", OPT_MAX_BODY, 0, "request body limit (default 8)" },
     { "quiet", 'q', NULL, 'q', 0,
-      "no start summary and no loading progress: only warnings,\n"
-      "errors and the 'listening on' line" },
+      "no start summary, no loading progress and no request lines\n"
+      "but failed ones (5xx, a stream cut by an error): only\n"
+      "warnings, errors and the 'listening on' line" },
+    { "log-format", 0, "text|json", OPT_LOG_FORMAT, 0,
+      "request lines and notices as text (default) or one JSON\n"
+      "object a line (the start summary stays text)" },
     { 0 }
 };
 
@@ -156,6 +190,13 @@ static int serve_apply(kvc_server_params *sp, kvc_engine_params *ep, int id, con
     case OPT_NO_CACHE: ep->no_cache = true; return 1;
     case OPT_SPECIAL: ep->special_in_content = true; return 1;
     case OPT_STRICT_FIELDS: sp->strict_fields = true; return 1;
+    case OPT_LOG_FORMAT:
+        if (strcmp(v, "text") && strcmp(v, "json")) {
+            fprintf(stderr, "kvchat: --log-format must be text or json, got '%s'\n", v);
+            return -1;
+        }
+        sp->log_format = !strcmp(v, "json") ? KVC_SERVER_LOG_JSON : KVC_SERVER_LOG_TEXT;
+        return 1;
     case OPT_OVERFLOW:
         if (strcmp(v, "error") && strcmp(v, "shift")) {
             fprintf(stderr, "kvchat: --context-overflow must be error or shift, got '%s'\n", v);
@@ -220,6 +261,7 @@ static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
             sp->fixed_seed = true;
         if (id == 'q') {
             c->quiet = true;
+            sp->log_requests = KVC_SERVER_LOG_ERRORS;
             continue;
         }
         if ((r = serve_apply(sp, ep, id, cli_opt_name(&p), v)) == 0 &&
@@ -253,6 +295,8 @@ static int serve(kvc_model *m, const char *model_path, const kvc_engine_params *
         return 1;
     }
     sp->log = log_line;
+    sp->model_path = model_path;
+    sp->version = KVC_VERSION;
     if (kvc_server_start(e, sp, &s, err, sizeof(err)) != KVC_OK) {
         fprintf(stderr, "kvchat: %s\n", err);
         kvc_engine_free(e);
@@ -264,16 +308,17 @@ static int serve(kvc_model *m, const char *model_path, const kvc_engine_params *
         cli_serve_summary(stderr, &info);
     }
     bool v6 = strchr(sp->host, ':') != NULL;
-    fprintf(stderr, "listening on http://%s%s%s:%d (up to %d connections)\n", v6 ? "[" : "",
-            sp->host, v6 ? "]" : "", kvc_server_port(s),
-            sp->max_connections > 0 ? sp->max_connections : kvc_server_default_max_connections());
+    say(sp, "listening on http://%s%s%s:%d (up to %d connections)", v6 ? "[" : "", sp->host,
+        v6 ? "]" : "", kvc_server_port(s),
+        sp->max_connections > 0 ? sp->max_connections : kvc_server_default_max_connections());
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     int sig = 0;
     sigwait(&set, &sig);
-    fprintf(stderr, "kvchat: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    say(sp, "%s%s: shutting down", sp->log_format == KVC_SERVER_LOG_JSON ? "" : "kvchat: ",
+        sig == SIGINT ? "SIGINT" : "SIGTERM");
     kvc_server_stop(s);
     kvc_engine_free(e);
     return 0;

@@ -1,7 +1,8 @@
 /* fuzz_request.c - libFuzzer target for the server's request parser and
  * validator (src/server_json.c) and the JSON it writes back.
  *
- * Input: byte 0 picks the endpoint (even: chat, odd: completions); the rest is
+ * Input: byte 0 picks the endpoint (modulo 6: chat, completions, responses,
+ * messages, Ollama's chat, Ollama's generate); the rest is
  * the request body, placed in an allocation of exactly its size (no NUL after
  * it), so any read past the end is an ASan report.
  *
@@ -85,7 +86,11 @@ static void check_params(const srv_request *r)
             fail("empty stop string");
         else
             sink += strlen(p->chat.stop[i]);
-    if (r->dialect != &srv_dialect_completions) {
+    if (r->load_only) {                       /* Ollama's load: nothing to run */
+        if (r->dialect != &srv_dialect_ollama_chat && r->dialect != &srv_dialect_ollama_generate)
+            fail("a load-only request of another API");
+    } else if (r->dialect != &srv_dialect_completions && !(p->prompt &&
+               r->dialect == &srv_dialect_ollama_generate)) {   /* raw: a completion */
         if (!p->messages || p->n_messages < 1 || p->n_messages > MAX_MESSAGES || p->prompt)
             fail("bad message list");
         for (size_t i = 0; i < p->n_messages; i++)
@@ -119,11 +124,20 @@ static void check_output(const srv_request *r, const char *text)
         r->dialect->sse_text(&em, SRV_REASONING, text, strlen(text), NULL, &b);
         r->dialect->sse_text(&em, SRV_CONTENT, text, strlen(text), NULL, &b);
         r->dialect->sse_finish(&em, &split, NULL, &b);
-        for (char *p = b.p, *d; p && (d = strstr(p, "data: ")); p = d + 6) {
+        for (char *p = b.p, *d; !r->dialect->stream_type && p && (d = strstr(p, "data: "));
+             p = d + 6) {
             char *end = strstr(d, "\n\n");
             cJSON *j = cJSON_ParseWithLength(d + 6, end ? (size_t)(end - d - 6) : strlen(d + 6));
             if (!j)
                 fail("a stream event is not JSON");
+            cJSON_Delete(j);
+        }
+        for (char *p = b.p, *end; r->dialect->stream_type && p && *p; p = end + 1) {
+            if (!(end = strchr(p, '\n')))    /* NDJSON: every line ends */
+                fail("an NDJSON line without its newline");
+            cJSON *j = cJSON_ParseWithLength(p, (size_t)(end - p));
+            if (!j || !valid_utf8(p))
+                fail("an NDJSON line is not JSON");
             cJSON_Delete(j);
         }
         free(b.p);
@@ -143,8 +157,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     static const srv_dialect *const dialects[] = { &srv_dialect_chat, &srv_dialect_completions,
-                                                   &srv_dialect_responses, &srv_dialect_messages };
-    const srv_dialect *kind = dialects[data[0] & 3];
+                                                   &srv_dialect_responses, &srv_dialect_messages,
+                                                   &srv_dialect_ollama_chat,
+                                                   &srv_dialect_ollama_generate };
+    const srv_dialect *kind = dialects[data[0] % 6];
     size_t n = size - 1;
     char *body = malloc(n ? n : 1);
     if (!body)
@@ -160,9 +176,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_json(srv_error_json(&e), "error", "message\0", e.message);
     } else {
         check_params(&r);
-        const char *text = kind != &srv_dialect_completions
+        const char *text = r.load_only ? NULL : r.params.messages
                          ? r.params.messages[r.params.n_messages - 1].content : r.params.prompt;
-        check_output(&r, text);
+        if (text)
+            check_output(&r, text);
     }
     srv_request_free(&r);
     free(body);

@@ -676,6 +676,12 @@ const char *kvc_engine_tool_format(const kvc_engine *engine);
 
 /* The model the engine serves (to tokenize, detokenize, name tokens). */
 const kvc_model *kvc_engine_model(const kvc_engine *engine);
+/* Conversations computed at once (params.n_parallel, its default applied). */
+int32_t kvc_engine_n_parallel(const kvc_engine *engine);
+/* The chat template given in params (Jinja source or a built-in format's
+ * name), else the model's tokenizer.chat_template; NULL when neither (the
+ * built-in ChatML). Borrowed: params' or the model's. */
+const char *kvc_engine_chat_template(const kvc_engine *engine);
 
 /* The prompt text a chat request renders to, exactly as it will be
  * tokenized (POST /apply-template). Safe from any thread. *prompt is

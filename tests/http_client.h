@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -26,16 +27,12 @@ typedef struct http_server {
 } http_server;
 
 /* Start `bin serve --port 0 args...` (NULL-terminated), its stderr going to
- * a temporary file, and read from there the port it says it listens on. false
- * when it did not start within timeout_s (the process is then killed). */
-static bool http_server_start(http_server *s, const char *bin, const char *const *args,
-                              int timeout_s)
+ * the file open on fd (left open), and read from there the port it says it
+ * listens on. false when it did not start within timeout_s (the process is
+ * then killed). */
+static bool http_server_start_fd(http_server *s, const char *bin, const char *const *args,
+                                 int timeout_s, int fd)
 {
-    char log[] = "/tmp/kvc_serve_log_XXXXXX";
-    int fd = mkstemp(log);
-    if (fd < 0)
-        return false;
-    unlink(log);                             /* the server keeps it open */
     const char *argv[64] = { bin, "serve", "--port", "0" };
     int argc = 4;
     for (int i = 0; args && args[i] && argc < 62; i++)
@@ -64,7 +61,6 @@ static bool http_server_start(http_server *s, const char *bin, const char *const
         } else
             nanosleep(&nap, NULL);
     }
-    close(fd);
     if (s->port > 0)
         return true;
     if (pid > 0) {
@@ -74,6 +70,34 @@ static bool http_server_start(http_server *s, const char *bin, const char *const
     s->pid = 0;
     fprintf(stderr, "server did not start: %s\n", buf);
     return false;
+}
+
+/* The same, its stderr to a temporary file (removed at once). */
+static inline bool http_server_start(http_server *s, const char *bin, const char *const *args,
+                              int timeout_s)
+{
+    char log[] = "/tmp/kvc_serve_log_XXXXXX";
+    int fd = mkstemp(log);
+    if (fd < 0)
+        return false;
+    unlink(log);                             /* the server keeps it open */
+    bool ok = http_server_start_fd(s, bin, args, timeout_s, fd);
+    close(fd);
+    return ok;
+}
+
+/* The same, its stderr to the file log_path (created or emptied), which the
+ * test reads. */
+static inline bool http_server_start_logged(http_server *s, const char *bin,
+                                            const char *const *args, int timeout_s,
+                                            const char *log_path)
+{
+    int fd = open(log_path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    if (fd < 0)
+        return false;
+    bool ok = http_server_start_fd(s, bin, args, timeout_s, fd);
+    close(fd);
+    return ok;
 }
 
 static void http_server_stop(http_server *s)

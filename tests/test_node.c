@@ -1,5 +1,5 @@
-/* test_node.c - runs the Node.js tests of tests/node (the official `openai`
- * client against `kvchat serve`) under CTest.
+/* test_node.c - runs the Node.js tests of tests/node (the official `openai`,
+ * `@anthropic-ai/sdk` and `ollama` clients against `kvchat serve`) under CTest.
  *
  * Skips (77) when what they need is absent: tests/node/node_modules (run
  * scripts/install-node-deps.sh), the `node` program, $KVC_BIN, or its

@@ -153,6 +153,15 @@ def request_seeds():
     put("fuzz_request", "completion_list.json", b"\x01" + b'{"prompt":["Once upon a time"],"max_tokens":8,'
         b'"temperature":0,"stream":true}')
     put("fuzz_request", "bad_json.json", b"\x00" + b'{"messages": [')
+    put("fuzz_request", "ollama_chat.json", b"\x04" + b'{"model":"m","messages":[{"role":"user",'
+        b'"content":"x"},{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f",'
+        b'"arguments":{"a":1}}}]},{"role":"tool","content":"ok","tool_name":"f"}],"stream":false,'
+        b'"format":"json","think":true,"keep_alive":"5m","options":{"temperature":0,"num_predict":8,'
+        b'"stop":["END"],"num_gpu":1,"seed":3}}')
+    put("fuzz_request", "ollama_generate.json", b"\x05" + b'{"model":"m","prompt":"Once upon a time",'
+        b'"system":"Tell stories.","options":{"top_k":20,"num_ctx":64,"mirostat":0}}')
+    put("fuzz_request", "ollama_raw.json", b"\x05" + b'{"model":"m","prompt":"Once","raw":true,'
+        b'"format":{"type":"object"}}')
 
 
 # --------------------------------------------------------------- grammar

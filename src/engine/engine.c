@@ -281,6 +281,12 @@ void kvc_engine_get_metrics(kvc_engine *e, kvc_engine_metrics *out)
 const char *kvc_engine_template(const kvc_engine *e) { return kvc_chat_template_describe(e->tmpl); }
 const char *kvc_engine_tool_format(const kvc_engine *e) { return kvc_tool_format_name(e->tool_format); }
 const kvc_model *kvc_engine_model(const kvc_engine *e) { return e->model; }
+int32_t kvc_engine_n_parallel(const kvc_engine *e) { return e->p.n_parallel; }
+
+const char *kvc_engine_chat_template(const kvc_engine *e)
+{
+    return e->p.chat_template ? e->p.chat_template : kvc_model_chat_template(e->model);
+}
 
 int kvc_engine_render(kvc_engine *e, const kvc_request_params *p, char **prompt, char *err,
                       size_t err_size)

@@ -110,11 +110,38 @@ static void log_ignored(const char *field, void *user)
         free(copy), copy = NULL;
     pthread_mutex_unlock(&s->logged_mu);
     if (copy && s->log) {
-        char line[200];
-        snprintf(line, sizeof(line), "request field '%.100s' accepted and ignored (it changes "
+        char msg[200];
+        snprintf(msg, sizeof(msg), "request field '%.100s' accepted and ignored (it changes "
                  "nothing kvchat does; told once)", field);
-        s->log(line, s->log_user);
+        char *line = srv_log_notice("warning", msg, s->log_format);
+        if (line)
+            s->log(line, s->log_user);
+        free(line);
     }
+}
+
+void srv_log_request(const kvc_server *s, srv_reqlog *l)
+{
+    if (l && s->log && srv_reqlog_wanted(l, s->log_requests)) {
+        char *line = srv_reqlog_line(l, s->log_format);
+        if (line)
+            s->log(line, s->log_user);
+        free(line);
+    }
+    free(l);
+}
+
+/* The peer's address as text ("127.0.0.1", "::1"); "" when unknown. */
+static void client_address(struct MHD_Connection *mc, char *buf, size_t size)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+    buf[0] = 0;
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, (socklen_t)size);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, buf, (socklen_t)size);
 }
 
 
@@ -196,6 +223,7 @@ enum MHD_Result srv_respond_error(kvc_server *s, struct MHD_Connection *mc, cons
         *p++ = MHD_HTTP_HEADER_CONNECTION, *p++ = "close";
     if (c->post)
         srv_metrics_failed(s->metrics);
+    srv_reqlog_error(c->log, e);
     return srv_respond(s, mc, e->http_status, c->dialect->error(e), "application/json", h);
 }
 
@@ -237,7 +265,8 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 
 /* ================================================================ GETs */
 
-/* /health, /v1/models, /v1/models/NAME, /metrics. */
+/* /health, /v1/models, /v1/models/NAME, /props, /metrics, Ollama's /api/tags,
+ * /api/ps, /api/version. */
 static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                   const char *url)
 {
@@ -245,7 +274,14 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
     case ROUTE_HEALTH:
         return srv_respond_json(s, mc, strdup("{\"status\":\"ok\"}"));
     case ROUTE_MODELS:
-        return srv_respond_json(s, mc, srv_models_json(s->model_name, s->started, false));
+        return srv_respond_json(s, mc, srv_models_desc_json(&s->desc, false));
+    case ROUTE_PROPS:
+        return srv_respond_json(s, mc, srv_props_json(&s->desc));
+    case ROUTE_OLLAMA_TAGS:
+    case ROUTE_OLLAMA_PS:
+        return srv_respond_json(s, mc, srv_ollama_list_json(&s->desc, c->route == ROUTE_OLLAMA_PS));
+    case ROUTE_OLLAMA_VERSION:
+        return srv_respond_json(s, mc, srv_ollama_version_json(&s->desc));
     case ROUTE_MODEL: {
         const char *name = strrchr(url, '/') + 1;
         if (strcmp(name, s->model_name) != 0) {
@@ -254,7 +290,7 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
                           "the model '%.200s' does not exist", name);
             return srv_respond_error(s, mc, c, &e);
         }
-        return srv_respond_json(s, mc, srv_models_json(s->model_name, s->started, true));
+        return srv_respond_json(s, mc, srv_models_desc_json(&s->desc, true));
     }
     default: {
         kvc_engine_metrics em;
@@ -272,11 +308,12 @@ static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, cons
 /* ============================================================ dispatch */
 
 /* The dialect whose name is `name` ("chat.completions", "responses",
- * "messages"); NULL when none is. */
+ * "messages", "ollama.chat", "ollama.generate"); NULL when none is. */
 static const srv_dialect *dialect_named(const char *name)
 {
     static const srv_dialect *const all[] = { &srv_dialect_chat, &srv_dialect_responses,
-                                              &srv_dialect_messages };
+                                              &srv_dialect_messages, &srv_dialect_ollama_chat,
+                                              &srv_dialect_ollama_generate };
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         if (!strcmp(name, all[i]->name))
             return all[i];
@@ -305,6 +342,20 @@ static void find_route(conn *c, const char *url)
         { "/apply-template", ROUTE_APPLY_TEMPLATE, NULL, true },
         { "/tokenize", ROUTE_TOKENIZE, NULL, true }, { "/detokenize", ROUTE_DETOKENIZE, NULL, true },
         { "/health", ROUTE_HEALTH, NULL, false }, { "/metrics", ROUTE_METRICS, NULL, false },
+        { "/props", ROUTE_PROPS, NULL, false },
+        { "/api/chat", ROUTE_GENERATE, &srv_dialect_ollama_chat, true },
+        { "/api/generate", ROUTE_GENERATE, &srv_dialect_ollama_generate, true },
+        { "/api/show", ROUTE_OLLAMA_SHOW, &srv_dialect_ollama_chat, true },
+        { "/api/tags", ROUTE_OLLAMA_TAGS, &srv_dialect_ollama_chat, false },
+        { "/api/ps", ROUTE_OLLAMA_PS, &srv_dialect_ollama_chat, false },
+        { "/api/version", ROUTE_OLLAMA_VERSION, &srv_dialect_ollama_chat, false },
+        { "/api/embed", ROUTE_OLLAMA_EMBED, &srv_dialect_ollama_chat, true },
+        { "/api/embeddings", ROUTE_OLLAMA_EMBED, &srv_dialect_ollama_chat, true },
+        { "/api/pull", ROUTE_OLLAMA_MANAGE, &srv_dialect_ollama_chat, true },
+        { "/api/push", ROUTE_OLLAMA_MANAGE, &srv_dialect_ollama_chat, true },
+        { "/api/create", ROUTE_OLLAMA_MANAGE, &srv_dialect_ollama_chat, true },
+        { "/api/copy", ROUTE_OLLAMA_MANAGE, &srv_dialect_ollama_chat, true },
+        { "/api/delete", ROUTE_OLLAMA_MANAGE, &srv_dialect_ollama_chat, true },
     };
     c->dialect = &srv_dialect_chat;
     c->route = ROUTE_NONE;
@@ -318,6 +369,8 @@ static void find_route(conn *c, const char *url)
         }
     if (!strncmp(url, "/v1/models/", 11) && url[11])
         c->route = ROUTE_MODEL;
+    else if (!strncmp(url, "/api/", 5))       /* Ollama's clients read its error shape */
+        c->dialect = &srv_dialect_ollama_chat;
 }
 
 /* Whether token equals key, in time that does not depend on where they
@@ -373,7 +426,8 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
     if (api && !(c->dialect = dialect_named(api))) {   /* the request in another API's shape */
         c->dialect = &srv_dialect_chat;
         srv_error_set(&c->err, 400, "invalid_request_error", "api", NULL,
-                      "api '%.40s' is not one of chat.completions, responses, messages", api);
+                      "api '%.40s' is not one of chat.completions, responses, messages, "
+                      "ollama.chat, ollama.generate", api);
     }
     if (!strcmp(method, "OPTIONS")) {        /* a CORS preflight: no API key is sent */
         c->preflight = true;
@@ -395,6 +449,14 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
     else if (c->route == ROUTE_NONE)
         srv_error_set(e, 404, "invalid_request_error", NULL, "not_found",
                       "Invalid URL (%.16s %.200s)", method, url);
+    else if (c->route == ROUTE_OLLAMA_EMBED)
+        srv_error_set(e, 501, "invalid_request_error", NULL, "not_implemented",
+                      "%.40s: this model gives no embeddings (kvchat serves text generation; "
+                      "use an embedding server for embeddings)", url);
+    else if (c->route == ROUTE_OLLAMA_MANAGE)
+        srv_error_set(e, 501, "invalid_request_error", NULL, "not_implemented",
+                      "%.40s: kvchat serves the one model it was started with (-m MODEL.gguf); "
+                      "it does not pull, push, create, copy or delete models", url);
     else if (strcmp(method, post ? "POST" : "GET") != 0)
         srv_error_set(e, 405, "invalid_request_error", NULL, "method_not_allowed",
                       "%.16s is not allowed on %.200s (use %s)", method, url, post ? "POST" : "GET");
@@ -443,6 +505,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (!(c = calloc(1, sizeof(*c))))
             return MHD_NO;
         *con_cls = c;
+        char client[64];
+        client_address(mc, client, sizeof(client));
+        c->log = srv_reqlog_new(method, url, client);   /* NULL: no line */
         return on_headers(s, mc, c, url, method, &ret) ? MHD_YES : ret;
     }
     if (*data_size) {
@@ -467,6 +532,19 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     srv_guard_arm(s->guard, conn_guard(mc));   /* the next request on it, if any */
     conn *c = *con_cls;
     if (c) {
+        if (c->log && !c->log->status) {
+            const union MHD_ConnectionInfo *ci =
+                MHD_get_connection_info(mc, MHD_CONNECTION_INFO_HTTP_STATUS);
+            c->log->status = ci ? (int)ci->http_status : 0;
+        }
+        if (c->log && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->log->error[0])
+            snprintf(c->log->error, sizeof(c->log->error), "%s",
+                     toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "the connection timed out"
+                     : atomic_load(&s->stopping) ? "the server is stopping"
+                                                 : "the client went away");
+        if (c->log && !c->log->status)    /* ended before any answer: nginx's 499 */
+            c->log->status = 499;
+        srv_log_request(s, c->log);
         free(c->body);
         free(c);
         *con_cls = NULL;
@@ -543,6 +621,9 @@ static void server_free(kvc_server *s)
     free(s->key_ns);
     free(s->model_name);
     free(s->cors);
+    free(s->version);
+    free(s->model_path);
+    srv_model_desc_free(&s->desc);
     srv_bulk_free(s->bulk);
     srv_vocab_free(s->lim.vocab);
     for (size_t i = 0; i < s->n_logged; i++)
@@ -624,11 +705,25 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
         return NULL;
     }
     s->lim.strict_fields = p->strict_fields;
+    s->lim.n_ctx = kvc_engine_n_ctx(engine);
     s->lim.think_tags = template_thinks(engine);
     s->lim.log_ignored = log_ignored;
     s->lim.log_user = s;
     s->log = p->log;
     s->log_user = p->log_user;
+    s->log_format = p->log_format;
+    s->log_requests = p->log_requests;
+    s->version = strdup(p->version ? p->version : "?");
+    s->model_path = p->model_path ? strdup(p->model_path) : NULL;
+    kvc_sampler_params defaults = p->sampling;
+    if (!p->fixed_seed)
+        defaults.seed = KVC_SEED_RANDOM;     /* what a request without a seed gets */
+    if (!s->version || (p->model_path && !s->model_path) ||
+        srv_model_desc_init(&s->desc, engine, s->model_name, s->model_path, s->version,
+                            time(NULL), &defaults) != KVC_OK) {
+        server_free(s);
+        return NULL;
+    }
     if (p->cors_origins && *p->cors_origins && !(s->cors = strdup(p->cors_origins))) {
         server_free(s);
         return NULL;

@@ -1,6 +1,7 @@
 /* server.h - the HTTP server over a kvc_engine (DESIGN.md §4, §6): one
  * internal request model, several API dialects (OpenAI chat completions,
- * completions and Responses, Anthropic Messages) as ops tables.
+ * completions and Responses, Anthropic Messages, Ollama's chat and generate)
+ * as ops tables.
  *
  * The parts, one file each:
  *   server.c          the HTTP layer (libmicrohttpd, one thread per connection):
@@ -11,6 +12,10 @@
  *   server_chat.c     the chat completions and completions dialects;
  *   server_responses.c the Responses dialect (POST /v1/responses);
  *   server_messages.c the Anthropic Messages dialect (POST /v1/messages);
+ *   server_ollama.c   Ollama's dialects (POST /api/chat, /api/generate) and
+ *                     its routes that describe the model (/api/tags, ...);
+ *   server_model.c    the served model's description: /props, /v1/models;
+ *   server_log.c      the log lines: one per finished request, text or JSON;
  *   server_fields.c   the field policy: used, ignored (hints), refused;
  *   server_json.c     request bodies -> kvc_request_params (validated, with
  *                     errors naming the field), and the JSON helpers the
@@ -83,14 +88,30 @@ typedef struct kvc_server_params {
                                   * hints are accepted and named in the answer's
                                   * X-Kvchat-Ignored-Fields header; fields that would
                                   * change the answer are 400s either way) */
-    void      (*log)(const char *line, void *user);  /* the server's notices (an ignored
-                                  * field, once per name); NULL = none. Called from
-                                  * connection threads */
+    void      (*log)(const char *line, void *user);  /* the server's log lines, whole (no
+                                  * newline): a line per request (see log_requests) and
+                                  * notices (an ignored field, once per name); NULL =
+                                  * none. Called from connection threads */
     void       *log_user;
+    int         log_format;      /* enum kvc_server_log_format of every line given to log */
+    int         log_requests;    /* enum kvc_server_log_requests: which requests get a line */
+    const char *version;         /* kvchat's version (/props, /api/version); NULL = "?" */
+    const char *model_path;      /* the GGUF served (/props, /api/show); NULL = unknown */
     const char *cors_origins;    /* origins allowed to call from a browser: "*" or a comma
                                   * list ("https://a.example,https://b.example"); NULL = none.
                                   * OPTIONS preflights are answered 204 either way */
 } kvc_server_params;
+
+enum kvc_server_log_format {
+    KVC_SERVER_LOG_TEXT = 0,     /* "2026-01-02T03:04:05.678Z 127.0.0.1 POST /v1/... 200 ..." */
+    KVC_SERVER_LOG_JSON = 1,     /* one JSON object a line */
+};
+
+enum kvc_server_log_requests {
+    KVC_SERVER_LOG_ALL    = 0,   /* every request but a successful /health or /metrics */
+    KVC_SERVER_LOG_ERRORS = 1,   /* requests answered >= 500, or whose stream failed */
+    KVC_SERVER_LOG_NONE   = 2,
+};
 
 kvc_server_params kvc_server_default_params(void);
 
@@ -213,6 +234,8 @@ typedef struct srv_request {
                                          * (a thinking template, reasoning_format not none) */
     bool               think_open;      /* ... the reply begins inside it (the prompt
                                          * ended with <think>: server.c finds out) */
+    bool               load_only;       /* nothing to generate (Ollama's generate with an
+                                         * empty prompt): answered at once */
 } srv_request;
 
 typedef struct srv_limits {
@@ -225,6 +248,7 @@ typedef struct srv_limits {
                                          * (srv_vocab_get); NULL = not checked */
     bool               strict_fields;   /* a field not used is a 400 (server_fields.c) */
     bool               think_tags;      /* the template writes reasoning in <think> tags */
+    int32_t            n_ctx;           /* the context per conversation; 0 = unknown */
     void             (*log_ignored)(const char *field, void *user); /* a request carried a
                                          * field accepted and not used; NULL = not told */
     void              *log_user;
@@ -325,6 +349,7 @@ struct srv_dialect {
     const char *name;             /* "chat.completions", "completions", "responses", "messages" */
     const char *id_prefix;        /* of response ids: "chatcmpl-", "cmpl-", "resp_", "msg_" */
     const struct srv_field *fields; /* its request's fields (server_fields.c) */
+    const char *stream_type;      /* a stream's Content-Type; NULL = "text/event-stream" */
     /* The dialect's fields of root (a JSON object; it may be replaced: the
      * request keeps r->json) into r, whose common defaults are set. 0 or the
      * HTTP status with *e filled. */
@@ -506,6 +531,93 @@ char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e);
  * missing the request deadline. */
 void srv_metrics_connections(srv_metrics *m, int64_t open, uint64_t dropped);
 
+/* ==================================== the model told (server_model.c) */
+
+/* What the routes that describe the model say (/props, /v1/models,
+ * Ollama's /api/tags, /api/show, /api/ps), made once at start. */
+typedef struct srv_model_desc {
+    const char        *name;          /* served name (borrowed: the server's) */
+    const char        *path;          /* the GGUF file; NULL = unknown (borrowed) */
+    const char        *version;       /* kvchat's (borrowed) */
+    const char        *chat_template; /* Jinja source or built-in name; NULL = chatml */
+    kvc_model_info     info;
+    char               weight_type[16]; /* the largest share of the weights: "Q8_0"; "" = ? */
+    char               digest[65];    /* 64 hex digits naming the model file */
+    uint64_t           file_bytes;
+    time_t             modified;      /* the file's mtime */
+    time_t             started;
+    int32_t            n_ctx;         /* per conversation */
+    int32_t            n_parallel;
+    kvc_sampler_params sampling;      /* the defaults */
+    char              *bos, *eos;     /* the tokens' text (owned; "" = none) */
+} srv_model_desc;
+
+/* Fill d (the strings are borrowed but bos/eos). KVC_OK or KVC_ERR_NOMEM. */
+int  srv_model_desc_init(srv_model_desc *d, kvc_engine *engine, const char *name,
+                         const char *path, const char *version, time_t started,
+                         const kvc_sampler_params *sampling);
+void srv_model_desc_free(srv_model_desc *d);
+/* GET /props (llama-server's shape). Malloc'd JSON. */
+char *srv_props_json(const srv_model_desc *d);
+/* GET /v1/models (one: /v1/models/NAME): entries with the context length
+ * and llama-server's meta. Malloc'd JSON. */
+char *srv_models_desc_json(const srv_model_desc *d, bool one);
+/* "494.03M", "7.62B": a parameter count as Ollama writes it. */
+void srv_param_size(uint64_t n, char *buf, size_t size);
+
+/* ======================================= Ollama's API (server_ollama.c) */
+
+extern const srv_dialect srv_dialect_ollama_chat;      /* POST /api/chat */
+extern const srv_dialect srv_dialect_ollama_generate;  /* POST /api/generate */
+extern const srv_field srv_fields_ollama_chat[], srv_fields_ollama_generate[];
+
+/* GET /api/tags (running false) and /api/ps (true): the one model. */
+char *srv_ollama_list_json(const srv_model_desc *d, bool running);
+/* POST /api/show {"model"} of body[0, len): the model's details, template,
+ * model_info, capabilities; NULL with *e set (400) for a bad body. */
+char *srv_ollama_show_json(const srv_model_desc *d, const char *body, size_t len,
+                           srv_error *e);
+/* GET /api/version. */
+char *srv_ollama_version_json(const srv_model_desc *d);
+/* The answer to a request of Ollama's dialect d with nothing to generate
+ * (an empty prompt or no messages: Ollama's way to load a model): done,
+ * done_reason "load", an empty response or message. */
+char *srv_ollama_load_json(const srv_dialect *d, const char *model);
+
+/* ================================================= request log (server_log.c) */
+
+/* What one request's log line says, filled as the request goes: who asked
+ * what, the status, and for a generation its figures (the choices' stats
+ * summed as the usage is). */
+typedef struct srv_reqlog {
+    struct timespec start;       /* CLOCK_MONOTONIC when the headers came */
+    struct timespec wall;        /* CLOCK_REALTIME then */
+    char            method[12];
+    char            path[200];
+    char            client[64];  /* the peer's address */
+    char            api[24];     /* the dialect's name for a generation; "" = none */
+    char            session[17]; /* 16 hex digits of a hash of the session key; "" = none */
+    int             status;      /* HTTP status; 0 = not yet known */
+    bool            has_stats;   /* a generation ran: stats hold its figures */
+    kvc_chat_stats  stats;
+    char            error[640];  /* an error's message; "" = none */
+} srv_reqlog;
+
+/* A new record (malloc'd; NULL when out of memory) started now. */
+srv_reqlog *srv_reqlog_new(const char *method, const char *path, const char *client);
+/* The session key's hash (key NULL or "": none). */
+void srv_reqlog_session(srv_reqlog *l, const char *key);
+/* The error's status and message. */
+void srv_reqlog_error(srv_reqlog *l, const srv_error *e);
+/* The line of l (no newline), as of now: enum kvc_server_log_format format.
+ * Malloc'd; NULL when out of memory. */
+char *srv_reqlog_line(const srv_reqlog *l, int format);
+/* Whether l gets a line under enum kvc_server_log_requests policy. */
+bool srv_reqlog_wanted(const srv_reqlog *l, int policy);
+/* A notice (not a request) as a line of the format, at level "info",
+ * "warning" or "error". Malloc'd; NULL when out of memory. */
+char *srv_log_notice(const char *level, const char *message, int format);
+
 /* =========================================== streams (server_stream.c) */
 
 /* One choice of a streamed response: its engine events turned into SSE
@@ -580,5 +692,9 @@ bool srv_stream_begin(srv_stream *st, int i, const kvc_event *first);
  * SRV_STREAM_ERROR. */
 ssize_t srv_stream_read(srv_stream *st, char *out, size_t max);
 void srv_stream_free(srv_stream *st);   /* NULL ok */
+/* The usage of the choices that finished so far (srv_stats_sum) into *sum
+ * (false when none did), and the error a choice failed with into *e
+ * (http_status 0 = none). */
+bool srv_stream_result(const srv_stream *st, kvc_chat_stats *sum, srv_error *e);
 
 #endif

@@ -31,6 +31,11 @@ struct kvc_server {
     srv_bulk          *bulk;         /* where large bodies are parsed and tokenized */
     void             (*log)(const char *line, void *user);   /* params.log */
     void              *log_user;
+    int                log_format;   /* params' */
+    int                log_requests;
+    char              *version;      /* params.version ("?" when none) */
+    char              *model_path;   /* params.model_path; NULL = unknown */
+    srv_model_desc     desc;         /* what /props, /v1/models and /api/... tell */
     pthread_mutex_t    logged_mu;    /* guards logged */
     char             **logged;       /* ignored field names already logged [n_logged] */
     size_t             n_logged, cap_logged;
@@ -43,6 +48,9 @@ struct kvc_server {
 enum route {
     ROUTE_NONE = 0, ROUTE_GENERATE, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
     ROUTE_METRICS, ROUTE_APPLY_TEMPLATE, ROUTE_TOKENIZE, ROUTE_DETOKENIZE, ROUTE_COUNT_TOKENS,
+    ROUTE_PROPS, ROUTE_OLLAMA_TAGS, ROUTE_OLLAMA_PS, ROUTE_OLLAMA_VERSION, ROUTE_OLLAMA_SHOW,
+    ROUTE_OLLAMA_EMBED,      /* 501: no embeddings (any method) */
+    ROUTE_OLLAMA_MANAGE,     /* 501: pull, push, create, copy, delete (any method) */
 };
 
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */
@@ -58,6 +66,7 @@ typedef struct conn {
     bool   unread_body;  /* answering from the headers while a body may follow */
     bool   preflight;    /* an OPTIONS request: answered 204 with the CORS headers */
     int    key;          /* the API key it authenticated with, -1 = none */
+    srv_reqlog *log;     /* its log line's record (a stream takes it); NULL = none */
 } conn;
 
 /* ================================================ answers (server.c) */
@@ -76,6 +85,8 @@ enum MHD_Result srv_respond_json(const kvc_server *s, struct MHD_Connection *mc,
 void srv_add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_Response *r);
 /* The client's socket, -1 when unknown. */
 int srv_conn_fd(struct MHD_Connection *mc);
+/* Give l's line to the log when the policy wants it, and free l (NULL ok). */
+void srv_log_request(const kvc_server *s, srv_reqlog *l);
 
 /* ==================================== generation requests (server_run.c) */
 

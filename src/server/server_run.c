@@ -126,10 +126,19 @@ static bool submit_choices(kvc_server *s, const conn *c, const srv_request *rq,
 
 /* ============================================================ streaming */
 
+/* A response being streamed: the stream, and the request's log record,
+ * whose line is given when the response is done with (stream_free): the
+ * stream's figures are whole then, or as far as it came. */
+typedef struct streaming {
+    const kvc_server *s;
+    srv_stream       *st;
+    srv_reqlog       *log;   /* NULL = none */
+} streaming;
+
 /* MHD's content reader and free callback over the stream (server_stream.c). */
 static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
 {
-    ssize_t n = srv_stream_read(cls, out, max);
+    ssize_t n = srv_stream_read(((streaming *)cls)->st, out, max);
     return n == SRV_STREAM_END     ? MHD_CONTENT_READER_END_OF_STREAM
            : n == SRV_STREAM_ERROR ? MHD_CONTENT_READER_END_WITH_ERROR
                                    : n;
@@ -137,20 +146,42 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
 
 static void stream_free(void *cls)
 {
-    srv_stream_free(cls);
+    streaming *sg = cls;
+    if (sg->log) {
+        srv_error e;
+        sg->log->status = 200;
+        sg->log->has_stats = srv_stream_result(sg->st, &sg->log->stats, &e);
+        if (e.http_status)
+            snprintf(sg->log->error, sizeof(sg->log->error), "%d: %s", e.http_status, e.message);
+        else if (!sg->log->has_stats)
+            snprintf(sg->log->error, sizeof(sg->log->error), "the stream was cut (the client "
+                     "went away or the server is stopping)");
+    }
+    srv_log_request(sg->s, sg->log);
+    srv_stream_free(sg->st);
+    free(sg);
 }
 
-/* Start the SSE response (taking st) with the first event, of choice i. */
-static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, srv_stream *st,
-                                    int i, const kvc_event *first, const srv_request *rq)
+/* Start the SSE response (taking st) with the first event, of choice i; the
+ * request's log record goes with it. */
+static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, conn *c,
+                                    srv_stream *st, int i, const kvc_event *first,
+                                    const srv_request *rq)
 {
-    struct MHD_Response *resp = srv_stream_begin(st, i, first) ? MHD_create_response_from_callback(
-        MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
+    streaming *sg = malloc(sizeof(*sg));
+    struct MHD_Response *resp = sg && srv_stream_begin(st, i, first)
+        ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, sg, stream_free)
+        : NULL;
     if (!resp) {
+        free(sg);
         srv_stream_free(st);
         return srv_respond(s, mc, 500, NULL, NULL, NULL);
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    *sg = (streaming){ s, st, c->log };
+    c->log = NULL;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            rq->dialect->stream_type ? rq->dialect->stream_type
+                                                     : "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     if (rq->ignored[0])
@@ -164,7 +195,7 @@ static enum MHD_Result start_stream(kvc_server *s, struct MHD_Connection *mc, sr
 /* stream: true. Every choice is submitted at once; the first event of any
  * is awaited before a byte is sent, so an error known by then is a plain
  * JSON error. MHD_NO when the client left or the server is stopping. */
-static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, conn *c,
                                   const srv_request *rq)
 {
     srv_reply_id id;
@@ -185,7 +216,7 @@ static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, cons
         srv_stream_free(st);                  /* cancels the others */
         ret = srv_respond_error(s, mc, c, &e);
     } else if (i >= 0) {
-        ret = start_stream(s, mc, st, i, &ev, rq);
+        ret = start_stream(s, mc, c, st, i, &ev, rq);
     } else {
         srv_stream_free(st);
     }
@@ -197,13 +228,15 @@ static enum MHD_Result run_stream(kvc_server *s, struct MHD_Connection *mc, cons
 /* ======================================================= whole answers */
 
 /* The complete (non-streamed) answer, from the DONE events of its choices. */
-static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
+static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                     const srv_request *rq, const kvc_event *done, int n)
 {
     srv_reply_id id;
     make_id(s, rq->dialect, &id, rq->model ? rq->model : s->model_name);
     srv_reply rp[SRV_MAX_CHOICES];
+    kvc_chat_stats stats[SRV_MAX_CHOICES];
     for (int i = 0; i < n; i++) {
+        stats[i] = done[i].stats;
         srv_metrics_done(s->metrics, &done[i].stats);
         rp[i] = srv_reply_make(&done[i], true, rq->params.chat.stop, rq->params.chat.n_stop,
                                s->lim.model);
@@ -211,6 +244,10 @@ static enum MHD_Result respond_done(kvc_server *s, struct MHD_Connection *mc,
             srv_reply_only_calls(&rp[i]);
         if (rq->think)
             srv_reply_think(&rp[i], rq->think_open);
+    }
+    if (c->log) {
+        c->log->stats = srv_stats_sum(stats, n, rq->n);
+        c->log->has_stats = true;
     }
     const char *h[] = { "X-Kvchat-Ignored-Fields", rq->ignored, NULL };
     return srv_respond(s, mc, 200, rq->dialect->response(&id, rq, rp, n, rq->n, s->lim.model,
@@ -242,16 +279,19 @@ static enum MHD_Result run_choices(kvc_server *s, struct MHD_Connection *mc, con
     if (e.http_status)
         ret = srv_respond_error(s, mc, c, &e);
     else if (got == n)
-        ret = respond_done(s, mc, rq, ev, n);
+        ret = respond_done(s, mc, c, rq, ev, n);
     for (int i = 0; i < n; i++)
         kvc_event_clear(&ev[i]);
     return ret;
 }
 
 /* Submit a parsed request and answer it, streamed or whole. */
-static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, conn *c,
                                    const srv_request *rq)
 {
+    if (rq->load_only)        /* Ollama's "load the model": it is */
+        return srv_respond_json(s, mc, srv_ollama_load_json(rq->dialect, rq->model ? rq->model
+                                                                                  : s->model_name));
     return rq->stream ? run_stream(s, mc, c, rq) : run_choices(s, mc, c, rq);
 }
 
@@ -358,11 +398,13 @@ enum MHD_Result srv_handle_completion(kvc_server *s, struct MHD_Connection *mc, 
                       "the request body is larger than the limit of %zu bytes", s->max_body);
         return srv_respond_error(s, mc, c, &e);
     }
-    if (c->route == ROUTE_TOKENIZE || c->route == ROUTE_DETOKENIZE) {
+    if (c->route == ROUTE_TOKENIZE || c->route == ROUTE_DETOKENIZE ||
+        c->route == ROUTE_OLLAMA_SHOW) {
         memset(&e, 0, sizeof(e));
-        char *json = c->route == ROUTE_TOKENIZE
-                   ? srv_tokenize(s->lim.model, c->body ? c->body : "", c->len, &e)
-                   : srv_detokenize(s->lim.model, c->body ? c->body : "", c->len, &e);
+        const char *body = c->body ? c->body : "";
+        char *json = c->route == ROUTE_TOKENIZE ? srv_tokenize(s->lim.model, body, c->len, &e)
+                   : c->route == ROUTE_DETOKENIZE ? srv_detokenize(s->lim.model, body, c->len, &e)
+                                                  : srv_ollama_show_json(&s->desc, body, c->len, &e);
         e.http_status = json ? 0 : e.http_status ? e.http_status : 500;
         return json ? srv_respond_json(s, mc, json) : srv_respond_error(s, mc, c, &e);
     }
@@ -375,6 +417,16 @@ enum MHD_Result srv_handle_completion(kvc_server *s, struct MHD_Connection *mc, 
     c->body = NULL;
     char ns[MAX_NAMESPACE];
     rq.params.cache_namespace = namespace_of(s, c, &rq, ns, sizeof(ns));
+    if (c->log) {
+        srv_reqlog_session(c->log, rq.params.session_key);
+        snprintf(c->log->api, sizeof(c->log->api), "%s", rq.dialect->name);
+    }
+    if (rq.load_only && c->route != ROUTE_GENERATE) {   /* an Ollama load: nothing to render */
+        srv_request_free(&rq);
+        srv_error_set(&e, 400, "invalid_request_error", NULL, NULL,
+                      "the request has no prompt and no messages: nothing to render");
+        return srv_respond_error(s, mc, c, &e);
+    }
     enum MHD_Result ret = c->route == ROUTE_APPLY_TEMPLATE ? handle_apply_template(s, mc, c, &rq)
                         : c->route == ROUTE_COUNT_TOKENS   ? handle_count_tokens(s, mc, c, &rq)
                                                            : run_request(s, mc, c, &rq);

@@ -177,6 +177,7 @@ struct srv_stream {
     int                n, per_prompt; /* choices, of which per_prompt for each prompt */
     int                open;          /* choices without their DONE yet */
     int                next;          /* the choice to look at first: they take turns */
+    srv_error          err;           /* the error a choice failed with; http_status 0 = none */
     kvc_request       *req[SRV_MAX_CHOICES];
     srv_stream_choice  choice[SRV_MAX_CHOICES];
 };
@@ -218,11 +219,10 @@ int srv_stream_next(srv_stream *st, kvc_event *ev, bool wait)
 static bool stream_event(srv_stream *st, int i, const kvc_event *ev)
 {
     if (ev->type == KVC_EVENT_ERROR) {
-        srv_error e;
-        srv_error_from_status(&e, ev->status, ev->message);
+        srv_error_from_status(&st->err, ev->status, ev->message);
         srv_metrics_failed(st->metrics);
         st->finished = true;
-        return stream_put(st, st->dialect->sse_error(&e));
+        return stream_put(st, st->dialect->sse_error(&st->err));
     }
     if (ev->type == KVC_EVENT_DONE) {
         srv_metrics_done(st->metrics, &ev->stats);
@@ -329,4 +329,17 @@ bool srv_stream_begin(srv_stream *st, int i, const kvc_event *first)
     for (int k = 0; ok && k < st->n; k++)
         ok = st->dialect->sse_begin(&st->choice[k].em, &st->buf);
     return ok && stream_event(st, i, first);
+}
+
+bool srv_stream_result(const srv_stream *st, kvc_chat_stats *sum, srv_error *e)
+{
+    kvc_chat_stats stats[SRV_MAX_CHOICES];
+    int n = 0;
+    for (int k = 0; k < st->n; k++)       /* the finished ones, in order */
+        if (st->choice[k].done)
+            stats[n++] = st->choice[k].stats;
+    *e = st->err;
+    if (n)
+        *sum = srv_stats_sum(stats, n, n == st->n ? st->per_prompt : 1);
+    return n > 0;
 }
