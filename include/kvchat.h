@@ -296,6 +296,14 @@ typedef struct kvc_chat_params {
     bool               special_in_content; /* control-token text in message content becomes
                                        control tokens (false: content is tokenized as plain
                                        text, only the template's own markup gives them) */
+    bool               split_reasoning; /* the reply's <think> block goes to the client
+                                       apart from its content (the server's reasoning_content,
+                                       thinking blocks, reasoning items), and comes back so:
+                                       the reply is canonicalized (DESIGN.md §3) as an assistant
+                                       message with the block as reasoning_content and the
+                                       rest as content, the template keeping or dropping it */
+    bool               reasoning_open; /* ... the reply begins inside the block (the
+                                       generation prompt ended with <think>) */
 } kvc_chat_params;
 
 #define KVC_MAX_TOP_LOGPROBS 20

@@ -345,6 +345,8 @@ static void parse_now(void *arg)
                               j->rq, j->e);
     if (!j->rc && j->rq->think)
         j->rq->think_open = reply_opens_thinking(j->s->engine, &j->rq->params);
+    j->rq->params.chat.split_reasoning = !j->rc && j->rq->think;
+    j->rq->params.chat.reasoning_open = !j->rc && j->rq->think_open;
 }
 
 /* The last call for a completion POST (the whole body is in c): 413 when it
