@@ -568,7 +568,8 @@ typedef struct kvc_event {
     size_t         len;
     int            status;      /* ERROR: a KVC_ERR_* */
     char           message[512];/* ERROR: what went wrong */
-    kvc_chat_stats stats;       /* DONE */
+    kvc_chat_stats stats;       /* DONE; the first TEXT: the prompt's figures (prompt_tokens,
+                                   cached_tokens, cached_disk_tokens), the rest zero */
     kvc_token_logprob *logprobs;/* with chat.logprobs >= 0 (n_logprobs; malloc'd, freed
                                    by kvc_event_clear): DONE, one per reply token; TEXT,
                                    those of the tokens the piece carries: a piece ends

@@ -197,6 +197,50 @@ static void test_responses_stream(int port)
     http_resp_free(&r);
 }
 
+/* A failure after the stream began (a grammar whose ambiguity is met only
+ * mid-reply: a constant, then a pattern with 5000 ways to read one
+ * character, as test_grammar_http makes it) ends in response.failed with
+ * the response's id and an error object (once only a bare error event,
+ * which leaves Codex and the Agents SDK waiting for the response's end). */
+static void test_responses_failed(int port)
+{
+    char lit[400] = "";
+    for (int i = 0; strlen(lit) < 300; i++)
+        strcat(lit, (const char *const[]){ "alpha ", "bravo ", "charlie ", "delta " }[i % 4]);
+    char body[1024];
+    snprintf(body, sizeof(body), "{\"input\":\"Fill it in.\",\"max_output_tokens\":400,"
+             "\"stream\":true,\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"x\","
+             "\"schema\":{\"type\":\"object\",\"properties\":{\"c\":{\"const\":\"%s\"},\"p\":"
+             "{\"type\":\"string\",\"pattern\":\"^(a?){1,5000}$\"}},\"required\":[\"c\",\"p\"]}}}}",
+             lit);
+    http_resp r = post(port, "/v1/responses", body);
+    CHECKF(r.status == 200 && r.body, "failing stream: %d %s", r.status, r.body ? r.body : "");
+    sse s;
+    sse_parse(&s, r.body ? r.body : "");
+    int last = s.n - 1, created = sse_find(&s, "response.created", 0);
+    CHECKF(sse_find(&s, "response.output_text.delta", 0) >= 0, "no text before the failure");
+    CHECKF(last >= 0 && s.name[last] && !strcmp(s.name[last], "response.failed"),
+           "last event %s", last >= 0 && s.name[last] ? s.name[last] : "(none)");
+    CHECK(sse_find(&s, "response.completed", 0) < 0 && sse_find(&s, "response.incomplete", 0) < 0);
+    if (last >= 0 && created >= 0) {
+        const cJSON *d = s.data[last];
+        CHECK(str_at(d, "response.status") && !strcmp(str_at(d, "response.status"), "failed"));
+        CHECK(str_at(d, "response.id") && str_at(s.data[created], "response.id") &&
+              !strcmp(str_at(d, "response.id"), str_at(s.data[created], "response.id")));
+        CHECKF(str_at(d, "response.error.code") &&
+               !strcmp(str_at(d, "response.error.code"), "invalid_prompt") &&
+               str_at(d, "response.error.message") &&
+               strstr(str_at(d, "response.error.message"), "constrained decoding stopped"),
+               "error %s", r.body ? r.body : "");
+        CHECK(num_at(d, "sequence_number") == last);
+        /* the open message item was closed before */
+        CHECK(sse_find(&s, "response.output_item.done", 0) >= 0 &&
+              sse_find(&s, "response.output_item.done", 0) < last);
+    }
+    sse_free(&s);
+    http_resp_free(&r);
+}
+
 static const char tools_chat[] =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather "
     "of a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
@@ -361,6 +405,15 @@ static void test_messages_plain(int port)
         if (s.name[i] && !strcmp(s.name[i], "content_block_delta"))
             strncat(streamed, str_at(s.data[i], "delta.text"), sizeof(streamed) - strlen(streamed) - 1);
     CHECKF(text && !strcmp(streamed, text), "streamed '%s' != whole '%s'", streamed, text ? text : "");
+    /* message_start tells the prompt as the cache served it (once 0 input
+     * tokens): the same prompt as before, so all of it but the token re-run */
+    int ms = sse_find(&s, "message_start", 0);
+    double ms_in = ms >= 0 ? num_at(s.data[ms], "message.usage.input_tokens") : -1;
+    double ms_read = ms >= 0 ? num_at(s.data[ms], "message.usage.cache_read_input_tokens") : -1;
+    CHECKF(ms_in >= 1 && ms_read >= 1 && ms_in + ms_read == in &&
+           num_at(s.data[ms], "message.usage.output_tokens") == 0 &&
+           num_at(s.data[ms], "message.usage.cache_creation_input_tokens") == 0,
+           "message_start usage: input %g + cache read %g, the prompt is %g", ms_in, ms_read, in);
     int md = sse_find(&s, "message_delta", 0);
     CHECK(md >= 0 && !strcmp(str_at(s.data[md], "delta.stop_reason"), "max_tokens"));
     CHECK(md >= 0 && num_at(s.data[md], "usage.output_tokens") == 10);
@@ -861,6 +914,7 @@ int main(void)
     if (s.port > 0) {
         test_responses_plain(s.port);
         test_responses_stream(s.port);
+        test_responses_failed(s.port);
         test_responses_tools(s.port);
         test_messages_plain(s.port);
         test_messages_tools(s.port);

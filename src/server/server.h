@@ -314,6 +314,8 @@ typedef struct srv_emit {
     int            blocks;        /* blocks begun */
     int            open;          /* enum srv_channel of the open block, -1 = none */
     srv_buf        acc;           /* the open block's text so far */
+    kvc_chat_stats prompt;        /* the prompt's figures, from the stream's first event
+                                     (kvc_event.stats), for sse_begin */
 } srv_emit;
 
 /* An API's shapes, chosen by the route (server.c) and used everywhere a
@@ -350,6 +352,10 @@ struct srv_dialect {
     bool  (*sse_end)(const srv_reply_id *id, bool include_usage, const kvc_chat_stats *stats,
                      int n, int per_prompt, srv_buf *out);
     char *(*sse_error)(const srv_error *e);           /* a failure after the stream began */
+    /* ... or, where the dialect has one, that failure told in choice h's
+     * terms (Responses: response.failed with the response's id); NULL =
+     * sse_error */
+    bool  (*sse_fail)(srv_emit *h, const srv_error *e, srv_buf *out);
 };
 
 /* ================================================= fields (server_fields.c) */

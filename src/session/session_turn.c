@@ -597,6 +597,13 @@ void kvc_turn_take_logprobs(kvc_turn *t, kvc_token_logprob **out, int32_t *n)
     turn_sample_take_logprobs(&t->ts, out, n);
 }
 
+void kvc_turn_prompt_stats(const kvc_turn *t, kvc_chat_stats *stats)
+{
+    stats->prompt_tokens = (int32_t)t->n_prompt;
+    stats->cached_tokens = (int32_t)t->matched;
+    stats->cached_disk_tokens = (int32_t)t->from_disk;
+}
+
 /* ----------------------------------------------------- decode and finish */
 
 /* The reply ends: flush the stream. The last token sampled stays in the
