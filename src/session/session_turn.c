@@ -689,8 +689,9 @@ static void on_logits(kvc_turn *t, const float *logits)
         to_finish(t, "stop");
     else if (t->cancelled)
         to_finish(t, "cancelled");
-    else if (t->n_out >= t->max_out)        /* a grammar completed on the last token */
-        to_finish(t, t->ts.m && turn_sample_complete(&t->ts) ? "stop" : "length");
+    else if (t->n_out >= t->max_out)        /* a grammar closed on the last token: only the
+                                               end could follow (as an EOG would have) */
+        to_finish(t, turn_sample_closed(&t->ts) ? "stop" : "length");
     else
         t->phase = KVC_TURN_DECODE;
 }
