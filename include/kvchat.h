@@ -302,8 +302,11 @@ typedef struct kvc_chat_params {
                                        the reply is canonicalized (DESIGN.md §3) as an assistant
                                        message with the block as reasoning_content and the
                                        rest as content, the template keeping or dropping it */
-    bool               reasoning_open; /* ... the reply begins inside the block (the
-                                       generation prompt ended with <think>) */
+    int32_t            reasoning_mode; /* ... written so: 0 <think> tags, 1 tags with the
+                                       reply beginning inside the block (the generation
+                                       prompt ended with <think>), 2 harmony channels
+                                       (gpt-oss: analysis is the reasoning, final the
+                                       content) */
 } kvc_chat_params;
 
 #define KVC_MAX_TOP_LOGPROBS 20

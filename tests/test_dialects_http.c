@@ -627,6 +627,9 @@ static const char think_template[] =
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
     "{% else %}<think>\n{% endif %}{%- endif -%}";
 
+/* The token limit of forced()'s bodies. */
+static int forced_max = 40;
+
 /* A body whose reply is forced by a grammar to be `reply`, with extra
  * members (JSON text without braces, "" = none). malloc'd. */
 static char *forced(const char *api, const char *reply, const char *extra)
@@ -636,14 +639,14 @@ static char *forced(const char *api, const char *reply, const char *extra)
     snprintf(g, sizeof(g), "root ::= \"%s\"", reply);
     if (!strcmp(api, "responses")) {
         cJSON_AddStringToObject(o, "input", "Think first.");
-        cJSON_AddNumberToObject(o, "max_output_tokens", 40);
+        cJSON_AddNumberToObject(o, "max_output_tokens", forced_max);
     } else {
         ms = cJSON_AddArrayToObject(o, "messages");
         m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "user");
         cJSON_AddStringToObject(m, "content", "Think first.");
         cJSON_AddItemToArray(ms, m);
-        cJSON_AddNumberToObject(o, "max_tokens", 40);
+        cJSON_AddNumberToObject(o, "max_tokens", forced_max);
     }
     cJSON_AddStringToObject(o, "grammar", g);
     char *t = cJSON_PrintUnformatted(o), *out = malloc(strlen(t) + strlen(extra) + 4);
@@ -779,6 +782,126 @@ static void test_reasoning(void)
     free(p2);
     free(p3);
 done:
+    http_server_stop(&s);
+    unlink(tpath);
+}
+
+/* A harmony template (gpt-oss's format, cut down): past reasoning as
+ * message.thinking in an analysis message, calls as commentary messages
+ * addressed to=functions.NAME, the generation prompt "<|start|>assistant". */
+static const char harmony_template[] =
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'tool' -%}<|start|>functions.{{ m.name }} to=assistant<|channel|>commentary"
+    "<|message|>{{ m.content }}<|end|>"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>"
+    "{%- endif -%}"
+    "{%- if m.tool_calls -%}{%- for c in m.tool_calls -%}<|start|>assistant<|channel|>commentary "
+    "to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments }}"
+    "<|call|>{%- endfor -%}"
+    "{%- else -%}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{%- endif -%}"
+    "{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}";
+
+static void test_harmony_find(void)
+{
+    const char *full = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant<|channel|>final"
+                       "<|message|>hello";
+    kvc_think_span sp = kvc_think_find(full, strlen(full), KVC_THINK_HARMONY, false);
+    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_begin == 30 && sp.r_end == 33 &&
+          !strcmp(full + sp.c_begin, "hello"));
+    /* a tag cut short holds back; an analysis without its end is open */
+    sp = kvc_think_find(full, 20, KVC_THINK_HARMONY, false);
+    CHECK(sp.state == KVC_THINK_UNDECIDED);
+    sp = kvc_think_find(full, 36, KVC_THINK_HARMONY, false);          /* "abc<|e" */
+    CHECK(sp.state == KVC_THINK_OPEN && sp.r_end == 33 && sp.c_begin == 36);
+    /* the final channel not begun yet: no content */
+    sp = kvc_think_find(full, 70, KVC_THINK_HARMONY, false);
+    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_end == 33 && sp.c_begin == 70);
+    /* straight to the final channel; no channel at all */
+    sp = kvc_think_find("<|channel|>final<|message|>hi", 29, KVC_THINK_HARMONY, true);
+    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_end == sp.r_begin && sp.c_begin == 27);
+    sp = kvc_think_find("plain", 5, KVC_THINK_HARMONY, true);
+    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
+}
+
+/* gpt-oss's harmony channels (issue 28): analysis -> reasoning, final ->
+ * content, a commentary message to=functions.NAME -> a tool call, through
+ * each API, whole and streamed; the reasoning sent back reaches the
+ * template as message.thinking. Replies forced by a grammar. */
+static void test_harmony(void)
+{
+    test_harmony_find();
+    forced_max = 200;                          /* the markers are text in this vocabulary */
+    char tpath[64];
+    snprintf(tpath, sizeof(tpath), "/tmp/kvc_harmony_%d.jinja", (int)getpid());
+    FILE *f = fopen(tpath, "w");
+    if (f) {
+        fputs(harmony_template, f);
+        fclose(f);
+    }
+    const char *args[] = { "-m", model_path, "--parallel", "1", "--cache-disk", "0",
+                           "--api-key", KEY, "--chat-template-file", tpath, NULL };
+    http_server s;
+    CHECK(f && http_server_start(&s, bin, args, 60));
+    int port = s.port, st;
+    if (port <= 0)
+        goto done;
+    static const char reply[] = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant"
+                                "<|channel|>final<|message|>hello";
+    static const char *const apis[] = { "chat.completions", "responses", "messages" };
+    static const char *const paths[] = { "/v1/chat/completions", "/v1/responses", "/v1/messages" };
+    for (int a = 0; a < 3; a++) {
+        char *b = forced(apis[a], reply, "\"temperature\":0");
+        cJSON *j = post_json(port, paths[a], b, &st);
+        const char *r = a == 0 ? str_at(j, "choices.0.message.reasoning_content")
+                      : a == 1 ? str_at(j, "output.0.content.0.text") : str_at(j, "content.0.thinking");
+        const char *c = a == 0 ? str_at(j, "choices.0.message.content")
+                      : a == 1 ? str_at(j, "output.1.content.0.text") : str_at(j, "content.1.text");
+        CHECKF(r && !strcmp(r, "abc") && c && !strcmp(c, "hello"), "harmony %s: reasoning '%s' "
+               "content '%s'", apis[a], r ? r : "(none)", c ? c : "(none)");
+        cJSON_Delete(j);
+        free(b);
+        b = forced(apis[a], reply, "\"temperature\":0,\"stream\":true");
+        http_resp h = post(port, paths[a], b);
+        sse ev;
+        sse_parse(&ev, h.body ? h.body : "");
+        char rs[256], cs[256];
+        streamed_parts(&ev, rs, cs, sizeof(rs));
+        CHECKF(!strcmp(rs, "abc") && !strcmp(cs, "hello"), "harmony %s stream: reasoning '%s' "
+               "content '%s'", apis[a], rs, cs);
+        sse_free(&ev);
+        http_resp_free(&h);
+        free(b);
+    }
+    /* a call in a commentary message: tool_calls, no content, finish tool_calls */
+    static const char call[] = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant"
+                               "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                               "<|message|>{\\\"city\\\": \\\"Paris\\\"}";
+    char extra[1024];
+    snprintf(extra, sizeof(extra), "\"temperature\":0,\"tools\":%s", tools_chat);
+    for (int stream = 0; stream < 2; stream++) {
+        char ex[1100];
+        snprintf(ex, sizeof(ex), "%s%s", extra, stream ? ",\"stream\":true" : "");
+        char *b = forced("chat.completions", call, ex);
+        http_resp h = post(port, "/v1/chat/completions", b);
+        CHECKF(h.status == 200 && h.body && strstr(h.body, "\"name\":\"get_weather\"") &&
+               strstr(h.body, "Paris") && strstr(h.body, "\"finish_reason\":\"tool_calls\"") &&
+               strstr(h.body, stream ? "\"reasoning_content\":\"" : "\"reasoning_content\":\"abc\"") &&
+               !strstr(h.body, "commentary") && !strstr(h.body, "<|"),
+               "harmony call%s: %d %s", stream ? " streamed" : "", h.status, h.body ? h.body : "");
+        http_resp_free(&h);
+        free(b);
+    }
+    /* reasoning sent back renders as the template's thinking */
+    char *p1 = rendered(port, "chat.completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
+                        "\"Q\"},{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":"
+                        "\"R1\"}]}");
+    CHECKF(p1 && strstr(p1, "<|channel|>analysis<|message|>R1<|end|>"), "thinking not rendered: %s",
+           p1 ? p1 : "");
+    free(p1);
+done:
+    forced_max = 40;
     http_server_stop(&s);
     unlink(tpath);
 }
@@ -925,6 +1048,7 @@ int main(void)
     test_strict();
     test_think_find();
     test_reasoning();
+    test_harmony();
     unlink(model_path);
     return test_done("test_dialects_http");
 }

@@ -44,7 +44,7 @@ static bool append_reply(kvc_request *r, const char *text, const char *tool_call
     size_t len = strlen(text);
     kvc_think_span sp = { .state = KVC_THINK_NONE };
     if (r->chat.split_reasoning)
-        sp = kvc_think_find(text, len, r->chat.reasoning_open, true);
+        sp = kvc_think_find(text, len, r->chat.reasoning_mode, true);
     bool split = sp.state == KVC_THINK_OPEN || sp.state == KVC_THINK_CLOSED;
     m->content = strdup(split ? text + sp.c_begin : text);
     if (split)

@@ -211,7 +211,9 @@ typedef struct srv_request {
                                          * text besides them is a call cut short */
     bool               think;           /* split the reply's <think> block into reasoning
                                          * (a thinking template, reasoning_format not none) */
-    bool               think_open;      /* ... the reply begins inside it (the prompt
+    int                think_open;      /* ... as enum kvc_think_mode (reasoning.h):
+                                         * harmony, or <think> tags with the reply
+                                         * beginning inside the block (the prompt
                                          * ended with <think>: server.c finds out) */
 } srv_request;
 
@@ -225,6 +227,7 @@ typedef struct srv_limits {
                                          * (srv_vocab_get); NULL = not checked */
     bool               strict_fields;   /* a field not used is a 400 (server_fields.c) */
     bool               think_tags;      /* the template writes reasoning in <think> tags */
+    bool               think_harmony;   /* ... or in harmony's analysis channel (gpt-oss) */
     void             (*log_ignored)(const char *field, void *user); /* a request carried a
                                          * field accepted and not used; NULL = not told */
     void              *log_user;
@@ -482,9 +485,9 @@ srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *con
  * further call cut short by the token limit (e.g. "</tool_ca"): it is
  * dropped, not shown as content. */
 void srv_reply_only_calls(srv_reply *rp);
-/* Split rp's content into reasoning and content at its <think> block
- * (reasoning.h; open: the reply began inside it). */
-void srv_reply_think(srv_reply *rp, bool open);
+/* Split rp's content into reasoning and content where its reasoning is
+ * written in `mode` (enum kvc_think_mode, reasoning.h). */
+void srv_reply_think(srv_reply *rp, int mode);
 /* {"input_tokens": n}, the answer of /v1/messages/count_tokens. */
 char *srv_count_tokens_json(int64_t n);
 
@@ -538,7 +541,8 @@ typedef struct srv_stream_choice {   /* the fields are private to server_stream.
     int                n_stop;
     const kvc_model   *vocab;          /* ... and the model: which one ended the reply */
     bool               forced_calls;   /* srv_request's */
-    bool               think, think_open; /* split reasoning (srv_request's) ... */
+    bool               think;          /* split reasoning (srv_request's) ... */
+    int                think_open;     /* ... written so (srv_request's) ... */
     size_t             r_sent;         /* ... text[0, r_sent) looked at for it */
     bool               content_begun;  /* content went out: its start is fixed */
 } srv_stream_choice;
