@@ -691,6 +691,10 @@ static void test_think_find(void)
     CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
     sp = kvc_think_find("Hello", 5, false, false);
     CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
+    /* longer than "<think>": compared as far as the tag goes (an over-read
+     * of the tag the sanitizer build caught) */
+    sp = kvc_think_find("Hello there, a longer reply", 26, false, false);
+    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
     sp = kvc_think_find("<think>ab</th", 13, false, false);
     CHECK(sp.state == KVC_THINK_OPEN && sp.r_begin == 7 && sp.r_end == 9);
     sp = kvc_think_find("ab</think>\n\nhi", 14, true, false);

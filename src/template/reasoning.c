@@ -92,7 +92,7 @@ kvc_think_span kvc_think_find(const char *text, size_t len, int mode, bool final
         size_t rest = len - at, t = sizeof(OPEN_TAG) - 1;
         if (rest >= t && !memcmp(text + at, OPEN_TAG, t)) {
             at += t;
-        } else if (!final && !memcmp(text + at, OPEN_TAG, rest)) {
+        } else if (!final && prefix_of(text + at, rest, OPEN_TAG)) {
             s.state = KVC_THINK_UNDECIDED;     /* "", "  <th", ...: it may still open */
             return s;
         } else {
