@@ -115,7 +115,7 @@ static void check_output(const srv_request *r, const char *text)
     bool chat = r->dialect == &srv_dialect_chat;
     srv_reply rp = srv_reply_whole(&done, false);
     srv_reply split = rp;
-    srv_reply_think(&split, text[0] == 'a');           /* reasoning: either start */
+    srv_reply_think(&split, (unsigned char)text[0] % 3);  /* reasoning: any kvc_think_mode */
     if (r->dialect != &srv_dialect_chat && r->dialect != &srv_dialect_completions) {
         check_json(r->dialect->response(&id, r, &split, 1, 1, NULL, false), NULL, NULL, NULL);
         srv_emit em = { .head = { r->dialect, &id, 0, false }, .open = -1 };

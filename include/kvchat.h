@@ -296,6 +296,17 @@ typedef struct kvc_chat_params {
     bool               special_in_content; /* control-token text in message content becomes
                                        control tokens (false: content is tokenized as plain
                                        text, only the template's own markup gives them) */
+    bool               split_reasoning; /* the reply's <think> block goes to the client
+                                       apart from its content (the server's reasoning_content,
+                                       thinking blocks, reasoning items), and comes back so:
+                                       the reply is canonicalized (DESIGN.md §3) as an assistant
+                                       message with the block as reasoning_content and the
+                                       rest as content, the template keeping or dropping it */
+    int32_t            reasoning_mode; /* ... written so: 0 <think> tags, 1 tags with the
+                                       reply beginning inside the block (the generation
+                                       prompt ended with <think>), 2 harmony channels
+                                       (gpt-oss: analysis is the reasoning, final the
+                                       content) */
 } kvc_chat_params;
 
 #define KVC_MAX_TOP_LOGPROBS 20
@@ -560,7 +571,8 @@ typedef struct kvc_event {
     size_t         len;
     int            status;      /* ERROR: a KVC_ERR_* */
     char           message[512];/* ERROR: what went wrong */
-    kvc_chat_stats stats;       /* DONE */
+    kvc_chat_stats stats;       /* DONE; the first TEXT: the prompt's figures (prompt_tokens,
+                                   cached_tokens, cached_disk_tokens), the rest zero */
     kvc_token_logprob *logprobs;/* with chat.logprobs >= 0 (n_logprobs; malloc'd, freed
                                    by kvc_event_clear): DONE, one per reply token; TEXT,
                                    those of the tokens the piece carries: a piece ends

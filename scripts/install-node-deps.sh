@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install what the Node.js API tests (tests/node) need: Node.js and npm from
 # apt when missing, then the locked npm packages (the official `openai`,
-# `@anthropic-ai/sdk` and `ollama` clients) into tests/node/node_modules with `npm ci`. Idempotent: does nothing
+# `@anthropic-ai/sdk` and `ollama` clients; the frameworks `ai` +
+# `@ai-sdk/openai-compatible`, `@langchain/openai` + `@langchain/core` and
+# `@openai/agents`, with `zod`) into tests/node/node_modules with `npm ci`.
+# Idempotent: does nothing
 # when node_modules is already up to date with package-lock.json. Installing
 # Node.js needs root (or sudo). With a Node.js older than 20 it warns and
 # exits 0: tests/test_node.c then skips.

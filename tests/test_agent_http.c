@@ -64,6 +64,20 @@ static void test_rejects(int port)
     check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":"
               "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":"
               "{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}", "tool_choice", "'g'");
+    /* a GBNF grammar with forced calls would go unused; response_format
+     * shapes a later turn's text (the Agents SDK sends both): taken */
+    check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":"
+              "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":"
+              "\"required\",\"grammar\":\"root ::= [a-z]*\"}", "tool_choice", "grammar");
+    http_resp rf = post(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                        "\"tool_choice\":\"required\",\"max_tokens\":60,\"response_format\":"
+                        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":"
+                        "{\"type\":\"object\"}}}}");
+    CHECKF(rf.status == 200 && rf.body && strstr(rf.body, "\"tool_calls\":[{") &&
+           strstr(rf.body, "\"name\":\"f\""), "response_format with a forced call: %d %s",
+           rf.status, rf.body ? rf.body : "");
+    http_resp_free(&rf);
     check_400(port, chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
               "\"top_logprobs\":3}", "top_logprobs", "logprobs");
     check_400(port, "/v1/completions", "{\"prompt\":[1,2,99999999]}", "prompt", "token ids");

@@ -197,6 +197,50 @@ static void test_responses_stream(int port)
     http_resp_free(&r);
 }
 
+/* A failure after the stream began (a grammar whose ambiguity is met only
+ * mid-reply: a constant, then a pattern with 5000 ways to read one
+ * character, as test_grammar_http makes it) ends in response.failed with
+ * the response's id and an error object (once only a bare error event,
+ * which leaves Codex and the Agents SDK waiting for the response's end). */
+static void test_responses_failed(int port)
+{
+    char lit[400] = "";
+    for (int i = 0; strlen(lit) < 300; i++)
+        strcat(lit, (const char *const[]){ "alpha ", "bravo ", "charlie ", "delta " }[i % 4]);
+    char body[1024];
+    snprintf(body, sizeof(body), "{\"input\":\"Fill it in.\",\"max_output_tokens\":400,"
+             "\"stream\":true,\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"x\","
+             "\"schema\":{\"type\":\"object\",\"properties\":{\"c\":{\"const\":\"%s\"},\"p\":"
+             "{\"type\":\"string\",\"pattern\":\"^(a?){1,5000}$\"}},\"required\":[\"c\",\"p\"]}}}}",
+             lit);
+    http_resp r = post(port, "/v1/responses", body);
+    CHECKF(r.status == 200 && r.body, "failing stream: %d %s", r.status, r.body ? r.body : "");
+    sse s;
+    sse_parse(&s, r.body ? r.body : "");
+    int last = s.n - 1, created = sse_find(&s, "response.created", 0);
+    CHECKF(sse_find(&s, "response.output_text.delta", 0) >= 0, "no text before the failure");
+    CHECKF(last >= 0 && s.name[last] && !strcmp(s.name[last], "response.failed"),
+           "last event %s", last >= 0 && s.name[last] ? s.name[last] : "(none)");
+    CHECK(sse_find(&s, "response.completed", 0) < 0 && sse_find(&s, "response.incomplete", 0) < 0);
+    if (last >= 0 && created >= 0) {
+        const cJSON *d = s.data[last];
+        CHECK(str_at(d, "response.status") && !strcmp(str_at(d, "response.status"), "failed"));
+        CHECK(str_at(d, "response.id") && str_at(s.data[created], "response.id") &&
+              !strcmp(str_at(d, "response.id"), str_at(s.data[created], "response.id")));
+        CHECKF(str_at(d, "response.error.code") &&
+               !strcmp(str_at(d, "response.error.code"), "invalid_prompt") &&
+               str_at(d, "response.error.message") &&
+               strstr(str_at(d, "response.error.message"), "constrained decoding stopped"),
+               "error %s", r.body ? r.body : "");
+        CHECK(num_at(d, "sequence_number") == last);
+        /* the open message item was closed before */
+        CHECK(sse_find(&s, "response.output_item.done", 0) >= 0 &&
+              sse_find(&s, "response.output_item.done", 0) < last);
+    }
+    sse_free(&s);
+    http_resp_free(&r);
+}
+
 static const char tools_chat[] =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather "
     "of a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
@@ -361,6 +405,15 @@ static void test_messages_plain(int port)
         if (s.name[i] && !strcmp(s.name[i], "content_block_delta"))
             strncat(streamed, str_at(s.data[i], "delta.text"), sizeof(streamed) - strlen(streamed) - 1);
     CHECKF(text && !strcmp(streamed, text), "streamed '%s' != whole '%s'", streamed, text ? text : "");
+    /* message_start tells the prompt as the cache served it (once 0 input
+     * tokens): the same prompt as before, so all of it but the token re-run */
+    int ms = sse_find(&s, "message_start", 0);
+    double ms_in = ms >= 0 ? num_at(s.data[ms], "message.usage.input_tokens") : -1;
+    double ms_read = ms >= 0 ? num_at(s.data[ms], "message.usage.cache_read_input_tokens") : -1;
+    CHECKF(ms_in >= 1 && ms_read >= 1 && ms_in + ms_read == in &&
+           num_at(s.data[ms], "message.usage.output_tokens") == 0 &&
+           num_at(s.data[ms], "message.usage.cache_creation_input_tokens") == 0,
+           "message_start usage: input %g + cache read %g, the prompt is %g", ms_in, ms_read, in);
     int md = sse_find(&s, "message_delta", 0);
     CHECK(md >= 0 && !strcmp(str_at(s.data[md], "delta.stop_reason"), "max_tokens"));
     CHECK(md >= 0 && num_at(s.data[md], "usage.output_tokens") == 10);
@@ -574,6 +627,9 @@ static const char think_template[] =
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
     "{% else %}<think>\n{% endif %}{%- endif -%}";
 
+/* The token limit of forced()'s bodies. */
+static int forced_max = 40;
+
 /* A body whose reply is forced by a grammar to be `reply`, with extra
  * members (JSON text without braces, "" = none). malloc'd. */
 static char *forced(const char *api, const char *reply, const char *extra)
@@ -583,14 +639,14 @@ static char *forced(const char *api, const char *reply, const char *extra)
     snprintf(g, sizeof(g), "root ::= \"%s\"", reply);
     if (!strcmp(api, "responses")) {
         cJSON_AddStringToObject(o, "input", "Think first.");
-        cJSON_AddNumberToObject(o, "max_output_tokens", 40);
+        cJSON_AddNumberToObject(o, "max_output_tokens", forced_max);
     } else {
         ms = cJSON_AddArrayToObject(o, "messages");
         m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "user");
         cJSON_AddStringToObject(m, "content", "Think first.");
         cJSON_AddItemToArray(ms, m);
-        cJSON_AddNumberToObject(o, "max_tokens", 40);
+        cJSON_AddNumberToObject(o, "max_tokens", forced_max);
     }
     cJSON_AddStringToObject(o, "grammar", g);
     char *t = cJSON_PrintUnformatted(o), *out = malloc(strlen(t) + strlen(extra) + 4);
@@ -634,6 +690,10 @@ static void test_think_find(void)
     sp = kvc_think_find(" \n<thi", 6, false, true);
     CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
     sp = kvc_think_find("Hello", 5, false, false);
+    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
+    /* longer than "<think>": compared as far as the tag goes (an over-read
+     * of the tag the sanitizer build caught) */
+    sp = kvc_think_find("Hello there, a longer reply", 26, false, false);
     CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
     sp = kvc_think_find("<think>ab</th", 13, false, false);
     CHECK(sp.state == KVC_THINK_OPEN && sp.r_begin == 7 && sp.r_end == 9);
@@ -726,6 +786,126 @@ static void test_reasoning(void)
     free(p2);
     free(p3);
 done:
+    http_server_stop(&s);
+    unlink(tpath);
+}
+
+/* A harmony template (gpt-oss's format, cut down): past reasoning as
+ * message.thinking in an analysis message, calls as commentary messages
+ * addressed to=functions.NAME, the generation prompt "<|start|>assistant". */
+static const char harmony_template[] =
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'tool' -%}<|start|>functions.{{ m.name }} to=assistant<|channel|>commentary"
+    "<|message|>{{ m.content }}<|end|>"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>"
+    "{%- endif -%}"
+    "{%- if m.tool_calls -%}{%- for c in m.tool_calls -%}<|start|>assistant<|channel|>commentary "
+    "to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments }}"
+    "<|call|>{%- endfor -%}"
+    "{%- else -%}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{%- endif -%}"
+    "{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}";
+
+static void test_harmony_find(void)
+{
+    const char *full = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant<|channel|>final"
+                       "<|message|>hello";
+    kvc_think_span sp = kvc_think_find(full, strlen(full), KVC_THINK_HARMONY, false);
+    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_begin == 30 && sp.r_end == 33 &&
+          !strcmp(full + sp.c_begin, "hello"));
+    /* a tag cut short holds back; an analysis without its end is open */
+    sp = kvc_think_find(full, 20, KVC_THINK_HARMONY, false);
+    CHECK(sp.state == KVC_THINK_UNDECIDED);
+    sp = kvc_think_find(full, 36, KVC_THINK_HARMONY, false);          /* "abc<|e" */
+    CHECK(sp.state == KVC_THINK_OPEN && sp.r_end == 33 && sp.c_begin == 36);
+    /* the final channel not begun yet: no content */
+    sp = kvc_think_find(full, 70, KVC_THINK_HARMONY, false);
+    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_end == 33 && sp.c_begin == 70);
+    /* straight to the final channel; no channel at all */
+    sp = kvc_think_find("<|channel|>final<|message|>hi", 29, KVC_THINK_HARMONY, true);
+    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_end == sp.r_begin && sp.c_begin == 27);
+    sp = kvc_think_find("plain", 5, KVC_THINK_HARMONY, true);
+    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
+}
+
+/* gpt-oss's harmony channels (issue 28): analysis -> reasoning, final ->
+ * content, a commentary message to=functions.NAME -> a tool call, through
+ * each API, whole and streamed; the reasoning sent back reaches the
+ * template as message.thinking. Replies forced by a grammar. */
+static void test_harmony(void)
+{
+    test_harmony_find();
+    forced_max = 200;                          /* the markers are text in this vocabulary */
+    char tpath[64];
+    snprintf(tpath, sizeof(tpath), "/tmp/kvc_harmony_%d.jinja", (int)getpid());
+    FILE *f = fopen(tpath, "w");
+    if (f) {
+        fputs(harmony_template, f);
+        fclose(f);
+    }
+    const char *args[] = { "-m", model_path, "--parallel", "1", "--cache-disk", "0",
+                           "--api-key", KEY, "--chat-template-file", tpath, NULL };
+    http_server s;
+    CHECK(f && http_server_start(&s, bin, args, 60));
+    int port = s.port, st;
+    if (port <= 0)
+        goto done;
+    static const char reply[] = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant"
+                                "<|channel|>final<|message|>hello";
+    static const char *const apis[] = { "chat.completions", "responses", "messages" };
+    static const char *const paths[] = { "/v1/chat/completions", "/v1/responses", "/v1/messages" };
+    for (int a = 0; a < 3; a++) {
+        char *b = forced(apis[a], reply, "\"temperature\":0");
+        cJSON *j = post_json(port, paths[a], b, &st);
+        const char *r = a == 0 ? str_at(j, "choices.0.message.reasoning_content")
+                      : a == 1 ? str_at(j, "output.0.content.0.text") : str_at(j, "content.0.thinking");
+        const char *c = a == 0 ? str_at(j, "choices.0.message.content")
+                      : a == 1 ? str_at(j, "output.1.content.0.text") : str_at(j, "content.1.text");
+        CHECKF(r && !strcmp(r, "abc") && c && !strcmp(c, "hello"), "harmony %s: reasoning '%s' "
+               "content '%s'", apis[a], r ? r : "(none)", c ? c : "(none)");
+        cJSON_Delete(j);
+        free(b);
+        b = forced(apis[a], reply, "\"temperature\":0,\"stream\":true");
+        http_resp h = post(port, paths[a], b);
+        sse ev;
+        sse_parse(&ev, h.body ? h.body : "");
+        char rs[256], cs[256];
+        streamed_parts(&ev, rs, cs, sizeof(rs));
+        CHECKF(!strcmp(rs, "abc") && !strcmp(cs, "hello"), "harmony %s stream: reasoning '%s' "
+               "content '%s'", apis[a], rs, cs);
+        sse_free(&ev);
+        http_resp_free(&h);
+        free(b);
+    }
+    /* a call in a commentary message: tool_calls, no content, finish tool_calls */
+    static const char call[] = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant"
+                               "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                               "<|message|>{\\\"city\\\": \\\"Paris\\\"}";
+    char extra[1024];
+    snprintf(extra, sizeof(extra), "\"temperature\":0,\"tools\":%s", tools_chat);
+    for (int stream = 0; stream < 2; stream++) {
+        char ex[1100];
+        snprintf(ex, sizeof(ex), "%s%s", extra, stream ? ",\"stream\":true" : "");
+        char *b = forced("chat.completions", call, ex);
+        http_resp h = post(port, "/v1/chat/completions", b);
+        CHECKF(h.status == 200 && h.body && strstr(h.body, "\"name\":\"get_weather\"") &&
+               strstr(h.body, "Paris") && strstr(h.body, "\"finish_reason\":\"tool_calls\"") &&
+               strstr(h.body, stream ? "\"reasoning_content\":\"" : "\"reasoning_content\":\"abc\"") &&
+               !strstr(h.body, "commentary") && !strstr(h.body, "<|"),
+               "harmony call%s: %d %s", stream ? " streamed" : "", h.status, h.body ? h.body : "");
+        http_resp_free(&h);
+        free(b);
+    }
+    /* reasoning sent back renders as the template's thinking */
+    char *p1 = rendered(port, "chat.completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
+                        "\"Q\"},{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":"
+                        "\"R1\"}]}");
+    CHECKF(p1 && strstr(p1, "<|channel|>analysis<|message|>R1<|end|>"), "thinking not rendered: %s",
+           p1 ? p1 : "");
+    free(p1);
+done:
+    forced_max = 40;
     http_server_stop(&s);
     unlink(tpath);
 }
@@ -861,6 +1041,7 @@ int main(void)
     if (s.port > 0) {
         test_responses_plain(s.port);
         test_responses_stream(s.port);
+        test_responses_failed(s.port);
         test_responses_tools(s.port);
         test_messages_plain(s.port);
         test_messages_tools(s.port);
@@ -871,6 +1052,7 @@ int main(void)
     test_strict();
     test_think_find();
     test_reasoning();
+    test_harmony();
     unlink(model_path);
     return test_done("test_dialects_http");
 }

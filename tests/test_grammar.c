@@ -150,6 +150,37 @@ static void test_utf8(void)
     }
 }
 
+/* Closed: complete and nothing may follow (a reply cut there is whole);
+ * `[a-z]*` is complete everywhere and never closed. */
+static void test_closed(void)
+{
+    static const struct { const char *gbnf, *text; bool complete, closed; } cases[] = {
+        { "root ::= [a-z]*", "", true, false },
+        { "root ::= [a-z]*", "abc", true, false },
+        { "root ::= \"ab\"", "a", false, false },
+        { "root ::= \"ab\"", "ab", true, true },
+        { "root ::= \"a\" [b]?", "a", true, false },
+        { "root ::= \"a\" [b]?", "ab", true, true },
+        { "root ::= \"{\" [a-z]{0,2} \"}\" ws\nws ::= [ ]?", "{a}", true, false },
+        { "root ::= \"{\" [a-z]{0,2} \"}\"", "{a}", true, true },
+        { "root ::= \"x\" | \"x\" [0-9]+", "x", true, false },
+        { "root ::= \"é\"", "\xc3", false, false },
+        { "root ::= \"é\"", "é", true, true },
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {
+        kvc_grammar *g = parse(cases[i].gbnf);
+        kvc_gmatch *m = g ? kvc_gmatch_new(g, NULL) : NULL;
+        CHECKF(m && kvc_gmatch_accept_bytes(m, cases[i].text, strlen(cases[i].text)) == KVC_OK,
+               "%s: \"%s\" refused", cases[i].gbnf, cases[i].text);
+        CHECKF(m && kvc_gmatch_is_complete(m) == cases[i].complete &&
+               kvc_gmatch_is_closed(m) == cases[i].closed, "%s after \"%s\": complete %d, "
+               "closed %d", cases[i].gbnf, cases[i].text, m && kvc_gmatch_is_complete(m),
+               m && kvc_gmatch_is_closed(m));
+        kvc_gmatch_free(m);
+        kvc_grammar_free(g);
+    }
+}
+
 static void test_steps(void)
 {
     kvc_grammar *g = parse("root ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= [a-z]+");
@@ -407,6 +438,7 @@ int main(void)
     test_basics();
     test_utf8();
     test_steps();
+    test_closed();
     test_nullable_loops();
     test_cost_limits();
     test_closer();

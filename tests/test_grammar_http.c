@@ -260,6 +260,58 @@ static void test_sweep(int port)
     }
 }
 
+/* A GBNF grammar cut by max_tokens: "length" while it could go on (`[a-z ]*`
+ * is complete after every token; it said "stop"), "stop" once it closed on
+ * the last token (only the end may follow), as llama-server and OpenAI say. */
+static void test_finish_open_grammar(int port)
+{
+    int cut = 0;
+    for (int mt = 2; mt <= 12; mt += 5) {
+        char body[512];
+        snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"Say "
+                 "something.\"}],\"grammar\":\"root ::= [a-z ]*\",\"max_tokens\":%d,"
+                 "\"temperature\":0}", mt);
+        http_resp r = http_request(port, "POST", chat, body, 120);
+        cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+        const char *finish = NULL;
+        message_of(j, &finish);
+        int n = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"),
+                                                              "completion_tokens"));
+        cut += n == mt;
+        CHECKF(r.status == 200 && finish && !strcmp(finish, n == mt ? "length" : "stop"),
+               "[a-z ]*, max_tokens %d: %d tokens, finish %s", mt, n, finish ? finish : "none");
+        cJSON_Delete(j);
+        http_resp_free(&r);
+    }
+    CHECKF(cut > 0, "no reply reached max_tokens: the case is not tested");
+    /* closed on the last token: the same text as with room to spare, "stop" */
+    const char *gram = "{\"messages\":[{\"role\":\"user\",\"content\":\"Greet.\"}],\"grammar\":"
+                       "\"root ::= \\\"hello world\\\"\",\"temperature\":0,\"max_tokens\":%d}";
+    int n = 0;
+    char *text[2] = { NULL, NULL };
+    for (int k = 0; k < 2; k++) {
+        char body[512];
+        snprintf(body, sizeof(body), gram, k == 0 ? 60 : n);
+        http_resp r = http_request(port, "POST", chat, body, 120);
+        cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+        const char *finish = NULL;
+        const char *c = cJSON_GetStringValue(cJSON_GetObjectItem(message_of(j, &finish), "content"));
+        text[k] = c ? strdup(c) : NULL;
+        if (k == 0)
+            n = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"),
+                                                              "completion_tokens"));
+        CHECKF(r.status == 200 && finish && !strcmp(finish, "stop") && c &&
+               !strcmp(c, "hello world"), "closed grammar, max_tokens %d: %d \"%s\" finish %s",
+               k == 0 ? 60 : n, r.status, c ? c : "", finish ? finish : "none");
+        cJSON_Delete(j);
+        http_resp_free(&r);
+    }
+    printf("[a-z ]*: %d of 3 replies cut by max_tokens, all \"length\"; \"hello world\" closed on "
+           "its %dth token: \"stop\"\n", cut, n);
+    free(text[0]);
+    free(text[1]);
+}
+
 /* A forced tool call (tool_choice required) swept over max_tokens 1..60:
  * the cut text of a call never shows as content ("<to" with finish
  * "length", issue 28): content is null or "", and a reply without calls
@@ -338,6 +390,7 @@ int main(void)
         test_refused_at_admission(s.port);
         test_error_mid_reply(s.port);
         test_steered_end(s.port);
+        test_finish_open_grammar(s.port);
         test_sweep(s.port);
         test_forced_call_sweep(s.port);
         test_no_stall(s.port, !generated);

@@ -64,6 +64,19 @@ static void test_parse(void)
     check_parse(KVC_TOOLS_MISTRAL, "[TOOL_CALLS]f[ARGS]{\"q\": 1}[TOOL_CALLS]g[ARGS]{}", 2, "f",
                 "{\"q\":1}", "");
     check_parse(KVC_TOOLS_MISTRAL, "no calls here", 0, NULL, NULL, NULL);
+    /* harmony (gpt-oss): the recipient after the channel or before it; the
+     * analysis before the call stays (reasoning.h splits it off) */
+    check_parse(KVC_TOOLS_HARMONY, "<|channel|>analysis<|message|>x<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+                "{\"city\": \"Oslo\"}<|call|>", 1, "get_weather", "{\"city\":\"Oslo\"}",
+                "<|channel|>analysis<|message|>x<|end|>");
+    check_parse(KVC_TOOLS_HARMONY, "<|start|>assistant to=functions.f<|channel|>commentary json"
+                "<|message|>{}<|call|><|start|>assistant to=functions.g<|channel|>commentary json"
+                "<|message|>{\"k\": 2}", 2, "f", "{}", "");
+    check_parse(KVC_TOOLS_HARMONY, "<|channel|>final<|message|>no call", 0, NULL, NULL, NULL);
+    check_parse(KVC_TOOLS_HARMONY, "<|channel|>commentary to=functions.f<|message|>not json", 0,
+                NULL, NULL, NULL);
+    CHECK(kvc_tool_format_from_name("harmony") == KVC_TOOLS_HARMONY);
     /* parallel_tool_calls false: the first call only */
     char *calls = NULL, *text = NULL;
     const char *two = "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>"
@@ -91,6 +104,14 @@ static void test_holdback(void)
     CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_LLAMA3, t, strlen(t)), strlen(t));
     t = "[TOOL_";
     CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_MISTRAL, t, strlen(t)), 6);
+    t = "<|channel|>commentary to=func";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_HARMONY, t, strlen(t)), 7);
+    /* forcing a call is not offered for harmony: a clear error */
+    char *g = NULL;
+    kvc_err e = { 0 };
+    CHECK(kvc_tool_calls_grammar(KVC_TOOLS_HARMONY, "[{\"type\":\"function\",\"function\":"
+                                 "{\"name\":\"f\"}}]", NULL, false, &g, &e) == KVC_ERR_INVALID_ARG &&
+          !g && strstr(e.msg, "harmony"));
 }
 
 /* Whether grammar g accepts text whole. */

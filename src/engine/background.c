@@ -11,6 +11,7 @@
  * meanwhile stops that turn, keeps what it computed, and computes the rest
  * itself: nothing is computed twice, and nothing waits for it. */
 #include "engine.h"
+#include "reasoning.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,26 +21,38 @@ void kvc_bg_job_free(bg_job *j)
     if (!j)
         return;
     kvc_messages_free(j->messages, j->n_messages);
-    free(j->reply);
     free(j->tools_json);
     free(j->kwargs_json);
     kvc_tokbuf_free(&j->toks);
     free(j);
 }
 
-/* The reply as an assistant message with its tool calls, appended to r's
- * messages (the next request carries it so). false when out of memory. */
-static bool append_calls(kvc_request *r, const kvc_event *done)
+/* The reply as the next request carries it, appended to r's messages: an
+ * assistant message with its tool calls (text: the reply without them) and,
+ * when the client gets the reasoning apart (chat.split_reasoning), the
+ * <think> block as reasoning_content and what follows it as content, as
+ * the server split it: the template then keeps or drops the reasoning as it
+ * does for the client's next request. false when out of memory. */
+static bool append_reply(kvc_request *r, const char *text, const char *tool_calls)
 {
     kvc_chat_message *m = realloc(r->messages, (r->n_messages + 1) * sizeof(*m));
     if (!m)
         return false;
     r->messages = m;
-    m += r->n_messages;
-    *m = (kvc_chat_message){ .role = strdup("assistant"), .content = strdup(done->content),
-                             .tool_calls_json = strdup(done->tool_calls) };
-    r->n_messages++;
-    return m->role && m->content && m->tool_calls_json;
+    m += r->n_messages++;
+    *m = (kvc_chat_message){ .role = strdup("assistant") };
+    size_t len = strlen(text);
+    kvc_think_span sp = { .state = KVC_THINK_NONE };
+    if (r->chat.split_reasoning)
+        sp = kvc_think_find(text, len, r->chat.reasoning_mode, true);
+    bool split = sp.state == KVC_THINK_OPEN || sp.state == KVC_THINK_CLOSED;
+    m->content = strdup(split ? text + sp.c_begin : text);
+    if (split)
+        m->reasoning_content = strndup(text + sp.r_begin, sp.r_end - sp.r_begin);
+    if (tool_calls)
+        m->tool_calls_json = strdup(tool_calls);
+    return m->role && m->content && (!split || m->reasoning_content) &&
+           (!tool_calls || m->tool_calls_json);
 }
 
 void kvc_engine_background_queue(kvc_engine *e, kvc_request *r, const char *reply,
@@ -49,19 +62,19 @@ void kvc_engine_background_queue(kvc_engine *e, kvc_request *r, const char *repl
         !r->messages || strcmp(st->finish_reason, "cancelled") == 0)
         return;
     bool calls = done && done->tool_calls;
-    if (calls && !append_calls(r, done))
+    const char *text = calls ? (done->content ? done->content : "") : reply;
+    if (!append_reply(r, text, calls ? done->tool_calls : NULL))
         return;
     bg_job *j = calloc(1, sizeof(*j));
-    if (!j || (!calls && !(j->reply = strdup(reply)))) {
-        free(j);
+    if (!j)
         return;
-    }
     j->messages = r->messages;
     j->n_messages = r->n_messages;
     r->messages = NULL;
     r->n_messages = 0;
     j->chat.tools_json = j->tools_json = r->tools_json;   /* the template renders them too */
     j->chat.template_kwargs_json = j->kwargs_json = r->kwargs_json;
+    j->chat.special_in_content = r->chat.special_in_content;
     r->tools_json = r->kwargs_json = NULL;
     r->chat.tools_json = r->chat.template_kwargs_json = NULL;
     j->slot = (int32_t)(r->slot - e->slots);
@@ -109,7 +122,7 @@ void *kvc_engine_background_main(void *arg)
 
         kvc_err err = { 0 };
         int rc = kvc_prompt_next_turn(e->model, e->tmpl, j->messages, j->n_messages, &j->chat,
-                                      j->reply, &j->toks, &err);
+                                      NULL, &j->toks, &err);
         kvc_messages_free(j->messages, j->n_messages);
         j->messages = NULL;
         j->n_messages = 0;

@@ -27,9 +27,9 @@ struct session_slot {
  * the next request; the engine thread computes what of them its session lacks,
  * in idle time, unless the session has moved on (serial). */
 typedef struct bg_job {
-    kvc_chat_message *messages;   /* the request's conversation (taken from it) */
+    kvc_chat_message *messages;   /* the request's conversation (taken from it) and the
+                                     reply as the next request carries it */
     size_t            n_messages;
-    char             *reply;      /* the reply as the client got it */
     kvc_chat_params   chat;       /* its tools and template kwargs (owned: the two below) */
     char             *tools_json, *kwargs_json;
     kvc_tokbuf        toks;       /* the canonical tokens, made by the background thread */

@@ -229,7 +229,11 @@ static bool on_text(const char *text, size_t len, const kvc_token_logprob *lp, i
     kvc_request *r = user;
     if (atomic_load(&r->cancelled))
         return false;
-    kvc_request_push_text(r, text, len, lp, n_lp);
+    kvc_chat_stats st = { 0 };
+    if (!r->told_prompt && r->turn)          /* the first piece tells the prompt's figures */
+        kvc_turn_prompt_stats(r->turn, &st);
+    kvc_request_push_text(r, text, len, lp, n_lp, r->told_prompt ? NULL : &st);
+    r->told_prompt = true;
     return true;
 }
 

@@ -96,14 +96,14 @@ void kvc_request_push_done(kvc_request *r, int type, const char *text, size_t le
 }
 
 void kvc_request_push_text(kvc_request *r, const char *text, size_t len,
-                           const kvc_token_logprob *lp, int32_t n_lp)
+                           const kvc_token_logprob *lp, int32_t n_lp, const kvc_chat_stats *stats)
 {
     kvc_event piece = { 0 };
     if (n_lp > 0 && (piece.logprobs = malloc((size_t)n_lp * sizeof(*lp)))) {
         memcpy(piece.logprobs, lp, (size_t)n_lp * sizeof(*lp));
         piece.n_logprobs = n_lp;
     }
-    kvc_request_push_done(r, KVC_EVENT_TEXT, text, len, 0, NULL, NULL, &piece);
+    kvc_request_push_done(r, KVC_EVENT_TEXT, text, len, 0, NULL, stats, &piece);
 }
 
 bool kvc_request_next(kvc_request *r, kvc_event *ev, int timeout_ms)

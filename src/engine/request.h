@@ -53,6 +53,7 @@ struct kvc_request {
     /* engine thread only */
     session_slot     *slot;           /* the session it holds, NULL before */
     kvc_turn         *turn;           /* NULL before a session is found */
+    bool              told_prompt;    /* a TEXT event carried the prompt's figures */
 };
 
 /* A copy of p (strings and messages duplicated, stop strings too) with two
@@ -63,10 +64,11 @@ kvc_request *kvc_request_new(const kvc_request_params *p);
 void kvc_request_push(kvc_request *r, int type, const char *text, size_t len, int status,
                       const char *message, const kvc_chat_stats *stats);
 
-/* A TEXT event: the piece text[0, len) and a copy of the logprobs lp[0, n_lp)
- * of the tokens it carries (none when out of memory: DONE has them all). */
+/* A TEXT event: the piece text[0, len), a copy of the logprobs lp[0, n_lp)
+ * of the tokens it carries (none when out of memory: DONE has them all) and
+ * stats (NULL = zeros). */
 void kvc_request_push_text(kvc_request *r, const char *text, size_t len,
-                           const kvc_token_logprob *lp, int32_t n_lp);
+                           const kvc_token_logprob *lp, int32_t n_lp, const kvc_chat_stats *stats);
 
 /* kvc_request_push whose event also takes done's logprobs, tool_calls and
  * content (done may be NULL; its pointers are taken, or freed when out of

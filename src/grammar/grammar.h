@@ -188,6 +188,9 @@ int  kvc_gmatch_accept_bytes(kvc_gmatch *m, const void *bytes, size_t n);
 bool kvc_gmatch_is_complete(const kvc_gmatch *m);
 /* An end-of-generation token was accepted: nothing more is allowed. */
 bool kvc_gmatch_is_done(const kvc_gmatch *m);
+/* Complete, and no character may follow: only the end is allowed (a JSON
+ * object closed; not `[a-z]*`, which may always go on). */
+bool kvc_gmatch_is_closed(const kvc_gmatch *m);
 
 /* The fewest characters that complete the grammar from here (0 when
  * complete). An engine can steer towards the end with it when a budget

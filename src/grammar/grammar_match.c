@@ -624,6 +624,11 @@ bool kvc_gmatch_is_done(const kvc_gmatch *m)
     return current(m)->done;
 }
 
+bool kvc_gmatch_is_closed(const kvc_gmatch *m)
+{
+    return kvc_gmatch_is_complete(m) && current(m)->n_tops == 0;   /* every top is a CHARS */
+}
+
 int kvc_gmatch_accept_token(kvc_gmatch *m, int32_t token)
 {
     const kvc_gvocab *v = m ? m->v : NULL;

@@ -658,9 +658,11 @@ static bool add_keys(kvc_server *s, const kvc_server_params *p)
 }
 
 /* Whether the engine's template writes reasoning in <think> tags: in a
- * past turn's reasoning_content or in its generation prompt. */
-static bool template_thinks(kvc_engine *engine)
+ * past turn's reasoning_content or in its generation prompt; *harmony:
+ * it writes harmony's channels (gpt-oss) instead. */
+static bool template_thinks(kvc_engine *engine, bool *harmony)
 {
+    *harmony = false;
     kvc_chat_message m[2] = { { .role = "user", .content = "Hi" },
                               { .role = "assistant", .content = "Hello",
                                 .reasoning_content = "kvchat-probe" } };
@@ -671,6 +673,7 @@ static bool template_thinks(kvc_engine *engine)
         char *prompt = NULL, err[8];
         if (kvc_engine_render(engine, &p, &prompt, err, sizeof(err)) == KVC_OK)
             found = strstr(prompt, "<think>") || strstr(prompt, "</think>");
+        *harmony = *harmony || (prompt && strstr(prompt, "<|channel|>"));
         free(prompt);
     }
     return found;
@@ -706,7 +709,7 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     }
     s->lim.strict_fields = p->strict_fields;
     s->lim.n_ctx = kvc_engine_n_ctx(engine);
-    s->lim.think_tags = template_thinks(engine);
+    s->lim.think_tags = template_thinks(engine, &s->lim.think_harmony);
     s->lim.log_ignored = log_ignored;
     s->lim.log_user = s;
     s->log = p->log;

@@ -232,7 +232,9 @@ typedef struct srv_request {
                                          * text besides them is a call cut short */
     bool               think;           /* split the reply's <think> block into reasoning
                                          * (a thinking template, reasoning_format not none) */
-    bool               think_open;      /* ... the reply begins inside it (the prompt
+    int                think_open;      /* ... as enum kvc_think_mode (reasoning.h):
+                                         * harmony, or <think> tags with the reply
+                                         * beginning inside the block (the prompt
                                          * ended with <think>: server.c finds out) */
     bool               load_only;       /* nothing to generate (Ollama's generate with an
                                          * empty prompt): answered at once */
@@ -248,6 +250,7 @@ typedef struct srv_limits {
                                          * (srv_vocab_get); NULL = not checked */
     bool               strict_fields;   /* a field not used is a 400 (server_fields.c) */
     bool               think_tags;      /* the template writes reasoning in <think> tags */
+    bool               think_harmony;   /* ... or in harmony's analysis channel (gpt-oss) */
     int32_t            n_ctx;           /* the context per conversation; 0 = unknown */
     void             (*log_ignored)(const char *field, void *user); /* a request carried a
                                          * field accepted and not used; NULL = not told */
@@ -338,6 +341,8 @@ typedef struct srv_emit {
     int            blocks;        /* blocks begun */
     int            open;          /* enum srv_channel of the open block, -1 = none */
     srv_buf        acc;           /* the open block's text so far */
+    kvc_chat_stats prompt;        /* the prompt's figures, from the stream's first event
+                                     (kvc_event.stats), for sse_begin */
 } srv_emit;
 
 /* An API's shapes, chosen by the route (server.c) and used everywhere a
@@ -375,6 +380,10 @@ struct srv_dialect {
     bool  (*sse_end)(const srv_reply_id *id, bool include_usage, const kvc_chat_stats *stats,
                      int n, int per_prompt, srv_buf *out);
     char *(*sse_error)(const srv_error *e);           /* a failure after the stream began */
+    /* ... or, where the dialect has one, that failure told in choice h's
+     * terms (Responses: response.failed with the response's id); NULL =
+     * sse_error */
+    bool  (*sse_fail)(srv_emit *h, const srv_error *e, srv_buf *out);
 };
 
 /* ================================================= fields (server_fields.c) */
@@ -501,9 +510,9 @@ srv_reply srv_reply_make(const kvc_event *done, bool tool_calls, const char *con
  * further call cut short by the token limit (e.g. "</tool_ca"): it is
  * dropped, not shown as content. */
 void srv_reply_only_calls(srv_reply *rp);
-/* Split rp's content into reasoning and content at its <think> block
- * (reasoning.h; open: the reply began inside it). */
-void srv_reply_think(srv_reply *rp, bool open);
+/* Split rp's content into reasoning and content where its reasoning is
+ * written in `mode` (enum kvc_think_mode, reasoning.h). */
+void srv_reply_think(srv_reply *rp, int mode);
 /* {"input_tokens": n}, the answer of /v1/messages/count_tokens. */
 char *srv_count_tokens_json(int64_t n);
 
@@ -644,7 +653,8 @@ typedef struct srv_stream_choice {   /* the fields are private to server_stream.
     int                n_stop;
     const kvc_model   *vocab;          /* ... and the model: which one ended the reply */
     bool               forced_calls;   /* srv_request's */
-    bool               think, think_open; /* split reasoning (srv_request's) ... */
+    bool               think;          /* split reasoning (srv_request's) ... */
+    int                think_open;     /* ... written so (srv_request's) ... */
     size_t             r_sent;         /* ... text[0, r_sent) looked at for it */
     bool               content_begun;  /* content went out: its start is fixed */
 } srv_stream_choice;

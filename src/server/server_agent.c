@@ -178,8 +178,17 @@ static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim,
     r->params.chat.forced_tool_calls = force;
     if (!force)
         return 0;
-    if (r->grammar)
-        return BAD(e, "tool_choice", "response_format and a forced tool_choice cannot be combined");
+    /* a reply that is only calls has no text for response_format to shape:
+     * it shapes the answer of a later turn (OpenAI takes both, and the
+     * Agents SDK sends both: outputType and a required tool). A grammar
+     * given as such would go unused: refused */
+    static const char *const gbnf[] = { "grammar", "json_schema", "guided_json" };
+    for (size_t i = 0; r->grammar && i < sizeof(gbnf) / sizeof(gbnf[0]); i++)
+        if (get(root, gbnf[i]))
+            return BAD(e, "tool_choice", "%s and a forced tool_choice cannot be combined",
+                       gbnf[i]);
+    free(r->grammar);
+    r->grammar = NULL;
     kvc_err ke = { 0 };
     rc = kvc_tool_calls_grammar(lim->tool_format, r->params.chat.tools_json, only,
                                 !par || cJSON_IsTrue(par), &r->grammar, &ke);

@@ -56,13 +56,15 @@ void srv_reply_only_calls(srv_reply *rp)
     }
 }
 
-void srv_reply_think(srv_reply *rp, bool open)
+void srv_reply_think(srv_reply *rp, int mode)
 {
-    kvc_think_span sp = kvc_think_find(rp->content, rp->n_content, open, true);
+    kvc_think_span sp = kvc_think_find(rp->content, rp->n_content, mode, true);
     if (sp.state != KVC_THINK_OPEN && sp.state != KVC_THINK_CLOSED)
         return;
-    rp->reasoning = rp->content + sp.r_begin;
-    rp->n_reasoning = sp.r_end - sp.r_begin;
+    if (sp.r_end > sp.r_begin || mode != KVC_THINK_HARMONY) {  /* harmony: an analysis came */
+        rp->reasoning = rp->content + sp.r_begin;
+        rp->n_reasoning = sp.r_end - sp.r_begin;
+    }
     rp->content += sp.c_begin;
     rp->n_content -= sp.c_begin;
 }

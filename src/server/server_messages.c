@@ -350,14 +350,16 @@ static const char *stop_reason(const srv_reply *rp)
     return rp->stop_sequence ? "stop_sequence" : "end_turn";
 }
 
-/* Anthropic's usage: input_tokens are those not read from the cache. */
+/* Anthropic's usage: input_tokens are those not read from the cache (as
+ * llama-server counts them; nothing is "created" apart: every prompt token
+ * computed is cached without cache_control). */
 static cJSON *usage_object(const kvc_chat_stats *st)
 {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "input_tokens", st ? st->prompt_tokens - st->cached_tokens : 0);
+    cJSON_AddNumberToObject(u, "input_tokens", st->prompt_tokens - st->cached_tokens);
     cJSON_AddNumberToObject(u, "cache_creation_input_tokens", 0);
-    cJSON_AddNumberToObject(u, "cache_read_input_tokens", st ? st->cached_tokens : 0);
-    cJSON_AddNumberToObject(u, "output_tokens", st ? st->output_tokens : 0);
+    cJSON_AddNumberToObject(u, "cache_read_input_tokens", st->cached_tokens);
+    cJSON_AddNumberToObject(u, "output_tokens", st->output_tokens);
     return u;
 }
 
@@ -391,8 +393,10 @@ static cJSON *text_block(const char *text, size_t n)
     return b;
 }
 
-/* The message object: without rp the empty one message_start carries. */
-static cJSON *message_object(const srv_reply_id *id, const srv_reply *rp)
+/* The message object: without rp the empty one message_start carries, with
+ * the prompt's figures (output_tokens 0). */
+static cJSON *message_object(const srv_reply_id *id, const srv_reply *rp,
+                             const kvc_chat_stats *prompt)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", id->id);
@@ -418,7 +422,7 @@ static cJSON *message_object(const srv_reply_id *id, const srv_reply *rp)
         cJSON_AddNullToObject(o, "stop_reason");
         cJSON_AddNullToObject(o, "stop_sequence");
     }
-    cJSON_AddItemToObject(o, "usage", usage_object(rp ? &rp->done->stats : NULL));
+    cJSON_AddItemToObject(o, "usage", usage_object(rp ? &rp->done->stats : prompt));
     if (rp)
         srv_add_timings(o, &rp->done->stats);
     return o;
@@ -427,7 +431,7 @@ static cJSON *message_object(const srv_reply_id *id, const srv_reply *rp)
 static char *messages_response(const srv_reply_id *id, const srv_request *rq, const srv_reply *rp,
                                int n, int per_prompt, const kvc_model *model, bool logprobs)
 {
-    return srv_json_print(message_object(id, rp));
+    return srv_json_print(message_object(id, rp, NULL));
 }
 
 /* Anthropic's error type for a status. */
@@ -479,7 +483,9 @@ static cJSON *indexed(int index)
 static bool msg_begin(srv_emit *h, srv_buf *out)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "message", message_object(h->head.id, NULL));
+    kvc_chat_stats prompt = h->prompt;
+    prompt.output_tokens = 0;
+    cJSON_AddItemToObject(o, "message", message_object(h->head.id, NULL, &prompt));
     bool ok = event("message_start", o, out);
     return event("ping", cJSON_CreateObject(), out) && ok;
 }

@@ -450,10 +450,22 @@ static void add_usage(cJSON *o, const kvc_chat_stats *st)
     cJSON_AddNumberToObject(u, "total_tokens", (double)st->prompt_tokens + st->output_tokens);
 }
 
+/* The Responses error object {"code", "message"} of e: its code, else
+ * "server_error" for a 5xx and "invalid_prompt" for the rest (the codes
+ * OpenAI gives a failed response). */
+static cJSON *error_object(const srv_error *e)
+{
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "code", e->code[0] ? e->code
+                                       : e->http_status >= 500 ? "server_error" : "invalid_prompt");
+    cJSON_AddStringToObject(x, "message", e->message);
+    return x;
+}
+
 /* The response object: status "in_progress" without rp (output []), else
  * "completed" or "incomplete" (max_output_tokens reached) with rp's output
- * and usage. */
-static cJSON *response_object(const srv_reply_id *id, const srv_reply *rp)
+ * and usage; "failed" with error e (rp NULL). */
+static cJSON *response_object(const srv_reply_id *id, const srv_reply *rp, const srv_error *e)
 {
     cJSON *o = cJSON_CreateObject();
     const char *f = rp ? rp->done->stats.finish_reason : NULL;
@@ -461,8 +473,12 @@ static cJSON *response_object(const srv_reply_id *id, const srv_reply *rp)
     cJSON_AddStringToObject(o, "id", id->id);
     cJSON_AddStringToObject(o, "object", "response");
     cJSON_AddNumberToObject(o, "created_at", (double)id->created);
-    cJSON_AddStringToObject(o, "status", !rp ? "in_progress" : cut ? "incomplete" : "completed");
-    cJSON_AddNullToObject(o, "error");
+    cJSON_AddStringToObject(o, "status", e ? "failed" : !rp ? "in_progress"
+                                       : cut ? "incomplete" : "completed");
+    if (e)
+        cJSON_AddItemToObject(o, "error", error_object(e));
+    else
+        cJSON_AddNullToObject(o, "error");
     if (cut)
         cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "incomplete_details"), "reason",
                                 "max_output_tokens");
@@ -485,7 +501,7 @@ static cJSON *response_object(const srv_reply_id *id, const srv_reply *rp)
 static char *responses_response(const srv_reply_id *id, const srv_request *rq, const srv_reply *rp,
                                 int n, int per_prompt, const kvc_model *model, bool logprobs)
 {
-    return srv_json_print(response_object(id, rp));
+    return srv_json_print(response_object(id, rp, NULL));
 }
 
 /* ============================================================== stream */
@@ -509,8 +525,8 @@ static cJSON *item_event(srv_emit *h)
 static bool resp_begin(srv_emit *h, srv_buf *out)
 {
     cJSON *a = cJSON_CreateObject(), *b = cJSON_CreateObject();
-    cJSON_AddItemToObject(a, "response", response_object(h->head.id, NULL));
-    cJSON_AddItemToObject(b, "response", response_object(h->head.id, NULL));
+    cJSON_AddItemToObject(a, "response", response_object(h->head.id, NULL, NULL));
+    cJSON_AddItemToObject(b, "response", response_object(h->head.id, NULL, NULL));
     bool ok = event(h, "response.created", a, out);
     return event(h, "response.in_progress", b, out) && ok;
 }
@@ -635,7 +651,7 @@ static bool resp_finish(srv_emit *h, const srv_reply *rp, void *logprobs, srv_bu
     cJSON_Delete(calls);
     const char *f = rp->done->stats.finish_reason;
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "response", response_object(h->head.id, rp));
+    cJSON_AddItemToObject(o, "response", response_object(h->head.id, rp, NULL));
     return event(h, f && !strcmp(f, "length") ? "response.incomplete" : "response.completed",
                  o, out) && ok;
 }
@@ -660,6 +676,17 @@ static char *resp_sse_error(const srv_error *e)
     return srv_sse_event("error", o);
 }
 
+/* A failure mid-stream: the open item closed as it stands, then
+ * response.failed with the error (what Codex and the Agents SDK read; the
+ * generic error event alone leaves them waiting for an end). */
+static bool resp_fail(srv_emit *h, const srv_error *e, srv_buf *out)
+{
+    bool ok = close_block(h, out);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "response", response_object(h->head.id, NULL, e));
+    return event(h, "response.failed", o, out) && ok;
+}
+
 const srv_dialect srv_dialect_responses = {
     .name = "responses",
     .id_prefix = "resp_",
@@ -673,4 +700,5 @@ const srv_dialect srv_dialect_responses = {
     .sse_finish = resp_finish,
     .sse_end = resp_end,
     .sse_error = resp_sse_error,
+    .sse_fail = resp_fail,
 };

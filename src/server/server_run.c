@@ -384,7 +384,11 @@ static void parse_now(void *arg)
     j->rc = srv_request_parse(j->dialect, j->c->body ? j->c->body : "", j->c->len, &j->s->lim,
                               j->rq, j->e);
     if (!j->rc && j->rq->think)
-        j->rq->think_open = reply_opens_thinking(j->s->engine, &j->rq->params);
+        j->rq->think_open = j->s->lim.think_harmony ? KVC_THINK_HARMONY
+                          : reply_opens_thinking(j->s->engine, &j->rq->params) ? KVC_THINK_INSIDE
+                                                                               : KVC_THINK_TAGS;
+    j->rq->params.chat.split_reasoning = !j->rc && j->rq->think;
+    j->rq->params.chat.reasoning_mode = j->rc ? 0 : j->rq->think_open;
 }
 
 /* The last call for a completion POST (the whole body is in c): 413 when it

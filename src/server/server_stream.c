@@ -222,6 +222,8 @@ static bool stream_event(srv_stream *st, int i, const kvc_event *ev)
         srv_error_from_status(&st->err, ev->status, ev->message);
         srv_metrics_failed(st->metrics);
         st->finished = true;
+        if (st->dialect->sse_fail)
+            return st->dialect->sse_fail(&st->choice[i].em, &st->err, &st->buf);
         return stream_put(st, st->dialect->sse_error(&st->err));
     }
     if (ev->type == KVC_EVENT_DONE) {
@@ -326,8 +328,10 @@ kvc_request **srv_stream_requests(srv_stream *st, int *n)
 bool srv_stream_begin(srv_stream *st, int i, const kvc_event *first)
 {
     bool ok = true;
-    for (int k = 0; ok && k < st->n; k++)
+    for (int k = 0; ok && k < st->n; k++) {
+        st->choice[k].em.prompt = first->stats;
         ok = st->dialect->sse_begin(&st->choice[k].em, &st->buf);
+    }
     return ok && stream_event(st, i, first);
 }
 

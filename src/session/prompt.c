@@ -148,7 +148,7 @@ int kvc_prompt_chat(const kvc_model *m, const kvc_chat_template *tmpl,
 
 /* ------------------------------------------------------- the next turn */
 
-/* A user message no real one contains: where its content begins in the
+/* A message no real one contains: where its content begins in the
  * rendering, the next request's own text begins. */
 static const char SENTINEL[] = "\x01kvchat-next-turn\x02";
 
@@ -164,15 +164,27 @@ int kvc_prompt_next_turn(const kvc_model *m, const kvc_chat_template *tmpl,
     size_t k = n;
     if (reply)                               /* NULL: msgs[n - 1] is the reply already */
         all[k++] = (kvc_chat_message){ "assistant", reply };
-    all[k++] = (kvc_chat_message){ "user", SENTINEL };
+    /* a reply with tool calls is answered by a tool message: a template may
+     * render the reply differently before one than before a user message
+     * (Qwen3 keeps the reasoning of the turns after the last user query);
+     * a template that refuses it gets a user message */
+    bool calls = k > 0 && all[k - 1].tool_calls_json && all[k - 1].tool_calls_json[0];
+    all[k++] = calls ? (kvc_chat_message){ .role = "tool", .content = SENTINEL,
+                                           .tool_call_id = SENTINEL }
+                     : (kvc_chat_message){ "user", SENTINEL };
     kvc_rendered r;
     int rc = kvc_chat_template_apply(tmpl, all, k, p ? p->tools_json : NULL,
                                      p ? p->template_kwargs_json : NULL, true, &r, err);
+    if (rc && calls) {
+        all[k - 1] = (kvc_chat_message){ "user", SENTINEL };
+        rc = kvc_chat_template_apply(tmpl, all, k, p ? p->tools_json : NULL,
+                                     p ? p->template_kwargs_json : NULL, true, &r, err);
+    }
     free(all);
     if (rc)
         return rc;
-    /* cut where the next user message's content begins (or, when the template
-     * hides it, keep the whole: the tokens are cut at a control token below) */
+    /* cut where the next message's text begins (or, when the template hides
+     * it, keep the whole: the tokens are cut at a control token below) */
     char *at = strstr(r.text, SENTINEL);
     size_t len = at ? (size_t)(at - r.text) : r.len;
     rc = tokenize_rendered(m, &r, len, p && p->special_in_content, out, err);

@@ -56,9 +56,10 @@ int kvc_prompt_chat(const kvc_model *m, const kvc_chat_template *tmpl, const kvc
                     kvc_err *err);
 
 /* The conversation msgs[0, n) followed by the assistant's `reply`, as the next
- * request will carry it: rendered with a user message after the reply (the
- * template may rewrite the reply in history: trim it, drop a reasoning block)
- * and cut where that user message's content begins, so the end-of-turn markup
+ * request will carry it: rendered with a user message after the reply (a
+ * tool message when the reply has tool calls; the template may rewrite the
+ * reply in history: trim it, drop a reasoning block) and cut where that
+ * message's text (its content or call id) begins, so the end-of-turn markup
  * and the next turn's header are included. *out (empty) gets the tokens of
  * that text that begin the next request's tokens whatever its user message
  * says: up to and including the last control token (text is tokenized in

@@ -216,6 +216,10 @@ void kvc_turn_set_dropped(kvc_turn *t, int32_t dropped);
 /* The session a turn runs on. */
 kvc_session *kvc_turn_session(const kvc_turn *t);
 
+/* The prompt's figures once the turn is prepared: stats's prompt_tokens,
+ * cached_tokens and cached_disk_tokens (the rest untouched). */
+void kvc_turn_prompt_stats(const kvc_turn *t, kvc_chat_stats *stats);
+
 /* The reply tokens' logprobs (chat params logprobs >= 0), taken: *out is
  * malloc'd (NULL when none), call before kvc_turn_end. */
 void kvc_turn_take_logprobs(kvc_turn *t, kvc_token_logprob **out, int32_t *n);

@@ -597,6 +597,13 @@ void kvc_turn_take_logprobs(kvc_turn *t, kvc_token_logprob **out, int32_t *n)
     turn_sample_take_logprobs(&t->ts, out, n);
 }
 
+void kvc_turn_prompt_stats(const kvc_turn *t, kvc_chat_stats *stats)
+{
+    stats->prompt_tokens = (int32_t)t->n_prompt;
+    stats->cached_tokens = (int32_t)t->matched;
+    stats->cached_disk_tokens = (int32_t)t->from_disk;
+}
+
 /* ----------------------------------------------------- decode and finish */
 
 /* The reply ends: flush the stream. The last token sampled stays in the
@@ -682,8 +689,9 @@ static void on_logits(kvc_turn *t, const float *logits)
         to_finish(t, "stop");
     else if (t->cancelled)
         to_finish(t, "cancelled");
-    else if (t->n_out >= t->max_out)        /* a grammar completed on the last token */
-        to_finish(t, t->ts.m && turn_sample_complete(&t->ts) ? "stop" : "length");
+    else if (t->n_out >= t->max_out)        /* a grammar closed on the last token: only the
+                                               end could follow (as an EOG would have) */
+        to_finish(t, turn_sample_closed(&t->ts) ? "stop" : "length");
     else
         t->phase = KVC_TURN_DECODE;
 }

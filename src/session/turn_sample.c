@@ -123,9 +123,9 @@ int turn_sample_accept(turn_sample *ts, int32_t token, kvc_err *err)
     return rc ? matcher_failed(ts, rc, err) : KVC_OK;
 }
 
-bool turn_sample_complete(const turn_sample *ts)
+bool turn_sample_closed(const turn_sample *ts)
 {
-    return !ts->m || kvc_gmatch_is_complete(ts->m);
+    return ts->m && kvc_gmatch_is_closed(ts->m);
 }
 
 void turn_sample_stats(const turn_sample *ts, int32_t *n_masks, double *mask_ms)

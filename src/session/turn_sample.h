@@ -45,8 +45,9 @@ int  turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, in
  * KVC_ERR_NOMEM, or the matcher's KVC_ERR_UNSUPPORTED (err says why). */
 int  turn_sample_accept(turn_sample *ts, int32_t token, kvc_err *err);
 
-/* Whether the grammar (if any) is complete: a reply may end here. */
-bool turn_sample_complete(const turn_sample *ts);
+/* Whether there is a grammar and it is closed (kvc_gmatch_is_closed): only
+ * the end may follow, so a reply cut here by max_tokens is whole ("stop"). */
+bool turn_sample_closed(const turn_sample *ts);
 
 /* Masks computed and their time, for the stats. */
 void turn_sample_stats(const turn_sample *ts, int32_t *n_masks, double *mask_ms);

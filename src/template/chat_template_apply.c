@@ -17,6 +17,8 @@ struct kvc_chat_template {
     int   family;                 /* the built-in format the Jinja source is recognised as */
     char *bos, *eos;
     bool  strip_bos;
+    bool  thinking;               /* a harmony template (gpt-oss): it reads an assistant's
+                                     reasoning as message.thinking */
     char  describe[192];
 };
 
@@ -73,6 +75,7 @@ int kvc_chat_template_new(const kvc_chat_template_params *p, kvc_chat_template *
         if (!rc && p->jinja_tool_use && *p->jinja_tool_use)
             rc = compile(p->jinja_tool_use, "chat template tool_use", &t->jinja_tools, err);
         t->family = kvc_chat_template_detect(p->jinja);
+        t->thinking = strstr(p->jinja, "<|channel|>") != NULL;
         snprintf(t->describe, sizeof(t->describe), "%s Jinja chat template%s%s%s",
                  p->origin ? p->origin : "the model's", t->jinja_tools ? " (and its tool_use variant)" : "",
                  t->family != KVC_TMPL_UNKNOWN ? ", family " : "",
@@ -253,8 +256,10 @@ int kvc_chat_kwargs_merge(const char *defaults, const char *request, char **out,
     return KVC_OK;
 }
 
+/* thinking: reasoning_content is also given as "thinking" (harmony templates
+ * read that, as llama-server gives it). */
 static int build_data(const kvc_chat_message *msgs, size_t n, const char *tools_json,
-                      const char *kwargs_json, jbuf *b, kvc_err *err)
+                      const char *kwargs_json, bool thinking, jbuf *b, kvc_err *err)
 {
     jb_puts(b, "{");
     if (kwargs_json) {   /* first, so messages and tools win a clash */
@@ -281,6 +286,8 @@ static int build_data(const kvc_chat_message *msgs, size_t n, const char *tools_
         jb_field(b, "name", m->name);
         jb_field(b, "tool_call_id", m->tool_call_id);
         jb_field(b, "reasoning_content", m->reasoning_content);
+        if (thinking)
+            jb_field(b, "thinking", m->reasoning_content);
         if (m->tool_calls_json) {
             jb_puts(b, ", \"tool_calls\": ");
             int rc = put_tool_calls(b, m->tool_calls_json, i, err);
@@ -339,7 +346,7 @@ int kvc_chat_template_apply(const kvc_chat_template *t, const kvc_chat_message *
         return apply_builtin(t, msgs, n, add_generation_prompt, out, err);
 
     jbuf data = { 0 }, trusted = { 0 };
-    int rc = build_data(msgs, n, tools_json, kwargs_json, &data, err);
+    int rc = build_data(msgs, n, tools_json, kwargs_json, t->thinking, &data, err);
     if (!rc) {
         jb_puts(&trusted, "{\"bos_token\": ");
         jb_string(&trusted, t->bos);

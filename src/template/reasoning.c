@@ -31,8 +31,59 @@ static size_t find_tag(const char *text, size_t from, size_t len, const char *ta
     return len;
 }
 
-kvc_think_span kvc_think_find(const char *text, size_t len, bool open, bool final)
+static const char CHANNEL[] = "<|channel|>", ANALYSIS[] = "<|channel|>analysis<|message|>",
+                  FINAL[] = "<|channel|>final<|message|>", END[] = "<|end|>",
+                  START[] = "<|start|>assistant";
+
+/* Whether text[0, len) and tag agree as far as both go. */
+static bool prefix_of(const char *text, size_t len, const char *tag)
 {
+    size_t t = strlen(tag);
+    return !memcmp(text, tag, len < t ? len : t);
+}
+
+static kvc_think_span harmony_find(const char *text, size_t len, bool final)
+{
+    kvc_think_span s = { 0 };
+    size_t at = 0, t = sizeof(START) - 1;
+    if (len >= t && !memcmp(text, START, t))
+        at = t;                                /* a reply may repeat its header */
+    const char *p = text + at;
+    size_t rest = len - at;
+    if (!final && ((rest < sizeof(ANALYSIS) - 1 && prefix_of(p, rest, ANALYSIS)) ||
+                   (rest < sizeof(FINAL) - 1 && prefix_of(p, rest, FINAL)))) {
+        s.state = KVC_THINK_UNDECIDED;         /* "<|chan", "<|channel|>analy", ... */
+        return s;
+    }
+    if (rest < sizeof(CHANNEL) - 1 || memcmp(p, CHANNEL, sizeof(CHANNEL) - 1)) {
+        s.state = KVC_THINK_NONE;              /* no channel: all of it is content */
+        return s;
+    }
+    size_t after = at;                         /* where the reasoning ends */
+    s.r_begin = s.r_end = at;
+    if (rest >= sizeof(ANALYSIS) - 1 && !memcmp(p, ANALYSIS, sizeof(ANALYSIS) - 1)) {
+        s.r_begin = at + sizeof(ANALYSIS) - 1;
+        size_t end = find_tag(text, s.r_begin, len, END);
+        if (end == len) {
+            s.state = KVC_THINK_OPEN;
+            s.r_end = final ? len : len - partial_tag(text, s.r_begin, len, END);
+            s.c_begin = len;
+            return s;
+        }
+        s.r_end = end;
+        after = end + sizeof(END) - 1;
+    }
+    s.state = KVC_THINK_CLOSED;
+    size_t f = find_tag(text, after, len, FINAL);
+    s.c_begin = f == len ? len : f + sizeof(FINAL) - 1;
+    return s;
+}
+
+kvc_think_span kvc_think_find(const char *text, size_t len, int mode, bool final)
+{
+    if (mode == KVC_THINK_HARMONY)
+        return harmony_find(text, len, final);
+    bool open = mode == KVC_THINK_INSIDE;
     kvc_think_span s = { 0 };
     size_t at = 0;
     if (!open) {
@@ -41,7 +92,7 @@ kvc_think_span kvc_think_find(const char *text, size_t len, bool open, bool fina
         size_t rest = len - at, t = sizeof(OPEN_TAG) - 1;
         if (rest >= t && !memcmp(text + at, OPEN_TAG, t)) {
             at += t;
-        } else if (!final && !memcmp(text + at, OPEN_TAG, rest)) {
+        } else if (!final && prefix_of(text + at, rest, OPEN_TAG)) {
             s.state = KVC_THINK_UNDECIDED;     /* "", "  <th", ...: it may still open */
             return s;
         } else {

@@ -1,7 +1,15 @@
 /* reasoning.h - where a reply's reasoning (thinking) is, for templates that
  * write it between <think> and </think> (Qwen3, Qwen3.5, DeepSeek-R1 and
- * their distills, QwQ, ...), as llama-server's reasoning_format "auto"
- * splits it.
+ * their distills, QwQ, ...), and for gpt-oss's harmony format, as
+ * llama-server's reasoning_format "auto" splits them.
+ *
+ * Harmony (KVC_THINK_HARMONY): the reply (after the generation prompt
+ * "<|start|>assistant") is a run of messages "<|channel|>NAME<|message|>
+ * TEXT<|end|><|start|>assistant...". The reasoning is the text of a first
+ * "analysis" message, the content the text after "<|channel|>final
+ * <|message|>"; anything else (a commentary message that calls a tool:
+ * tool_calls.h's HARMONY format) is neither. A reply without a channel is
+ * all content.
  *
  * A reply either begins inside the thinking block (the template's
  * generation prompt ended with "<think>": `open`) or may begin with
@@ -15,6 +23,13 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+
+/* How a reply's reasoning is written (the `mode` of kvc_think_find). */
+enum kvc_think_mode {
+    KVC_THINK_TAGS    = 0,     /* <think>...</think>, the reply may open it */
+    KVC_THINK_INSIDE  = 1,     /* ... the reply begins inside it */
+    KVC_THINK_HARMONY = 2,     /* harmony channels */
+};
 
 enum kvc_think_state {
     KVC_THINK_UNDECIDED = 0,   /* only whitespace or a part of "<think>" so far */
@@ -32,9 +47,12 @@ typedef struct kvc_think_span {
                                   nothing of it came yet) */
 } kvc_think_span;
 
-/* The span of text[0, len). final: the reply is whole (UNDECIDED becomes
- * NONE; an OPEN block runs to the end). */
-kvc_think_span kvc_think_find(const char *text, size_t len, bool open, bool final);
+/* The span of text[0, len) written in `mode` (enum kvc_think_mode; a bool
+ * "the reply begins inside <think>" is TAGS or INSIDE). final: the reply is
+ * whole (UNDECIDED becomes NONE; an OPEN block runs to the end). Harmony:
+ * CLOSED once the analysis message ended (or when the reply began with
+ * another channel), its c_begin len while no final channel has begun. */
+kvc_think_span kvc_think_find(const char *text, size_t len, int mode, bool final);
 
 /* Whether a rendered prompt leaves the reply inside a thinking block: it
  * ends with "<think>" and whitespace. */

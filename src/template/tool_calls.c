@@ -10,16 +10,16 @@
 
 #define MAX_PARALLEL 8
 
-static const char *const names[] = { "hermes", "llama3-json", "mistral" };
+static const char *const names[] = { "hermes", "llama3-json", "mistral", "harmony" };
 
 const char *kvc_tool_format_name(int f)
 {
-    return f >= 0 && f <= KVC_TOOLS_MISTRAL ? names[f] : "hermes";
+    return f >= 0 && f <= KVC_TOOLS_HARMONY ? names[f] : "hermes";
 }
 
 int kvc_tool_format_from_name(const char *name)
 {
-    for (int i = 0; i <= KVC_TOOLS_MISTRAL; i++)
+    for (int i = 0; i <= KVC_TOOLS_HARMONY; i++)
         if (!strcmp(name, names[i]))
             return i;
     return -1;
@@ -45,7 +45,9 @@ int kvc_tool_format_detect(const kvc_chat_template *t)
         const char *last = NULL;
         for (const char *p = r.text; (p = strstr(p, "probe_fn")); p++)
             last = p;                          /* the call comes after the tool list */
-        if (strstr(r.text, "[TOOL_CALLS]"))
+        if (strstr(r.text, "to=functions.probe_fn"))
+            f = KVC_TOOLS_HARMONY;
+        else if (strstr(r.text, "[TOOL_CALLS]"))
             f = KVC_TOOLS_MISTRAL;
         else if (strstr(r.text, "<tool_call>"))
             f = KVC_TOOLS_HERMES;
@@ -201,6 +203,63 @@ static bool parse_mistral_args(const char *r, size_t len, cJSON *arr, uint64_t s
     return true;
 }
 
+/* Where the last tag in r[from, upto) begins; upto when none. */
+static size_t last_before(const char *r, size_t upto, const char *tag, size_t from)
+{
+    size_t n = strlen(tag), found = upto;
+    for (size_t i = from; i + n <= upto; i++)
+        if (!memcmp(r + i, tag, n))
+            found = i;
+    return found;
+}
+
+/* Harmony: every message addressed "to=functions.NAME", its arguments the
+ * text after its <|message|> up to <|call|> (or the next message); the
+ * text before the first call's message is content. */
+static void parse_harmony(const char *r, size_t len, cJSON *arr, uint64_t seed, char **content,
+                          size_t *clen, size_t *ccap, bool *oom)
+{
+    static const char to[] = "to=functions.", msg[] = "<|message|>";
+    size_t at = 0, first = len;
+    const char *t;
+    while (at < len && (t = memmem(r + at, len - at, to, sizeof(to) - 1))) {
+        size_t name = (size_t)(t - r) + sizeof(to) - 1, ne = name;
+        while (ne < len && !strchr(" \t\r\n<", r[ne]))
+            ne++;
+        const char *m = memmem(r + ne, len - ne, msg, sizeof(msg) - 1);
+        if (!m || ne == name)
+            break;
+        size_t a = (size_t)(m - r) + sizeof(msg) - 1, ae = len;
+        static const char *const ends[] = { "<|call|>", "<|end|>", "<|start|>" };
+        for (size_t k = 0; k < 3; k++) {
+            const char *e = memmem(r + a, len - a, ends[k], strlen(ends[k]));
+            if (e && (size_t)(e - r) < ae)
+                ae = (size_t)(e - r);
+        }
+        size_t used = 0;
+        cJSON *args = json_at(r + a, ae - a, &used);
+        if (args) {
+            cJSON *o = cJSON_CreateObject();
+            char *nm = strndup(r + name, ne - name);
+            *oom = *oom || !nm;
+            cJSON_AddStringToObject(o, "name", nm ? nm : "");
+            free(nm);
+            cJSON_AddItemToObject(o, "arguments", args);
+            if (add_call(arr, o, "arguments", seed) && first == len) {
+                /* the call's message begins at its <|start|>, else its <|channel|> */
+                size_t to_at = (size_t)(t - r), end = last_before(r, to_at, "<|end|>", 0);
+                end = end == to_at ? 0 : end;
+                size_t st = last_before(r, to_at, "<|start|>", end), ch = last_before(r, to_at,
+                                                                                 "<|channel|>", end);
+                first = st < to_at ? st : ch < to_at ? ch : to_at;
+            }
+            cJSON_Delete(o);
+        }
+        at = ae;
+    }
+    append(content, clen, ccap, r, first, oom);
+}
+
 int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_seed,
                          int max_calls, char **calls_json, char **content)
 {
@@ -216,6 +275,8 @@ int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_
     trim(&r, &n);
     if (format == KVC_TOOLS_HERMES) {
         parse_hermes(r, n, arr, id_seed, &text, &tl, &tc, &oom);
+    } else if (format == KVC_TOOLS_HARMONY) {
+        parse_harmony(r, n, arr, id_seed, &text, &tl, &tc, &oom);
     } else if (format == KVC_TOOLS_LLAMA3) {
         static const char tag[] = "<|python_tag|>";
         if (n >= sizeof(tag) - 1 && !memcmp(r, tag, sizeof(tag) - 1))
@@ -269,7 +330,8 @@ int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_
 
 size_t kvc_tool_calls_holdback(int format, const char *text, size_t len)
 {
-    const char *mark = format == KVC_TOOLS_MISTRAL ? "[TOOL_CALLS]"
+    const char *mark = format == KVC_TOOLS_HARMONY ? "to=functions."
+                     : format == KVC_TOOLS_MISTRAL ? "[TOOL_CALLS]"
                      : format == KVC_TOOLS_LLAMA3 ? "<|python_tag|>" : "<tool_call>";
     size_t ml = strlen(mark);
     if (memmem(text, len, mark, ml))
@@ -332,6 +394,11 @@ int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only,
     if (!cJSON_IsArray(tools)) {
         cJSON_Delete(tools);
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "tools must be a non-empty array");
+    }
+    if (format == KVC_TOOLS_HARMONY) {
+        cJSON_Delete(tools);
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "tool_choice: forcing a call is not supported "
+                        "for this template's tool-call format (harmony); use \"auto\"");
     }
     const char *key = format == KVC_TOOLS_LLAMA3 ? "parameters" : "arguments";
     char *g = NULL, *alts = NULL;

@@ -12,6 +12,10 @@
  *            (optionally after <|python_tag|>; several joined by ";").
  *   MISTRAL  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]
  *            and the newer [TOOL_CALLS]f[ARGS]{...}.
+ *   HARMONY  gpt-oss: a commentary message addressed to the function,
+ *                <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
+ *            (the recipient may also stand before the channel); the text
+ *            before the call's message is content (reasoning.h splits it).
  * The format of a template is found by rendering a conversation with one
  * tool call through it and looking at what surrounds the call. */
 #ifndef KVC_TOOL_CALLS_H
@@ -23,11 +27,13 @@ enum kvc_tool_format {
     KVC_TOOLS_HERMES = 0,    /* also the default when nothing is recognised */
     KVC_TOOLS_LLAMA3 = 1,
     KVC_TOOLS_MISTRAL = 2,
+    KVC_TOOLS_HARMONY = 3,   /* no forcing grammar: tool_choice required is refused */
 };
 
 /* The format template t renders tool calls in (HERMES when not recognised). */
 int kvc_tool_format_detect(const kvc_chat_template *t);
-const char *kvc_tool_format_name(int format);       /* "hermes", "llama3-json", "mistral" */
+const char *kvc_tool_format_name(int format);       /* "hermes", "llama3-json", "mistral",
+                                                       "harmony" */
 int kvc_tool_format_from_name(const char *name);    /* -1 when unknown */
 
 /* Parse reply (len bytes) in `format`, keeping at most max_calls calls (0 =
