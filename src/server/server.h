@@ -90,6 +90,9 @@ typedef struct kvc_server_params {
     const char *cors_origins;    /* origins allowed to call from a browser: "*" or a comma
                                   * list ("https://a.example,https://b.example"); NULL = none.
                                   * OPTIONS preflights are answered 204 either way */
+    bool        no_webui;        /* no chat page: GET / and /webui/... answer 404
+                                  * (default: the page of server_webui.h, open
+                                  * without an API key) */
 } kvc_server_params;
 
 kvc_server_params kvc_server_default_params(void);

@@ -22,6 +22,7 @@ struct kvc_server {
     bool               share_keys;   /* one cache namespace for every key */
     char              *model_name;
     char              *cors;         /* allowed origins ("*" or a comma list); NULL = none */
+    bool               webui;        /* GET / serves the chat page (server_webui.c) */
     size_t             max_body;
     int                port;
     time_t             started;
@@ -43,6 +44,7 @@ struct kvc_server {
 enum route {
     ROUTE_NONE = 0, ROUTE_GENERATE, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
     ROUTE_METRICS, ROUTE_APPLY_TEMPLATE, ROUTE_TOKENIZE, ROUTE_DETOKENIZE, ROUTE_COUNT_TOKENS,
+    ROUTE_WEBUI,      /* a file of the chat page (server_webui.h) */
 };
 
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */
@@ -76,6 +78,9 @@ enum MHD_Result srv_respond_json(const kvc_server *s, struct MHD_Connection *mc,
 void srv_add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_Response *r);
 /* The client's socket, -1 when unknown. */
 int srv_conn_fd(struct MHD_Connection *mc);
+/* 200 with the chat page's file f (or 304 when the request's If-None-Match
+ * names its ETag), with its security headers (server_webui.c). */
+enum MHD_Result srv_webui_respond(struct MHD_Connection *mc, const struct srv_webui_file *f);
 
 /* ==================================== generation requests (server_run.c) */
 
