@@ -29,6 +29,8 @@
  *   server_guard.c    the deadline for receiving a request (a watchdog that
  *                     drops connections whose request has not arrived in time),
  *                     and whether a client hung up.
+ *   server_webui.c    the chat page at GET / (server_webui.h): its files,
+ *                     embedded at build time, with their security headers.
  *
  * Threads: every HTTP connection has its own thread; a request blocks that
  * thread only (kvc_request_next with a short tick, checking for a client that

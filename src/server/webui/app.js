@@ -503,7 +503,7 @@
           if (navigator.clipboard) navigator.clipboard.writeText(n.content).then(() => toast('Copied'));
         }, 'act copy'));
     }
-    if (n.role === 'assistant') meta.appendChild(statsEl(n));
+    if (n.role === 'assistant') art.appendChild(statsEl(n));
     art.appendChild(meta);
     return art;
   }
@@ -645,7 +645,8 @@
 
   function autosize(ta) {
     ta.style.height = 'auto';
-    ta.style.height = Math.min(ta.scrollHeight, 240) + 'px';
+    ta.style.height = Math.min(ta.scrollHeight + 2, 240) + 'px';
+    ta.style.overflowY = ta.scrollHeight > 240 ? 'auto' : 'hidden';
   }
 
   function init() {
@@ -674,6 +675,12 @@
     });
     $('open-settings').addEventListener('click', () => openSettings(false));
     $('settings-cancel').addEventListener('click', () => $('settings').close());
+    // back to the message box once the dialog is gone (Chromium gives the
+    // focus back to it, but typing goes nowhere until it is focused anew)
+    $('settings').addEventListener('close', () => setTimeout(() => {
+      input.blur();
+      input.focus();
+    }, 0));
     $('settings-form').addEventListener('submit', (ev) => {
       if (ev.submitter && ev.submitter.value === 'save') saveSettings();
     });

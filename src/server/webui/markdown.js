@@ -11,6 +11,13 @@ window.kvcMarkdown = (() => {
     ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]);
   const plain = (text) => '<p class="plain">' + escapeHtml(text) + '</p>';
 
+  // Debian 12's node-dompurify (2.4.1+dfsg-2+deb12u1) has sanitize() read a
+  // `shadowNode` it never declares (a slip of the backported nesting-depth
+  // fix), so every call with markup throws a ReferenceError. Upstream has no
+  // such check at that point; a global of that name at depth 0 makes it a
+  // no-op, and the per-node depth checks that follow work as upstream's.
+  if (!('shadowNode' in window)) window.shadowNode = { __depth: 0 };
+
   const hasMarked = typeof marked !== 'undefined' && typeof marked.parse === 'function';
   const hasPurify = typeof DOMPurify !== 'undefined' && DOMPurify.isSupported;
   const hasHljs = typeof hljs !== 'undefined';
