@@ -28,8 +28,11 @@
 //   - the conversation survives a reload (localStorage);
 //   - max tokens past the context shows context_length_exceeded; Stop ends
 //     a long reply (the server's request ends too);
-//   - a server with --api-key: the page asks for the key, then chats.
-// Screenshots: turn 3, the edit's branch, the Markdown, the key dialog.
+//   - a server with --api-key: the page asks for the key, then chats;
+//   - reasoning_content (a template that opens <think>) is shown apart from
+//     the answer, folded once the reply is done.
+// Screenshots: turn 3, the edit's branch, the Markdown, the key dialog and
+// chat, the reasoning.
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
@@ -461,6 +464,35 @@ test('the chat page in Chromium', { timeout: 240000 }, async (t) => {
     // the 401s of the first load are the console's only errors
     const errors = (await consoleErrors()).filter((m) => !/401/.test(m));
     assert.deepEqual(errors, []);
+  });
+
+  await t.test('reasoning is shown apart, folded', async () => {
+    // a template whose generation prompt opens <think>: the server sends the
+    // reply as reasoning_content until </think> (a random model never closes it)
+    const tmpl = join(work, 'think.jinja');
+    writeFileSync(tmpl, '{%- for m in messages %}<|im_start|>{{ m.role }}\n' +
+      '{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n{% endif %}' +
+      '{{ m.content }}<|im_end|>\n{% endfor %}' +
+      '{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}');
+    const thinking = await serve(['-m', model, '--chat-template-file', tmpl]);
+    await wd('POST', s('/url'), { url: thinking.root + '/' });
+    await waitFor('the model name', async () => /random/.test(
+      await js("return document.getElementById('model-name').textContent")));
+    await openSettingsAndSet({ 'set-max-tokens': 24 });
+    await sendMessage('Think first.');
+    const reply = shownPath(await conversation()).pop();
+    assert.ok(reply.reasoning.length > 0, 'no reasoning_content came');
+    assert.equal(reply.content, '');
+    const r = await js(`const d = document.querySelector('article.assistant details.reasoning');
+      return d && { open: d.open, summary: d.querySelector('summary').textContent,
+                    text: d.querySelector('.reasoning-body').textContent };`);
+    assert.ok(r, 'no reasoning block');
+    assert.equal(r.open, false, 'folded once the reply is done');
+    assert.match(r.summary, /^Reasoning \(\d+ characters\)$/);
+    assert.ok(r.text.trim().length > 0);
+    await click(await find('article.assistant details.reasoning summary'));
+    await screenshot('6-reasoning.png');
+    assert.deepEqual(await consoleErrors(), []);
   });
 
   console.log(`chat_page: screenshots in ${shots}; ${((Date.now() - t0) / 1000).toFixed(1)} s`);

@@ -428,12 +428,16 @@
 
   // The inside of a message's bubble (re-made while its reply streams).
   function fillBubble(bubble, n) {
+    const was = bubble.querySelector('details.reasoning[data-manual]');   // opened or closed by hand
     bubble.replaceChildren();
     if (n.role === 'assistant' && n.reasoning) {
       const d = el('details', 'reasoning');
-      d.open = n.pending && !n.content && S.settings.showReasoning;
       const thinking = n.pending && !n.content;
-      d.appendChild(el('summary', null, thinking ? 'Reasoning…' : `Reasoning (${n.reasoning.length} characters)`));
+      d.open = was ? was.open : thinking && S.settings.showReasoning;   // folded once the answer comes
+      if (was) d.dataset.manual = '1';
+      const sum = el('summary', null, thinking ? 'Reasoning…' : `Reasoning (${n.reasoning.length} characters)`);
+      sum.addEventListener('click', () => { d.dataset.manual = '1'; });
+      d.appendChild(sum);
       const body = el('div', 'reasoning-body markdown');
       body.innerHTML = kvcMarkdown.render(n.reasoning);
       d.appendChild(body);
@@ -569,7 +573,7 @@
         cached += node.stats.cached;
         n++;
       }
-    t.textContent = n ? `${n} replies · ${cached} of ${prompt} prompt tokens cached` +
+    t.textContent = n ? `${n} repl${n === 1 ? 'y' : 'ies'} · ${cached} of ${prompt} prompt tokens cached` +
                         ` (${Math.round((100 * cached) / Math.max(1, prompt))}%)` : '';
     t.dataset.prompt = String(prompt);
     t.dataset.cached = String(cached);
