@@ -249,7 +249,7 @@ const requestOf = (c, uptoNodeId) => {
 };
 
 // ============================================================ the test
-test('the chat page in Chromium', { timeout: 240000 }, async (t) => {
+test('the chat page in Chromium', { timeout: 540000 }, async (t) => {
   const t0 = Date.now();
   const model = join(work, 'model.gguf');
   // big enough that a reply takes a few hundred ms: its streaming is seen
@@ -279,10 +279,10 @@ test('the chat page in Chromium', { timeout: 240000 }, async (t) => {
 
   await t.test('settings are kept', async () => {
     await openSettingsAndSet({ 'set-system': SYSTEM, 'set-temperature': 1, 'set-seed': 42,
-                               'set-max-tokens': 40 });
+                               'set-max-tokens': 64 });
     const kept = await js("return JSON.parse(localStorage.getItem('kvchat.settings'))");
     assert.equal(kept.system, SYSTEM);
-    assert.equal(kept.maxTokens, '40');
+    assert.equal(kept.maxTokens, '64');
   });
 
   const turns = ['Hello! What can you do?', 'Tell me about caches.', 'And the prefix tree?'];
@@ -304,7 +304,7 @@ test('the chat page in Chromium', { timeout: 240000 }, async (t) => {
       const tokens = await tokensOf(requestOf(c, path[path.length - 2].id));
       assert.equal(Number(st.prompt), tokens.length, 'prompt tokens');
       assert.equal(Number(st.cached) + Number(st.computed), Number(st.prompt));
-      assert.equal(Number(st.output), 40);          // max tokens, as set
+      assert.equal(Number(st.output), 64);          // max tokens, as set
       if (prevTokens)
         assert.ok(Number(st.cached) >= commonPrefix(prevTokens, tokens),
                   `turn ${i + 1} cached ${st.cached} < ${commonPrefix(prevTokens, tokens)}`);
@@ -478,7 +478,7 @@ test('the chat page in Chromium', { timeout: 240000 }, async (t) => {
     await wd('POST', s('/url'), { url: thinking.root + '/' });
     await waitFor('the model name', async () => /random/.test(
       await js("return document.getElementById('model-name').textContent")));
-    await openSettingsAndSet({ 'set-max-tokens': 24 });
+    await openSettingsAndSet({ 'set-max-tokens': 24, 'set-temperature': 1, 'set-seed': 42 });
     await sendMessage('Think first.');
     const reply = shownPath(await conversation()).pop();
     assert.ok(reply.reasoning.length > 0, 'no reasoning_content came');

@@ -55,6 +55,7 @@
     return c && c.nodes ? c : null;
   }
   function saveConv(c) {
+    if (c.deleted) return;
     c.updated = Date.now();
     store(KEY_CONV + c.id, c);
     const entry = { id: c.id, title: c.title, updated: c.updated };
@@ -63,6 +64,10 @@
     renderSidebar();
   }
   function deleteConv(id) {
+    if (S.busy && S.busy.conv.id === id) {   // its reply would save it again
+      S.busy.conv.deleted = true;
+      stop();
+    }
     localStorage.removeItem(KEY_CONV + id);
     S.index = S.index.filter((e) => e.id !== id);
     store(KEY_INDEX, S.index);
@@ -494,7 +499,7 @@
       nav.append(prev, el('span', 'branch-pos', `${i + 1}/${sib.length}`), next);
       meta.appendChild(nav);
     }
-    if (!n.pending) {
+    if (!S.busy) {   // an edit or a regeneration waits for the reply streaming
       meta.appendChild(button('Edit', 'Edit this message', () => {
         S.editing = n.id;
         renderMessages();
@@ -504,7 +509,8 @@
                                 'act regen'));
       if (n.content)
         meta.appendChild(button('Copy', 'Copy the text', () => {
-          if (navigator.clipboard) navigator.clipboard.writeText(n.content).then(() => toast('Copied'));
+          if (!navigator.clipboard) toast('Copying needs https or localhost');   // a secure context
+          else navigator.clipboard.writeText(n.content).then(() => toast('Copied'));
         }, 'act copy'));
     }
     if (n.role === 'assistant') art.appendChild(statsEl(n));
