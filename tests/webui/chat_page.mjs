@@ -30,9 +30,12 @@
 //     a long reply (the server's request ends too);
 //   - a server with --api-key: the page asks for the key, then chats;
 //   - reasoning_content (a template that opens <think>) is shown apart from
-//     the answer, folded once the reply is done.
+//     the answer, folded once the reply is done;
+//   - with the disk tier, after the server restarts (same port: the same
+//     page and conversation), a regeneration shows its cached tokens as
+//     read from disk.
 // Screenshots: turn 3, the edit's branch, the Markdown, the key dialog and
-// chat, the reasoning.
+// chat, the reasoning, the reply served from disk.
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
@@ -75,10 +78,12 @@ function freePort() {
   });
 }
 
-// `kvchat serve --port 0 ARGS`: resolves its root URL once it listens.
-function serve(args) {
+// `kvchat serve ARGS` on port (0: any free one), with the disk tier in
+// cacheDir (none by default): resolves its root URL once it listens.
+function serve(args, { port = 0, cacheDir = null } = {}) {
   return new Promise((resolve, reject) => {
-    const proc = spawn(bin, ['serve', '--port', '0', '--cache-disk', '0', '-t', '2', ...args],
+    const disk = cacheDir ? ['--cache-dir', cacheDir, '--cache-disk', '64'] : ['--cache-disk', '0'];
+    const proc = spawn(bin, ['serve', '--port', String(port), ...disk, '-t', '2', ...args],
                        { stdio: ['ignore', 'ignore', 'pipe'] });
     children.push(proc);
     let log = '';
@@ -493,6 +498,36 @@ test('the chat page in Chromium', { timeout: 540000 }, async (t) => {
     await click(await find('article.assistant details.reasoning summary'));
     await screenshot('6-reasoning.png');
     assert.deepEqual(await consoleErrors(), []);
+  });
+
+  await t.test('after a restart, a regeneration is served from the disk tier', async () => {
+    const port = await freePort(), cacheDir = join(work, 'kv');
+    let srv1 = await serve(['-m', model], { port, cacheDir });
+    root = srv1.root;
+    await wd('POST', s('/url'), { url: root + '/' });   // a new origin: new settings
+    await openSettingsAndSet({ 'set-max-tokens': 16, 'set-temperature': 1, 'set-seed': 3,
+                               'set-system': SYSTEM });
+    await sendMessage('Remember this conversation, even across a restart of the server.');
+    await waitFor('the blocks on disk', async () => {
+      const m = await api('/metrics');
+      return prom(m, 'kvchat_disk_blocks') > 0 && prom(m, 'kvchat_tier_writes_pending') === 0;
+    }, 30000);
+    const stopped = new Promise((r) => srv1.proc.once('exit', r));
+    srv1.proc.kill('SIGTERM');
+    await stopped;
+    const srv2 = await serve(['-m', model], { port, cacheDir });
+    assert.equal(srv2.root, root);
+    await wd('POST', s('/refresh'), {});
+    await waitFor('the page', async () => js("return !!window.kvchatPage && document.querySelectorAll('#messages article').length === 2"));
+    await hover(await find('article.assistant'));
+    await click(await find('article.assistant .meta button.regen'));
+    await waitFor('the reply to end', async () => !(await busy()) &&
+      !(await js("return !!document.querySelector('article.pending')")), 60000);
+    const st = await lastStats();
+    assert.ok(Number(st.disk) > 0, `nothing from disk: ${st.text}`);
+    assert.equal(Number(st.disk), Number(st.cached), 'RAM was empty: all cached came from disk');
+    assert.match(st.text, new RegExp(`disk ${st.disk}`));
+    await screenshot('7-from-disk.png');
   });
 
   console.log(`chat_page: screenshots in ${shots}; ${((Date.now() - t0) / 1000).toFixed(1)} s`);
