@@ -148,8 +148,9 @@ static void test_files(int port)
         resp_free(&r);
     }
     /* the installs of scripts/install-deps.sh: Markdown and its sanitizer */
-    CHECKF(marked && purify && katex_css, "a library is missing: marked %d, purify %d, katex %d",
-           marked, purify, katex_css);
+    CHECKF(marked && purify && katex_css, "a library of the page is not embedded (marked %d, "
+           "purify %d, katex %d): run scripts/install-deps.sh and cmake again", marked, purify,
+           katex_css);
 }
 
 /* With an API key, the page and its files are open; the API is not. */
