@@ -399,9 +399,10 @@ test('the chat page in Chromium', { timeout: 540000 }, async (t) => {
     const r = await js(`const a = [...document.querySelectorAll('article.assistant')].pop();
       return { h2: !!a.querySelector('h2'), strong: !!a.querySelector('strong'),
                katex: !!a.querySelector('.katex'), kw: !!a.querySelector('pre .hljs-keyword'),
+               copy: !!a.querySelector('pre button.code-copy'),
                table: !!a.querySelector('table'), onerror: !!a.querySelector('[onerror]'),
                script: !!a.querySelector('script'), pwned: window.__pwned || 0 };`);
-    assert.deepEqual(r, { h2: true, strong: true, katex: true, kw: true, table: true,
+    assert.deepEqual(r, { h2: true, strong: true, katex: true, kw: true, copy: true, table: true,
                           onerror: false, script: false, pwned: 0 });
     await sleep(200);   // the img's load error, had it had its handler
     assert.equal(await js('return window.__pwned || 0'), 0);

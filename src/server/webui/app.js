@@ -431,6 +431,19 @@
     return box;
   }
 
+  function copyText(text) {
+    if (!navigator.clipboard) toast('Copying needs https or localhost');   // a secure context
+    else navigator.clipboard.writeText(text).then(() => toast('Copied'));
+  }
+
+  // A Copy button on each code block of a rendered message.
+  function addCodeCopy(body) {
+    for (const pre of body.querySelectorAll('pre')) {
+      const code = pre.querySelector('code') || pre;
+      pre.appendChild(button('Copy', 'Copy the code', () => copyText(code.textContent), 'code-copy'));
+    }
+  }
+
   // The inside of a message's bubble (re-made while its reply streams).
   function fillBubble(bubble, n) {
     const was = bubble.querySelector('details.reasoning[data-manual]');   // opened or closed by hand
@@ -453,6 +466,7 @@
     } else {
       const body = el('div', 'content markdown');
       body.innerHTML = kvcMarkdown.render(n.content);
+      addCodeCopy(body);
       if (n.pending) {
         body.classList.add('streaming');
         if (!n.content && !n.reasoning) body.appendChild(el('span', 'typing', '…'));
@@ -508,10 +522,7 @@
         meta.appendChild(button('Regenerate', 'Generate this reply again', () => regenerate(n.id),
                                 'act regen'));
       if (n.content)
-        meta.appendChild(button('Copy', 'Copy the text', () => {
-          if (!navigator.clipboard) toast('Copying needs https or localhost');   // a secure context
-          else navigator.clipboard.writeText(n.content).then(() => toast('Copied'));
-        }, 'act copy'));
+        meta.appendChild(button('Copy', 'Copy the text', () => copyText(n.content), 'act copy'));
     }
     if (n.role === 'assistant') art.appendChild(statsEl(n));
     art.appendChild(meta);
