@@ -27,7 +27,8 @@
 //     math and tables, and a script in it is sanitized away;
 //   - the conversation survives a reload (localStorage);
 //   - max tokens past the context shows context_length_exceeded; Stop ends
-//     a long reply (the server's request ends too);
+//     a long reply (the server's request ends too), and so does a reload in
+//     its middle, after which the reply shows as stopped;
 //   - a server with --api-key: the page asks for the key, then chats;
 //   - reasoning_content (a template that opens <think>) is shown apart from
 //     the answer, folded once the reply is done;
@@ -448,6 +449,23 @@ test('the chat page in Chromium', { timeout: 540000 }, async (t) => {
     await waitFor('the server to end the request', async () =>
       prom(await api('/metrics'), 'kvchat_requests_running') === 0, 10000);
     assert.deepEqual(await consoleErrors(), []);
+  });
+
+  await t.test('a reload in the middle of a reply leaves it stopped, not pending', async () => {
+    const input = await find('#input');   // max tokens are still 3000
+    await typeInto(input, 'Count to two thousand.');
+    await typeInto(input, ENTER);
+    await waitFor('text to stream', async () =>
+      js("const c = document.querySelector('article.pending .content'); return c && c.textContent.length > 5"));
+    await wd('POST', s('/refresh'), {});
+    await waitFor('the page', async () => js("return !!window.kvchatPage && document.querySelectorAll('#messages article').length > 0"));
+    assert.equal(await js("return document.querySelectorAll('article.pending').length"), 0);
+    const reply = shownPath(await conversation()).pop();
+    assert.equal(reply.role, 'assistant');
+    assert.equal(reply.stopped, true);
+    assert.equal(await js("return !!document.querySelector('article.assistant:last-child .meta button.regen')"), true);
+    await waitFor('the server to end the request', async () =>
+      prom(await api('/metrics'), 'kvchat_requests_running') === 0, 10000);
   });
 
   await t.test('--api-key: the page asks for the key, then chats', async () => {

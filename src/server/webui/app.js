@@ -52,7 +52,13 @@
   function loadConv(id) {
     if (S.busy && S.busy.conv.id === id) return S.busy.conv;
     const c = load(KEY_CONV + id, null);
-    return c && c.nodes ? c : null;
+    if (!c || !c.nodes) return null;
+    for (const n of Object.values(c.nodes))   // the page was left while it streamed
+      if (n.pending) {
+        n.pending = false;
+        n.stopped = true;
+      }
+    return c;
   }
   function saveConv(c) {
     if (c.deleted) return;
