@@ -3,7 +3,8 @@
 // chromedriver (plain HTTP from Node's fetch: no npm package needed).
 //
 //   node tests/webui/chat_page.mjs      KVC_BIN=path/to/kvchat
-//   KVC_WEBUI_SHOTS=DIR: where the screenshots go (default: a temporary dir)
+//   KVC_WEBUI_SHOTS=DIR: where the screenshots go (default: a temporary dir,
+//   left in place; everything else the test makes is removed)
 //
 // Exits 77 (CTest's skip) when KVC_BIN, chromium or chromedriver is absent.
 // On a model made by `kvchat make-model` it checks, as a person would use it:
@@ -554,6 +555,8 @@ test('the chat page in Chromium', { timeout: 540000 }, async (t) => {
 
 after(() => {
   for (const p of children) if (p.exitCode === null) p.kill('SIGTERM');
-  if (!process.env.KVC_WEBUI_SHOTS) rmSync(work, { recursive: true, force: true });
-  else rmSync(join(work, 'profile'), { recursive: true, force: true });
+  // all but the screenshots when they are in work (KVC_WEBUI_SHOTS unset)
+  for (const f of ['model.gguf', 'profile', 'kv', 'think.jinja'])
+    rmSync(join(work, f), { recursive: true, force: true });
+  if (process.env.KVC_WEBUI_SHOTS) rmSync(work, { recursive: true, force: true });
 });
