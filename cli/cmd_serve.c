@@ -45,7 +45,8 @@ static void say(const kvc_server_params *sp, const char *fmt, ...)
 
 static const char serve_help[] =
     "usage: kvchat serve [options]\n\n"
-    "Serve the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
+    "Serve a chat page at GET / (open http://HOST:PORT/ in a browser) and\n"
+    "the OpenAI API: POST /v1/chat/completions, POST /v1/completions,\n"
     "POST /v1/responses (stateless), Anthropic's POST /v1/messages and\n"
     "/v1/messages/count_tokens, and Ollama's POST /api/chat, /api/generate,\n"
     "/api/show, GET /api/tags, /api/ps, /api/version; GET /v1/models, GET /props,\n"
@@ -63,7 +64,7 @@ enum { OPT_HOST = CLI_OPT_CMD, OPT_PORT, OPT_API_KEY, OPT_API_KEY_FILE, OPT_SHAR
        OPT_ALIAS, OPT_CORS, OPT_PARALLEL, OPT_KV_BUDGET, OPT_MAX_QUEUE, OPT_MAX_SESSIONS,
        OPT_OVERFLOW, OPT_NO_CACHE, OPT_SPECIAL, OPT_TIMEOUT, OPT_REQUEST_TIMEOUT,
        OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY, OPT_QUIET,
-       OPT_STRICT_FIELDS, OPT_LOG_FORMAT };
+       OPT_STRICT_FIELDS, OPT_LOG_FORMAT, OPT_NO_WEBUI };
 
 static const cli_option serve_opts[] = {
     { "host", 0, "ADDR", OPT_HOST, 0, "address to bind (default 127.0.0.1)" },
@@ -101,6 +102,9 @@ static const cli_option serve_opts[] = {
       "such as metadata or return_progress are accepted, logged once\n"
       "and named in the X-Kvchat-Ignored-Fields header; fields that\n"
       "would change the answer are 400s either way)" },
+    { "no-webui", 0, NULL, OPT_NO_WEBUI, 0,
+      "no chat page (default: GET / serves one, built into the\n"
+      "binary; it asks for the API key when the server wants one)" },
     { "timeout", 0, "S", OPT_TIMEOUT, 0, "close connections idle for S seconds (default 60)" },
     { "request-timeout", 0, "S", OPT_REQUEST_TIMEOUT, 0,
       "a request's headers and body must arrive within S seconds\n"
@@ -197,6 +201,7 @@ static int serve_apply(kvc_server_params *sp, kvc_engine_params *ep, int id, con
         }
         sp->log_format = !strcmp(v, "json") ? KVC_SERVER_LOG_JSON : KVC_SERVER_LOG_TEXT;
         return 1;
+    case OPT_NO_WEBUI: sp->no_webui = true; return 1;
     case OPT_OVERFLOW:
         if (strcmp(v, "error") && strcmp(v, "shift")) {
             fprintf(stderr, "kvchat: --context-overflow must be error or shift, got '%s'\n", v);

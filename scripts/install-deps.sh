@@ -11,12 +11,14 @@ set -euo pipefail
 
 build=(gcc cmake ninja-build pkg-config libpcre2-dev libxxhash-dev libcjson-dev
        libmicrohttpd-dev libedit-dev
-       libhiredis-dev)                # the shared KV tier in Redis
+       libhiredis-dev                 # the shared KV tier in Redis
+       libjs-marked node-dompurify libjs-highlight.js libjs-katex)  # the chat page (embedded)
 test=(clang                          # libFuzzer targets (-DKVC_FUZZ=ON)
       python3-jinja2                 # the reference renderer of test_jinja (/usr/bin/python3)
       python3-jsonschema             # test_grammar_schema checks its outputs with it too
       python3-cffi python3-pytest    # the Python package's tests (python/)
-      redis-server haproxy curl)     # the shared tier's tests, and deploy/cluster.sh
+      redis-server haproxy curl      # the shared tier's tests, and deploy/cluster.sh
+      chromium chromium-driver)      # the chat page's browser test (tests/webui)
 services=(redis-server haproxy)      # packages that would start a service
 
 case "${1:-}" in

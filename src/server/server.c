@@ -91,6 +91,7 @@ void kvc_server_stop(kvc_server *s) { }
 #include <xxhash.h>
 
 #include "server_http.h"
+#include "server_webui.h"
 
 #define MAX_LOGGED 256   /* distinct ignored field names logged (then no more) */
 
@@ -266,13 +267,15 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 /* ================================================================ GETs */
 
 /* /health, /v1/models, /v1/models/NAME, /props, /metrics, Ollama's /api/tags,
- * /api/ps, /api/version. */
+ * /api/ps, /api/version, the chat page. */
 static enum MHD_Result handle_get(kvc_server *s, struct MHD_Connection *mc, const conn *c,
                                   const char *url)
 {
     switch (c->route) {
     case ROUTE_HEALTH:
         return srv_respond_json(s, mc, strdup("{\"status\":\"ok\"}"));
+    case ROUTE_WEBUI:
+        return srv_webui_respond(mc, srv_webui_find(url));
     case ROUTE_MODELS:
         return srv_respond_json(s, mc, srv_models_desc_json(&s->desc, false));
     case ROUTE_PROPS:
@@ -410,8 +413,8 @@ static bool authorized(const kvc_server *s, struct MHD_Connection *mc, int *key)
 
 /* The first call for a request: what can be decided from the headers, in
  * this order: the API key (before routing: without it nothing about the
- * routes is told; /health stays open), the route, the method, a declared
- * body over the limit. An error is kept in c->err and answered when the
+ * routes is told; /health and the chat page stay open), the route, the
+ * method, a declared body over the limit. An error is kept in c->err and answered when the
  * request is complete (the connection stays open for the next one), or at
  * once when a body follows that will not be read (the connection then
  * closes). Returns true to go on reading the request, false when *ret is the
@@ -421,6 +424,8 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
 {
     srv_error *e = &c->err;
     find_route(c, url);
+    if (c->route == ROUTE_NONE && s->webui && srv_webui_find(url))
+        c->route = ROUTE_WEBUI;
     const char *api = c->route == ROUTE_APPLY_TEMPLATE
                     ? MHD_lookup_connection_value(mc, MHD_GET_ARGUMENT_KIND, "api") : NULL;
     if (api && !(c->dialect = dialect_named(api))) {   /* the request in another API's shape */
@@ -441,7 +446,10 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
     unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
     c->unread_body = n > 0 || MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
                                                           MHD_HTTP_HEADER_TRANSFER_ENCODING);
-    bool open = c->route == ROUTE_HEALTH && !strcmp(method, "GET");
+    /* the page holds no secret: it asks for the key and sends it itself */
+    bool head = c->route == ROUTE_WEBUI && !strcmp(method, "HEAD");   /* of a page file */
+    bool open = (c->route == ROUTE_HEALTH || c->route == ROUTE_WEBUI) &&
+                (!strcmp(method, "GET") || head);
     if (!open && !authorized(s, mc, &c->key))
         srv_error_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
                       "a valid API key is required: send the header 'Authorization: Bearer KEY' "
@@ -457,7 +465,7 @@ static bool on_headers(kvc_server *s, struct MHD_Connection *mc, conn *c, const 
         srv_error_set(e, 501, "invalid_request_error", NULL, "not_implemented",
                       "%.40s: kvchat serves the one model it was started with (-m MODEL.gguf); "
                       "it does not pull, push, create, copy or delete models", url);
-    else if (strcmp(method, post ? "POST" : "GET") != 0)
+    else if (strcmp(method, post ? "POST" : "GET") != 0 && !head)
         srv_error_set(e, 405, "invalid_request_error", NULL, "method_not_allowed",
                       "%.16s is not allowed on %.200s (use %s)", method, url, post ? "POST" : "GET");
     else if (post && n > s->max_body)
@@ -690,6 +698,7 @@ static kvc_server *server_new(kvc_engine *engine, const kvc_server_params *p)
     s->model_name = strdup(p->model_name && *p->model_name ? p->model_name : "kvchat");
     s->bulk = srv_bulk_new();                /* NULL: large bodies on their own threads */
     s->share_keys = p->share_cache_across_keys;
+    s->webui = !p->no_webui;
     bool keys_ok = add_keys(s, p);
     int64_t deadline_ms = (int64_t)(p->request_timeout_s > 0 ? p->request_timeout_s : 30) * 1000;
     if (!s->metrics || !s->model_name || !keys_ok ||

@@ -34,6 +34,8 @@
  *   server_guard.c    the deadline for receiving a request (a watchdog that
  *                     drops connections whose request has not arrived in time),
  *                     and whether a client hung up.
+ *   server_webui.c    the chat page at GET / (server_webui.h): its files,
+ *                     embedded at build time, with their security headers.
  *
  * Threads: every HTTP connection has its own thread; a request blocks that
  * thread only (kvc_request_next with a short tick, checking for a client that
@@ -100,6 +102,9 @@ typedef struct kvc_server_params {
     const char *cors_origins;    /* origins allowed to call from a browser: "*" or a comma
                                   * list ("https://a.example,https://b.example"); NULL = none.
                                   * OPTIONS preflights are answered 204 either way */
+    bool        no_webui;        /* no chat page: GET / and /webui/... answer 404
+                                  * (default: the page of server_webui.h, open
+                                  * without an API key) */
 } kvc_server_params;
 
 enum kvc_server_log_format {

@@ -22,6 +22,7 @@ struct kvc_server {
     bool               share_keys;   /* one cache namespace for every key */
     char              *model_name;
     char              *cors;         /* allowed origins ("*" or a comma list); NULL = none */
+    bool               webui;        /* GET / serves the chat page (server_webui.c) */
     size_t             max_body;
     int                port;
     time_t             started;
@@ -51,6 +52,7 @@ enum route {
     ROUTE_PROPS, ROUTE_OLLAMA_TAGS, ROUTE_OLLAMA_PS, ROUTE_OLLAMA_VERSION, ROUTE_OLLAMA_SHOW,
     ROUTE_OLLAMA_EMBED,      /* 501: no embeddings (any method) */
     ROUTE_OLLAMA_MANAGE,     /* 501: pull, push, create, copy, delete (any method) */
+    ROUTE_WEBUI,      /* a file of the chat page (server_webui.h) */
 };
 
 /* One HTTP request (MHD's con_cls): its route and the body read so far. */
@@ -87,6 +89,9 @@ void srv_add_cors(const kvc_server *s, struct MHD_Connection *mc, struct MHD_Res
 int srv_conn_fd(struct MHD_Connection *mc);
 /* Give l's line to the log when the policy wants it, and free l (NULL ok). */
 void srv_log_request(const kvc_server *s, srv_reqlog *l);
+/* 200 with the chat page's file f (or 304 when the request's If-None-Match
+ * names its ETag), with its security headers (server_webui.c). */
+enum MHD_Result srv_webui_respond(struct MHD_Connection *mc, const struct srv_webui_file *f);
 
 /* ==================================== generation requests (server_run.c) */
 
