@@ -142,6 +142,9 @@ typedef struct kvc_context_params {
     int32_t kv_type;    /* enum kvc_kv_type */
     int64_t kv_blocks;  /* pool size in blocks of 16 tokens; 0 = n_seq * n_ctx / 16 + 1
                            (the pool also keeps the prefix tree's blocks, evicted as needed) */
+    int32_t snapshot_interval; /* models with recurrent layers: a snapshot of their states
+                           every this many tokens of a long prefill (besides prompt ends
+                           and message starts); 0 = chosen from the state's size, -1 = none */
 } kvc_context_params;
 
 kvc_context_params kvc_context_default_params(void);
