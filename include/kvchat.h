@@ -500,6 +500,7 @@ typedef struct kvc_engine_params {
     const char *chat_template_kwargs; /* JSON object: template variables every request gets
                                    (a request's chat_template_kwargs win per key); NULL = none */
     int32_t     overflow;       /* enum kvc_overflow */
+    int32_t     snapshot_interval; /* kvc_context_params.snapshot_interval */
     bool        no_cache;       /* every request cold (as kvc_chat_params.no_cache) */
     bool        special_in_content; /* every request's (kvc_chat_params.special_in_content) */
     /* the disk tier (DESIGN.md §5): KV blocks kept in a directory, across

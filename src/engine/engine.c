@@ -73,6 +73,7 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         cp.n_seq = p.max_sessions + p.n_parallel;
         cp.kv_type = p.kv_type;
         cp.kv_blocks = blocks;
+        cp.snapshot_interval = p.snapshot_interval;
         char msg[sizeof(e.msg)];
         if ((rc = kvc_context_new(model, &cp, &eng->ctx, msg, sizeof(msg))))
             kvc_fail(&e, rc, "%s", msg);

@@ -982,6 +982,9 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     }
     if (ran && !rc) {
         publish(t);                          /* blocks that had to wait for another turn's */
+        if (c->snaps && t->kind == KVC_TURN_COMPLETION && !t->pub_off)
+            kvc_session_snap_take(s, t->anchor, t->toks.v, NULL);   /* the reply's end (a
+                                                  chat's canonical end is its background turn's) */
         /* a background turn continues the last request's conversation */
         int64_t n_prompt = t->kind != KVC_TURN_BACKGROUND ? t->n_prompt
                          : KVC_MIN(s->n_prompt, kvc_session_common(s, t->toks.v, t->toks.n));
