@@ -48,6 +48,8 @@ static bool snap_point(const kvc_context *c, const int32_t *tokens, int64_t n, i
         return false;
     if (c->snap_interval > 0 && q % c->snap_interval == 0)
         return true;
+    if (q + MARK_GAP >= n)
+        return false;                        /* the prompt's end serves: it is that close */
     const kvc_tokenizer *tok = c->model->tok;
     if (kvc_tokenizer_token_type(tok, tokens[q]) != KVC_TOKEN_CONTROL)
         return false;
