@@ -7,7 +7,9 @@
  * Prompts are token ids (/v1/completions), so divergence points are exact:
  * T1 400 tokens; T2 = T1 + T1's reply + 300 tokens; T3 = T2 + T2's reply + 20;
  * T4 = T1's 400 + other tokens (diverges right after T1's prompt); T5 = T1's
- * first 380 + other tokens. Models: make-model's presets when it has them,
+ * first 380 + other tokens. And a chat whose earlier message is edited
+ * recomputes only from that message's start (within the few tokens of its
+ * markup). Models: make-model's presets when it has them,
  * ../shared's tiny ones when present; a model this build cannot load yet (its
  * layers not written) is skipped, said so.
  *
@@ -97,6 +99,121 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
     while (k < na && k < nb && a[k] == b[k])
         k++;
     return k;
+}
+
+/* The tokens the server gives the chat request `body` (rendered by
+ * /apply-template, tokenized with its markup parsed); n_out of them. */
+static int32_t *chat_tokens(int port, const char *body, int *n_out)
+{
+    http_resp r = http_request(port, "POST", "/apply-template", body, 30);
+    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    const cJSON *p = cJSON_GetObjectItem(root, "prompt");
+    cJSON *req = cJSON_CreateObject();
+    cJSON_AddStringToObject(req, "content", cJSON_IsString(p) ? p->valuestring : "");
+    cJSON_AddBoolToObject(req, "add_special", true);
+    cJSON_AddBoolToObject(req, "parse_special", true);
+    char *text = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    r = http_request(port, "POST", "/tokenize", text, 30);
+    free(text);
+    root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    const cJSON *a = cJSON_GetObjectItem(root, "tokens");
+    int n = cJSON_GetArraySize(a);
+    int32_t *out = malloc((size_t)(n + 1) * sizeof(int32_t));
+    for (int i = 0; out && i < n; i++)
+        out[i] = (int32_t)cJSON_GetNumberValue(cJSON_GetArrayItem(a, i));
+    *n_out = out ? n : 0;
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    return out;
+}
+
+/* A chat request: system, u1, a reply, a question; greedy, 8 tokens. */
+static char *chat_body(const char *u1)
+{
+    cJSON *b = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(b, "messages");
+    const char *role[] = { "system", "user", "assistant", "user" };
+    const char *text[] = { "You are a terse assistant who answers in one line.", u1,
+                           "It is a long story about a cat and a river.", "And then what happened?" };
+    for (int i = 0; i < 4; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", role[i]);
+        cJSON_AddStringToObject(m, "content", text[i]);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    cJSON_AddNumberToObject(b, "max_tokens", 8);
+    cJSON_AddNumberToObject(b, "temperature", 0);
+    char *s = cJSON_PrintUnformatted(b);
+    cJSON_Delete(b);
+    return s;
+}
+
+/* Post a chat body: its reply text and cached tokens. */
+static reply chat(int port, const char *body)
+{
+    http_resp r = http_request(port, "POST", "/v1/chat/completions", body, 120);
+    reply out = { 0 };
+    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    if (!root)
+        fprintf(stderr, "HTTP %d: %s\n", r.status, r.body ? r.body : "(no answer)");
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
+    const cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content");
+    const cJSON *u = cJSON_GetObjectItem(root, "usage");
+    if (cJSON_IsString(t))
+        out.text = strdup(t->valuestring);
+    out.prompt_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(u, "prompt_tokens"));
+    out.cached_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(
+        cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"));
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    return out;
+}
+
+/* An earlier message edited: the edit's request recomputes only from that
+ * message's start (a snapshot there; none every S tokens, to see it). */
+static void edit_check(const char *path, const char *name)
+{
+    const char *const args[] = { "-m", path, "-t", "1", "--snapshot-interval", "0",
+                                 "--cache-disk", "0", NULL };
+    const char *const fresh_args[] = { "-m", path, "-t", "1", "--cache-disk", "0", NULL };
+    http_server warm;
+    CHECKF(http_server_start(&warm, bin, args, 30), "%s: warm server", name);
+    if (!warm.pid)
+        return;
+    char u1[1200], u1b[1300];
+    int k = 0;
+    for (int i = 0; i < 40; i++)
+        k += snprintf(u1 + k, sizeof(u1) - (size_t)k, "word%d and ", i * 7 % 13);
+    snprintf(u1b, sizeof(u1b), "Edited: %s", u1);   /* changed from its first character */
+    char *b1 = chat_body(u1), *b2 = chat_body(u1b);
+    reply r1 = chat(warm.port, b1), r2 = chat(warm.port, b2);
+    int n1 = 0, n2 = 0;
+    int32_t *t1 = chat_tokens(warm.port, b1, &n1), *t2 = chat_tokens(warm.port, b2, &n2);
+    int d = common_prefix(t1, n1, t2, n2);
+    http_server fresh;
+    reply f = { 0 };
+    if (http_server_start(&fresh, bin, fresh_args, 30)) {
+        f = chat(fresh.port, b2);
+        http_server_stop(&fresh);
+    }
+    printf("  %s edit: %d prompt tokens, the edit at token %d, %d cached (first %d)\n", name,
+           r2.prompt_tokens, d, r2.cached_tokens, r1.cached_tokens);
+    CHECKF(n2 == r2.prompt_tokens && d > 8, "%s edit: %d tokens, server %d, divergence %d", name,
+           n2, r2.prompt_tokens, d);
+    CHECKF(r2.cached_tokens >= d - 8 && r2.cached_tokens <= d,
+           "%s edit: %d cached, the edited message starts at about %d", name, r2.cached_tokens, d);
+    CHECKF(r2.text && f.text && strcmp(r2.text, f.text) == 0, "%s edit: warm \"%s\" != fresh \"%s\"",
+           name, r2.text ? r2.text : "(null)", f.text ? f.text : "(null)");
+    free(r1.text);
+    free(r2.text);
+    free(f.text);
+    free(t1);
+    free(t2);
+    free(b1);
+    free(b2);
+    http_server_stop(&warm);
 }
 
 static void run(const char *path, const char *name, int n_vocab)
@@ -210,6 +327,7 @@ int main(void)
             kvc_model_get_info(m, &info);
             kvc_model_free(m);
             run(path, name, info.n_vocab);
+            edit_check(path, name);
             ran++;
         }
         if (models[k].preset)

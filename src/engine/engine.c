@@ -177,7 +177,7 @@ static int make_tokens(kvc_engine *e, kvc_request *r, kvc_err *err)
         if (e->p.overflow == KVC_OVERFLOW_SHIFT)
             r->chat.overflow = KVC_OVERFLOW_SHIFT;
         return kvc_prompt_chat(e->model, e->tmpl, r->messages, r->n_messages, &r->chat,
-                               e->p.n_ctx, &r->toks, &r->dropped, err);
+                               e->p.n_ctx, &r->toks, &r->dropped, &r->starts, err);
     }
     r->kind = KVC_TURN_COMPLETION;
     if (!r->prompt)                          /* given as token ids (copied by request_new) */

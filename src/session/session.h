@@ -213,6 +213,12 @@ int  kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err
  * (re-rotating K) instead of recomputing them. */
 void kvc_turn_set_dropped(kvc_turn *t, int32_t dropped);
 
+/* Where the messages' text begins in the turn's tokens: marks[0, n) ascending
+ * (kvc_prompt_chat's starts), copied: a model with recurrent layers snapshots
+ * its state there, so that an edited message is recomputed from its start.
+ * KVC_ERR_NOMEM. */
+int  kvc_turn_set_marks(kvc_turn *t, const int32_t *marks, int64_t n, kvc_err *err);
+
 /* The session a turn runs on. */
 kvc_session *kvc_turn_session(const kvc_turn *t);
 
@@ -237,12 +243,15 @@ int64_t kvc_session_snap_match(kvc_session *s, const int32_t *tokens, int64_t n,
 
 /* Where a prefill of tokens[0, n) from `from` stops next to take a snapshot:
  * the first message start or multiple of ctx->snap_interval after from, else
- * n. */
-int64_t kvc_session_snap_next(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t from);
+ * n. Message starts: marks[0, n_marks) (kvc_turn_set_marks) when there are
+ * any, else the last control token of each run of markup. */
+int64_t kvc_session_snap_next(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t from,
+                              const int32_t *marks, int64_t n_marks);
 
 /* Whether a prefill of tokens[0, n) takes a snapshot at length q: at n (the
  * prompt's end), message starts, multiples of the interval. */
-bool kvc_session_snap_due(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t q);
+bool kvc_session_snap_due(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t q,
+                          const int32_t *marks, int64_t n_marks);
 
 /* Snapshot session s's sequence at its length, whose tokens are tokens[...]
  * and whose full blocks are in the tree up to `anchor` (NULL: the root) or

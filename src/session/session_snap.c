@@ -41,8 +41,11 @@ int64_t kvc_session_snap_match(kvc_session *s, const int32_t *tokens, int64_t n,
 }
 
 /* Whether the state after tokens[0, q) is to be kept: q a message start or a
- * multiple of the interval (the prompt's end is the caller's). */
-static bool snap_point(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t q)
+ * multiple of the interval (the prompt's end is the caller's). Message starts
+ * are marks[0, n_marks) when the turn has them (ascending, from the
+ * template's rendering), else guessed from the template's markup. */
+static bool snap_point(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t q,
+                       const int32_t *marks, int64_t n_marks)
 {
     if (q <= 0 || q >= n)
         return false;
@@ -50,6 +53,17 @@ static bool snap_point(const kvc_context *c, const int32_t *tokens, int64_t n, i
         return true;
     if (q + MARK_GAP >= n)
         return false;                        /* the prompt's end serves: it is that close */
+    if (n_marks > 0) {
+        int64_t lo = 0, hi = n_marks;
+        while (lo < hi) {
+            int64_t mid = (lo + hi) / 2;
+            if (marks[mid] < q)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        return lo < n_marks && marks[lo] == q;
+    }
     const kvc_tokenizer *tok = c->model->tok;
     if (kvc_tokenizer_token_type(tok, tokens[q]) != KVC_TOKEN_CONTROL)
         return false;
@@ -59,17 +73,19 @@ static bool snap_point(const kvc_context *c, const int32_t *tokens, int64_t n, i
     return true;
 }
 
-int64_t kvc_session_snap_next(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t from)
+int64_t kvc_session_snap_next(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t from,
+                              const int32_t *marks, int64_t n_marks)
 {
     for (int64_t q = from + 1; q < n; q++)
-        if (snap_point(c, tokens, n, q))
+        if (snap_point(c, tokens, n, q, marks, n_marks))
             return q;
     return n;
 }
 
-bool kvc_session_snap_due(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t q)
+bool kvc_session_snap_due(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t q,
+                          const int32_t *marks, int64_t n_marks)
 {
-    return q == n || snap_point(c, tokens, n, q);
+    return q == n || snap_point(c, tokens, n, q, marks, n_marks);
 }
 
 void kvc_session_snap_take(kvc_session *s, kvc_pc_node *anchor, const int32_t *tokens,

@@ -31,6 +31,7 @@ struct kvc_turn {
     int             rc;             /* the failure that ended it, KVC_OK */
     kvc_err         err;
     kvc_tokbuf      toks;           /* prompt, then the reply's tokens */
+    kvc_tokbuf      marks;          /* where its messages' text begins (kvc_turn_set_marks) */
     int64_t         n_prompt;
     int32_t         max_out;        /* reply tokens at most */
     int64_t         matched;        /* prompt tokens found cached */
@@ -631,6 +632,17 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 
 int kvc_turn_phase(const kvc_turn *t) { return t->phase; }
 void kvc_turn_set_dropped(kvc_turn *t, int32_t dropped) { t->dropped = dropped; }
+
+int kvc_turn_set_marks(kvc_turn *t, const int32_t *marks, int64_t n, kvc_err *err)
+{
+    t->marks.n = 0;
+    if (n > 0 && kvc_tokbuf_reserve(&t->marks, n))
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    if (n > 0)
+        memcpy(t->marks.v, marks, (size_t)n * sizeof(int32_t));
+    t->marks.n = KVC_MAX(n, 0);
+    return KVC_OK;
+}
 kvc_session *kvc_turn_session(const kvc_turn *t) { return t->s; }
 void kvc_turn_take_logprobs(kvc_turn *t, kvc_token_logprob **out, int32_t *n)
 {
@@ -835,7 +847,7 @@ static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
     }
     const int64_t end = to;
     if (c->snaps && t->phase == KVC_TURN_PREFILL && !t->pub_off)
-        to = kvc_session_snap_next(c, t->toks.v, to, from);   /* a chunk ends at a snapshot */
+        to = kvc_session_snap_next(c, t->toks.v, to, from, t->marks.v, t->marks.n);
     int32_t k = (int32_t)KVC_MIN((int64_t)cap, to - from);
     for (int32_t i = 0; i < k; i++) {
         int64_t pos = from + i;
@@ -852,7 +864,7 @@ static void turn_forwarded(kvc_turn *t, const float *logits)
     int64_t done = SEQ(t)->n_tokens;
     kvc_context *c = t->s->ctx;
     if (c->snaps && t->phase == KVC_TURN_PREFILL && !t->pub_off &&
-        kvc_session_snap_due(c, t->toks.v, t->n_fill, done))
+        kvc_session_snap_due(c, t->toks.v, t->n_fill, done, t->marks.v, t->marks.n))
         kvc_session_snap_take(t->s, t->anchor, t->toks.v, done == t->n_fill ? logits : NULL);
     switch (t->phase) {
     case KVC_TURN_PREFILL:
@@ -1006,6 +1018,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     turn_sample_free(&t->ts);
     free(t->pend);
     kvc_tokbuf_free(&t->toks);
+    kvc_tokbuf_free(&t->marks);
     free(t->gen);
     free(t->tok_end);
     free(t);
