@@ -202,6 +202,8 @@ void kvc_context_free(kvc_context *c)
     if (c->seqs && c->pool)
         for (int32_t s = 0; s < c->p.n_seq; s++)
             kvc_kv_seq_release(c->pool, &c->seqs[s]);
+    if (c->snaps)
+        kvc_snaps_set_tiers(c->snaps, NULL);
     kvc_tiers_free(c->tiers);                /* writes what is queued; unhooks the tree */
     kvc_bs_close(c->store);
     kvc_snaps_free(c->snaps);
@@ -270,9 +272,8 @@ int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *di
                         : mib < 0   ? "negative size"
                         : !mib && !shared ? "neither disk nor Redis"
                                     : "the context's cache is in use already");
-    if (kvc_kv_n_groups(c->pool) > 1 || c->snaps)   /* a tier record is one contiguous block */
-        return KVC_OK;   /* (kv.h), without states: window and recurrent models keep their
-                          * cache in RAM only, for now */
+    if (kvc_kv_n_groups(c->pool) > 1)   /* a tier record is one contiguous block (kv.h): */
+        return KVC_OK;                  /* window models keep their cache in RAM only, for now */
     kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false, redis ? redis->warn : NULL,
                                  redis ? redis->warn_user : NULL };
     kvc_block_store *store = NULL;
@@ -301,6 +302,8 @@ int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *di
     }
     c->store = store;
     c->tiers = tiers;
+    if (c->snaps)
+        kvc_snaps_set_tiers(c->snaps, tiers);
     return KVC_OK;
 }
 

@@ -9,7 +9,8 @@
  * T4 = T1's 400 + other tokens (diverges right after T1's prompt); T5 = T1's
  * first 380 + other tokens. And a chat whose earlier message is edited
  * recomputes only from that message's start (within the few tokens of its
- * markup). Models: make-model's presets when it has them,
+ * markup). And a conversation survives SIGKILL: its blocks and snapshots
+ * are read back from the disk tier. Models: make-model's presets when it has them,
  * ../shared's tiny ones when present; a model this build cannot load yet (its
  * layers not written) is skipped, said so.
  *
@@ -20,6 +21,9 @@
 #include "model.h"
 
 #include <cjson/cJSON.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 
 #define N_T1   400
 #define S_INT  64
@@ -216,6 +220,63 @@ static void edit_check(const char *path, const char *name)
     http_server_stop(&warm);
 }
 
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* A conversation survives SIGKILL: T1 on a server with a disk tier, the
+ * server killed, a new one on the same directory answers T4 (T1 + 60
+ * tokens) from T1's blocks and end-of-prompt snapshot read back, with a
+ * fresh process's reply. Prints its time against a fresh process's. */
+static void restart_check(const char *path, const char *name, int n_vocab)
+{
+    char dir[] = "/tmp/kvc_recurrent_restart_XXXXXX";
+    if (!mkdtemp(dir))
+        return;
+    const char *const args[] = { "-m", path, "-t", "1", "--snapshot-interval", "64",
+                                 "--cache-dir", dir, "--cache-disk", "256", NULL };
+    const char *const fresh_args[] = { "-m", path, "-t", "1", "--cache-disk", "0", NULL };
+    static int32_t t[N_T1 + 60];
+    fill(t, 0, N_T1, 1, n_vocab);
+    fill(t, N_T1, 60, 30, n_vocab);
+    http_server a, b, fresh;
+    CHECKF(http_server_start(&a, bin, args, 30), "%s: server", name);
+    if (!a.pid)
+        return;
+    reply r1 = complete(a.port, t, N_T1);
+    sleep(1);                                 /* the blocks' writes are queued: let them land */
+    kill(a.pid, SIGKILL);
+    waitpid(a.pid, NULL, 0);
+    CHECKF(http_server_start(&b, bin, args, 30), "%s: server after the kill", name);
+    double t0 = now_ms();
+    reply r2 = b.pid ? complete(b.port, t, N_T1 + 60) : (reply){ 0 };
+    double warm_ms = now_ms() - t0;
+    http_server_stop(&b);
+    reply f = { 0 };
+    double fresh_ms = 0;
+    if (http_server_start(&fresh, bin, fresh_args, 30)) {
+        t0 = now_ms();
+        f = complete(fresh.port, t, N_T1 + 60);
+        fresh_ms = now_ms() - t0;
+        http_server_stop(&fresh);
+    }
+    printf("  %s restart: %d cached after SIGKILL, %.1f ms vs %.1f ms fresh\n", name,
+           r2.cached_tokens, warm_ms, fresh_ms);
+    CHECKF(r2.cached_tokens >= N_T1, "%s restart: %d cached after SIGKILL, want %d", name,
+           r2.cached_tokens, N_T1);
+    CHECKF(r2.text && f.text && strcmp(r2.text, f.text) == 0, "%s restart: \"%s\" != fresh \"%s\"",
+           name, r2.text ? r2.text : "(null)", f.text ? f.text : "(null)");
+    free(r1.text);
+    free(r2.text);
+    free(f.text);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 static void run(const char *path, const char *name, int n_vocab)
 {
     const char *const args[] = { "-m", path, "-t", "1", "--snapshot-interval", "64",
@@ -328,6 +389,7 @@ int main(void)
             kvc_model_free(m);
             run(path, name, info.n_vocab);
             edit_check(path, name);
+            restart_check(path, name, info.n_vocab);
             ran++;
         }
         if (models[k].preset)

@@ -2,6 +2,7 @@
  * (snapshot.h): a hash table keyed by node, an LRU list, payloads in pool
  * blocks. */
 #include "snapshot.h"
+#include "tiers.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@ struct kvc_snaps {
     kvc_snap         *lru_head, *lru_tail;
     int64_t           n_blocks;       /* every snapshot's */
     int64_t           n_pinned_blocks;
+    kvc_tiers        *tiers;          /* below RAM, or NULL (kvc_snaps_set_tiers) */
     kvc_snaps_stats   st;
 };
 
@@ -204,6 +206,59 @@ static kvc_snap *find_exact(kvc_snaps *S, const kvc_pc_node *node, uint64_t ns, 
 
 /* ------------------------------------------------------------ take */
 
+/* A new snapshot at node + r tokens (partial[0, r)) with its blocks taken
+ * (contents undefined) and entered; NULL with *rc when it cannot be. */
+static kvc_snap *snap_new(kvc_snaps *S, uint64_t ns, kvc_pc_node *node, int32_t r,
+                          const int32_t *partial, bool logits, int *rc, kvc_err *err)
+{
+    const int32_t nd = data_blocks(S, logits);
+    *rc = KVC_OK;
+    if (kvc_kv_n_free(S->pool) < nd + (r > 0)) {
+        *rc = kvc_fail(err, KVC_ERR_KV_FULL, "snapshot: %d blocks needed, %lld free",
+                       nd + (r > 0), (long long)kvc_kv_n_free(S->pool));
+        return NULL;
+    }
+    kvc_snap *sn = calloc(1, sizeof(*sn) + (size_t)nd * sizeof(int32_t));
+    if (!sn || (r > 0 && !(sn->tokens = malloc((size_t)r * sizeof(int32_t))))) {
+        free(sn);
+        *rc = kvc_fail(err, KVC_ERR_NOMEM, "snapshot: out of memory");
+        return NULL;
+    }
+    sn->partial = -1;
+    for (int32_t i = 0; i < nd + (r > 0); i++) {
+        int32_t b = kvc_kv_block_alloc(S->pool);
+        if (b < 0) {   /* counted free above: cannot happen with one group */
+            for (int32_t j = 0; j < sn->n_data; j++)
+                kvc_kv_block_unref(S->pool, sn->data[j]);
+            free(sn->tokens);
+            free(sn);
+            *rc = kvc_fail(err, KVC_ERR_KV_FULL, "snapshot: no free block");
+            return NULL;
+        }
+        if (i < nd)
+            sn->data[sn->n_data++] = b;
+        else
+            sn->partial = b;
+    }
+    sn->node = node;
+    sn->ns = ns;
+    sn->pos = node_end(S, node) + r;
+    sn->r = r;
+    sn->has_logits = logits;
+    if (r > 0)
+        memcpy(sn->tokens, partial, (size_t)r * sizeof(int32_t));
+    size_t b = bucket_of(S, node);
+    sn->hnext = S->buckets[b];
+    S->buckets[b] = sn;
+    touch(S, sn);
+    S->n_blocks += snap_blocks(sn);
+    S->st.count++;
+    S->st.bytes += (int64_t)(S->state_floats + (logits ? S->n_vocab : 0)) * (int64_t)sizeof(float);
+    return sn;
+}
+
+static void write_down(kvc_snaps *S, const kvc_snap *sn);
+
 int kvc_snaps_take(kvc_snaps *S, uint64_t ns, kvc_pc_node *node, const int32_t *tokens,
                    kvc_kv_seq *seq, const float *logits, kvc_err *err)
 {
@@ -216,60 +271,24 @@ int kvc_snaps_take(kvc_snaps *S, uint64_t ns, kvc_pc_node *node, const int32_t *
     if (!states)
         return kvc_fail(err, KVC_ERR_NOMEM, "snapshot: out of memory");
     kvc_snap *old = find_exact(S, node, ns, r, tokens + E);
-    if (old && (old->has_logits || !logits)) {
-        touch(S, old);
+    if (old && (old->has_logits || !logits || old->pins)) {
+        touch(S, old);   /* there already (a pinned one, in use, stays as it is) */
         return 0;
     }
-    if (old && old->pins) {   /* in use: keep it as it is */
-        touch(S, old);
-        return 0;
-    }
-    const int32_t nd = data_blocks(S, logits != NULL);
-    if (kvc_kv_n_free(S->pool) < nd + (r > 0))
-        return kvc_fail(err, KVC_ERR_KV_FULL, "snapshot: %d blocks needed, %lld free",
-                        nd + (r > 0), (long long)kvc_kv_n_free(S->pool));
-    kvc_snap *sn = calloc(1, sizeof(*sn) + (size_t)nd * sizeof(int32_t));
-    if (!sn || (r > 0 && !(sn->tokens = malloc((size_t)r * sizeof(int32_t))))) {
-        free(sn);
-        return kvc_fail(err, KVC_ERR_NOMEM, "snapshot: out of memory");
-    }
-    sn->partial = -1;
-    for (int32_t i = 0; i < nd + (r > 0); i++) {
-        int32_t b = kvc_kv_block_alloc(S->pool);
-        if (b < 0) {   /* counted free above: cannot happen with one group */
-            for (int32_t j = 0; j < sn->n_data; j++)
-                kvc_kv_block_unref(S->pool, sn->data[j]);
-            free(sn->tokens);
-            free(sn);
-            return kvc_fail(err, KVC_ERR_KV_FULL, "snapshot: no free block");
-        }
-        if (i < nd)
-            sn->data[sn->n_data++] = b;
-        else
-            sn->partial = b;
-    }
+    int rc;
+    kvc_snap *sn = snap_new(S, ns, node, r, tokens + E, logits != NULL, &rc, err);
+    if (!sn)
+        return rc;
     if (old)
         snap_free(S, old);   /* the new one has the logits it lacked */
-    sn->node = node;
-    sn->ns = ns;
-    sn->pos = P;
-    sn->r = r;
-    sn->has_logits = logits != NULL;
-    if (r > 0) {
-        memcpy(sn->tokens, tokens + E, (size_t)r * sizeof(int32_t));
+    if (r > 0)
         kvc_kv_block_copy(S->pool, sn->partial, seq->blocks[P / S->B]);
-    }
     payload_io(S, sn, (float *)states, 0, (size_t)S->state_floats, true);
     if (logits)
         payload_io(S, sn, (float *)logits, (size_t)S->state_floats, (size_t)S->n_vocab, true);
-    size_t b = bucket_of(S, node);
-    sn->hnext = S->buckets[b];
-    S->buckets[b] = sn;
-    touch(S, sn);
-    S->n_blocks += snap_blocks(sn);
-    S->st.count++;
     S->st.taken++;
-    S->st.bytes += (int64_t)(S->state_floats + (logits ? S->n_vocab : 0)) * (int64_t)sizeof(float);
+    if (S->tiers)
+        write_down(S, sn);
     return 1;
 }
 
@@ -304,10 +323,19 @@ int64_t kvc_snap_pos(const kvc_snap *sn) { return sn->pos; }
 bool kvc_snap_has_logits(const kvc_snap *sn) { return sn->has_logits; }
 kvc_pc_node *kvc_snap_node(const kvc_snap *sn) { return sn->node; }
 
+/* The chain hash of a snapshot at node + partial[0, r), with logits or not
+ * (two records). */
+static uint64_t hash_of(const kvc_snaps *S, const kvc_pc_node *node, uint64_t ns,
+                        const int32_t *partial, int32_t r, bool logits)
+{
+    uint64_t seed = node->parent ? node->hash : kvc_pc_ns_seed(S->pc, ns);
+    return XXH3_64bits_withSeed(partial, (size_t)r * sizeof(int32_t),
+                                seed ^ SNAP_SALT ^ (logits ? 0x6c6f67697473ull : 0));
+}
+
 uint64_t kvc_snap_hash(const kvc_snaps *S, const kvc_snap *sn)
 {
-    uint64_t seed = sn->node->parent ? sn->node->hash : kvc_pc_ns_seed(S->pc, sn->ns);
-    return XXH3_64bits_withSeed(sn->tokens, (size_t)sn->r * sizeof(int32_t), seed ^ SNAP_SALT);
+    return hash_of(S, sn->node, sn->ns, sn->tokens, sn->r, sn->has_logits);
 }
 
 void kvc_snaps_pin(kvc_snaps *S, kvc_snap *sn)
@@ -426,4 +454,96 @@ int kvc_snaps_check(const kvc_snaps *S, kvc_err *err)
                         "%lld kept; blocks %lld vs %lld)", (long long)n, (long long)in_buckets,
                         (long long)S->st.count, (long long)blocks, (long long)S->n_blocks);
     return KVC_OK;
+}
+
+/* ------------------------------------------------------------ tiers */
+
+/* A snapshot's record below RAM: key its chain hash; parent its node's chain
+ * hash; tokens its partial ones then a tag (1 + logits) so that a record is
+ * never empty; data the states, the logits when it has them, then the
+ * partial block's K/V (group 0's chunk) when r > 0. */
+#define SNAP_TAG (-2)
+
+static size_t record_bytes(const kvc_snaps *S, bool logits, int32_t r)
+{
+    return (size_t)(S->state_floats + (logits ? S->n_vocab : 0)) * sizeof(float) +
+           (r > 0 ? S->chunk : 0);
+}
+
+static void record_desc(const kvc_snaps *S, const kvc_pc_node *node, uint64_t ns,
+                        const int32_t *partial, int32_t r, bool logits, int32_t *toks,
+                        kvc_block_desc *d)
+{
+    if (r > 0)
+        memcpy(toks, partial, (size_t)r * sizeof(int32_t));
+    toks[r] = SNAP_TAG - (logits ? 1 : 0);
+    *d = (kvc_block_desc){ hash_of(S, node, ns, partial, r, logits),
+                           node->parent ? node->hash : kvc_pc_ns_seed(S->pc, ns), r + 1, toks, ns };
+}
+
+void kvc_snaps_set_tiers(kvc_snaps *S, kvc_tiers *tiers) { S->tiers = tiers; }
+
+/* Write a snapshot through to the tiers (at once: its state is the last
+ * that a restart could find). A failure only means a restart recomputes. */
+static void write_down(kvc_snaps *S, const kvc_snap *sn)
+{
+    const size_t bytes = record_bytes(S, sn->has_logits, sn->r);
+    const size_t nf = (size_t)S->state_floats + (sn->has_logits ? (size_t)S->n_vocab : 0);
+    char *buf = malloc(bytes);
+    int32_t toks[64 + 1];
+    if (!buf || sn->r > 64)
+        goto out;
+    payload_io(S, sn, (float *)buf, 0, nf, false);
+    if (sn->r > 0)
+        memcpy(buf + nf * sizeof(float), kvc_kv_block_data(S->pool, sn->partial), S->chunk);
+    kvc_block_desc d;
+    record_desc(S, sn->node, sn->ns, sn->tokens, sn->r, sn->has_logits, toks, &d);
+    if (kvc_tiers_put_record(S->tiers, &d, buf, bytes) == KVC_OK)
+        S->st.written++;
+out:
+    free(buf);
+}
+
+kvc_snap *kvc_snaps_fetch(kvc_snaps *S, uint64_t ns, kvc_pc_node *last, const int32_t *tokens,
+                          int64_t limit, int64_t logits_at, int64_t above)
+{
+    if (!S->tiers || S->B > 64)
+        return NULL;
+    int32_t toks[64 + 1];
+    for (kvc_pc_node *x = last; x; x = x->parent) {
+        const int64_t E = node_end(S, x);
+        if (E > limit)
+            continue;
+        for (int32_t r = (int32_t)KVC_MIN((int64_t)S->B - 1, limit - E); r >= 0; r--) {
+            if (E + r <= above)
+                return NULL;
+            for (int lg = 1; lg >= 0; lg--) {
+                if (E + r == logits_at && !lg)
+                    continue;
+                kvc_block_desc d;
+                record_desc(S, x, ns, tokens + E, r, lg, toks, &d);
+                if (!kvc_tiers_has(S->tiers, d.hash) || find_exact(S, x, ns, r, tokens + E))
+                    continue;
+                const size_t bytes = record_bytes(S, lg, r);
+                char *buf = malloc(bytes);
+                if (!buf || kvc_tiers_get_record(S->tiers, &d, buf, bytes) != KVC_OK) {
+                    free(buf);
+                    continue;                /* gone, or corrupt: recomputed */
+                }
+                int rc;
+                kvc_err e = { 0 };
+                kvc_snap *sn = snap_new(S, ns, x, r, tokens + E, lg, &rc, &e);
+                if (sn) {
+                    size_t nf = (size_t)S->state_floats + (lg ? (size_t)S->n_vocab : 0);
+                    payload_io(S, sn, (float *)buf, 0, nf, true);
+                    if (r > 0)
+                        memcpy(kvc_kv_block_data(S->pool, sn->partial), buf + nf * sizeof(float), S->chunk);
+                    S->st.fetched++;
+                }
+                free(buf);
+                return sn;                   /* NULL: no room for it */
+            }
+        }
+    }
+    return NULL;
 }

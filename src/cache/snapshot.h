@@ -90,12 +90,29 @@ int64_t  kvc_snaps_evictable(const kvc_snaps *S);   /* blocks evicting every unp
 uint64_t kvc_snaps_oldest(const kvc_snaps *S);      /* the LRU one's last use; UINT64_MAX: none */
 int64_t  kvc_snaps_evict_one(kvc_snaps *S);         /* blocks freed; 0: none to evict */
 
+/* The tiers below RAM (tiers.h; NULL: none): every snapshot taken is
+ * written through at once as one record (kvc_snap_hash its key, its node's
+ * chain hash its parent, its partial tokens and a tag its tokens;
+ * checksummed and all-or-nothing as the store writes any record), so a
+ * conversation survives a restart. */
+struct kvc_tiers;
+void kvc_snaps_set_tiers(kvc_snaps *S, struct kvc_tiers *tiers);
+
+/* As kvc_snaps_find, from the tiers: the snapshot of the longest prefix
+ * tokens[0, P), above < P <= limit, on the path of `last` that the tiers
+ * hold and RAM does not, read into pool blocks (kvc_snaps_cost of it must
+ * be free: the caller makes room) and entered. NULL when none (or no
+ * room, or a record failed its checksum: recomputed). */
+kvc_snap *kvc_snaps_fetch(kvc_snaps *S, uint64_t ns, kvc_pc_node *last, const int32_t *tokens,
+                          int64_t limit, int64_t logits_at, int64_t above);
+
 /* Figures. */
 typedef struct kvc_snaps_stats {
     int64_t  count;          /* snapshots held */
     int64_t  blocks;         /* pool blocks they take */
     int64_t  bytes;          /* of which states and logits (payload) */
     uint64_t taken, restored, evicted, dropped;   /* since the start; dropped: with their node */
+    uint64_t written, fetched;                    /* to and from the tiers */
 } kvc_snaps_stats;
 void kvc_snaps_get_stats(const kvc_snaps *S, kvc_snaps_stats *st);
 

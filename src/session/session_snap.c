@@ -23,6 +23,23 @@ int64_t kvc_session_snap_match(kvc_session *s, const int32_t *tokens, int64_t n,
     int64_t limit = KVC_MIN(n, KVC_MAX(own, (int64_t)m->n_full * B + m->partial_len));
     kvc_snap *sn = limit > kept ? kvc_snaps_find(c->snaps, s->ns, m->last, tokens, limit,
                                                  need_logits ? n : -1) : NULL;
+    int64_t best = KVC_MAX(kept, sn ? kvc_snap_pos(sn) : 0);
+    if (c->tiers && limit > best) {          /* a longer one below RAM (after a restart) */
+        kvc_pc_pin(m->last);                 /* kept through the room made for it */
+        if (sn)
+            kvc_snaps_pin(c->snaps, sn);
+        int64_t cost = kvc_snaps_cost(c->snaps, 1, true);
+        kvc_snap *disk = NULL;
+        if (kvc_kv_n_free(c->pool) - c->promised >= cost ||
+            kvc_context_make_room(c, c->promised + cost))
+            disk = kvc_snaps_fetch(c->snaps, s->ns, m->last, tokens, limit,
+                                   need_logits ? n : -1, best);
+        if (sn)
+            kvc_snaps_unpin(c->snaps, sn);
+        if (disk)
+            sn = disk;
+        kvc_pc_unpin(m->last);
+    }
     if (sn && kvc_snap_pos(sn) > kept) {
         kvc_snaps_pin(c->snaps, sn);
         *snap = sn;

@@ -484,7 +484,8 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     int32_t tail = -1, tail_len = 0;
     if (cache && c->tiers) {
         disk = kvc_session_fetch_disk(s, t->toks.v, n, &m, own, room, user);
-        tail_len = kvc_session_fetch_tail(s, t->toks.v, n, &m, own, room, user, &tail);
+        if (!c->snaps)                       /* a snapshot carries its own partial block */
+            tail_len = kvc_session_fetch_tail(s, t->toks.v, n, &m, own, room, user, &tail);
     }
     int64_t tree = (int64_t)m.n_full * B + KVC_MAX(m.partial_len, tail_len);
     int64_t matched = KVC_MAX(own, tree);
