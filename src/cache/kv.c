@@ -656,8 +656,10 @@ int64_t kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n)
     n = KVC_MAX(0, KVC_MIN(n, seq->n_tokens));
     if (n < seq->n_tokens)   /* blocks past n_tokens (reserved) have every chunk */
         n = kvc_kv_servable(pool, seq->blocks, n);
-    if (n == 0 && seq->state)   /* the states of no position */
-        memset(seq->state, 0, (size_t)pool->state_floats * sizeof(float));
+    if (n == 0 && seq->state) {   /* the states of no position: all zero, made again on use */
+        free(seq->state);
+        seq->state = NULL;
+    }
     int32_t keep = (int32_t)((n + B - 1) / B);
     while (seq->n_blocks > keep)
         seq_pop(pool, seq);

@@ -196,8 +196,8 @@ typedef struct kvc_kv_seq {
     int64_t  n_tokens;   /* positions [0, n_tokens) hold valid K/V */
     int32_t  from[KVC_KV_MAX_GROUPS];   /* per group: it holds the chunks of blocks [from, n_blocks)
                                          * (full groups: 0) */
-    float   *state;      /* every recurrent layer's state (kvc_kv_seq_state), made on first use;
-                          * NULL: all zero */
+    float   *state;      /* every recurrent layer's state (kvc_kv_seq_state), made on first use,
+                          * freed when the sequence is cut to 0; NULL: all zero */
 } kvc_kv_seq;
 
 void kvc_kv_seq_init(kvc_kv_seq *seq);
