@@ -77,10 +77,6 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         char msg[sizeof(e.msg)];
         if ((rc = kvc_context_new(model, &cp, &eng->ctx, msg, sizeof(msg))))
             kvc_fail(&e, rc, "%s", msg);
-        else if (p.overflow == KVC_OVERFLOW_SHIFT && eng->ctx->snaps)
-            rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "a context shift (--context-overflow=shift) "
-                          "cannot be used with this model: its recurrent layers' state "
-                          "summarises every token and cannot drop turns");
     }
     if (!rc && p.chat_template_kwargs) {   /* validated once, merged into every request */
         char *merged = NULL;
