@@ -503,9 +503,10 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         tree = snap ? matched : 0;
         if (matched == n && logits &&
             !(snap_logits = malloc((size_t)c->model->hp.n_vocab * sizeof(float)))) {
-            kvc_snaps_unpin(c->snaps, snap);
-            *err = t->err = (kvc_err){ 0 };
-            kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+            if (snap)
+                kvc_snaps_unpin(c->snaps, snap);
+            kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
+            *err = t->err;
             return fail(t, KVC_ERR_NOMEM);
         }
     }
