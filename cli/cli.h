@@ -33,7 +33,7 @@ typedef struct cli_option {
 /* Ids of long-only options, shared by every command; a command numbers its
  * own from CLI_OPT_CMD. */
 enum {
-    CLI_OPT_KV_TYPE = 256, CLI_OPT_TEMP, CLI_OPT_TOP_K, CLI_OPT_TOP_P, CLI_OPT_MIN_P,
+    CLI_OPT_KV_TYPE = 256, CLI_OPT_SNAP_INTERVAL, CLI_OPT_TEMP, CLI_OPT_TOP_K, CLI_OPT_TOP_P, CLI_OPT_MIN_P,
     CLI_OPT_REPEAT_PENALTY, CLI_OPT_REPEAT_LAST_N, CLI_OPT_PRESENCE, CLI_OPT_FREQUENCY,
     CLI_OPT_CACHE_DIR, CLI_OPT_CACHE_DISK, CLI_OPT_CACHE_REDIS, CLI_OPT_CACHE_REDIS_PW,
     CLI_OPT_CACHE_REDIS_TIMEOUT, CLI_OPT_TEMPLATE, CLI_OPT_TEMPLATE_FILE,
@@ -96,6 +96,7 @@ typedef struct cli_common {
     int32_t     n_ctx;          /* -c; 0 = the model's */
     int32_t     n_batch;        /* -b; 0 = 512 */
     int32_t     kv_type;        /* --kv-type f16|f32|q8_0 */
+    int32_t     snap_interval;  /* --snapshot-interval; 0 = the model's, -1 = none */
     bool        json;           /* --json, of the commands that take it */
     bool        quiet;          /* serve --quiet: no summary, no loading progress */
     kvc_sampler_params sampling;

@@ -19,9 +19,10 @@ static const cli_option make_model_opts[] = {
     { "output", 'o', "FILE", 'o', 0, "where to write (required)" },
     { "preset", 0, "NAME", OPT_PRESET, 0,
       "demo, tiny, tiny-llama, tiny-qwen3, tiny-qwen3moe, qwen2.5-0.5b,\n"
-      "qwen3-30b-a3b, tiny-gemma3, tiny-gpt-oss, gemma3-4b, gpt-oss-20b\n"
+      "qwen3-30b-a3b, tiny-gemma3, tiny-gpt-oss, gemma3-4b, gpt-oss-20b,\n"
+      "tiny-qwen35, tiny-qwen35moe, qwen3.5-9b, qwen3.6-35b-a3b\n"
       "(use --n-layer to cut the large ones)" },
-    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss" },
+    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen35,\nqwen35moe" },
     { "type", 0, "T", OPT_TYPE, 0,
       "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
       "mxfp4_moe (experts MXFP4, the rest Q8_0)" },

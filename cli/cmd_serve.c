@@ -349,6 +349,7 @@ int cmd_serve(int argc, char **argv)
     }
     ep.n_ctx = c.n_ctx;
     ep.n_batch = c.n_batch;
+    ep.snapshot_interval = c.snap_interval;
     ep.n_threads = c.n_threads;
     ep.kv_type = c.kv_type;
     ep.cache_disk_mib = cache.disk_mib;

@@ -142,6 +142,7 @@ kvc_context *cli_new_context(const cli_common *c, kvc_model *m, int32_t n_seq)
     p.n_threads = c->n_threads;
     p.n_seq = n_seq;
     p.kv_type = c->kv_type;
+    p.snapshot_interval = c->snap_interval;
     kvc_context *ctx = NULL;
     char err[512];
     if (kvc_context_new(m, &p, &ctx, err, sizeof(err)) != KVC_OK) {

@@ -28,6 +28,10 @@ const cli_option cli_context_opts[] = {
     { "ctx-size", 'c', "N", 'c', 0, "context length (default: the model's)" },
     { "batch-size", 'b', "N", 'b', 0, "tokens per forward pass (default 512)" },
     { "kv-type", 0, "T", CLI_OPT_KV_TYPE, 0, "KV cache type: f16 (default), f32, q8_0" },
+    { "snapshot-interval", 0, "N", CLI_OPT_SNAP_INTERVAL, 0,
+      "models with recurrent layers: snapshot their state every N\n"
+      "tokens of a long prompt (default: from the state's size;\n"
+      "0 = only at prompt ends and message starts)" },
     { 0 }
 };
 
@@ -295,6 +299,11 @@ int cli_common_apply(cli_common *c, int id, const char *v)
         if (!cli_int("--batch-size", v, 1, 1 << 16, &n))
             return -1;
         c->n_batch = (int32_t)n;
+        return 1;
+    case CLI_OPT_SNAP_INTERVAL:
+        if (!cli_int("--snapshot-interval", v, 0, 1 << 20, &n))
+            return -1;
+        c->snap_interval = n ? (int32_t)n : -1;
         return 1;
     case CLI_OPT_KV_TYPE:
         if (!strcmp(v, "f16"))

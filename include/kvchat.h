@@ -142,6 +142,9 @@ typedef struct kvc_context_params {
     int32_t kv_type;    /* enum kvc_kv_type */
     int64_t kv_blocks;  /* pool size in blocks of 16 tokens; 0 = n_seq * n_ctx / 16 + 1
                            (the pool also keeps the prefix tree's blocks, evicted as needed) */
+    int32_t snapshot_interval; /* models with recurrent layers: a snapshot of their states
+                           every this many tokens of a long prefill (besides prompt ends
+                           and message starts); 0 = chosen from the state's size, -1 = none */
 } kvc_context_params;
 
 kvc_context_params kvc_context_default_params(void);
@@ -424,6 +427,14 @@ typedef struct kvc_gen_params {
     float       rope_factor;    /* rope.scaling.factor, >= 1 with a scaling type */
     int32_t     rope_orig_ctx;  /* rope.scaling.original_context_length (YaRN) */
     float       logit_softcap;  /* final_logit_softcapping (gemma3) */
+    /* Gated DeltaNet hybrids (qwen35, qwen35moe; ignored by the others) */
+    int32_t     ssm_d_conv;     /* ssm.conv_kernel: the causal convolution's width, 1..16 */
+    int32_t     ssm_d_state;    /* ssm.state_size: the GDN head size (d_k = d_v) */
+    int32_t     ssm_n_group;    /* ssm.group_count: the Q/K heads */
+    int32_t     ssm_dt_rank;    /* ssm.time_step_rank: the V heads, a multiple of ssm_n_group */
+    int32_t     full_attn_interval; /* layer il is gated attention iff (il + 1) % this == 0 */
+    int32_t     n_rot;          /* rope.dimension_count: rotated dims of a head (0: head_dim) */
+    int32_t     n_ff_shexp;     /* the shared expert's width (qwen35moe); 0: no shared expert */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -453,6 +464,18 @@ kvc_gen_params kvc_gen_default_params(void);
  *   "gpt-oss-20b"   gpt-oss-20b's shapes: 24 layers (cut with n_layer), d 2880, 64/8 heads
  *                   of 64, 32 experts of 2880, top-4, window 128, YaRN x32 over 4096,
  *                   vocab 201088, ctx 131072, theta 150000, untied, bpe, mxfp4_moe
+ *   "tiny-qwen35"   qwen35, d 64, 4 layers (3 Gated DeltaNet + 1 gated attention), 4/2 heads
+ *                   of 32 (8 rotated), ff 128, GDN 2 K / 4 V heads of 16, conv 4, ctx 2048,
+ *                   theta 1e7, f32, bpe, tied
+ *   "tiny-qwen35moe" qwen35moe, the same with 8 experts of 32, top-2, a shared expert of 48,
+ *                   6 V heads, spm, untied
+ *   "qwen3.5-9b"    Qwen3.5-9B's shapes: 32 layers (cut with n_layer; 3 GDN : 1 attention),
+ *                   d 4096, 16/4 heads of 256 (64 rotated), ff 12288, GDN 16 K / 32 V heads
+ *                   of 128, conv 4, vocab 248320, ctx 262144, theta 1e7, untied, bpe, q4_k_m
+ *   "qwen3.6-35b-a3b" Qwen3.6-35B-A3B's shapes: 40 layers (cut with n_layer), d 2048, 16/2
+ *                   heads of 256 (64 rotated), 256 experts of 512, top-8, a shared expert of
+ *                   512, GDN 16 K / 32 V heads of 128, vocab 248320, ctx 262144, theta 1e7,
+ *                   untied, bpe, q4_k_m
  * Returns KVC_OK, or KVC_ERR_NOT_FOUND for an unknown name (out untouched). */
 int kvc_gen_preset(const char *name, kvc_gen_params *out);
 
@@ -508,6 +531,7 @@ typedef struct kvc_engine_params {
     const char *chat_template_kwargs; /* JSON object: template variables every request gets
                                    (a request's chat_template_kwargs win per key); NULL = none */
     int32_t     overflow;       /* enum kvc_overflow */
+    int32_t     snapshot_interval; /* kvc_context_params.snapshot_interval */
     bool        no_cache;       /* every request cold (as kvc_chat_params.no_cache) */
     bool        special_in_content; /* every request's (kvc_chat_params.special_in_content) */
     /* the disk tier (DESIGN.md §5): KV blocks kept in a directory, across

@@ -1,5 +1,6 @@
 /* context.c - the public model and context API over model.h, kv.h and forward.c. */
 #include "context.h"
+#include "snapshot.h"
 #include "grammar.h"
 #include "chat_template.h"
 #include "quant.h"
@@ -169,6 +170,12 @@ int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_cont
     }
     if (!rc)
         rc = kvc_pc_new(c->pool, &c->pc, &e);
+    if (!rc && kvc_kv_state_floats(c->pool) > 0) {   /* recurrent layers: snapshots */
+        rc = kvc_snaps_new(c->pool, c->pc, model->hp.n_vocab, &c->snaps, &e);
+        int32_t S = p.snapshot_interval;
+        c->snap_interval = S < 0 ? 0 : S == 0 ? kvc_context_snap_interval(model, p.kv_type)
+                                 : (S + B - 1) / B * B;
+    }
     if (!rc)
         rc = kvc_compute_new(model, p.n_batch, p.n_ctx, p.n_threads, &c->compute, &e);
     if (!rc) {
@@ -195,8 +202,11 @@ void kvc_context_free(kvc_context *c)
     if (c->seqs && c->pool)
         for (int32_t s = 0; s < c->p.n_seq; s++)
             kvc_kv_seq_release(c->pool, &c->seqs[s]);
+    if (c->snaps)
+        kvc_snaps_set_tiers(c->snaps, NULL);
     kvc_tiers_free(c->tiers);                /* writes what is queued; unhooks the tree */
     kvc_bs_close(c->store);
+    kvc_snaps_free(c->snaps);
     kvc_pc_free(c->pc);
     kvc_chat_template_free(c->chat_tmpl);
     free(c->chat_tmpl_key);
@@ -211,6 +221,9 @@ void kvc_context_free(kvc_context *c)
 
 int kvc_context_set_windows(kvc_context *c, const int32_t *window, int64_t n_window, kvc_err *err)
 {
+    if (c->snaps)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "memory groups: window groups beside recurrent "
+                        "layers are not supported");
     bool fresh = !c->tiers && kvc_pc_n_nodes(c->pc) == 0 && n_window >= 0;
     for (int32_t s = 0; fresh && s < c->p.n_seq; s++)
         fresh = c->seqs[s].n_blocks == 0;
@@ -289,6 +302,8 @@ int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *di
     }
     c->store = store;
     c->tiers = tiers;
+    if (c->snaps)
+        kvc_snaps_set_tiers(c->snaps, tiers);
     return KVC_OK;
 }
 
@@ -327,7 +342,16 @@ size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
         return 0;
     kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
                               KVC_BLOCK_TOKENS, (uint32_t)kt, 1 };
-    return kvc_kv_block_bytes_for(&pp);
+    kvc_kv_group full = { KVC_KV_FULL, 0, 0 };
+    kvc_kv_layer *layers = recurrent_layers(model);   /* their K/V take no room */
+    if (layers) {
+        pp.n_groups = 1;
+        pp.groups = &full;
+        pp.layers = layers;
+    }
+    size_t bytes = kvc_kv_block_bytes_for(&pp);
+    free(layers);
+    return bytes;
 }
 
 bool kvc_context_make_room(kvc_context *c, int64_t n_free)
@@ -335,12 +359,38 @@ bool kvc_context_make_room(kvc_context *c, int64_t n_free)
     int64_t have = kvc_kv_n_free(c->pool);
     if (have >= n_free)
         return true;
-    if (have + kvc_pc_evictable(c->pc) < n_free) {
+    int64_t snaps = c->snaps ? kvc_snaps_evictable(c->snaps) : 0;
+    if (have + kvc_pc_evictable(c->pc) + snaps < n_free) {
         c->room_refused++;
         return false;                        /* know before evicting: nothing is lost */
     }
-    kvc_pc_evict(c->pc, n_free - have);
+    if (!c->snaps) {
+        kvc_pc_evict(c->pc, n_free - have);
+        return kvc_kv_n_free(c->pool) >= n_free;
+    }
+    /* snapshots and the tree's leaves, least recently used first */
+    while (kvc_kv_n_free(c->pool) < n_free) {
+        const kvc_pc_node *leaf = kvc_pc_lru_next(c->pc, NULL);
+        if (leaf && leaf->last_used <= kvc_snaps_oldest(c->snaps))
+            kvc_pc_evict(c->pc, 1);
+        else if (!kvc_snaps_evict_one(c->snaps))
+            break;
+    }
     return kvc_kv_n_free(c->pool) >= n_free;
+}
+
+int32_t kvc_context_snap_interval(const kvc_model *model, int32_t kv_type)
+{
+    int64_t state = 0;
+    for (int32_t l = 0; l < model->hp.n_layer; l++)
+        state += model->layers[l].state_floats;
+    const int64_t B = KVC_BLOCK_TOKENS;
+    size_t block = kvc_context_block_bytes(model, kv_type);
+    if (state == 0 || block == 0)
+        return 0;
+    int64_t S = (int64_t)((uint64_t)state * sizeof(float) * (uint64_t)B / block);
+    S = (S + B - 1) / B * B;
+    return (int32_t)KVC_MAX(64, KVC_MIN(S, 4096));
 }
 
 int kvc_context_logits_reserve(kvc_context *c, int32_t rows, kvc_err *err)

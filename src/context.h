@@ -37,7 +37,17 @@ struct kvc_context {
     kvc_tiers   *tiers;         /* the tree joined to it, or NULL */
     uint64_t     room_refused;  /* kvc_context_make_room calls that evicted nothing
                                    because eviction could not make the room */
+    struct kvc_snaps *snaps;    /* recurrent layers: snapshots of their states in the
+                                   tree (snapshot.h); NULL for attention-only models */
+    int32_t      snap_interval; /* with snaps: tokens between a long prefill's snapshots
+                                   (multiple of the block; 0: none but the chosen points) */
 };
+
+/* The snapshot interval a model gets when none is asked for: the tokens
+ * whose K/V take as many bytes as one snapshot of its recurrent states
+ * (so that periodic snapshots cost about what the K/V they cover do), a
+ * multiple of the block, within [64, 4096]; 0 without recurrent layers. */
+int32_t kvc_context_snap_interval(const kvc_model *model, int32_t kv_type);
 
 /* Put the disk tier under the context's tree: open (create) the store in
  * `dir` (NULL = the user's cache directory) with a budget of `mib` MiB (0 =
@@ -63,8 +73,9 @@ int kvc_context_set_windows(kvc_context *c, const int32_t *window, int64_t n_win
  * Redis behind it (redis NULL or its url NULL: none; its model_fp is filled
  * in here). Redis being down is no error (block_store_redis.h). redis->warn
  * also hears the disk tier's one warning (its medium full). A pool with
- * window groups (kv.h) gets no tiers for now (KVC_OK, c->tiers stays NULL): a
- * tier record is one contiguous block. */
+ * window groups (kv.h) gets no tiers for now (KVC_OK, c->tiers stays NULL):
+ * a tier record is one contiguous block. Recurrent snapshots go to the same
+ * tiers (snapshot.h). */
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err);
 

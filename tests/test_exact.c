@@ -234,7 +234,7 @@ static char *turn_alone(kvc_session *s, const conv *c, const kvc_chat_params *p,
     kvc_turn *t = NULL;
     char *reply = NULL;
     *pc = (pieces){ .valid = true };
-    CHECK(kvc_prompt_chat(s->ctx->model, s->tmpl, c->m, c->n, p, s->ctx->p.n_ctx, &toks, &dropped,
+    CHECK(kvc_prompt_chat(s->ctx->model, s->tmpl, c->m, c->n, p, s->ctx->p.n_ctx, &toks, &dropped, NULL,
                           &e) == KVC_OK);
     CHECK(kvc_turn_new(s, toks.v, toks.n, KVC_TURN_CHAT, p, collect, pc, kvc_time_us(), &t, &e) ==
           KVC_OK);
@@ -326,7 +326,7 @@ static void test_cut_and_stop(kvc_model *m, const char *name, int *cuts, int *ct
             int32_t dropped;
             kvc_err e = { 0 };
             p.max_tokens = 40;
-            kvc_prompt_chat(m, s->tmpl, c.m, c.n, &p, cp.n_ctx, &toks, &dropped, &e);
+            kvc_prompt_chat(m, s->tmpl, c.m, c.n, &p, cp.n_ctx, &toks, &dropped, NULL, &e);
             kvc_sampler *smp = kvc_sampler_new(&p.sampling, m->hp.n_vocab);
             for (int64_t i = 0; i < toks.n; i++)
                 kvc_sampler_accept(smp, toks.v[i]);

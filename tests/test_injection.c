@@ -57,7 +57,7 @@ static kvc_tokbuf prompt_of(const kvc_model *m, const kvc_chat_template *t,
     kvc_tokbuf b = { 0 };
     int32_t dropped;
     kvc_err e = { 0 };
-    CHECKF(kvc_prompt_chat(m, t, msgs, n, &p, 1 << 20, &b, &dropped, &e) == KVC_OK, "%s", e.msg);
+    CHECKF(kvc_prompt_chat(m, t, msgs, n, &p, 1 << 20, &b, &dropped, NULL, &e) == KVC_OK, "%s", e.msg);
     return b;
 }
 

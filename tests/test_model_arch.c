@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "arch.h"
+#include "forward.h"
 #include "gguf.h"
 #include "kernels.h"
 #include "model.h"
@@ -46,7 +47,7 @@ static void test_refused(void)
 {
     char path[sizeof(dir) + 32], msg[512];
     snprintf(path, sizeof(path), "%s/stub.gguf", dir);
-    static const char *const later[] = { "gemma4", "qwen35", "qwen35moe", "lfm2", "granitehybrid" };
+    static const char *const later[] = { "gemma4", "qwen3next", "lfm2", "granitehybrid" };
     for (size_t i = 0; i < KVC_ARRAY_LEN(later); i++) {
         write_stub(path, later[i], false);
         kvc_model *m = NULL;
@@ -86,6 +87,8 @@ static void test_rows(void)
         p.arch = a->name;
         p.n_layer = 2;
         p.n_threads = 1;
+        p.full_attn_interval = 2;   /* Gated DeltaNet rows: layer 0 recurrent, layer 1 attention */
+        const bool gdn = a->layers == kvc_gdn_layers;
         kvc_err err = { 0 };
         CHECKF(kvc_gen_model(&p, path, &err) == KVC_OK, "%s: %s", a->name, err.msg);
         kvc_model *m = NULL;
@@ -98,7 +101,21 @@ static void test_rows(void)
         CHECK_EQ_INT(m->hp.rope_neox, a->rope_neox);
         for (int il = 0; il < m->hp.n_layer; il++) {
             const kvc_layer *L = &m->layers[il];
-            CHECK_EQ_INT(L->attn, KVC_ATTN_FULL);
+            const bool rec = gdn && il == 0;
+            CHECK_EQ_INT(L->attn, rec ? KVC_ATTN_GDN : KVC_ATTN_FULL);
+            CHECK_EQ_INT(L->attn_gated, gdn && !rec);
+            CHECK_EQ_INT(L->ssm_qkv.data != NULL, rec);
+            CHECK_EQ_INT(L->ssm_conv1d != NULL && L->ssm_a != NULL && L->ssm_norm != NULL, rec);
+            CHECK_EQ_INT(L->state_floats > 0, rec);
+            if (rec) {
+                CHECK(L->ssm_a[0] < 0.0f);
+                CHECK(L->attn_norm && L->ffn_norm && !L->wq.data && L->ssm_out.data);
+                CHECK_EQ_INT(L->state_floats, (int64_t)(p.ssm_d_conv - 1) *
+                             (2 * p.ssm_n_group + p.ssm_dt_rank) * p.ssm_d_state +
+                             (int64_t)p.ssm_dt_rank * p.ssm_d_state * p.ssm_d_state);
+                CHECK_EQ_INT(L->w_gate.data != NULL, a->ffn == KVC_FFN_DENSE);
+                continue;
+            }
             CHECK_EQ_INT(L->ffn, a->ffn);
             CHECK_EQ_INT(L->n_head, p.n_head);
             CHECK_EQ_INT(L->n_head_kv, p.n_head_kv);
@@ -106,7 +123,7 @@ static void test_rows(void)
             CHECK(L->attn_norm && L->ffn_norm && L->wq.data && L->wo.data);
             CHECK_EQ_INT(L->bq != NULL, strcmp(a->name, "qwen2") == 0 || strcmp(a->name, "gpt-oss") == 0);
             CHECK_EQ_INT(L->q_norm != NULL, strcmp(a->name, "qwen3") == 0 || strcmp(a->name, "qwen3moe") == 0 ||
-                                                strcmp(a->name, "gemma3") == 0);
+                                                strcmp(a->name, "gemma3") == 0 || gdn);
             CHECK_EQ_INT(L->sinks != NULL, strcmp(a->name, "gpt-oss") == 0);
             CHECK_EQ_INT(L->post_ffn_norm != NULL, strcmp(a->name, "gemma3") == 0);
             CHECK_EQ_INT(L->w_gate.data != NULL, a->ffn == KVC_FFN_DENSE);

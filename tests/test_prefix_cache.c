@@ -597,7 +597,7 @@ static void start_turn(int i, counts *k)
     kvc_err e = { 0 };
     int32_t dropped;
     CHECK(kvc_prompt_chat(x->s->ctx->model, x->s->tmpl, msgs, (size_t)x->c.n, &x->p,
-                          x->s->ctx->p.n_ctx, &toks, &dropped, &e) == KVC_OK);
+                          x->s->ctx->p.n_ctx, &toks, &dropped, NULL, &e) == KVC_OK);
     int rc = kvc_turn_new(x->s, toks.v, toks.n, KVC_TURN_CHAT, &x->p, NULL, NULL, kvc_time_us(),
                           &x->t, &e);
     kvc_tokbuf_free(&toks);

@@ -79,7 +79,7 @@ static int check_template(const kvc_model *m, const char *model, const char *nam
         kvc_tokbuf got = { 0 };
         int32_t dropped = 0, *want = NULL;
         CHECKF(kvc_prompt_render(t, conv[c], conv_n[c], &p, &text, &e) == KVC_OK, "%s", e.msg);
-        CHECKF(kvc_prompt_chat(m, t, conv[c], conv_n[c], &p, 1 << 20, &got, &dropped, &e) ==
+        CHECKF(kvc_prompt_chat(m, t, conv[c], conv_n[c], &p, 1 << 20, &got, &dropped, NULL, &e) ==
                KVC_OK, "%s", e.msg);
         int64_t nw = text ? whole_text_tokens(m, text, &want) : -1;
         bool eq = nw == got.n && !memcmp(want, got.v, (size_t)nw * sizeof(int32_t));
@@ -110,7 +110,7 @@ static void check_llama2_example(const kvc_model *m)
     kvc_tokbuf got = { 0 };
     int32_t dropped;
     kvc_err e = { 0 };
-    if (t && kvc_prompt_chat(m, t, conv[0], 1, &p, 1 << 20, &got, &dropped, &e) == KVC_OK) {
+    if (t && kvc_prompt_chat(m, t, conv[0], 1, &p, 1 << 20, &got, &dropped, NULL, &e) == KVC_OK) {
         CHECKF(got.n == 10 && got.v[0] == kvc_tokenizer_bos(m->tok) && got.v[4] == hello,
                "[INST] Hello there [/INST]: %lld tokens (BOS + 9 wanted), token 4 %d (▁Hello %d)",
                (long long)got.n, got.n > 4 ? got.v[4] : -1, hello);
@@ -133,7 +133,7 @@ static void check_typed_control(const kvc_model *m)
     kvc_tokbuf got = { 0 };
     int32_t dropped, eos = kvc_tokenizer_eos(m->tok), hi = kvc_tokenizer_find(m->tok, "\xe2\x96\x81Hi");
     kvc_err e = { 0 };
-    if (t && kvc_prompt_chat(m, t, msg, 1, &p, 1 << 20, &got, &dropped, &e) == KVC_OK) {
+    if (t && kvc_prompt_chat(m, t, msg, 1, &p, 1 << 20, &got, &dropped, NULL, &e) == KVC_OK) {
         int n_eos = 0;
         bool has_hi = false;
         for (int64_t i = 0; i < got.n; i++) {

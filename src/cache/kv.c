@@ -529,6 +529,15 @@ float *kvc_kv_seq_state(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t layer)
     return seq->state ? seq->state + L->state_off : NULL;
 }
 
+float *kvc_kv_seq_states(kvc_kv_pool *pool, kvc_kv_seq *seq)
+{
+    if (pool->state_floats == 0)
+        return NULL;
+    if (!seq->state)
+        seq->state = calloc((size_t)pool->state_floats, sizeof(float));
+    return seq->state;
+}
+
 /* ------------------------------------------------------------ sequences */
 
 void kvc_kv_seq_init(kvc_kv_seq *seq)
@@ -647,8 +656,10 @@ int64_t kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n)
     n = KVC_MAX(0, KVC_MIN(n, seq->n_tokens));
     if (n < seq->n_tokens)   /* blocks past n_tokens (reserved) have every chunk */
         n = kvc_kv_servable(pool, seq->blocks, n);
-    if (n == 0 && seq->state)   /* the states of no position */
-        memset(seq->state, 0, (size_t)pool->state_floats * sizeof(float));
+    if (n == 0 && seq->state) {   /* the states of no position: all zero, made again on use */
+        free(seq->state);
+        seq->state = NULL;
+    }
     int32_t keep = (int32_t)((n + B - 1) / B);
     while (seq->n_blocks > keep)
         seq_pop(pool, seq);
@@ -688,6 +699,35 @@ void kvc_kv_seq_release(kvc_kv_pool *pool, kvc_kv_seq *seq)
     free(seq->blocks);
     free(seq->state);
     kvc_kv_seq_init(seq);
+}
+
+int kvc_kv_seq_assign(kvc_kv_pool *pool, kvc_kv_seq *seq, const int32_t *blocks, int64_t n,
+                      kvc_err *err)
+{
+    const int64_t B = pool->p.block_tokens;
+    if (pool->p.n_groups != 1)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV sequence: assigning blocks needs one memory group");
+    const int32_t nb = (int32_t)((n + B - 1) / B);
+    int32_t *old = NULL, n_old = seq->n_blocks;
+    if (n_old > 0 && !(old = malloc((size_t)n_old * sizeof(*old))))
+        return kvc_fail(err, KVC_ERR_NOMEM, "KV sequence: out of memory");
+    int rc = seq_grow_table(seq, nb, err);
+    if (rc) {
+        free(old);
+        return rc;
+    }
+    if (n_old > 0)
+        memcpy(old, seq->blocks, (size_t)n_old * sizeof(*old));
+    for (int32_t i = 0; i < nb; i++) {   /* the new references first: a block in both stays */
+        kvc_kv_block_ref(pool, blocks[i]);
+        seq->blocks[i] = blocks[i];
+    }
+    for (int32_t i = 0; i < n_old; i++)
+        kvc_kv_block_unref(pool, old[i]);
+    free(old);
+    seq->n_blocks = nb;
+    seq->n_tokens = n;
+    return KVC_OK;
 }
 
 int kvc_kv_seq_append_blocks(kvc_kv_pool *pool, kvc_kv_seq *seq,

@@ -174,11 +174,13 @@ int64_t kvc_kv_servable(const kvc_kv_pool *pool, const int32_t *blocks, int64_t 
  * A recurrent layer (state_floats > 0) keeps no K/V: each sequence has one
  * state per such layer that summarises its positions [0, n_tokens) (zero at
  * n_tokens 0), read and updated in place by the forward pass, token by token
- * in position order. A state cannot be cut back: until snapshots of states
- * are kept (DESIGN.md §2, recurrent groups), a pool with recurrent layers
- * serves no cached path to another sequence (kvc_kv_servable is 0), a
+ * in position order. A state cannot be cut back, and the pool does not know
+ * which tokens a path holds: by itself a pool with recurrent layers serves no
+ * cached path to another sequence (kvc_kv_servable is 0 but for len 0), a
  * truncation below n_tokens keeps 0 positions, and a fork shares either the
- * whole of its source or nothing. */
+ * whole of its source or nothing. Snapshots of the states at chosen
+ * positions (snapshot.h) are what serves a shorter or another path: found by
+ * tokens, restored with kvc_kv_seq_assign and kvc_kv_seq_states. */
 
 /* Floats of every recurrent layer's state, summed (0: no recurrent layer). */
 int64_t kvc_kv_state_floats(const kvc_kv_pool *pool);
@@ -194,8 +196,8 @@ typedef struct kvc_kv_seq {
     int64_t  n_tokens;   /* positions [0, n_tokens) hold valid K/V */
     int32_t  from[KVC_KV_MAX_GROUPS];   /* per group: it holds the chunks of blocks [from, n_blocks)
                                          * (full groups: 0) */
-    float   *state;      /* every recurrent layer's state (kvc_kv_seq_state), made on first use;
-                          * NULL: all zero */
+    float   *state;      /* every recurrent layer's state (kvc_kv_seq_state), made on first use,
+                          * freed when the sequence is cut to 0; NULL: all zero */
 } kvc_kv_seq;
 
 void kvc_kv_seq_init(kvc_kv_seq *seq);
@@ -235,6 +237,22 @@ int  kvc_kv_seq_make_private(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t i0, int
  * floats, all zero while n_tokens is 0. NULL for a layer that is not
  * recurrent, or when the states cannot be allocated (out of memory). */
 float *kvc_kv_seq_state(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t layer);
+
+/* Every recurrent layer's state of the sequence, one after the other in
+ * layer order (kvc_kv_state_floats floats; layer l's at the offset
+ * kvc_kv_seq_state gives): what a snapshot copies. Made (zero) on first use;
+ * NULL without recurrent layers or out of memory. */
+float *kvc_kv_seq_states(kvc_kv_pool *pool, kvc_kv_seq *seq);
+
+/* Make the sequence hold exactly blocks[0, ceil(n / B)) (a reference taken on
+ * each; the blocks it held released after) and n_tokens = n: a cached path
+ * the caller vouches for, e.g. a recurrent snapshot's (snapshot.h), whose
+ * states the caller then writes (kvc_kv_seq_states; left as they were
+ * here). A trailing partial block may be shared: it is copied on the next
+ * write (kvc_kv_seq_reserve). Pools of one memory group only
+ * (KVC_ERR_INVALID_ARG); KVC_ERR_NOMEM (sequence unchanged). */
+int  kvc_kv_seq_assign(kvc_kv_pool *pool, kvc_kv_seq *seq, const int32_t *blocks, int64_t n,
+                       kvc_err *err);
 
 /* Release every block, the table and the states; the sequence is empty
  * afterwards. */

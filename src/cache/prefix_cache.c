@@ -28,6 +28,8 @@ struct kvc_prefix_cache {
     kvc_pc_node  *lru_tail;
     kvc_pc_evict_fn on_evict;     /* kvc_pc_set_evict_hook */
     void         *evict_user;
+    kvc_pc_evict_fn on_drop;      /* kvc_pc_set_drop_hook */
+    void         *drop_user;
 };
 
 static void on_refcount(void *user, void *tag, int32_t refcount);
@@ -328,6 +330,14 @@ void kvc_pc_set_evict_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user)
     pc->evict_user = user;
 }
 
+void kvc_pc_set_drop_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user)
+{
+    pc->on_drop = fn;
+    pc->drop_user = user;
+}
+
+uint64_t kvc_pc_tick(kvc_prefix_cache *pc) { return ++pc->tick; }
+
 /* -------------------------------------------------------------- lookup */
 
 static void lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int64_t n,
@@ -467,6 +477,8 @@ void kvc_pc_set_ready(kvc_prefix_cache *pc, kvc_pc_node *node)
 void kvc_pc_remove(kvc_prefix_cache *pc, kvc_pc_node *n)
 {
     KVC_ASSERT(n->n_children == 0 && n->pins == 0);
+    if (pc->on_drop)
+        pc->on_drop(pc->drop_user, n);
     kvc_pc_node *p = n->parent;
     if (n->on_lru)
         lru_unlink(pc, n);

@@ -156,6 +156,14 @@ int64_t kvc_pc_evictable(const kvc_prefix_cache *pc);
 typedef void (*kvc_pc_evict_fn)(void *user, const kvc_pc_node *node);
 void kvc_pc_set_evict_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user);
 
+/* Called with each node about to leave the tree (evicted or removed), for
+ * what hangs off it (recurrent snapshots, snapshot.h). NULL fn = none. */
+void kvc_pc_set_drop_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user);
+
+/* Advance the tree's LRU clock and return it: a tick to compare with
+ * nodes' last_used, for entries evicted together with the tree's leaves. */
+uint64_t kvc_pc_tick(kvc_prefix_cache *pc);
+
 /* The LRU list, least recently used first: kvc_pc_lru_next(pc, NULL) is the
  * first, NULL after the last. For tests and reports. */
 const kvc_pc_node *kvc_pc_lru_next(const kvc_prefix_cache *pc, const kvc_pc_node *node);

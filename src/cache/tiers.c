@@ -532,3 +532,26 @@ bool kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens,
     *block = b;
     return true;
 }
+
+/* ------------------------------------------------------------ records */
+
+bool kvc_tiers_has(kvc_tiers *t, uint64_t hash)
+{
+    return stored(t, hash);
+}
+
+int kvc_tiers_put_record(kvc_tiers *t, const kvc_block_desc *d, const void *data, size_t bytes)
+{
+    pthread_mutex_lock(&t->store_mu);
+    int rc = kvc_bs_put(t->store, d, data, bytes, NULL);
+    pthread_mutex_unlock(&t->store_mu);
+    return rc;
+}
+
+int kvc_tiers_get_record(kvc_tiers *t, const kvc_block_desc *d, void *data, size_t bytes)
+{
+    pthread_mutex_lock(&t->store_mu);
+    int rc = kvc_bs_get(t->store, d, data, bytes, NULL);
+    pthread_mutex_unlock(&t->store_mu);
+    return rc;
+}

@@ -98,6 +98,14 @@ bool kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens,
  * done what it does in the background (kvc_bs_flush). */
 void kvc_tiers_flush(kvc_tiers *t);
 
+/* Records other than the tree's blocks (recurrent snapshots, snapshot.h),
+ * written and read at once, in the caller's thread: whether the store lists
+ * `hash`; put (KVC_OK or the store's error); get (KVC_OK only for the record
+ * d exactly, its checksum holding: kvc_bs_get). */
+bool kvc_tiers_has(kvc_tiers *t, uint64_t hash);
+int  kvc_tiers_put_record(kvc_tiers *t, const kvc_block_desc *d, const void *data, size_t bytes);
+int  kvc_tiers_get_record(kvc_tiers *t, const kvc_block_desc *d, void *data, size_t bytes);
+
 void kvc_tiers_stats_get(kvc_tiers *t, kvc_tiers_stats *st);
 
 /* The store's own figures, read under its lock. */

@@ -73,6 +73,7 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         cp.n_seq = p.max_sessions + p.n_parallel;
         cp.kv_type = p.kv_type;
         cp.kv_blocks = blocks;
+        cp.snapshot_interval = p.snapshot_interval;
         char msg[sizeof(e.msg)];
         if ((rc = kvc_context_new(model, &cp, &eng->ctx, msg, sizeof(msg))))
             kvc_fail(&e, rc, "%s", msg);
@@ -172,7 +173,7 @@ static int make_tokens(kvc_engine *e, kvc_request *r, kvc_err *err)
         if (e->p.overflow == KVC_OVERFLOW_SHIFT)
             r->chat.overflow = KVC_OVERFLOW_SHIFT;
         return kvc_prompt_chat(e->model, e->tmpl, r->messages, r->n_messages, &r->chat,
-                               e->p.n_ctx, &r->toks, &r->dropped, err);
+                               e->p.n_ctx, &r->toks, &r->dropped, &r->starts, err);
     }
     r->kind = KVC_TURN_COMPLETION;
     if (!r->prompt)                          /* given as token ids (copied by request_new) */

@@ -344,6 +344,8 @@ static int start_turn(kvc_engine *e, kvc_request *r, kvc_err *err)
                           &r->turn, err);
     if (!rc)
         kvc_turn_set_dropped(r->turn, r->dropped);
+    if (!rc)
+        rc = kvc_turn_set_marks(r->turn, r->starts.v, r->starts.n, err);
     return rc;
 }
 

@@ -44,6 +44,7 @@ void kvc_request_unref(kvc_request *r)
     free(r->grammar);
     free(r->logit_bias);
     kvc_tokbuf_free(&r->toks);
+    kvc_tokbuf_free(&r->starts);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);

@@ -40,6 +40,7 @@ struct kvc_request {
     /* made at submission, in the submitting thread */
     int               kind;           /* KVC_TURN_CHAT or KVC_TURN_COMPLETION */
     kvc_tokbuf        toks;           /* the prompt's tokens: a function of the request */
+    kvc_tokbuf        starts;         /* chat: where its messages' text begins in toks */
     int32_t           dropped;        /* prompt tokens a context shift removed */
 
     pthread_mutex_t   mu;

@@ -1,6 +1,7 @@
 /* arch.c - the architecture table (arch.h): keys, tensors and layer kinds of
  * every architecture kvchat runs, and the names of those it refuses yet. */
 #include "arch.h"
+#include "forward.h"
 #include "model.h"
 
 #include <math.h>
@@ -55,6 +56,19 @@ static const kvc_arch_key keys_moe[] = {
     KEY("expert_gating_func",               KVC_KEY_U32, false, moe_gating, NAN),
     KEY("expert_weights_norm",              KVC_KEY_BOOL, false, moe_norm_w, NAN),
     KEY("expert_weights_scale",             KVC_KEY_F32, false, moe_w_scale, 0),
+    { 0 }
+};
+
+/* Gated DeltaNet hybrids (qwen35, qwen35moe); attention.recurrent_layers, an
+ * array, is read by the row's layer setup (forward_gdn.c). */
+static const kvc_arch_key keys_gdn[] = {
+    KEY("ssm.conv_kernel",                  KVC_KEY_U32, true,  ssm_d_conv, 0),
+    KEY("ssm.inner_size",                   KVC_KEY_U32, true,  ssm_d_inner, 0),
+    KEY("ssm.state_size",                   KVC_KEY_U32, true,  ssm_d_state, 0),
+    KEY("ssm.time_step_rank",               KVC_KEY_U32, true,  ssm_dt_rank, 0),
+    KEY("ssm.group_count",                  KVC_KEY_U32, true,  ssm_n_group, 0),
+    KEY("full_attention_interval",          KVC_KEY_U32, false, full_attn_interval, 4),
+    KEY("nextn_predict_layers",             KVC_KEY_U32, false, n_layer_nextn, 0),
     { 0 }
 };
 
@@ -144,6 +158,35 @@ static const kvc_arch_tensor t_ffn_moe[] = {
     { 0 }
 };
 
+/* The FFN's input norm under gpt-oss's and Qwen3.5's name. */
+#define t_ffn_norm_post t_ffn_norm_oai
+
+/* Qwen3.5's gated attention layers: wq gives a query and a gate per head. */
+static const kvc_arch_tensor t_attn_gated[] = {
+    VEC("attn_norm.weight",   KVC_D_EMBD,            KVC_ON_ALL, 0, attn_norm),
+    MAT("attn_q.weight",      KVC_D_EMBD, KVC_D_Q2,  KVC_ON_ATTN, 0, wq),
+    MAT("attn_k.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, 0, wk),
+    MAT("attn_v.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, 0, wv),
+    MAT("attn_output.weight", KVC_D_Q,    KVC_D_EMBD, KVC_ON_ATTN, 0, wo),
+    VEC("attn_q_norm.weight", KVC_D_HEAD,            KVC_ON_ATTN, 0, q_norm),
+    VEC("attn_k_norm.weight", KVC_D_HEAD,            KVC_ON_ATTN, 0, k_norm),
+    { 0 }
+};
+
+/* Gated DeltaNet layers (ssm_a has no .weight suffix). */
+static const kvc_arch_tensor t_gdn[] = {
+    MAT("attn_qkv.weight",   KVC_D_EMBD, KVC_D_SSM_CONV_DIM, KVC_ON_GDN, 0, ssm_qkv),
+    MAT("attn_gate.weight",  KVC_D_EMBD, KVC_D_SSM_INNER,    KVC_ON_GDN, 0, ssm_z),
+    MAT("ssm_beta.weight",   KVC_D_EMBD, KVC_D_SSM_HEADS,    KVC_ON_GDN, 0, ssm_beta),
+    MAT("ssm_alpha.weight",  KVC_D_EMBD, KVC_D_SSM_HEADS,    KVC_ON_GDN, 0, ssm_alpha),
+    MAT("ssm_out.weight",    KVC_D_SSM_INNER, KVC_D_EMBD,    KVC_ON_GDN, 0, ssm_out),
+    T("ssm_conv1d.weight", KVC_D_SSM_CONV_K, KVC_D_SSM_CONV_DIM, KVC_D1, KVC_ON_GDN, 0, 1, ssm_conv1d),
+    VEC("ssm_dt.bias",       KVC_D_SSM_HEADS,                KVC_ON_GDN, 0, ssm_dt),
+    VEC("ssm_a",             KVC_D_SSM_HEADS,                KVC_ON_GDN, 0, ssm_a),
+    VEC("ssm_norm.weight",   KVC_D_SSM_STATE,                KVC_ON_GDN, 0, ssm_norm),
+    { 0 }
+};
+
 #undef VEC
 #undef MAT
 #undef EXPS
@@ -195,12 +238,20 @@ static const kvc_arch rows[] = {
       .keys = KEYS(keys_common, keys_moe, keys_swa),
       .tensors = TENSORS(t_attn, t_qkv_bias, t_attn_oai, t_ffn_norm_oai, t_ffn_moe) },
 
+    /* Qwen3.5 / 3.6: Gated DeltaNet layers with a gated attention layer every
+     * full_attention_interval; partial NeoX RoPE (IMRoPE is NeoX for text) */
+    { .name = "qwen35", .rope_neox = true, .ffn = KVC_FFN_DENSE, .layers = kvc_gdn_layers,
+      .keys = KEYS(keys_common, keys_dense, keys_gdn),
+      .tensors = TENSORS(t_attn_gated, t_gdn, t_ffn_norm_post, t_ffn_dense) },
+    { .name = "qwen35moe", .rope_neox = true, .ffn = KVC_FFN_MOE, .layers = kvc_gdn_layers,
+      .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true,
+      .keys = KEYS(keys_common, keys_moe, keys_gdn),
+      .tensors = TENSORS(t_attn_gated, t_gdn, t_ffn_norm_post, t_ffn_moe) },
+
     /* known, not run yet (ARCHITECTURES.md) */
 #define LATER(nm, why) { .name = nm, .unsupported = why }
     LATER("gemma3n",        "per-layer embeddings and AltUp are not supported yet"),
     LATER("gemma4",         "per-layer head sizes, K = V layers and proportional RoPE are not supported yet"),
-    LATER("qwen35",         "Gated DeltaNet recurrent layers are not supported yet"),
-    LATER("qwen35moe",      "Gated DeltaNet recurrent layers are not supported yet"),
     LATER("qwen3next",      "Gated DeltaNet recurrent layers are not supported yet"),
     LATER("lfm2",           "short-convolution recurrent layers are not supported yet"),
     LATER("lfm2moe",        "short-convolution recurrent layers are not supported yet"),

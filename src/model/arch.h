@@ -66,6 +66,12 @@ typedef enum kvc_dim {
     KVC_D_FF_EXP,            /* n_ff_exp (one expert's FFN width) */
     KVC_D_FF_EXP2,           /* 2 * n_ff_exp (fused gate and up) */
     KVC_D_FF_SHEXP,          /* n_ff_shexp (the shared expert's width) */
+    KVC_D_Q2,                /* 2 * n_head * head_dim (gated attention: query and gate rows) */
+    KVC_D_SSM_CONV_K,        /* ssm.conv_kernel: the causal convolution's width K */
+    KVC_D_SSM_CONV_DIM,      /* the convolved channels: 2 * n_group * d_state + d_inner (GDN) */
+    KVC_D_SSM_INNER,         /* ssm.inner_size: d_inner (GDN: n_v heads x d_state) */
+    KVC_D_SSM_HEADS,         /* ssm.time_step_rank: the recurrent (V) heads n_v */
+    KVC_D_SSM_STATE,         /* ssm.state_size: d_state (GDN: the head size d_k = d_v) */
 } kvc_dim;
 
 /* Which layers carry a tensor. */
@@ -73,6 +79,8 @@ typedef enum kvc_tensor_when {
     KVC_ON_ALL = 0,
     KVC_ON_DENSE,            /* layers whose FFN is dense */
     KVC_ON_MOE,              /* layers whose FFN is a mixture of experts */
+    KVC_ON_ATTN,             /* layers whose token mixer is attention (hybrids' attention layers) */
+    KVC_ON_GDN,              /* Gated DeltaNet layers */
 } kvc_tensor_when;
 
 #define KVC_T_OPTIONAL  1u   /* may be absent: its field stays NULL / empty */
@@ -107,6 +115,8 @@ typedef struct kvc_arch_key {
     float       def;         /* the value when absent and not required */
 } kvc_arch_key;
 
+struct kvc_model;
+
 typedef struct kvc_arch {
     const char *name;                        /* general.architecture */
     const char *unsupported;                 /* why it cannot run yet; NULL when it can */
@@ -125,6 +135,11 @@ typedef struct kvc_arch {
     kvc_moe_gating gating;                   /* default router (MoE) */
     bool        moe_norm_w;                  /* default: renormalise the selected weights */
     kvc_ffn_act act;                         /* the FFNs' activation */
+    /* The row's own per-layer setup, run after the common one (model.c's
+     * layer_hparams) and before the tensors are bound: which layers are
+     * recurrent, their state sizes, validation of the row's own keys. NULL:
+     * none. Returns KVC_OK or an error naming the bad key. */
+    int (*layers)(struct kvc_model *m, kvc_err *err);
     const kvc_arch_key    *const *keys;      /* NULL-terminated lists of {0}-terminated keys */
     const kvc_arch_tensor *const *tensors;   /* per layer, NULL-terminated lists */
 } kvc_arch;

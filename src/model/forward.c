@@ -112,6 +112,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
               c->scores && c->krow && c->blk;
     int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
     max_in = KVC_MAX(max_in, KVC_MAX((int64_t)hp->n_ff_exp, (int64_t)hp->n_ff_shexp));
+    max_in = KVC_MAX(max_in, (int64_t)hp->ssm_d_inner);
     c->mm_act_bytes = kvc_matmul_act_bytes(max_in, max_batch);   /* 0 on ISAs that do not use them */
     if (ok && c->mm_act_bytes) {
         c->mm_act = kvc_alloc_aligned(c->mm_act_bytes);
@@ -129,6 +130,10 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     if (hp->n_expert > 0 && kvc_moe_alloc(c) != KVC_OK) {
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the experts' buffers");
+    }
+    if (kvc_gdn_alloc(c) != KVC_OK) {
+        kvc_compute_free(c);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the recurrent layers' buffers");
     }
     rope_init(&c->rope[0], hp, hp->rope_theta, false);
     rope_init(&c->rope[1], hp, hp->rope_theta_swa, !hp->arch->swa_rope_as_global);
@@ -150,6 +155,7 @@ void kvc_compute_free(kvc_compute *c)
             kvc_free_aligned(c->krow[t]);
     }
     kvc_moe_free(c);
+    kvc_gdn_free(c);
     kvc_threadpool_free(c->tp);
     free(c->mm_scratch);
     kvc_free_aligned(c->mm_act);
@@ -180,7 +186,7 @@ typedef struct mm_part {
     bool              act;           /* reads the quantized x (kvc_matmul_rows_act) */
 } mm_part;
 
-#define MM_PARTS 3
+#define MM_PARTS 4
 
 typedef struct mm_job {
     kvc_compute *c;
@@ -268,6 +274,11 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float
     float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
     for (int64_t i = 0; i < n; i++)
         out[i] = (x[i] * scale) * w[i];
+}
+
+void kvc_fwd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+    rmsnorm(out, x, w, n, eps);
 }
 
 /* Rotate the first n_rot dims of one head in place: pairs (2i, 2i+1), or
@@ -381,7 +392,7 @@ static void residual_add(const kvc_hparams *hp, float *x, float *h, const float 
 
 /* Row i: x += the previous layer's FFN output (none before layer 0), then the
  * attention's norm. */
-static void attn_norm_task(void *ctx, int64_t i, int thread)
+void kvc_fwd_attn_norm_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
     const kvc_hparams *hp = &f->c->m->hp;
@@ -572,11 +583,16 @@ static void attn_step(fwd *f)
     const int64_t n = f->n, d = c->m->hp.n_embd;
     const int64_t nq = (int64_t)L->n_head * L->head_dim, nkv = (int64_t)L->n_head_kv * L->head_dim;
 
-    kvc_threadpool_run(c->tp, n, attn_norm_task, f);
-    kvc_fwd_matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
-             (float *[]){ c->q, c->k, c->v }, (const int64_t[]){ nq, nkv, nkv });
+    kvc_threadpool_run(c->tp, n, kvc_fwd_attn_norm_task, f);
+    if (L->attn_gated)
+        kvc_gated_qkv(f);
+    else
+        kvc_fwd_matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
+                 (float *[]){ c->q, c->k, c->v }, (const int64_t[]){ nq, nkv, nkv });
     kvc_threadpool_run(c->tp, n, qkv_task, f);
     kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * L->n_head_kv, attn_task, f);
+    if (L->attn_gated)
+        kvc_gated_out(f);
     matmul(c, &L->wo, c->att, n, c->h, d);
 }
 
@@ -597,6 +613,7 @@ static void ffn_dense_step(fwd *f)
 static const layer_step attn_steps[] = {
     [KVC_ATTN_FULL]   = attn_step,
     [KVC_ATTN_WINDOW] = attn_step,
+    [KVC_ATTN_GDN]    = kvc_gdn_step,
 };
 
 static const layer_step ffn_steps[] = {
@@ -677,7 +694,7 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
     for (f.layer = 0; f.layer < hp->n_layer && !atomic_load(&f.failed); f.layer++)
         layer_forward(&f);
     if (atomic_load(&f.failed))
-        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory for the attention of a Q8_0 KV cache");
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory in the forward pass (Q8_0 K/V rows or recurrent states)");
     kvc_threadpool_run(c->tp, n, last_residual_task, &f);
     for (int32_t i = 0; i < n; i++)
         if (items[i].pos + 1 > items[i].seq->n_tokens)

@@ -34,6 +34,23 @@ typedef struct kvc_moe_buf {
     int64_t  max_tasks;
 } kvc_moe_buf;
 
+/* The Gated DeltaNet step's buffers (forward_gdn.c), sized at
+ * kvc_compute_new for max_batch tokens (all NULL for a model without GDN
+ * layers). */
+typedef struct kvc_gdn_buf {
+    float   *qkv;         /* [n][conv_dim] the projection, then (in place) silu(conv(.)), q and k
+                           * l2-normalised */
+    float   *z;           /* [n][n_v * d_v] the output gate */
+    float   *beta;        /* [n][n_v] beta's logits, then sigmoid */
+    float   *g;           /* [n][n_v] alpha, then the decay's log g = softplus(alpha + dt) * a */
+    float   *o;           /* [n][n_v * d_v] the recurrence's output, then gated-normalised */
+    float   *qg;          /* [n][2 * n_head * hd] gated attention: per head query, then gate */
+    int32_t *order;       /* [n] batch indices grouped by sequence, positions increasing */
+    int32_t *run;         /* [n + 1] the groups' starts in order; n_runs groups */
+    int32_t  n_runs;
+    float  **state;       /* [n] each group's state of the current layer */
+} kvc_gdn_buf;
+
 /* One RoPE rotation, shared by the layers whose kvc_layer.rope names it: pair
  * i < n_rot / 2 turns by pos * freq[i] (base^(-2i/n_rot), with linear or YaRN
  * scaling folded in: the angle stays linear in the position, so a context
@@ -72,6 +89,7 @@ struct kvc_compute {
     float  **krow;        /* [thread][2 * max_ctx * hd] K, V of a Q8_0 pool as f32, made lazily */
     const void **blk;     /* [thread][2 * max_blocks] block pointers for attention */
     kvc_moe_buf moe;      /* the mixture-of-experts step's buffers (forward_moe.c) */
+    kvc_gdn_buf gdn;      /* the Gated DeltaNet step's buffers (forward_gdn.c) */
 };
 
 typedef struct fwd {
@@ -96,6 +114,22 @@ void kvc_fwd_matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, cons
 void kvc_fwd_ffn_act(kvc_ffn_act act, float *g, const float *u, int64_t n);
 /* Row i: x += the attention's output, then the FFN's norm into h. */
 void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread);
+
+/* Row i: x += the previous layer's output, then the attention's norm into h. */
+void kvc_fwd_attn_norm_task(void *ctx, int64_t i, int thread);
+/* out = x / sqrt(mean(x^2) + eps) * w (forward.c's RMSNorm). */
+void kvc_fwd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+
+/* The Gated DeltaNet step (forward_gdn.c): the layer's token mixer, its
+ * output left in h; its buffers; and the arch row's layer setup (arch.h). */
+void kvc_gdn_step(fwd *f);
+int  kvc_gdn_alloc(kvc_compute *c);      /* KVC_OK, or KVC_ERR_NOMEM */
+void kvc_gdn_free(kvc_compute *c);
+int  kvc_gdn_layers(kvc_model *m, kvc_err *err);
+/* Gated attention (L->attn_gated): the q|gate projection with K and V, q
+ * split out into c->q; after the attention, att *= sigmoid(gate). */
+void kvc_gated_qkv(fwd *f);
+void kvc_gated_out(fwd *f);
 
 /* The mixture-of-experts FFN step (forward_moe.c), and its buffers. */
 void kvc_moe_step(fwd *f);

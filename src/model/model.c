@@ -107,6 +107,10 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
                 return rc;
     if (hp->n_head_kv == 0)
         hp->n_head_kv = hp->n_head;
+    if (hp->n_layer_nextn < 0 || hp->n_layer_nextn >= hp->n_layer)
+        return kvc_fail(err, KVC_ERR_FORMAT, "bad nextn_predict_layers %d of %d layers",
+                        hp->n_layer_nextn, hp->n_layer);
+    hp->n_layer -= hp->n_layer_nextn;   /* the MTP blocks are not part of the main pass */
     const int32_t lim = 1 << 20;
     const bool moe = a->ffn == KVC_FFN_MOE;
     if (hp->n_embd <= 0 || hp->n_embd > lim || hp->n_layer <= 0 || hp->n_layer > 4096 ||
@@ -222,6 +226,12 @@ static int64_t dim_of(const kvc_hparams *hp, const kvc_layer *L, uint8_t d)
     case KVC_D_FF_EXP:   return hp->n_ff_exp;
     case KVC_D_FF_EXP2:  return 2 * (int64_t)hp->n_ff_exp;
     case KVC_D_FF_SHEXP: return hp->n_ff_shexp;
+    case KVC_D_Q2:       return 2 * (int64_t)(L ? L->n_head : hp->n_head) * hd;
+    case KVC_D_SSM_CONV_K:   return hp->ssm_d_conv;
+    case KVC_D_SSM_CONV_DIM: return 2 * (int64_t)hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
+    case KVC_D_SSM_INNER:    return hp->ssm_d_inner;
+    case KVC_D_SSM_HEADS:    return hp->ssm_dt_rank;
+    case KVC_D_SSM_STATE:    return hp->ssm_d_state;
     }
     return 0;
 }
@@ -270,8 +280,10 @@ static int bind_one(binder *b, const kvc_arch_tensor *t, const char *name, const
 
 static bool applies(const kvc_arch_tensor *t, const kvc_layer *L)
 {
+    const bool attn = L->attn == KVC_ATTN_FULL || L->attn == KVC_ATTN_WINDOW;
     return t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE && L->ffn == KVC_FFN_DENSE) ||
-           (t->when == KVC_ON_MOE && L->ffn == KVC_FFN_MOE);
+           (t->when == KVC_ON_MOE && L->ffn == KVC_FFN_MOE) || (t->when == KVC_ON_ATTN && attn) ||
+           (t->when == KVC_ON_GDN && L->attn == KVC_ATTN_GDN);
 }
 
 static int bind_layer(binder *b, int il)
@@ -326,11 +338,13 @@ static int bind_tensors(kvc_model *m, kvc_err *err)
     if (!m->layers)
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory binding tensors");
     layer_hparams(m);
+    int rc;
+    if (hp->arch->layers && (rc = hp->arch->layers(m, err)))
+        return rc;
     m->owned = malloc((size_t)owned_floats(m) * sizeof(float));
     if (!m->owned)
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory binding tensors");
     binder b = { m, err, m->owned };
-    int rc;
     for (const kvc_arch_tensor *t = kvc_arch_globals; t->name; t++) {
         const int64_t ne[3] = { dim_of(hp, NULL, t->ne[0]), dim_of(hp, NULL, t->ne[1]), 1 };
         if ((rc = bind_one(&b, t, t->name, ne, !(t->flags & KVC_T_OPTIONAL), m)))

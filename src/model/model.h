@@ -49,6 +49,15 @@ typedef struct kvc_hparams {
     bool     moe_norm_w;     /* expert_weights_norm: selected weights sum to 1 */
     float    moe_w_scale;    /* expert_weights_scale (0 or 1: none) */
     kvc_ffn_act ffn_act;     /* the FFNs' activation */
+    int32_t  n_layer_nextn;  /* nextn_predict_layers: MTP blocks after the main layers (not run;
+                              * n_layer excludes them) */
+    /* recurrent layers (0 when none): ssm.* */
+    int32_t  ssm_d_conv;     /* conv_kernel: the causal convolution's width K */
+    int32_t  ssm_d_inner;    /* inner_size (GDN: n_v * d_state) */
+    int32_t  ssm_d_state;    /* state_size (GDN: d_k = d_v) */
+    int32_t  ssm_dt_rank;    /* time_step_rank (GDN: the V heads n_v) */
+    int32_t  ssm_n_group;    /* group_count (GDN: the Q/K heads n_k) */
+    int32_t  full_attn_interval; /* GDN: layer il is attention iff (il + 1) % this == 0 */
 } kvc_hparams;
 
 /* A stack of per-expert matrices stored as one 3-D tensor (GGUF ne = [n_in,
@@ -114,6 +123,19 @@ typedef struct kvc_layer {
     kvc_weight   shexp_gate;         /* n_embd -> n_ff_shexp, or empty (no shared expert) */
     kvc_weight   shexp_up;           /* n_embd -> n_ff_shexp */
     kvc_weight   shexp_down;         /* n_ff_shexp -> n_embd */
+    /* gated attention (qwen35): wq gives per head hd query rows then hd gate
+     * rows (n_embd -> 2 n_head hd); the output is a * sigmoid(gate) */
+    bool         attn_gated;
+    /* Gated DeltaNet (forward_gdn.c; conv_dim = 2 n_k d_k + n_v d_v) */
+    kvc_weight   ssm_qkv;            /* attn_qkv: n_embd -> conv_dim (q | k | v) */
+    kvc_weight   ssm_z;              /* attn_gate: n_embd -> n_v d_v (the output gate z) */
+    kvc_weight   ssm_beta;           /* n_embd -> n_v */
+    kvc_weight   ssm_alpha;          /* n_embd -> n_v */
+    kvc_weight   ssm_out;            /* n_v d_v -> n_embd */
+    const float *ssm_conv1d;         /* [conv_dim][K] */
+    const float *ssm_dt;             /* [n_v] added to alpha before the softplus */
+    const float *ssm_a;              /* [n_v] -exp(A_log) */
+    const float *ssm_norm;           /* [d_v] the gated RMSNorm's weight (no +1) */
 } kvc_layer;
 
 typedef struct kvc_model {

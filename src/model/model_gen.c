@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "arch.h"
+#include "forward.h"
 #include "quant.h"
 #include "threadpool.h"
 
@@ -33,12 +34,16 @@ kvc_gen_params kvc_gen_default_params(void)
         .vocab = "bpe", .bpe_pre = NULL, .tied = true, .vocab_only = false,
         .rope_theta = 10000.0f, .rms_eps = 1e-6f, .seed = 42, .name = NULL, .n_threads = 0,
         .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64,
+        .ssm_d_conv = 4, .ssm_d_state = 16, .ssm_n_group = 2, .ssm_dt_rank = 4,
+        .full_attn_interval = 4,
     };
 }
 
 static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-qwen3", "tiny-qwen3moe",
                                             "qwen2.5-0.5b", "qwen3-30b-a3b", "tiny-gemma3",
-                                            "tiny-gpt-oss", "gemma3-4b", "gpt-oss-20b" };
+                                            "tiny-gpt-oss", "gemma3-4b", "gpt-oss-20b",
+                                            "tiny-qwen35", "tiny-qwen35moe", "qwen3.5-9b",
+                                            "qwen3.6-35b-a3b" };
 
 const char *kvc_gen_preset_name(int i)
 {
@@ -95,6 +100,24 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.n_ff = 2880, p.n_vocab = 201088, p.n_ctx = 131072, p.rope_theta = 150000.0f;
         p.n_swa = 128, p.rope_scaling = "yarn", p.rope_factor = 32.0f, p.rope_orig_ctx = 4096;
         p.n_expert = 32, p.n_expert_used = 4, p.n_ff_exp = 2880;
+    } else if (strcmp(name, "tiny-qwen35") == 0 || strcmp(name, "tiny-qwen35moe") == 0) {
+        const bool moe = strcmp(name, "tiny-qwen35moe") == 0;
+        p.arch = moe ? "qwen35moe" : "qwen35", p.ftype = "f32", p.vocab = moe ? "spm" : "bpe";
+        p.tied = !moe;
+        p.n_embd = 64, p.n_layer = 4, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 32, p.n_rot = 8;
+        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e7f;
+        p.ssm_d_conv = 4, p.ssm_d_state = 16, p.ssm_n_group = 2, p.ssm_dt_rank = moe ? 6 : 4;
+        p.full_attn_interval = 4;
+        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 32, p.n_ff_shexp = moe ? 48 : 0;
+    } else if (strcmp(name, "qwen3.5-9b") == 0 || strcmp(name, "qwen3.6-35b-a3b") == 0) {
+        const bool moe = strcmp(name, "qwen3.6-35b-a3b") == 0;
+        p.arch = moe ? "qwen35moe" : "qwen35", p.ftype = "q4_k_m", p.tied = false;
+        p.n_embd = moe ? 2048 : 4096, p.n_layer = moe ? 40 : 32;
+        p.n_head = 16, p.n_head_kv = moe ? 2 : 4, p.head_dim = 256, p.n_rot = 64;
+        p.n_ff = moe ? 512 : 12288, p.n_vocab = 248320, p.n_ctx = 262144, p.rope_theta = 1e7f;
+        p.ssm_d_conv = 4, p.ssm_d_state = 128, p.ssm_n_group = 16, p.ssm_dt_rank = 32;
+        p.full_attn_interval = 4;
+        p.n_expert = 256, p.n_expert_used = 8, p.n_ff_exp = 512, p.n_ff_shexp = moe ? 512 : 0;
     } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
         p.n_embd = 896, p.n_layer = 24, p.n_head = 14, p.n_head_kv = 2, p.head_dim = 64;
         p.n_ff = 4864, p.n_vocab = 151936, p.n_ctx = 32768, p.rope_theta = 1e6f;
@@ -280,6 +303,21 @@ static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *e
          (rc = check_dim("n_expert_used", q->n_expert_used, 1, q->n_expert, err)) ||
          (rc = check_dim("n_ff_exp", q->n_ff_exp, 1, GEN_MAX_DIM, err))))
         return rc;
+    if (gen_arch(q->arch)->layers == kvc_gdn_layers &&
+        ((rc = check_dim("ssm_d_conv", q->ssm_d_conv, 1, 16, err)) ||
+         (rc = check_dim("ssm_d_state", q->ssm_d_state, 1, 1024, err)) ||
+         (rc = check_dim("ssm_n_group", q->ssm_n_group, 1, GEN_MAX_DIM, err)) ||
+         (rc = check_dim("ssm_dt_rank", q->ssm_dt_rank, q->ssm_n_group, GEN_MAX_DIM, err)) ||
+         (rc = check_dim("full_attn_interval", q->full_attn_interval, 1, GEN_MAX_LAYERS, err))))
+        return rc;
+    if (gen_arch(q->arch)->layers == kvc_gdn_layers && q->ssm_dt_rank % q->ssm_n_group != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "ssm_dt_rank %d (V heads) is not a multiple of "
+                        "ssm_n_group %d (K heads)", (int)q->ssm_dt_rank, (int)q->ssm_n_group);
+    if ((rc = check_dim("n_rot", q->n_rot, 0, q->head_dim, err)) ||
+        (rc = check_dim("n_ff_shexp", q->n_ff_shexp, 0, GEN_MAX_DIM, err)))
+        return rc;
+    if (q->n_rot % 2 != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "n_rot %d is odd (RoPE rotates pairs)", (int)q->n_rot);
     if (p->head_dim == 0 && q->n_embd % q->n_head != 0)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "n_embd %d is not a multiple of n_head %d; give head_dim",
                         (int)q->n_embd, (int)q->n_head);
@@ -450,7 +488,13 @@ static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, uint8_t d)
     case KVC_D_EXP:      return p->n_expert;
     case KVC_D_FF_EXP:   return p->n_ff_exp;
     case KVC_D_FF_EXP2:  return 2 * (int64_t)p->n_ff_exp;
-    case KVC_D_FF_SHEXP: return p->n_ff_exp;
+    case KVC_D_FF_SHEXP: return p->n_ff_shexp ? p->n_ff_shexp : p->n_ff_exp;
+    case KVC_D_Q2:       return 2 * (int64_t)p->n_head * p->head_dim;
+    case KVC_D_SSM_CONV_K:   return p->ssm_d_conv;
+    case KVC_D_SSM_CONV_DIM: return ((int64_t)2 * p->ssm_n_group + p->ssm_dt_rank) * p->ssm_d_state;
+    case KVC_D_SSM_INNER:    return (int64_t)p->ssm_dt_rank * p->ssm_d_state;
+    case KVC_D_SSM_HEADS:    return p->ssm_dt_rank;
+    case KVC_D_SSM_STATE:    return p->ssm_d_state;
     }
     return 0;
 }
@@ -462,16 +506,25 @@ static const struct { const char *arch, *name; } gen_optional[] = {
     { "gpt-oss", "ffn_gate_exps.bias" },
     { "gpt-oss", "ffn_up_exps.bias" },
     { "gpt-oss", "ffn_down_exps.bias" },
+    { "qwen35moe", "ffn_gate_inp_shexp.weight" },   /* with n_ff_shexp > 0 (gen_writes) */
+    { "qwen35moe", "ffn_gate_shexp.weight" },
+    { "qwen35moe", "ffn_up_shexp.weight" },
+    { "qwen35moe", "ffn_down_shexp.weight" },
 };
 
 /* Whether table tensor t is written: the required ones (and the separate
  * gate/up of experts rather than the fused form), and the row's gen_optional
  * ones, on layers of its kind. */
-static bool gen_writes(const kvc_arch *a, const kvc_arch_tensor *t)
+static bool gen_writes(const kvc_arch *a, const kvc_gen_params *p, int layer, const kvc_arch_tensor *t)
 {
     bool want = !(t->flags & KVC_T_OPTIONAL);
     for (size_t i = 0; !want && i < KVC_ARRAY_LEN(gen_optional); i++)
-        want = strcmp(a->name, gen_optional[i].arch) == 0 && strcmp(t->name, gen_optional[i].name) == 0;
+        want = strcmp(a->name, gen_optional[i].arch) == 0 && strcmp(t->name, gen_optional[i].name) == 0 &&
+               (!strstr(t->name, "_shexp") || p->n_ff_shexp > 0);
+    /* Gated DeltaNet rows: every full_attn_interval-th layer is attention */
+    const bool gdn = a->layers == kvc_gdn_layers && (layer + 1) % p->full_attn_interval != 0;
+    if (t->when == KVC_ON_ATTN || t->when == KVC_ON_GDN)
+        return want && (t->when == KVC_ON_GDN) == gdn;
     return want && (t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE) == (a->ffn == KVC_FFN_DENSE));
 }
 
@@ -506,12 +559,14 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
     for (int l = 0; l < p->n_layer; l++)
         for (const kvc_arch_tensor *const *list = a->tensors; *list; list++)
             for (const kvc_arch_tensor *t = *list; t->name; t++) {
-                if (!gen_writes(a, t))
+                if (!gen_writes(a, p, l, t))
                     continue;
                 const int64_t ne0 = gen_dim(p, n_vocab, t->ne[0]), ne1 = gen_dim(p, n_vocab, t->ne[1]),
                               ne2 = gen_dim(p, n_vocab, t->ne[2]);
                 const int dims = t->ne[2] != KVC_D1 ? 3 : t->ne[1] != KVC_D1 || !t->is_float ? 2 : 1;
-                if (strstr(t->name, "norm.weight"))          /* norm weights: 1 + noise */
+                if (strcmp(t->name, "ssm_a") == 0)          /* -exp(A_log): a decay, < 0 */
+                    ADD(l, t->name, dims, true, ne0, ne1, ne2, -1.0f, 0.25f, NULL);
+                else if (strstr(t->name, "norm.weight"))     /* norm weights: 1 + noise */
                     ADD(l, t->name, dims, true, ne0, ne1, ne2, 1.0f, GEN_NORM_NOISE, NULL);
                 else if (strstr(t->name, ".bias"))
                     ADD(l, t->name, dims, true, ne0, ne1, ne2, 0.0f, GEN_BIAS_STD, NULL);
@@ -562,13 +617,28 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
     ARCH_U32("attention.head_count_kv", p->n_head_kv);
     ARCH_U32("attention.key_length", p->head_dim);
     ARCH_U32("attention.value_length", p->head_dim);
-    ARCH_U32("rope.dimension_count", p->head_dim);
+    ARCH_U32("rope.dimension_count", p->n_rot ? p->n_rot : p->head_dim);
     ARCH_F32("rope.freq_base", p->rope_theta);
     ARCH_F32("attention.layer_norm_rms_epsilon", p->rms_eps);
     if (gen_arch(p->arch)->ffn == KVC_FFN_MOE) {
         ARCH_U32("expert_count", p->n_expert);
         ARCH_U32("expert_used_count", p->n_expert_used);
         ARCH_U32("expert_feed_forward_length", p->n_ff_exp);
+        if (p->n_ff_shexp > 0)
+            ARCH_U32("expert_shared_feed_forward_length", p->n_ff_shexp);
+    }
+    if (gen_arch(p->arch)->layers == kvc_gdn_layers) {
+        /* IMRoPE sections (t, h, w, e) of the rotated pairs, as Qwen3.5's [11, 11, 10, 0] */
+        const int32_t half = (p->n_rot ? p->n_rot : p->head_dim) / 2;
+        const int32_t sec[4] = { (half + 2) / 3, (half + 1) / 3, half / 3, 0 };
+        if (!rc) { snprintf(key, sizeof(key), "%s.rope.dimension_sections", p->arch);
+                   rc = gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, sec, 4); }
+        ARCH_U32("ssm.conv_kernel", p->ssm_d_conv);
+        ARCH_U32("ssm.state_size", p->ssm_d_state);
+        ARCH_U32("ssm.group_count", p->ssm_n_group);
+        ARCH_U32("ssm.time_step_rank", p->ssm_dt_rank);
+        ARCH_U32("ssm.inner_size", p->ssm_dt_rank * p->ssm_d_state);
+        ARCH_U32("full_attention_interval", p->full_attn_interval);
     }
     if (p->n_swa > 0)
         ARCH_U32("attention.sliding_window", p->n_swa);

@@ -84,9 +84,39 @@ static int tokenize_rendered(const kvc_model *m, const kvc_rendered *r, size_t l
     return KVC_OK;
 }
 
+/* Where each content span of r begins in its tokens toks[0, n) (prompt.h,
+ * kvc_prompt_chat's starts): token bytes counted up to the span's offset. */
+static int content_starts(const kvc_model *m, const kvc_rendered *r, const int32_t *toks,
+                          int64_t n, kvc_tokbuf *starts)
+{
+    starts->n = 0;
+    size_t at = 0;                           /* bytes of the tokens before token i */
+    int64_t i = 0;
+    char bos[64];
+    int bl = n > 0 && toks[0] == kvc_tokenizer_bos(m->tok)
+           ? kvc_token_to_piece(m->tok, toks[0], true, bos, sizeof(bos)) : -1;
+    if (bl >= 0 && (bl > (int)sizeof(bos) || (size_t)bl > r->len || memcmp(r->text, bos, (size_t)bl)))
+        i = 1;                               /* a BOS the tokenizer added: not in the text */
+    for (size_t k = 0; k < r->n_content; k++) {
+        while (i < n) {
+            int len = kvc_token_to_piece(m->tok, toks[i], true, NULL, 0);
+            if (at + (size_t)KVC_MAX(len, 0) > r->content[k].off)
+                break;                       /* token i holds the span's first byte */
+            at += (size_t)KVC_MAX(len, 0);
+            i++;
+        }
+        int64_t s = KVC_MAX(i - 1, 0);
+        if (i >= n)
+            break;
+        if (s > 0 && (starts->n == 0 || starts->v[starts->n - 1] < s) && kvc_tokbuf_push(starts, (int32_t)s))
+            return KVC_ERR_NOMEM;
+    }
+    return KVC_OK;
+}
+
 static int render_tokens(const kvc_model *m, const kvc_chat_template *tmpl,
                          const kvc_chat_params *p, const kvc_chat_message *msgs, size_t n,
-                         kvc_tokbuf *out, kvc_err *err)
+                         kvc_tokbuf *out, kvc_tokbuf *starts, kvc_err *err)
 {
     kvc_rendered r;
     int rc = kvc_chat_template_apply(tmpl, msgs, n, p ? p->tools_json : NULL,
@@ -94,6 +124,8 @@ static int render_tokens(const kvc_model *m, const kvc_chat_template *tmpl,
     out->n = 0;
     if (!rc)
         rc = tokenize_rendered(m, &r, r.len, p && p->special_in_content, out, err);
+    if (!rc && starts && content_starts(m, &r, out->v, out->n, starts))
+        rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
     kvc_rendered_free(&r);
     return rc;
 }
@@ -106,10 +138,10 @@ static bool is_role(const kvc_chat_message *m, const char *role)
 int kvc_prompt_chat(const kvc_model *m, const kvc_chat_template *tmpl,
                     const kvc_chat_message *msgs, size_t n,
                     const kvc_chat_params *p, int64_t n_ctx, kvc_tokbuf *out, int32_t *dropped,
-                    kvc_err *err)
+                    kvc_tokbuf *starts, kvc_err *err)
 {
     *dropped = 0;
-    int rc = render_tokens(m, tmpl, p, msgs, n, out, err);
+    int rc = render_tokens(m, tmpl, p, msgs, n, out, starts, err);
     if (rc || !p || p->overflow != KVC_OVERFLOW_SHIFT)
         return rc;
     const int64_t want = p->max_tokens > 0 ? p->max_tokens : 1, n0 = out->n;
@@ -138,7 +170,7 @@ int kvc_prompt_chat(const kvc_model *m, const kvc_chat_template *tmpl,
             kept[k++] = msgs[0];
         for (size_t i = from; i < n; i++)
             kept[k++] = msgs[i];
-        rc = render_tokens(m, tmpl, p, kept, k, out, err);
+        rc = render_tokens(m, tmpl, p, kept, k, out, starts, err);
     }
     free(kept);
     if (!rc)

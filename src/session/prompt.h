@@ -50,10 +50,14 @@ int kvc_prompt_tokenize(const kvc_model *m, const char *text, size_t len, kvc_to
  * they fit; *dropped gets the tokens removed (0 when none were).
  * KVC_ERR_CONTEXT_LENGTH (with the sizes) when even the system prompt and the
  * last user message do not fit; KVC_ERR_INVALID_ARG (a bad role);
- * KVC_ERR_NOMEM. */
+ * KVC_ERR_NOMEM. starts (may be NULL; emptied) gets, ascending, where the
+ * caller's text of each message begins in *out (the template marks it): the
+ * index of the token holding its first byte, less one (a margin for a
+ * SentencePiece space or a BOS counted ahead), for recurrent models'
+ * snapshots at message starts. */
 int kvc_prompt_chat(const kvc_model *m, const kvc_chat_template *tmpl, const kvc_chat_message *msgs, size_t n,
                     const kvc_chat_params *p, int64_t n_ctx, kvc_tokbuf *out, int32_t *dropped,
-                    kvc_err *err);
+                    kvc_tokbuf *starts, kvc_err *err);
 
 /* The conversation msgs[0, n) followed by the assistant's `reply`, as the next
  * request will carry it: rendered with a user message after the reply (a

@@ -213,6 +213,12 @@ int  kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err
  * (re-rotating K) instead of recomputing them. */
 void kvc_turn_set_dropped(kvc_turn *t, int32_t dropped);
 
+/* Where the messages' text begins in the turn's tokens: marks[0, n) ascending
+ * (kvc_prompt_chat's starts), copied: a model with recurrent layers snapshots
+ * its state there, so that an edited message is recomputed from its start.
+ * KVC_ERR_NOMEM. */
+int  kvc_turn_set_marks(kvc_turn *t, const int32_t *marks, int64_t n, kvc_err *err);
+
 /* The session a turn runs on. */
 kvc_session *kvc_turn_session(const kvc_turn *t);
 
@@ -223,6 +229,41 @@ void kvc_turn_prompt_stats(const kvc_turn *t, kvc_chat_stats *stats);
 /* The reply tokens' logprobs (chat params logprobs >= 0), taken: *out is
  * malloc'd (NULL when none), call before kvc_turn_end. */
 void kvc_turn_take_logprobs(kvc_turn *t, kvc_token_logprob **out, int32_t *n);
+
+/* ------------------------------------------------------- session_snap.c */
+
+struct kvc_snap;
+
+/* Models with recurrent layers (ctx->snaps): a state serves only the length
+ * it was taken at. Of session s's prompt tokens[0, n), sharing `own` tokens
+ * with what its sequence holds, and matched in the tree as *m: the longest
+ * length a turn can continue from, either the sequence's own state (own ==
+ * its length) or a snapshot (*snap, pinned: kvc_snaps_restore it, then
+ * kvc_snaps_unpin). need_logits: a length of n needs a snapshot with logits
+ * (the turn samples from them). *m is cut to the blocks under that length
+ * (m->last: the snapshot's node; no partial). */
+int64_t kvc_session_snap_match(kvc_session *s, const int32_t *tokens, int64_t n, int64_t own,
+                               kvc_pc_match *m, bool need_logits, struct kvc_snap **snap);
+
+/* Where a prefill of tokens[0, n) from `from` stops next to take a snapshot:
+ * the first message start or multiple of ctx->snap_interval after from, else
+ * n. Message starts: marks[0, n_marks) (kvc_turn_set_marks) when there are
+ * any, else the last control token of each run of markup. */
+int64_t kvc_session_snap_next(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t from,
+                              const int32_t *marks, int64_t n_marks);
+
+/* Whether a prefill of tokens[0, n) takes a snapshot at length q: at n (the
+ * prompt's end), message starts, multiples of the interval. */
+bool kvc_session_snap_due(const kvc_context *c, const int32_t *tokens, int64_t n, int64_t q,
+                          const int32_t *marks, int64_t n_marks);
+
+/* Snapshot session s's sequence at its length, whose tokens are tokens[...]
+ * and whose full blocks are in the tree up to `anchor` (NULL: the root) or
+ * beyond; `logits` (may be NULL) the row computed there. Room is made as for
+ * any block (kvc_context_make_room); without room, or with the blocks not in
+ * the tree yet, nothing is taken. */
+void kvc_session_snap_take(kvc_session *s, kvc_pc_node *anchor, const int32_t *tokens,
+                           const float *logits);
 
 /* ------------------------------------------------------ session_fetch.c */
 

@@ -28,7 +28,8 @@ static bool stream_text(const char *text, size_t len, const kvc_token_logprob *l
 }
 
 /* A turn alone: the engine's steps with one turn in every batch. */
-static int run_alone(kvc_session *s, const kvc_tokbuf *toks, int kind, int32_t dropped,
+static int run_alone(kvc_session *s, const kvc_tokbuf *toks, const kvc_tokbuf *starts, int kind,
+                     int32_t dropped,
                      const kvc_chat_params *p, kvc_chat_stream_fn stream, void *user,
                      char **reply, kvc_chat_stats *stats, int64_t t_start, kvc_err *e)
 {
@@ -38,6 +39,9 @@ static int run_alone(kvc_session *s, const kvc_tokbuf *toks, int kind, int32_t d
                           t_start, &t, e);
     if (!rc) {
         kvc_turn_set_dropped(t, dropped);
+        rc = starts ? kvc_turn_set_marks(t, starts->v, starts->n, e) : KVC_OK;
+    }
+    if (!rc) {
         rc = kvc_turn_prepare(t, evict_only, NULL, e);
         if (rc == KVC_TURN_WAIT_MEMORY)      /* nothing else runs: it never will fit */
             rc = KVC_ERR_KV_FULL;
@@ -74,7 +78,7 @@ static void canonicalize(kvc_session *s, const kvc_chat_message *msgs, size_t n,
     kvc_chat_params p = kvc_chat_default_params();
     if (!kvc_prompt_next_turn(s->ctx->model, s->tmpl, msgs, n, req, reply, &canon, &e) &&
         canon.n > kvc_session_common(s, canon.v, canon.n))
-        run_alone(s, &canon, KVC_TURN_BACKGROUND, 0, &p, NULL, NULL, NULL, NULL, kvc_time_us(),
+        run_alone(s, &canon, NULL, KVC_TURN_BACKGROUND, 0, &p, NULL, NULL, NULL, NULL, kvc_time_us(),
                   &e);
     kvc_tokbuf_free(&canon);
 }
@@ -91,16 +95,17 @@ int kvc_session_chat(kvc_session *s, const kvc_chat_message *msgs, size_t n,
     if (stats)
         memset(stats, 0, sizeof(*stats));
     kvc_chat_params p = params ? *params : kvc_chat_default_params();
-    kvc_tokbuf toks = { 0 };
+    kvc_tokbuf toks = { 0 }, starts = { 0 };
     int32_t dropped = 0;
     int rc = kvc_prompt_chat(s->ctx->model, s->tmpl, msgs, n, &p, s->ctx->p.n_ctx, &toks,
-                             &dropped, &e);
+                             &dropped, &starts, &e);
     if (!rc)
-        rc = run_alone(s, &toks, KVC_TURN_CHAT, dropped, &p, stream, user, &text, stats, t_start,
+        rc = run_alone(s, &toks, &starts, KVC_TURN_CHAT, dropped, &p, stream, user, &text, stats, t_start,
                        &e);
     if (!rc && !p.no_cache && dropped == 0)
         canonicalize(s, msgs, n, &p, text);
     kvc_tokbuf_free(&toks);
+    kvc_tokbuf_free(&starts);
     if (rc) {
         free(text);
         text = NULL;

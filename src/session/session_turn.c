@@ -6,6 +6,7 @@
 #include "chat_template.h"
 #include "sampler.h"
 #include "session.h"
+#include "snapshot.h"
 #include "tokenizer.h"
 #include "turn_sample.h"
 #include "unicode.h"
@@ -30,6 +31,7 @@ struct kvc_turn {
     int             rc;             /* the failure that ended it, KVC_OK */
     kvc_err         err;
     kvc_tokbuf      toks;           /* prompt, then the reply's tokens */
+    kvc_tokbuf      marks;          /* where its messages' text begins (kvc_turn_set_marks) */
     int64_t         n_prompt;
     int32_t         max_out;        /* reply tokens at most */
     int64_t         matched;        /* prompt tokens found cached */
@@ -443,6 +445,8 @@ int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int ki
 
 /* ------------------------------------------------------------- prepare */
 
+static void on_logits(kvc_turn *t, const float *logits);
+
 int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 {
     if (t->phase != KVC_TURN_NEW)
@@ -454,6 +458,14 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     /* no_cache: a cold run, sharing nothing with the warm path: it neither
      * reuses nor publishes a block */
     const bool cache = !t->p.no_cache;
+    if (c->snaps && t->dropped > 0) {
+        kvc_fail(&t->err, KVC_ERR_CONTEXT_LENGTH, "the messages have %lld tokens more than this "
+                 "model's context of %lld holds, and a context shift (--context-overflow=shift) "
+                 "cannot drop turns for a model with recurrent layers: their state summarises "
+                 "every token and cannot be moved", (long long)t->dropped, (long long)c->p.n_ctx);
+        *err = t->err;
+        return fail(t, KVC_ERR_CONTEXT_LENGTH);
+    }
 
     /* what is cached: the session's own tokens (as far as its sequence holds
      * them), and the tree's blocks, whoever computed them */
@@ -472,13 +484,32 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     int32_t tail = -1, tail_len = 0;
     if (cache && c->tiers) {
         disk = kvc_session_fetch_disk(s, t->toks.v, n, &m, own, room, user);
-        tail_len = kvc_session_fetch_tail(s, t->toks.v, n, &m, own, room, user, &tail);
+        if (!c->snaps)                       /* a snapshot carries its own partial block */
+            tail_len = kvc_session_fetch_tail(s, t->toks.v, n, &m, own, room, user, &tail);
     }
     int64_t tree = (int64_t)m.n_full * B + KVC_MAX(m.partial_len, tail_len);
     int64_t matched = KVC_MAX(own, tree);
     if (matched >= n && t->kind != KVC_TURN_BACKGROUND)
         matched = n - 1;                     /* logits are needed: run the last token again */
     matched = KVC_MIN(matched, n);
+    /* recurrent layers: only where a state is kept (the session's own, or a
+     * snapshot; with its logits, a whole prompt is served) */
+    struct kvc_snap *snap = NULL;
+    float *snap_logits = NULL;
+    if (c->snaps && cache) {
+        const bool logits = t->kind != KVC_TURN_BACKGROUND;
+        matched = kvc_session_snap_match(s, t->toks.v, n, own, &m, logits, &snap);
+        own = snap ? 0 : matched;
+        tree = snap ? matched : 0;
+        if (matched == n && logits &&
+            !(snap_logits = malloc((size_t)c->model->hp.n_vocab * sizeof(float)))) {
+            if (snap)
+                kvc_snaps_unpin(c->snaps, snap);
+            kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
+            *err = t->err;
+            return fail(t, KVC_ERR_NOMEM);
+        }
+    }
 
     /* a context shift: the kept turns are further on in the session's cache;
      * move them (re-rotating K) rather than compute them again */
@@ -534,6 +565,9 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         }
         if (tail >= 0)                       /* still in the store for the next try */
             kvc_kv_block_unref(c->pool, tail);
+        if (snap)
+            kvc_snaps_unpin(c->snaps, snap);
+        free(snap_logits);
         kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: this request needs %lld more blocks of "
                  "%lld tokens; %lld are free, %lld promised to running requests",
                  (long long)need, (long long)B, (long long)kvc_kv_n_free(c->pool),
@@ -545,6 +579,10 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     if (sh_k) {
         t->moved = sh_k;
         kept_own = seq->n_tokens;
+    } else if (snap) {
+        rc = kvc_snaps_restore(c->snaps, snap, seq, snap_logits, &t->err);
+        kvc_snaps_unpin(c->snaps, snap);
+        kept_own = 0;
     } else if (tree > own) {
         rc = attach_tree(t, &m, tail, own, matched, &t->err);
         kept_own = KVC_MIN(own, (int64_t)m.n_full * B) / B * B;
@@ -584,6 +622,11 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     for (int32_t i = t->n_pub; !t->pub_off && i < n / B && enter_block(t, i, true); i++)
         ;
     update_promise(t);
+    if (snap_logits && t->phase == KVC_TURN_DONE) {   /* the whole prompt, with its logits */
+        t->t_prompt_done = kvc_time_us();
+        on_logits(t, snap_logits);
+    }
+    free(snap_logits);
     if (t->phase == KVC_TURN_DONE)
         set_promise(t, 0);
     return KVC_OK;
@@ -591,6 +634,17 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 
 int kvc_turn_phase(const kvc_turn *t) { return t->phase; }
 void kvc_turn_set_dropped(kvc_turn *t, int32_t dropped) { t->dropped = dropped; }
+
+int kvc_turn_set_marks(kvc_turn *t, const int32_t *marks, int64_t n, kvc_err *err)
+{
+    t->marks.n = 0;
+    if (n > 0 && kvc_tokbuf_reserve(&t->marks, n))
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    if (n > 0)
+        memcpy(t->marks.v, marks, (size_t)n * sizeof(int32_t));
+    t->marks.n = KVC_MAX(n, 0);
+    return KVC_OK;
+}
 kvc_session *kvc_turn_session(const kvc_turn *t) { return t->s; }
 void kvc_turn_take_logprobs(kvc_turn *t, kvc_token_logprob **out, int32_t *n)
 {
@@ -801,10 +855,13 @@ static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
         }
         update_promise(t);
     }
+    const int64_t end = to;
+    if (c->snaps && t->phase == KVC_TURN_PREFILL && !t->pub_off)
+        to = kvc_session_snap_next(c, t->toks.v, to, from, t->marks.v, t->marks.n);
     int32_t k = (int32_t)KVC_MIN((int64_t)cap, to - from);
     for (int32_t i = 0; i < k; i++) {
         int64_t pos = from + i;
-        items[i] = (kvc_batch_item){ t->toks.v[pos], (int32_t)pos, seq, pos == to - 1 && logits };
+        items[i] = (kvc_batch_item){ t->toks.v[pos], (int32_t)pos, seq, pos == end - 1 && logits };
     }
     return k;
 }
@@ -815,6 +872,10 @@ static void turn_forwarded(kvc_turn *t, const float *logits)
 {
     publish(t);
     int64_t done = SEQ(t)->n_tokens;
+    kvc_context *c = t->s->ctx;
+    if (c->snaps && t->phase == KVC_TURN_PREFILL && !t->pub_off &&
+        kvc_session_snap_due(c, t->toks.v, t->n_fill, done, t->marks.v, t->marks.n))
+        kvc_session_snap_take(t->s, t->anchor, t->toks.v, done == t->n_fill ? logits : NULL);
     switch (t->phase) {
     case KVC_TURN_PREFILL:
         if (done < t->n_fill)
@@ -943,6 +1004,9 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     }
     if (ran && !rc) {
         publish(t);                          /* blocks that had to wait for another turn's */
+        if (c->snaps && t->kind == KVC_TURN_COMPLETION && !t->pub_off)
+            kvc_session_snap_take(s, t->anchor, t->toks.v, NULL);   /* the reply's end (a
+                                                  chat's canonical end is its background turn's) */
         /* a background turn continues the last request's conversation */
         int64_t n_prompt = t->kind != KVC_TURN_BACKGROUND ? t->n_prompt
                          : KVC_MIN(s->n_prompt, kvc_session_common(s, t->toks.v, t->toks.n));
@@ -964,6 +1028,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
     turn_sample_free(&t->ts);
     free(t->pend);
     kvc_tokbuf_free(&t->toks);
+    kvc_tokbuf_free(&t->marks);
     free(t->gen);
     free(t->tok_end);
     free(t);

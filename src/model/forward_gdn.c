@@ -1,0 +1,345 @@
+/* forward_gdn.c - Gated DeltaNet, the recurrent token mixer of Qwen3.5 / 3.6
+ * (qwen35, qwen35moe), and its gated attention layers (ARCHITECTURES.md §3.4,
+ * as llama.cpp's qwen35.cpp and ggml_gated_delta_net compute them).
+ *
+ * A GDN layer, for each token x (already rms-normed) of a sequence in
+ * position order, with n_k Q/K heads and n_v V heads of d = d_k = d_v:
+ *   u = W_qkv x (conv_dim = 2 n_k d + n_v d),  z = W_z x,
+ *   beta = sigmoid(W_beta x),  g = softplus(W_alpha x + dt) * a   (n_v; a < 0)
+ *   c = silu(causal_conv(u))      per channel over the last K inputs (K - 1 kept in the state)
+ *   q, k, v = c split; q, k l2-normalised per head; V head h reads Q/K head h mod n_k
+ *   per V head h:  S *= exp(g_h);  delta = (v_h - S^T k) beta_h;  S += k delta^T;
+ *                  o_h = S^T q / sqrt(d)
+ *   o_h = rmsnorm(o_h) * ssm_norm * silu(z_h);  out = W_out o
+ *
+ * The layer's state (kvc_kv_seq_state, f32, zero at position 0):
+ *   conv  [K - 1][conv_dim]   the inputs u of the K - 1 previous positions, oldest first
+ *   delta [n_v][d][d]         S_h transposed: row j (a V index) holds S_h[0..d)[j] (contiguous
+ *                             over the K index, as ggml stores it)
+ *
+ * Batch invariance: a token's arithmetic depends only on its sequence's state
+ * and its own row. The convolution and the recurrence walk each sequence's
+ * tokens in position order; the threads split sequences, channels and heads,
+ * never a reduction. Each row's dot products use kernels.h's kvc_dot_f32 /
+ * kvc_axpy_f32 (a fixed order per ISA and length), so a state and the logits
+ * after it are the same bits whether the prefix ran at once, in chunks or
+ * token by token, alone or beside other sequences, on any thread count. */
+#include "forward.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- geometry */
+
+typedef struct gdn_dims {
+    int32_t K;            /* conv width */
+    int32_t n_k, n_v, d;  /* Q/K heads, V heads, head size */
+    int64_t conv_dim;     /* 2 n_k d + n_v d */
+    int64_t inner;        /* n_v d */
+} gdn_dims;
+
+static gdn_dims dims_of(const kvc_hparams *hp)
+{
+    gdn_dims g = { hp->ssm_d_conv, hp->ssm_n_group, hp->ssm_dt_rank, hp->ssm_d_state, 0, 0 };
+    g.inner = (int64_t)g.n_v * g.d;
+    g.conv_dim = 2 * (int64_t)g.n_k * g.d + g.inner;
+    return g;
+}
+
+static bool has_gdn(const kvc_model *m)
+{
+    for (int32_t il = 0; il < m->hp.n_layer; il++)
+        if (m->layers[il].attn == KVC_ATTN_GDN)
+            return true;
+    return false;
+}
+
+/* ---------------------------------------------------------- layer setup */
+
+/* Which layers are recurrent: attention.recurrent_layers (one entry per layer,
+ * MTP blocks included) when the file has it, else every layer but each
+ * full_attention_interval-th. The others are gated attention layers. */
+int kvc_gdn_layers(kvc_model *m, kvc_err *err)
+{
+    kvc_hparams *hp = &m->hp;
+    const gdn_dims g = dims_of(hp);
+    if (g.K < 1 || g.K > 16 || g.n_k < 1 || g.n_v < 1 || g.n_v % g.n_k != 0 || g.d < 1 || g.d > 1024 ||
+        hp->ssm_d_inner != g.n_v * g.d)
+        return kvc_fail(err, KVC_ERR_FORMAT,
+                        "bad Gated DeltaNet shape: conv kernel %d, %d K heads, %d V heads, state %d, "
+                        "inner size %d (must be V heads x state)", g.K, g.n_k, g.n_v, g.d, hp->ssm_d_inner);
+    char key[96];
+    snprintf(key, sizeof(key), "%s.attention.recurrent_layers", hp->arch->name);
+    const gguf_kv *kv = gguf_find_kv(m->gguf, key);
+    if (kv && (kv->type != GGUF_TYPE_ARRAY || kv->v.arr.type == GGUF_TYPE_STRING ||
+               kv->v.arr.n < (uint64_t)hp->n_layer))
+        return kvc_fail(err, KVC_ERR_FORMAT, "metadata key %s: not an array of %d numbers", key, hp->n_layer);
+    if (!kv && hp->full_attn_interval < 1)
+        return kvc_fail(err, KVC_ERR_FORMAT, "metadata key %s.full_attention_interval: %d",
+                        hp->arch->name, hp->full_attn_interval);
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        kvc_layer *L = &m->layers[il];
+        const bool recurrent = kv ? gguf_arr_i64(kv, (uint64_t)il) != 0
+                                  : (il + 1) % hp->full_attn_interval != 0;
+        if (recurrent) {
+            L->attn = KVC_ATTN_GDN;
+            L->state_floats = (int64_t)(g.K - 1) * g.conv_dim + (int64_t)g.n_v * g.d * g.d;
+        } else {
+            L->attn_gated = true;
+        }
+    }
+    return KVC_OK;
+}
+
+/* -------------------------------------------------------------- buffers */
+
+static float *alloc_f(size_t n) { return kvc_alloc_aligned(KVC_MAX(n, 1) * sizeof(float)); }
+
+int kvc_gdn_alloc(kvc_compute *c)
+{
+    const kvc_model *m = c->m;
+    if (!has_gdn(m))
+        return KVC_OK;
+    const gdn_dims g = dims_of(&m->hp);
+    const size_t B = (size_t)c->max_batch;
+    kvc_gdn_buf *b = &c->gdn;
+    b->qkv = alloc_f(B * (size_t)g.conv_dim);
+    b->z = alloc_f(B * (size_t)g.inner);
+    b->beta = alloc_f(B * (size_t)g.n_v);
+    b->g = alloc_f(B * (size_t)g.n_v);
+    b->o = alloc_f(B * (size_t)g.inner);
+    b->qg = alloc_f(B * 2 * (size_t)m->hp.n_head * (size_t)m->hp.head_dim);
+    b->order = malloc(B * sizeof(int32_t));
+    b->run = malloc((B + 1) * sizeof(int32_t));
+    b->state = malloc(B * sizeof(float *));
+    return b->qkv && b->z && b->beta && b->g && b->o && b->qg && b->order && b->run && b->state
+         ? KVC_OK : KVC_ERR_NOMEM;
+}
+
+void kvc_gdn_free(kvc_compute *c)
+{
+    kvc_gdn_buf *b = &c->gdn;
+    float *bufs[] = { b->qkv, b->z, b->beta, b->g, b->o, b->qg };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bufs); i++)
+        kvc_free_aligned(bufs[i]);
+    free(b->order);
+    free(b->run);
+    free(b->state);
+    memset(b, 0, sizeof(*b));
+}
+
+/* ------------------------------------------------------ gated attention */
+
+typedef struct gated_job {
+    fwd    *f;
+    int64_t hd, n_head;
+} gated_job;
+
+/* Row i: the query halves of q|gate into c->q. */
+static void split_q_task(void *ctx, int64_t i, int thread)
+{
+    const gated_job *j = ctx;
+    const kvc_compute *c = j->f->c;
+    const float *qg = c->gdn.qg + i * 2 * j->n_head * j->hd;
+    float *q = c->q + i * j->n_head * j->hd;
+    for (int64_t h = 0; h < j->n_head; h++)
+        memcpy(q + h * j->hd, qg + h * 2 * j->hd, (size_t)j->hd * sizeof(float));
+}
+
+/* Row i: att *= sigmoid(gate). */
+static void gate_task(void *ctx, int64_t i, int thread)
+{
+    const gated_job *j = ctx;
+    const kvc_compute *c = j->f->c;
+    const float *qg = c->gdn.qg + i * 2 * j->n_head * j->hd;
+    float *a = c->att + i * j->n_head * j->hd;
+    for (int64_t h = 0; h < j->n_head; h++)
+        for (int64_t d = 0; d < j->hd; d++)
+            a[h * j->hd + d] *= 1.0f / (1.0f + expf(-qg[h * 2 * j->hd + j->hd + d]));
+}
+
+void kvc_gated_qkv(fwd *f)
+{
+    kvc_compute *c = f->c;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    const int64_t nkv = (int64_t)L->n_head_kv * L->head_dim;
+    gated_job j = { f, L->head_dim, L->n_head };
+    kvc_fwd_matmul_n(c, c->h, f->n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
+                     (float *[]){ c->gdn.qg, c->k, c->v }, (const int64_t[]){ 2 * j.n_head * j.hd, nkv, nkv });
+    kvc_threadpool_run(c->tp, f->n, split_q_task, &j);
+}
+
+void kvc_gated_out(fwd *f)
+{
+    const kvc_layer *L = &f->c->m->layers[f->layer];
+    gated_job j = { f, L->head_dim, L->n_head };
+    kvc_threadpool_run(f->c->tp, f->n, gate_task, &j);
+}
+
+/* ------------------------------------------------------------ GDN step */
+
+#define CONV_CHUNK 64   /* channels per convolution task */
+
+typedef struct gdn_job {
+    fwd     *f;
+    const kvc_layer *L;
+    gdn_dims g;
+    int64_t  n_chunks;  /* convolution tasks per sequence */
+} gdn_job;
+
+/* Group the batch by sequence: order[] lists each sequence's batch indices
+ * in batch order (so in position order, check_batch), sequences in order of
+ * first appearance; run[r] is group r's start. */
+static void group_batch(fwd *f)
+{
+    kvc_gdn_buf *b = &f->c->gdn;
+    int32_t n_out = 0, n_runs = 0;
+    for (int32_t i = 0; i < f->n; i++) {
+        bool seen = false;
+        for (int32_t j = 0; j < i && !seen; j++)
+            seen = f->items[j].seq == f->items[i].seq;
+        if (seen)
+            continue;
+        b->run[n_runs++] = n_out;
+        for (int32_t j = i; j < f->n; j++)
+            if (f->items[j].seq == f->items[i].seq)
+                b->order[n_out++] = j;
+    }
+    b->run[n_runs] = n_out;
+    b->n_runs = n_runs;
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* Task (group, chunk): the causal convolution of CONV_CHUNK channels over the
+ * group's tokens in position order, silu applied, in place in qkv; the conv
+ * state advances with each token. Per channel: y = sum_k w[k] s[k] over the
+ * K - 1 kept inputs then the new one, k increasing (ggml_ssm_conv's order). */
+static void conv_task(void *ctx, int64_t task, int thread)
+{
+    const gdn_job *j = ctx;
+    const kvc_gdn_buf *b = &j->f->c->gdn;
+    const int64_t r = task / j->n_chunks, ch0 = task % j->n_chunks * CONV_CHUNK;
+    const int64_t ch1 = KVC_MIN(ch0 + CONV_CHUNK, j->g.conv_dim), cd = j->g.conv_dim;
+    const int32_t K = j->g.K;
+    float *st = b->state[r];                       /* [K - 1][conv_dim] */
+    const float *w = j->L->ssm_conv1d;             /* [conv_dim][K] */
+    for (int32_t t = b->run[r]; t < b->run[r + 1]; t++) {
+        float *u = b->qkv + (int64_t)b->order[t] * cd;
+        for (int64_t ch = ch0; ch < ch1; ch++) {
+            const float *wc = w + ch * K;
+            float y = 0.0f;
+            for (int32_t k = 0; k < K - 1; k++)
+                y += st[k * cd + ch] * wc[k];
+            const float x = u[ch];
+            y += x * wc[K - 1];
+            for (int32_t k = 0; k + 1 < K - 1; k++)
+                st[k * cd + ch] = st[(k + 1) * cd + ch];
+            if (K > 1)
+                st[(int64_t)(K - 2) * cd + ch] = x;
+            u[ch] = silu(y);
+        }
+    }
+}
+
+/* x / max(|x|, eps) over n (ggml_l2_norm: the sum of squares in double). */
+static void l2norm(float *x, int64_t n, float eps)
+{
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)(x[i] * x[i]);
+    const float scale = 1.0f / fmaxf(sqrtf((float)ss), eps);
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= scale;
+}
+
+/* Row i: q and k heads l2-normalised; beta = sigmoid; g = softplus(alpha + dt) * a. */
+static void gates_task(void *ctx, int64_t i, int thread)
+{
+    const gdn_job *j = ctx;
+    const kvc_gdn_buf *b = &j->f->c->gdn;
+    const float eps = j->f->c->m->hp.rms_eps;
+    float *qk = b->qkv + i * j->g.conv_dim;
+    for (int32_t h = 0; h < 2 * j->g.n_k; h++)
+        l2norm(qk + (int64_t)h * j->g.d, j->g.d, eps);
+    float *beta = b->beta + i * j->g.n_v, *g = b->g + i * j->g.n_v;
+    for (int32_t h = 0; h < j->g.n_v; h++) {
+        beta[h] = 1.0f / (1.0f + expf(-beta[h]));
+        const float a = g[h] + j->L->ssm_dt[h];
+        g[h] = (a > 20.0f ? a : log1pf(expf(a))) * j->L->ssm_a[h];   /* ggml_softplus */
+    }
+}
+
+/* Task (group, V head h): the delta rule over the group's tokens in position
+ * order; each token's output o_h into b->o. */
+static void delta_task(void *ctx, int64_t task, int thread)
+{
+    const gdn_job *j = ctx;
+    const kvc_gdn_buf *b = &j->f->c->gdn;
+    const int32_t n_v = j->g.n_v, d = j->g.d, n_k = j->g.n_k;
+    const int64_t r = task / n_v, h = task % n_v, cd = j->g.conv_dim;
+    float *S = b->state[r] + (int64_t)(j->g.K - 1) * cd + h * (int64_t)d * d;   /* [d_v][d_k] */
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int32_t t = b->run[r]; t < b->run[r + 1]; t++) {
+        const int64_t i = b->order[t];
+        const float *row = b->qkv + i * cd;
+        const float *q = row + (h % n_k) * (int64_t)d;
+        const float *k = row + (int64_t)n_k * d + (h % n_k) * (int64_t)d;
+        const float *v = row + 2 * (int64_t)n_k * d + h * (int64_t)d;
+        const float decay = expf(b->g[i * n_v + h]), beta = b->beta[i * n_v + h];
+        float *o = b->o + i * j->g.inner + h * (int64_t)d;
+        for (int32_t jv = 0; jv < d; jv++) {
+            float *s = S + (int64_t)jv * d;
+            for (int32_t ik = 0; ik < d; ik++)
+                s[ik] *= decay;
+            const float delta = (v[jv] - kvc_dot_f32(s, k, d)) * beta;
+            kvc_axpy_f32(delta, k, s, d);
+            o[jv] = kvc_dot_f32(s, q, d) * scale;
+        }
+    }
+}
+
+/* Row i: o_h = rmsnorm(o_h) * ssm_norm * silu(z_h) per V head. */
+static void out_norm_task(void *ctx, int64_t i, int thread)
+{
+    const gdn_job *j = ctx;
+    const kvc_gdn_buf *b = &j->f->c->gdn;
+    const int32_t d = j->g.d;
+    float *o = b->o + i * j->g.inner;
+    const float *z = b->z + i * j->g.inner;
+    for (int32_t h = 0; h < j->g.n_v; h++) {
+        kvc_fwd_rmsnorm(o + (int64_t)h * d, o + (int64_t)h * d, j->L->ssm_norm, d, j->f->c->m->hp.rms_eps);
+        for (int32_t e = 0; e < d; e++)
+            o[(int64_t)h * d + e] *= silu(z[(int64_t)h * d + e]);
+    }
+}
+
+void kvc_gdn_step(fwd *f)
+{
+    kvc_compute *c = f->c;
+    kvc_gdn_buf *b = &c->gdn;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    gdn_job j = { f, L, dims_of(&c->m->hp), 0 };
+    j.n_chunks = (j.g.conv_dim + CONV_CHUNK - 1) / CONV_CHUNK;
+    const int64_t n = f->n;
+
+    group_batch(f);
+    /* the states are made on first use: fetched here, on one thread */
+    for (int32_t r = 0; r < b->n_runs; r++)
+        if (!(b->state[r] = kvc_kv_seq_state(f->pool, f->items[b->order[b->run[r]]].seq, f->layer))) {
+            atomic_store(&f->failed, true);
+            return;
+        }
+    kvc_threadpool_run(c->tp, n, kvc_fwd_attn_norm_task, f);
+    kvc_fwd_matmul_n(c, c->h, n, 4, (const kvc_weight *[]){ &L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha },
+                     (float *[]){ b->qkv, b->z, b->beta, b->g },
+                     (const int64_t[]){ j.g.conv_dim, j.g.inner, j.g.n_v, j.g.n_v });
+    kvc_threadpool_run(c->tp, (int64_t)b->n_runs * j.n_chunks, conv_task, &j);
+    kvc_threadpool_run(c->tp, n, gates_task, &j);
+    kvc_threadpool_run(c->tp, (int64_t)b->n_runs * j.g.n_v, delta_task, &j);
+    kvc_threadpool_run(c->tp, n, out_norm_task, &j);
+    kvc_fwd_matmul_n(c, b->o, n, 1, (const kvc_weight *[]){ &L->ssm_out }, (float *[]){ c->h },
+                     (const int64_t[]){ c->m->hp.n_embd });
+}

@@ -1,0 +1,404 @@
+/* test_recurrent_reuse.c - issue 32's five-turn scenario over HTTP on the
+ * hybrid recurrent models (lfm2, qwen35, qwen35moe, granitehybrid): every
+ * turn reuses every prompt token before its divergence point, but T5, which
+ * diverges 20 tokens before T1's prompt ends, at least 380 - S (S = 64, the
+ * snapshot interval given); every warm reply equals a fresh process's.
+ *
+ * Prompts are token ids (/v1/completions), so divergence points are exact:
+ * T1 400 tokens; T2 = T1 + T1's reply + 300 tokens; T3 = T2 + T2's reply + 20;
+ * T4 = T1's 400 + other tokens (diverges right after T1's prompt); T5 = T1's
+ * first 380 + other tokens. And a chat whose earlier message is edited
+ * recomputes only from that message's start (within the few tokens of its
+ * markup). And a conversation survives SIGKILL: its blocks and snapshots
+ * are read back from the disk tier. Models: make-model's presets when it has them,
+ * ../shared's tiny ones when present; a model this build cannot load yet (its
+ * layers not written) is skipped, said so.
+ *
+ * Needs $KVC_BIN (set by CTest); skips without it. */
+#include "test.h"
+
+#include "http_client.h"
+#include "model.h"
+
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define N_T1   400
+#define S_INT  64
+#define N_LONG 300
+#define N_GEN  12
+
+static const char *bin;
+
+typedef struct reply {
+    char *text;
+    int   prompt_tokens, cached_tokens;
+} reply;
+
+/* POST /v1/completions of the token ids, greedy, N_GEN tokens. */
+static reply complete(int port, const int32_t *toks, int n)
+{
+    cJSON *body = cJSON_CreateObject(), *p = cJSON_AddArrayToObject(body, "prompt");
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(p, cJSON_CreateNumber(toks[i]));
+    cJSON_AddNumberToObject(body, "max_tokens", N_GEN);
+    cJSON_AddNumberToObject(body, "temperature", 0);
+    char *text = cJSON_PrintUnformatted(body);
+    cJSON_Delete(body);
+    http_resp r = http_request(port, "POST", "/v1/completions", text, 120);
+    free(text);
+    reply out = { 0 };
+    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    if (!root)
+        fprintf(stderr, "HTTP %d: %s\n", r.status, r.body ? r.body : "(no answer)");
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
+    const cJSON *t = cJSON_GetObjectItem(c0, "text"), *u = cJSON_GetObjectItem(root, "usage");
+    if (cJSON_IsString(t))
+        out.text = strdup(t->valuestring);
+    out.prompt_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(u, "prompt_tokens"));
+    out.cached_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(
+        cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"));
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    return out;
+}
+
+/* The token ids of text (no special tokens added or parsed); n_out of them. */
+static int32_t *tokenize(int port, const char *text, int *n_out)
+{
+    cJSON *body = cJSON_CreateObject();
+    cJSON_AddStringToObject(body, "content", text);
+    cJSON_AddBoolToObject(body, "add_special", false);
+    cJSON_AddBoolToObject(body, "parse_special", false);
+    char *s = cJSON_PrintUnformatted(body);
+    cJSON_Delete(body);
+    http_resp r = http_request(port, "POST", "/tokenize", s, 30);
+    free(s);
+    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    const cJSON *a = cJSON_GetObjectItem(root, "tokens");
+    int n = cJSON_GetArraySize(a);
+    int32_t *out = malloc((size_t)(n + 1) * sizeof(int32_t));
+    for (int i = 0; out && i < n; i++)
+        out[i] = (int32_t)cJSON_GetNumberValue(cJSON_GetArrayItem(a, i));
+    *n_out = out ? n : 0;
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    return out;
+}
+
+/* Appends n ids of stream `salt` (fixed, away from the vocabulary's ends). */
+static int fill(int32_t *t, int at, int n, uint32_t salt, int n_vocab)
+{
+    const uint32_t span = (uint32_t)n_vocab - 300;
+    for (int i = 0; i < n; i++)
+        t[at + i] = (int32_t)(259 + (2654435761u * (uint32_t)(i + 1) + 40503u * salt) % span);
+    return at + n;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int k = 0;
+    while (k < na && k < nb && a[k] == b[k])
+        k++;
+    return k;
+}
+
+/* The tokens the server gives the chat request `body` (rendered by
+ * /apply-template, tokenized with its markup parsed); n_out of them. */
+static int32_t *chat_tokens(int port, const char *body, int *n_out)
+{
+    http_resp r = http_request(port, "POST", "/apply-template", body, 30);
+    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    const cJSON *p = cJSON_GetObjectItem(root, "prompt");
+    cJSON *req = cJSON_CreateObject();
+    cJSON_AddStringToObject(req, "content", cJSON_IsString(p) ? p->valuestring : "");
+    cJSON_AddBoolToObject(req, "add_special", true);
+    cJSON_AddBoolToObject(req, "parse_special", true);
+    char *text = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    r = http_request(port, "POST", "/tokenize", text, 30);
+    free(text);
+    root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    const cJSON *a = cJSON_GetObjectItem(root, "tokens");
+    int n = cJSON_GetArraySize(a);
+    int32_t *out = malloc((size_t)(n + 1) * sizeof(int32_t));
+    for (int i = 0; out && i < n; i++)
+        out[i] = (int32_t)cJSON_GetNumberValue(cJSON_GetArrayItem(a, i));
+    *n_out = out ? n : 0;
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    return out;
+}
+
+/* A chat request: system, u1, a reply, a question; greedy, 8 tokens. */
+static char *chat_body(const char *u1)
+{
+    cJSON *b = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(b, "messages");
+    const char *role[] = { "system", "user", "assistant", "user" };
+    const char *text[] = { "You are a terse assistant who answers in one line.", u1,
+                           "It is a long story about a cat and a river.", "And then what happened?" };
+    for (int i = 0; i < 4; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", role[i]);
+        cJSON_AddStringToObject(m, "content", text[i]);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    cJSON_AddNumberToObject(b, "max_tokens", 8);
+    cJSON_AddNumberToObject(b, "temperature", 0);
+    char *s = cJSON_PrintUnformatted(b);
+    cJSON_Delete(b);
+    return s;
+}
+
+/* Post a chat body: its reply text and cached tokens. */
+static reply chat(int port, const char *body)
+{
+    http_resp r = http_request(port, "POST", "/v1/chat/completions", body, 120);
+    reply out = { 0 };
+    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    if (!root)
+        fprintf(stderr, "HTTP %d: %s\n", r.status, r.body ? r.body : "(no answer)");
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
+    const cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content");
+    const cJSON *u = cJSON_GetObjectItem(root, "usage");
+    if (cJSON_IsString(t))
+        out.text = strdup(t->valuestring);
+    out.prompt_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(u, "prompt_tokens"));
+    out.cached_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(
+        cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"));
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    return out;
+}
+
+/* An earlier message edited: the edit's request recomputes only from that
+ * message's start (a snapshot there; none every S tokens, to see it). */
+static void edit_check(const char *path, const char *name)
+{
+    const char *const args[] = { "-m", path, "-t", "1", "--snapshot-interval", "0",
+                                 "--cache-disk", "0", NULL };
+    const char *const fresh_args[] = { "-m", path, "-t", "1", "--cache-disk", "0", NULL };
+    http_server warm;
+    CHECKF(http_server_start(&warm, bin, args, 30), "%s: warm server", name);
+    if (!warm.pid)
+        return;
+    char u1[1200], u1b[1300];
+    int k = 0;
+    for (int i = 0; i < 40; i++)
+        k += snprintf(u1 + k, sizeof(u1) - (size_t)k, "word%d and ", i * 7 % 13);
+    snprintf(u1b, sizeof(u1b), "Edited: %s", u1);   /* changed from its first character */
+    char *b1 = chat_body(u1), *b2 = chat_body(u1b);
+    reply r1 = chat(warm.port, b1), r2 = chat(warm.port, b2);
+    int n1 = 0, n2 = 0;
+    int32_t *t1 = chat_tokens(warm.port, b1, &n1), *t2 = chat_tokens(warm.port, b2, &n2);
+    int d = common_prefix(t1, n1, t2, n2);
+    http_server fresh;
+    reply f = { 0 };
+    if (http_server_start(&fresh, bin, fresh_args, 30)) {
+        f = chat(fresh.port, b2);
+        http_server_stop(&fresh);
+    }
+    printf("  %s edit: %d prompt tokens, the edit at token %d, %d cached (first %d)\n", name,
+           r2.prompt_tokens, d, r2.cached_tokens, r1.cached_tokens);
+    CHECKF(n2 == r2.prompt_tokens && d > 8, "%s edit: %d tokens, server %d, divergence %d", name,
+           n2, r2.prompt_tokens, d);
+    CHECKF(r2.cached_tokens >= d - 8 && r2.cached_tokens <= d,
+           "%s edit: %d cached, the edited message starts at about %d", name, r2.cached_tokens, d);
+    CHECKF(r2.text && f.text && strcmp(r2.text, f.text) == 0, "%s edit: warm \"%s\" != fresh \"%s\"",
+           name, r2.text ? r2.text : "(null)", f.text ? f.text : "(null)");
+    free(r1.text);
+    free(r2.text);
+    free(f.text);
+    free(t1);
+    free(t2);
+    free(b1);
+    free(b2);
+    http_server_stop(&warm);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* A conversation survives SIGKILL: T1 on a server with a disk tier, the
+ * server killed, a new one on the same directory answers T4 (T1 + 60
+ * tokens) from T1's blocks and end-of-prompt snapshot read back, with a
+ * fresh process's reply. Prints its time against a fresh process's. */
+static void restart_check(const char *path, const char *name, int n_vocab)
+{
+    char dir[] = "/tmp/kvc_recurrent_restart_XXXXXX";
+    if (!mkdtemp(dir))
+        return;
+    const char *const args[] = { "-m", path, "-t", "1", "--snapshot-interval", "64",
+                                 "--cache-dir", dir, "--cache-disk", "256", NULL };
+    const char *const fresh_args[] = { "-m", path, "-t", "1", "--cache-disk", "0", NULL };
+    static int32_t t[N_T1 + 60];
+    fill(t, 0, N_T1, 1, n_vocab);
+    fill(t, N_T1, 60, 30, n_vocab);
+    http_server a, b, fresh;
+    CHECKF(http_server_start(&a, bin, args, 30), "%s: server", name);
+    if (!a.pid)
+        return;
+    reply r1 = complete(a.port, t, N_T1);
+    sleep(1);                                 /* the blocks' writes are queued: let them land */
+    kill(a.pid, SIGKILL);
+    waitpid(a.pid, NULL, 0);
+    CHECKF(http_server_start(&b, bin, args, 30), "%s: server after the kill", name);
+    double t0 = now_ms();
+    reply r2 = b.pid ? complete(b.port, t, N_T1 + 60) : (reply){ 0 };
+    double warm_ms = now_ms() - t0;
+    http_server_stop(&b);
+    reply f = { 0 };
+    double fresh_ms = 0;
+    if (http_server_start(&fresh, bin, fresh_args, 30)) {
+        t0 = now_ms();
+        f = complete(fresh.port, t, N_T1 + 60);
+        fresh_ms = now_ms() - t0;
+        http_server_stop(&fresh);
+    }
+    printf("  %s restart: %d cached after SIGKILL, %.1f ms vs %.1f ms fresh\n", name,
+           r2.cached_tokens, warm_ms, fresh_ms);
+    CHECKF(r2.cached_tokens >= N_T1, "%s restart: %d cached after SIGKILL, want %d", name,
+           r2.cached_tokens, N_T1);
+    CHECKF(r2.text && f.text && strcmp(r2.text, f.text) == 0, "%s restart: \"%s\" != fresh \"%s\"",
+           name, r2.text ? r2.text : "(null)", f.text ? f.text : "(null)");
+    free(r1.text);
+    free(r2.text);
+    free(f.text);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
+static void run(const char *path, const char *name, int n_vocab)
+{
+    const char *const args[] = { "-m", path, "-t", "1", "--snapshot-interval", "64",
+                                 "--cache-disk", "0", NULL };
+    const char *const fresh_args[] = { "-m", path, "-t", "1", "--cache-disk", "0", NULL };
+    http_server warm;
+    CHECKF(http_server_start(&warm, bin, args, 30), "%s: warm server", name);
+    if (!warm.pid)
+        return;
+    enum { CAP = 2048 };
+    static int32_t turn[5][CAP];
+    int len[5] = { 0 };
+    reply rep[5] = { { 0 } };
+    for (int k = 0; k < 5; k++) {
+        int32_t *t = turn[k];
+        int n = 0, n_r = 0;
+        int32_t *r = NULL;
+        switch (k) {
+        case 0: n = fill(t, 0, N_T1, 1, n_vocab); break;
+        case 1: case 2:
+            memcpy(t, turn[k - 1], (size_t)len[k - 1] * sizeof(int32_t));
+            n = len[k - 1];
+            r = rep[k - 1].text ? tokenize(warm.port, rep[k - 1].text, &n_r) : NULL;
+            if (r && n + n_r < CAP / 2)
+                memcpy(t + n, r, (size_t)n_r * sizeof(int32_t)), n += n_r;
+            free(r);
+            n = fill(t, n, k == 1 ? N_LONG : 20, 10 + (uint32_t)k, n_vocab);
+            break;
+        case 3:
+            memcpy(t, turn[0], N_T1 * sizeof(int32_t));
+            n = fill(t, N_T1, 60, 30, n_vocab);
+            break;
+        case 4:
+            memcpy(t, turn[0], (N_T1 - 20) * sizeof(int32_t));
+            n = fill(t, N_T1 - 20, 60, 40, n_vocab);
+            break;
+        }
+        len[k] = n;
+        int shared = 0;
+        for (int j = 0; j < k; j++)
+            shared = KVC_MAX(shared, common_prefix(t, n, turn[j], len[j]));
+        /* T5's divergence falls between snapshots: the one before it serves */
+        int want = k == 4 ? shared - S_INT : shared;
+        rep[k] = complete(warm.port, t, n);
+        http_server fresh;
+        reply f = { 0 };
+        if (http_server_start(&fresh, bin, fresh_args, 30)) {
+            f = complete(fresh.port, t, n);
+            http_server_stop(&fresh);
+        }
+        printf("  %s T%d: %d prompt tokens, %d shared with earlier prompts, %d cached\n", name, k + 1,
+               n, shared, rep[k].cached_tokens);
+        CHECKF(rep[k].prompt_tokens == n, "%s T%d: prompt_tokens %d, sent %d", name, k + 1,
+               rep[k].prompt_tokens, n);
+        CHECKF(rep[k].cached_tokens >= want && rep[k].cached_tokens <= n,
+               "%s T%d: %d tokens cached, %d shared with earlier prompts (want %d)", name, k + 1,
+               rep[k].cached_tokens, shared, want);
+        CHECKF(rep[k].text && f.text && strcmp(rep[k].text, f.text) == 0,
+               "%s T%d: warm \"%s\" != fresh process \"%s\"", name, k + 1,
+               rep[k].text ? rep[k].text : "(null)", f.text ? f.text : "(null)");
+        free(f.text);
+    }
+    for (int k = 0; k < 5; k++)
+        free(rep[k].text);
+    http_server_stop(&warm);
+}
+
+int main(void)
+{
+    bin = getenv("KVC_BIN");
+    if (!bin || access(bin, X_OK) != 0) {
+        printf("test_recurrent_reuse: skipped ($KVC_BIN not set)\n");
+        return TEST_SKIP;
+    }
+    char dir[] = "/tmp/kvc_recurrent_reuse_XXXXXX", path[4200];
+    if (!mkdtemp(dir))
+        return 1;
+    struct { const char *preset, *file; } models[] = {
+        { "tiny-lfm2", NULL }, { "tiny-qwen35", NULL }, { "tiny-granitehybrid", NULL },
+        { NULL, "tiny-lfm2-f32.gguf" }, { NULL, "tiny-qwen35-f32.gguf" },
+        { NULL, "tiny-qwen35moe-f32.gguf" }, { NULL, "tiny-granitehybrid-f32.gguf" },
+    };
+    const char *shared = test_shared_dir();
+    int ran = 0;
+    for (size_t k = 0; k < KVC_ARRAY_LEN(models); k++) {
+        char err[512];
+        const char *name = models[k].preset ? models[k].preset : models[k].file;
+        if (models[k].preset) {
+            kvc_gen_params g;
+            if (kvc_gen_preset(models[k].preset, &g) != KVC_OK) {
+                printf("  %s: skipped (no such preset yet)\n", name);
+                continue;
+            }
+            g.n_threads = 2;
+            snprintf(path, sizeof(path), "%s/%s.gguf", dir, models[k].preset);
+            CHECKF(kvc_gen_write(&g, path, err, sizeof(err)) == KVC_OK, "%s", err);
+        } else {
+            snprintf(path, sizeof(path), "%s/models/%s", shared ? shared : "", models[k].file);
+            if (!shared || access(path, R_OK) != 0) {
+                printf("  %s: skipped (absent)\n", name);
+                continue;
+            }
+        }
+        kvc_model *m = NULL;
+        if (kvc_model_load(path, NULL, &m, err, sizeof(err)) != KVC_OK) {
+            printf("  %s: skipped (%s)\n", name, err);
+        } else {
+            kvc_model_info info;
+            kvc_model_get_info(m, &info);
+            kvc_model_free(m);
+            run(path, name, info.n_vocab);
+            edit_check(path, name);
+            restart_check(path, name, info.n_vocab);
+            ran++;
+        }
+        if (models[k].preset)
+            unlink(path);
+    }
+    rmdir(dir);
+    if (!ran) {
+        printf("test_recurrent_reuse: skipped (no hybrid model this build can load)\n");
+        return TEST_SKIP;
+    }
+    return test_done("test_recurrent_reuse");
+}
