@@ -142,6 +142,16 @@ typedef struct kvc_context_params {
     int32_t kv_type;    /* enum kvc_kv_type */
     int64_t kv_blocks;  /* pool size in blocks of 16 tokens; 0 = n_seq * n_ctx / 16 + 1
                            (the pool also keeps the prefix tree's blocks, evicted as needed) */
+    /* Models with sliding-window layers (gemma3, gpt-oss): those layers keep
+     * the K/V of a running sequence's last window only, in window chunks of
+     * their own (one per block of 16 positions they still see). */
+    int32_t n_run;      /* sequences that run at once (the rest rest between turns, holding
+                           no window chunk); 0 = n_seq */
+    int64_t kv_window_blocks; /* window chunks per window size; 0 = twice what n_run running
+                           sequences hold (ceil((window + n_batch) / 16) + 2 each), at most
+                           kv_blocks; -1 = kv_blocks (every cached block keeps its window
+                           part: the most reuse, no saving). Fewer than n_run sequences
+                           need is refused. */
 } kvc_context_params;
 
 kvc_context_params kvc_context_default_params(void);

@@ -77,9 +77,16 @@ bool kvc_context_make_room(kvc_context *c, int64_t n_free);
 /* Make room for `rows` rows of logits in c->logits. KVC_ERR_NOMEM. */
 int kvc_context_logits_reserve(kvc_context *c, int32_t rows, kvc_err *err);
 
-/* Bytes of one KV block (16 tokens, every layer, K and V) of a context for
- * `model` with KV type `kv_type` (enum kvc_kv_type); 0 for a bad type. */
+/* Bytes of one KV block (16 tokens, K and V of every layer but the
+ * sliding-window ones, which keep window chunks of their own) of a context
+ * for `model` with KV type `kv_type` (enum kvc_kv_type); 0 for a bad type. */
 size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type);
+
+/* Bytes of the window chunks (kv.h) of such a context by default
+ * (kvc_context_params.kv_window_blocks 0) for n_run running sequences and
+ * batches of n_batch (0: 512), at most; 0 for a model without windows. */
+size_t kvc_context_window_bytes(const kvc_model *model, int32_t kv_type, int32_t n_run,
+                                int32_t n_batch);
 
 /* The context length to use when the caller leaves it to the model: the
  * training context from the file, capped by what the KV pool can hold for one
