@@ -112,7 +112,9 @@ int32_t kvc_context_fit_n_ctx(const kvc_model *model, int32_t kv_type, int64_t k
  * distinct sliding window, every layer with its own KV heads and head dim.
  * Fills groups (window chunks n_blocks 0) and layers[n_layer]; returns the
  * number of groups, 0 when one full group of the pool's shape serves
- * (layers unused), or an error. */
+ * (layers unused). A model kv.h cannot group (no full layer, too many
+ * windows) keeps every layer in one full group: its attention is windowed
+ * all the same, without the memory saving. */
 static int model_groups(const kvc_model *model, kvc_kv_group *groups, kvc_kv_layer *layers,
                         kvc_err *err)
 {
@@ -128,7 +130,8 @@ static int model_groups(const kvc_model *model, kvc_kv_group *groups, kvc_kv_lay
     }
     if (plain)
         return 0;
-    return kvc_kv_groups_of_layers(hp->n_layer, win, kvh, hd, groups, layers, err);
+    int n = kvc_kv_groups_of_layers(hp->n_layer, win, kvh, hd, groups, layers, NULL);
+    return n > 0 ? n : kvc_kv_groups_of_layers(hp->n_layer, NULL, kvh, hd, groups, layers, err);
 }
 
 /* Chunks per window group g of a pool of kv_blocks for p (n_run and n_batch
@@ -144,8 +147,11 @@ static int window_chunks(const kvc_context_params *p, const kvc_kv_group *g, int
                         "a window pool of %lld chunks is too small: %d running sequences with "
                         "window %d and batches of %d hold up to %lld",
                         (long long)p->kv_window_blocks, p->n_run, g->window, p->n_batch, (long long)need);
-    *out = p->kv_window_blocks < 0 ? p->kv_blocks
-         : KVC_MIN(p->kv_window_blocks > 0 ? p->kv_window_blocks : 2 * need, p->kv_blocks);
+    /* by default twice the running windows, unless that is more than half
+     * the blocks: then the saving is not worth the hits it loses */
+    const int64_t n = p->kv_window_blocks != 0 ? p->kv_window_blocks : 2 * need;
+    *out = n < 0 || (p->kv_window_blocks == 0 && 2 * n > p->kv_blocks) ? p->kv_blocks
+                                                                         : KVC_MIN(n, p->kv_blocks);
     return KVC_OK;
 }
 
@@ -291,8 +297,6 @@ int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *di
                         : mib < 0   ? "negative size"
                         : !mib && !shared ? "neither disk nor Redis"
                                     : "the context's cache is in use already");
-    if (kvc_kv_n_groups(c->pool) > 1)   /* a tier record is one contiguous block (kv.h): */
-        return KVC_OK;                  /* window models keep their cache in RAM only, for now */
     kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false, redis ? redis->warn : NULL,
                                  redis ? redis->warn_user : NULL };
     kvc_block_store *store = NULL;
@@ -378,16 +382,34 @@ size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
     return group_bytes(model, kv_type, 0, NULL);
 }
 
-size_t kvc_context_window_bytes(const kvc_model *model, int32_t kv_type, int32_t n_run,
-                                int32_t n_batch)
+int64_t kvc_context_blocks_for(const kvc_model *model, int32_t kv_type, int32_t n_run,
+                               int32_t n_batch, uint64_t bytes, int64_t *kv_window_blocks)
 {
     const int64_t B = KVC_BLOCK_TOKENS;
-    size_t sum = 0, b;
+    const size_t f0 = group_bytes(model, kv_type, 0, NULL);
+    size_t fw = 0, win = 0, b;
     int32_t w = 0;
+    bool small = false;                      /* the default would keep every window chunk */
     n_batch = n_batch > 0 ? n_batch : 512;
-    for (int32_t g = 1; g < KVC_KV_MAX_GROUPS && (b = group_bytes(model, kv_type, g, &w)); g++)
-        sum += b * (size_t)(2 * KVC_MAX(n_run, 1) * ((w + n_batch + B - 1) / B + 2));
-    return sum;
+    int64_t counts[KVC_KV_MAX_GROUPS];
+    for (int32_t g = 1; g < KVC_KV_MAX_GROUPS && (b = group_bytes(model, kv_type, g, &w)); g++) {
+        counts[g] = *kv_window_blocks > 0 ? *kv_window_blocks
+                  : 2 * (int64_t)KVC_MAX(n_run, 1) * ((w + n_batch + B - 1) / B + 2);
+        fw += b;
+        win += b * (size_t)counts[g];
+    }
+    if (f0 == 0)
+        return 0;
+    if (*kv_window_blocks < 0 || fw == 0)
+        return (int64_t)(bytes / (f0 + fw));
+    int64_t blocks = bytes > win ? (int64_t)((bytes - win) / f0) : 0;
+    for (int32_t g = 1; fw && g < KVC_KV_MAX_GROUPS && group_bytes(model, kv_type, g, NULL); g++)
+        small = small || 2 * counts[g] > blocks;
+    if (*kv_window_blocks == 0 && small) {   /* as window_chunks() would: every one */
+        *kv_window_blocks = -1;
+        return (int64_t)(bytes / (f0 + fw));
+    }
+    return blocks;
 }
 
 bool kvc_context_make_room(kvc_context *c, int64_t n_free)

@@ -472,6 +472,22 @@ void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block)
     return pool->slab[0].data + (size_t)block * pool->slab[0].chunk_bytes;
 }
 
+void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g)
+{
+    const int32_t c = chunk_of(pool, block, g);
+    return c < 0 ? NULL : pool->slab[g].data + (size_t)c * pool->slab[g].chunk_bytes;
+}
+
+void kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g)
+{
+    kv_slab *s = &pool->slab[g];
+    KVC_ASSERT(g > 0 && (s->chunk[block] < 0 || s->hold[block] == 0));
+    const bool had = s->chunk[block] >= 0;
+    chunk_free(s, block);
+    if (had && pool->tag[block])
+        pool->watch(pool->watch_user, pool->tag[block], 0);
+}
+
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head)
 {
     return head_ptr(pool, block, layer, head, 0);
@@ -608,6 +624,20 @@ int64_t kvc_kv_window_need(const kvc_kv_pool *pool, int32_t g, int32_t n_batch)
 {
     const int64_t B = pool->p.block_tokens;
     return g == 0 ? 0 : ((int64_t)pool->g_params[g].window + n_batch + B - 1) / B + 2;
+}
+
+int kvc_kv_seq_hold_back(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t pos, kvc_err *err)
+{
+    const int64_t i0 = KVC_MAX(pos, 0) / pool->p.block_tokens;
+    for (int32_t g = 1; g < pool->p.n_groups; g++)
+        for (int64_t i = i0; i < seq->to[g]; i++)
+            if (pool->slab[g].chunk[seq->blocks[i]] < 0)
+                return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV sequence: block %lld's memory group %d "
+                                "chunk was evicted", (long long)i, g);
+    for (int32_t g = 1; g < pool->p.n_groups; g++)
+        if (i0 < seq->from[g])
+            seq_hold_from(pool, seq, g, i0);
+    return KVC_OK;
 }
 
 void kvc_kv_seq_rest(kvc_kv_pool *pool, kvc_kv_seq *seq)

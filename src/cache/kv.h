@@ -155,6 +155,14 @@ void   *kvc_kv_block_tag_of(const kvc_kv_pool *pool, int32_t block);
  * bytes; with one group, the whole block (what a tier stores). */
 void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block);
 
+/* Group g's chunk of the block (kvc_kv_group_chunk_bytes(pool, g) bytes),
+ * or NULL when it is gone: what a tier stores as the record of (block, g). */
+void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g);
+/* Let the block's chunk of window group g > 0 go (a block read back from a
+ * tier without its window record), as an eviction would; no sequence may
+ * hold it. */
+void  kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g);
+
 /* Keys / values of one head of one layer of a block (layout above), or NULL
  * when the block's chunk of the layer's group is gone. */
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
@@ -217,6 +225,11 @@ int  kvc_kv_seq_window(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *e
  * n_batch positions (what kvc_kv_seq_window may hold for group g > 0):
  * ceil((w + n_batch) / B) + 2; 0 for group 0. */
 int64_t kvc_kv_window_need(const kvc_kv_pool *pool, int32_t g, int32_t n_batch);
+
+/* Hold the window chunks of every block from the one of position pos on
+ * (they are about to be rewritten in place: a context shift). KVC_OK, or
+ * KVC_ERR_INVALID_ARG (nothing changed) when one of them was evicted. */
+int  kvc_kv_seq_hold_back(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t pos, kvc_err *err);
 
 /* Between turns: hold no window chunk (they stay the sequence's, evictable
  * like the tree's, least recently released first). Its next turn truncates

@@ -49,12 +49,12 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
     int rc = KVC_OK;
     eng->block_bytes = kvc_context_block_bytes(model, p.kv_type);
     /* sliding-window layers: their window chunks (for the running requests
-     * and a background turn, and as many again for the tree) come first */
+     * and a background turn, and as many again for the tree) within it too */
     const int32_t n_run = p.n_parallel + 1;
-    const uint64_t win_bytes = kvc_context_window_bytes(model, p.kv_type, n_run, p.n_batch);
-    const uint64_t budget_bytes = (uint64_t)KVC_MAX(p.kv_budget_mib, 0) << 20;
+    int64_t window_blocks = p.kv_window_blocks;
     int64_t budget = p.kv_budget_mib > 0 && eng->block_bytes
-                   ? (int64_t)((budget_bytes > win_bytes ? budget_bytes - win_bytes : 0) / eng->block_bytes) : 0;
+                   ? kvc_context_blocks_for(model, p.kv_type, n_run, p.n_batch,
+                                            (uint64_t)p.kv_budget_mib << 20, &window_blocks) : 0;
     if (p.n_ctx <= 0)   /* the file's, within the budget (or n_parallel contexts in RAM) */
         eng->p.n_ctx = p.n_ctx = kvc_context_fit_n_ctx(model, p.kv_type, budget, p.n_parallel);
     int64_t blocks = (int64_t)p.n_parallel * ((p.n_ctx + B - 1) / B) + 1;
@@ -66,10 +66,10 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         blocks = budget;
         if (blocks < 2)
             rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "a KV budget of %lld MiB holds %lld blocks "
-                          "of %lld tokens (%zu bytes each, beside %llu MiB of sliding windows); "
+                          "of %lld tokens (%zu bytes each, beside the sliding windows' chunks); "
                           "at least 2 are needed",
                           (long long)p.kv_budget_mib, (long long)blocks, (long long)B,
-                          eng->block_bytes, (unsigned long long)(win_bytes >> 20));
+                          eng->block_bytes);
     }
     if (!rc) {
         kvc_context_params cp = kvc_context_default_params();
@@ -80,6 +80,7 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         cp.kv_type = p.kv_type;
         cp.kv_blocks = blocks;
         cp.n_run = n_run;
+        cp.kv_window_blocks = window_blocks;
         char msg[sizeof(e.msg)];
         if ((rc = kvc_context_new(model, &cp, &eng->ctx, msg, sizeof(msg))))
             kvc_fail(&e, rc, "%s", msg);

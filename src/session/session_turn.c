@@ -350,6 +350,11 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
         kvc_pc_remove(c->pc, nd);
         nd = parent;
     }
+    /* window groups: the blocks rewritten keep (and the sequence holds)
+     * their window chunks, else recompute */
+    int rc = kvc_kv_seq_hold_back(pool, seq, own, err);
+    if (rc)
+        return rc;
     int64_t n_cow = 0;
     for (int32_t i = first; i <= last; i++)
         n_cow += kvc_kv_block_refcount(pool, seq->blocks[i]) > 1;
@@ -357,7 +362,7 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
         room(c, c->promised + n_cow, user);
     if (kvc_kv_n_free(pool) - c->promised < n_cow)
         return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full during a context shift");
-    int rc = kvc_kv_seq_make_private(pool, seq, first, last + 1, err);   /* counted free above */
+    rc = kvc_kv_seq_make_private(pool, seq, first, last + 1, err);   /* counted free above */
     if (rc)
         return rc;
     rc = kvc_compute_move_kv(c->compute, pool, seq->blocks, a, seq->blocks, own, k, err);
