@@ -3,7 +3,7 @@
  *
  * Memory groups (kv.h): a block is one record per chunk it has, (node, group)
  * under the same chain hash: group 0's under the hash itself, a window
- * group's under group_hash(hash, g). A block whose window chunk was evicted
+ * group's under kvc_tiers_group_hash(hash, g). A block whose window chunk was evicted
  * is still stored for its full layers; read back, a window record that is
  * missing or corrupt leaves the block without that chunk (kvc_kv_servable
  * then decides how much of the path serves), each record all-or-nothing and
@@ -152,8 +152,7 @@ static void desc_of(kvc_tiers *t, const kvc_pc_node *n, kvc_block_desc *d)
 
 #define GROUP_SALT 0x67726f75705f6b76ull             /* "group_kv" */
 
-/* The key of group g's record of the block under chain hash h. */
-static uint64_t group_hash(uint64_t h, int32_t g)
+uint64_t kvc_tiers_group_hash(uint64_t h, int32_t g)
 {
     return g == 0 ? h : XXH3_64bits_withSeed(&g, sizeof(g), h ^ GROUP_SALT);
 }
@@ -162,7 +161,7 @@ static uint64_t group_hash(uint64_t h, int32_t g)
 static kvc_block_desc group_desc(const kvc_block_desc *d, int32_t g)
 {
     kvc_block_desc dg = *d;
-    dg.hash = group_hash(d->hash, g);
+    dg.hash = kvc_tiers_group_hash(d->hash, g);
     return dg;
 }
 
