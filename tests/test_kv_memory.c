@@ -10,7 +10,8 @@
  * layers' K/V plus that, not every layer's; at rest it holds none, and its
  * next turn keeps the whole conversation. Printed: what it holds with memory
  * groups and with every block keeping its window part (--swa-full), and the
- * pool each takes. The forward pass is not run (its writes are the pool's
+ * pool each takes. A window slab smaller than the running sequences need is
+ * refused. The forward pass is not run (its writes are the pool's
  * layout: test_window and test_kernels_batch cover them). */
 #include "context.h"
 #include "kv.h"
@@ -145,6 +146,15 @@ static void shape(const char *preset, int32_t n_layer)
            pool_g > 0 ? pool_f / pool_g : 0.0);
     CHECKF(held_g == held_f, "%s: the running sequence holds %.0f vs %.0f bytes", preset, held_g, held_f);
     CHECKF(with > 0 && with < without && pool_g < pool_f, "%s: groups save nothing", preset);
+    /* a window slab smaller than the running sequences hold is refused */
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = 4096;
+    cp.n_seq = 2;
+    cp.kv_window_blocks = 3;
+    kvc_context *c = NULL;
+    char err[512] = "";
+    CHECK(kvc_context_new(m, &cp, &c, err, sizeof(err)) == KVC_ERR_INVALID_ARG && !c);
+    CHECKF(strstr(err, "too small") && strstr(err, "2 running sequences"), "%s", err);
     kvc_model_release(m);
 }
 
