@@ -28,7 +28,8 @@ typedef struct kvc_tiers kvc_tiers;
 
 typedef struct kvc_tiers_stats {
     uint64_t blocks_fetched;       /* read from the store into the pool */
-    uint64_t blocks_written;       /* by the writer thread or at once */
+    uint64_t blocks_written;       /* by the writer thread or at once (records: a pool with
+                                      window groups writes one per chunk a block has) */
     uint64_t blocks_queued;        /* copies handed to the writer */
     uint64_t writes_dropped;       /* write-throughs dropped: the queue was full */
     uint64_t evictions_written;    /* evicted blocks sent down */
