@@ -62,7 +62,7 @@ static const char serve_help[] =
 
 enum { OPT_HOST = CLI_OPT_CMD, OPT_PORT, OPT_API_KEY, OPT_API_KEY_FILE, OPT_SHARE_KEYS,
        OPT_ALIAS, OPT_CORS, OPT_PARALLEL, OPT_KV_BUDGET, OPT_MAX_QUEUE, OPT_MAX_SESSIONS,
-       OPT_OVERFLOW, OPT_NO_CACHE, OPT_SPECIAL, OPT_TIMEOUT, OPT_REQUEST_TIMEOUT,
+       OPT_OVERFLOW, OPT_NO_CACHE, OPT_SWA_FULL, OPT_SPECIAL, OPT_TIMEOUT, OPT_REQUEST_TIMEOUT,
        OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_IP, OPT_MAX_BODY, OPT_QUIET,
        OPT_STRICT_FIELDS, OPT_LOG_FORMAT, OPT_NO_WEBUI };
 
@@ -86,6 +86,9 @@ static const cli_option serve_opts[] = {
     { "parallel", 0, "N", OPT_PARALLEL, 0, "conversations computed at once (default 8)" },
     { "kv-budget", 0, "MIB", OPT_KV_BUDGET, 0,
       "KV cache size in MiB (default: N parallel full contexts)" },
+    { "swa-full", 0, NULL, OPT_SWA_FULL, 0,
+      "sliding-window layers keep every cached block's K/V, not\n"
+      "windows only (more memory; hits anywhere stay served)" },
     { "max-queue", 0, "N", OPT_MAX_QUEUE, 0,
       "requests waiting beyond the running ones (default 64);\nmore are answered 503" },
     { "max-sessions", 0, "N", OPT_MAX_SESSIONS, 0, "keyed conversations kept (default 256)" },
@@ -192,6 +195,7 @@ static int serve_apply(kvc_server_params *sp, kvc_engine_params *ep, int id, con
     case OPT_API_KEY_FILE: return read_keys(v) ? 1 : -1;
     case OPT_SHARE_KEYS: sp->share_cache_across_keys = true; return 1;
     case OPT_NO_CACHE: ep->no_cache = true; return 1;
+    case OPT_SWA_FULL: ep->kv_window_blocks = -1; return 1;
     case OPT_SPECIAL: ep->special_in_content = true; return 1;
     case OPT_STRICT_FIELDS: sp->strict_fields = true; return 1;
     case OPT_LOG_FORMAT:

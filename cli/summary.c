@@ -123,6 +123,11 @@ void cli_serve_summary(FILE *out, const cli_serve_info *s)
             kv_type_name(s->params->kv_type), em.block_tokens,
             n_ctx > 0 ? (double)kv_tokens / n_ctx : 0.0,
             s->params->no_cache ? "; --no-cache: nothing reused" : "");
+    if (em.window_chunks_total > 0)
+        fprintf(out, "  windows    sliding-window layers: %lld chunks of %d tokens, %s%s\n",
+                (long long)em.window_chunks_total, em.block_tokens,
+                bytes_str((double)(em.window_chunks_total * em.window_chunk_bytes), a, sizeof(a)),
+                em.window_chunks_total >= em.blocks_total ? " (--swa-full)" : " (the running windows, twice)");
     int32_t n_threads = kvc_engine_n_threads(s->engine);
     fprintf(out, "  compute    %d thread%s, %s kernels\n", n_threads, n_threads == 1 ? "" : "s",
             kvc_isa_name(kvc_kernels_isa()));

@@ -145,6 +145,16 @@ typedef struct kvc_context_params {
     int32_t snapshot_interval; /* models with recurrent layers: a snapshot of their states
                            every this many tokens of a long prefill (besides prompt ends
                            and message starts); 0 = chosen from the state's size, -1 = none */
+    /* Models with sliding-window layers (gemma3, gpt-oss): those layers keep
+     * the K/V of a running sequence's last window only, in window chunks of
+     * their own (one per block of 16 positions they still see). */
+    int32_t n_run;      /* sequences that run at once (the rest rest between turns, holding
+                           no window chunk); 0 = n_seq */
+    int64_t kv_window_blocks; /* window chunks per window size; 0 = twice what n_run running
+                           sequences hold (ceil((window + n_batch) / 16) + 2 each), or
+                           kv_blocks when that is more than half of them; -1 = kv_blocks
+                           (every cached block keeps its window part: the most reuse, no
+                           saving). Fewer than n_run sequences need is refused. */
 } kvc_context_params;
 
 kvc_context_params kvc_context_default_params(void);
@@ -550,6 +560,11 @@ typedef struct kvc_engine_params {
     /* told when the Redis tier is lost (once an outage) and back; NULL = nobody */
     void      (*cache_warn)(void *user, const char *msg);
     void       *cache_warn_user;
+    /* sliding-window layers (gemma3, gpt-oss): window chunks per window size
+     * (kvc_context_params.kv_window_blocks: 0 = for n_parallel + 1 running
+     * windows, twice over; -1 = as many as blocks, every cached block keeps
+     * its window part: llama.cpp's --swa-full) */
+    int64_t     kv_window_blocks;
 } kvc_engine_params;
 
 kvc_engine_params kvc_engine_default_params(void);
@@ -652,7 +667,8 @@ typedef struct kvc_engine_metrics {
     int32_t  running;
     int32_t  block_tokens;
     /* added with the batching scheduler (issue 4) */
-    int64_t  block_bytes;       /* one block: every layer's K and V of block_tokens tokens */
+    int64_t  block_bytes;       /* one block: K and V of block_tokens tokens of every layer
+                                   but sliding-window ones (window_chunk_bytes) */
     int64_t  blocks_cached;     /* blocks in the prefix tree (shared by every session) */
     uint64_t steps;             /* forward passes run */
     uint64_t step_tokens;       /* tokens run through them (prefill chunks + decode) */
@@ -693,6 +709,14 @@ typedef struct kvc_engine_metrics {
     uint64_t redis_round_trips;
     uint64_t redis_failures;           /* calls that failed: down, timeout, garbage */
     uint64_t redis_checksum_failures;  /* values discarded and recomputed */
+    /* sliding-window layers (issue 31; all 0 for a model without them): their
+     * window chunks (block_tokens positions of every layer of one window),
+     * every window size together */
+    int64_t  window_chunks_total;
+    int64_t  window_chunks_held;       /* by running requests: their windows */
+    int64_t  window_chunk_bytes;       /* of all window sizes' chunks of one block */
+    int64_t  kv_bytes_held;            /* what the cached tokens take: blocks_used *
+                                          block_bytes + the window chunks there */
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);

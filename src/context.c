@@ -109,21 +109,88 @@ int32_t kvc_context_fit_n_ctx(const kvc_model *model, int32_t kv_type, int64_t k
     return (int32_t)KVC_MAX(KVC_MIN(n_train, fit), B);
 }
 
-/* The pool's layers of a model with recurrent layers (malloc'd; each
- * attention layer its K/V heads, each recurrent one its state), or NULL for
- * a model without (or out of memory: the pool then keeps K/V for every layer,
- * and the forward pass fails on the first recurrent layer's missing state). */
-static kvc_kv_layer *recurrent_layers(const kvc_model *m)
+/* The memory groups of the model's layers (kv.h): a window group per
+ * distinct sliding window, every layer with its own KV heads and head dim.
+ * Fills groups (window chunks n_blocks 0) and layers[n_layer]; returns the
+ * number of groups, 0 when one full group of the pool's shape serves
+ * (layers unused). A model kv.h cannot group (no full layer, too many
+ * windows) keeps every layer in one full group: its attention is windowed
+ * all the same, without the memory saving. Recurrent layers keep their
+ * state_floats (kv.h's recurrent layers) in group 0. */
+static int model_groups(const kvc_model *model, kvc_kv_group *groups, kvc_kv_layer *layers,
+                        kvc_err *err)
 {
-    bool any = false;
-    for (int32_t l = 0; l < m->hp.n_layer; l++)
-        any |= m->layers[l].state_floats > 0;
-    kvc_kv_layer *layers = any ? malloc((size_t)m->hp.n_layer * sizeof(*layers)) : NULL;
-    for (int32_t l = 0; layers && l < m->hp.n_layer; l++) {
-        const kvc_layer *L = &m->layers[l];
-        layers[l] = (kvc_kv_layer){ 0, L->n_head_kv, L->head_dim, L->state_floats };
+    const kvc_hparams *hp = &model->hp;
+    int32_t win[4096], kvh[4096], hd[4096];
+    bool plain = true;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const kvc_layer *L = &model->layers[l];
+        win[l] = L->window;
+        kvh[l] = L->n_head_kv;
+        hd[l] = L->head_dim;
+        plain = plain && !L->window && !L->state_floats && L->n_head_kv == hp->n_head_kv &&
+                L->head_dim == hp->head_dim;
     }
-    return layers;
+    if (plain)
+        return 0;
+    int n = kvc_kv_groups_of_layers(hp->n_layer, win, kvh, hd, groups, layers, NULL);
+    if (n <= 0)
+        n = kvc_kv_groups_of_layers(hp->n_layer, NULL, kvh, hd, groups, layers, err);
+    for (int32_t l = 0; n > 0 && l < hp->n_layer; l++)   /* recurrent: a state, no K/V */
+        layers[l].state_floats = model->layers[l].state_floats;
+    return n;
+}
+
+/* Chunks per window group g of a pool of kv_blocks for p (n_run and n_batch
+ * resolved), as kvc_context_params.kv_window_blocks says; KVC_ERR_INVALID_ARG
+ * when asked for fewer than the running sequences hold. */
+static int window_chunks(const kvc_context_params *p, const kvc_kv_group *g, int64_t *out,
+                         kvc_err *err)
+{
+    const int64_t B = KVC_BLOCK_TOKENS;
+    const int64_t need = (int64_t)p->n_run * (((int64_t)g->window + p->n_batch + B - 1) / B + 2);
+    if (p->kv_window_blocks > 0 && p->kv_window_blocks < KVC_MIN(need, p->kv_blocks))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG,
+                        "a window pool of %lld chunks is too small: %d running sequences with "
+                        "window %d and batches of %d hold up to %lld",
+                        (long long)p->kv_window_blocks, p->n_run, g->window, p->n_batch, (long long)need);
+    /* by default twice the running windows, unless that is more than half
+     * the blocks: then the saving is not worth the hits it loses */
+    const int64_t n = p->kv_window_blocks != 0 ? p->kv_window_blocks : 2 * need;
+    *out = n < 0 || (p->kv_window_blocks == 0 && 2 * n > p->kv_blocks) ? p->kv_blocks
+                                                                         : KVC_MIN(n, p->kv_blocks);
+    return KVC_OK;
+}
+
+/* The pool of c->p for its model: its memory groups, each window group with
+ * window_chunks() chunks (or n_window: kvc_context_set_windows), the layers'
+ * windows from win (NULL: the model's). */
+static int make_pool(kvc_context *c, uint32_t kt, const int32_t *win, int64_t n_window,
+                     kvc_kv_pool **out, kvc_err *err)
+{
+    const kvc_model *model = c->model;
+    const int32_t n_layer = model->hp.n_layer;
+    kvc_kv_group groups[KVC_KV_MAX_GROUPS];
+    kvc_kv_layer *layers = malloc((size_t)n_layer * sizeof(*layers));
+    if (!layers)
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    int rc = win ? kvc_kv_groups_of_layers(n_layer, win, NULL, NULL, groups, layers, err)
+                 : model_groups(model, groups, layers, err);
+    for (int32_t g = 1; rc > 0 && g < rc; g++) {
+        int64_t n = n_window;
+        int r2 = win ? KVC_OK : window_chunks(&c->p, &groups[g], &n, err);
+        if (r2)
+            rc = r2;
+        else
+            groups[g].n_blocks = n;
+    }
+    if (rc >= 0) {
+        kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
+                                  KVC_BLOCK_TOKENS, kt, c->p.kv_blocks, rc, groups, layers };
+        rc = kvc_kv_pool_new(&pp, out, err);
+    }
+    free(layers);
+    return rc;
 }
 
 int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_context **out,
@@ -142,6 +209,8 @@ int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_cont
         p.n_threads = (int32_t)KVC_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
     if (p.n_batch > p.n_ctx)
         p.n_batch = p.n_ctx;
+    if (p.n_run <= 0 || p.n_run > p.n_seq)
+        p.n_run = p.n_seq;
     const int32_t B = KVC_BLOCK_TOKENS;
     if (p.kv_blocks <= 0)   /* and one for a copy-on-write (a shared block being extended) */
         p.kv_blocks = (int64_t)p.n_seq * ((p.n_ctx + B - 1) / B) + 1;
@@ -156,17 +225,7 @@ int kvc_context_new(kvc_model *model, const kvc_context_params *params, kvc_cont
     if (!rc) {
         c->model = model;
         c->p = p;
-        kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
-                                  B, (uint32_t)kt, p.kv_blocks };
-        kvc_kv_group full = { KVC_KV_FULL, 0, 0 };
-        kvc_kv_layer *layers = recurrent_layers(model);
-        if (layers) {   /* recurrent layers: states instead of K/V */
-            pp.n_groups = 1;
-            pp.groups = &full;
-            pp.layers = layers;
-        }
-        rc = kvc_kv_pool_new(&pp, &c->pool, &e);
-        free(layers);
+        rc = make_pool(c, (uint32_t)kt, NULL, 0, &c->pool, &e);
     }
     if (!rc)
         rc = kvc_pc_new(c->pool, &c->pc, &e);
@@ -230,26 +289,11 @@ int kvc_context_set_windows(kvc_context *c, const int32_t *window, int64_t n_win
     if (!fresh)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "memory groups: %s",
                         n_window < 0 ? "negative window capacity" : "the context's cache is in use already");
-    const int32_t n_layer = c->model->hp.n_layer;
-    kvc_kv_group groups[KVC_KV_MAX_GROUPS];
-    kvc_kv_layer *layers = malloc((size_t)n_layer * sizeof(*layers));
-    if (!layers)
-        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
-    int rc = kvc_kv_groups_of_layers(n_layer, window, NULL, NULL, groups, layers, err);
     kvc_kv_pool *pool = NULL;
     kvc_prefix_cache *pc = NULL;
-    if (rc > 0) {
-        for (int32_t g = 1; g < rc; g++)
-            groups[g].n_blocks = n_window;
-        kvc_kv_pool_params pp = *kvc_kv_pool_params_of(c->pool);
-        pp.n_groups = rc;
-        pp.groups = groups;
-        pp.layers = layers;
-        rc = kvc_kv_pool_new(&pp, &pool, err);
-    }
+    int rc = make_pool(c, kvc_kv_pool_params_of(c->pool)->type, window, n_window, &pool, err);
     if (!rc)
         rc = kvc_pc_new(pool, &pc, err);
-    free(layers);
     if (rc) {
         kvc_pc_free(pc);
         kvc_kv_pool_free(pool);
@@ -272,8 +316,6 @@ int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *di
                         : mib < 0   ? "negative size"
                         : !mib && !shared ? "neither disk nor Redis"
                                     : "the context's cache is in use already");
-    if (kvc_kv_n_groups(c->pool) > 1)   /* a tier record is one contiguous block (kv.h): */
-        return KVC_OK;                  /* window models keep their cache in RAM only, for now */
     kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false, redis ? redis->warn : NULL,
                                  redis ? redis->warn_user : NULL };
     kvc_block_store *store = NULL;
@@ -335,23 +377,60 @@ int kvc_context_enable_disk(kvc_context *c, const char *model_path, const char *
     return rc;
 }
 
-size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
+/* Bytes of group g's chunk (-1: every group's) of a pool for model, the
+ * windows of its groups into window (may be NULL); 0 for a bad type or
+ * layout. */
+static size_t group_bytes(const kvc_model *model, int32_t kv_type, int32_t g, int32_t *window)
 {
     int kt = kv_type_of(kv_type);
-    if (kt < 0)
-        return 0;
-    kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
-                              KVC_BLOCK_TOKENS, (uint32_t)kt, 1 };
-    kvc_kv_group full = { KVC_KV_FULL, 0, 0 };
-    kvc_kv_layer *layers = recurrent_layers(model);   /* their K/V take no room */
-    if (layers) {
-        pp.n_groups = 1;
-        pp.groups = &full;
-        pp.layers = layers;
+    kvc_kv_group groups[KVC_KV_MAX_GROUPS];
+    kvc_kv_layer *layers = malloc((size_t)model->hp.n_layer * sizeof(*layers));
+    int n = kt < 0 || !layers ? -1 : model_groups(model, groups, layers, NULL);
+    size_t bytes = 0;
+    if (n >= 0 && g < KVC_MAX(n, 1)) {
+        kvc_kv_pool_params pp = { model->hp.n_layer, model->hp.n_head_kv, model->hp.head_dim,
+                                  KVC_BLOCK_TOKENS, (uint32_t)kt, 1, n, groups, layers };
+        bytes = kvc_kv_group_bytes_for(&pp, g);
+        if (window)
+            *window = n > 0 ? groups[g].window : 0;
     }
-    size_t bytes = kvc_kv_block_bytes_for(&pp);
     free(layers);
     return bytes;
+}
+
+size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type)
+{
+    return group_bytes(model, kv_type, 0, NULL);
+}
+
+int64_t kvc_context_blocks_for(const kvc_model *model, int32_t kv_type, int32_t n_run,
+                               int32_t n_batch, uint64_t bytes, int64_t *kv_window_blocks)
+{
+    const int64_t B = KVC_BLOCK_TOKENS;
+    const size_t f0 = group_bytes(model, kv_type, 0, NULL);
+    size_t fw = 0, win = 0, b;
+    int32_t w = 0;
+    bool small = false;                      /* the default would keep every window chunk */
+    n_batch = n_batch > 0 ? n_batch : 512;
+    int64_t counts[KVC_KV_MAX_GROUPS];
+    for (int32_t g = 1; g < KVC_KV_MAX_GROUPS && (b = group_bytes(model, kv_type, g, &w)); g++) {
+        counts[g] = *kv_window_blocks > 0 ? *kv_window_blocks
+                  : 2 * (int64_t)KVC_MAX(n_run, 1) * ((w + n_batch + B - 1) / B + 2);
+        fw += b;
+        win += b * (size_t)counts[g];
+    }
+    if (f0 == 0)
+        return 0;
+    if (*kv_window_blocks < 0 || fw == 0)
+        return (int64_t)(bytes / (f0 + fw));
+    int64_t blocks = bytes > win ? (int64_t)((bytes - win) / f0) : 0;
+    for (int32_t g = 1; fw && g < KVC_KV_MAX_GROUPS && group_bytes(model, kv_type, g, NULL); g++)
+        small = small || 2 * counts[g] > blocks;
+    if (*kv_window_blocks == 0 && small) {   /* as window_chunks() would: every one */
+        *kv_window_blocks = -1;
+        return (int64_t)(bytes / (f0 + fw));
+    }
+    return blocks;
 }
 
 bool kvc_context_make_room(kvc_context *c, int64_t n_free)

@@ -73,9 +73,8 @@ int kvc_context_set_windows(kvc_context *c, const int32_t *window, int64_t n_win
  * Redis behind it (redis NULL or its url NULL: none; its model_fp is filled
  * in here). Redis being down is no error (block_store_redis.h). redis->warn
  * also hears the disk tier's one warning (its medium full). A pool with
- * window groups (kv.h) gets no tiers for now (KVC_OK, c->tiers stays NULL):
- * a tier record is one contiguous block. Recurrent snapshots go to the same
- * tiers (snapshot.h). */
+ * window groups (kv.h) stores a record per (block, group) (tiers.c). Recurrent
+ * snapshots go to the same tiers (snapshot.h). */
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err);
 
@@ -88,9 +87,18 @@ bool kvc_context_make_room(kvc_context *c, int64_t n_free);
 /* Make room for `rows` rows of logits in c->logits. KVC_ERR_NOMEM. */
 int kvc_context_logits_reserve(kvc_context *c, int32_t rows, kvc_err *err);
 
-/* Bytes of one KV block (16 tokens, every layer, K and V) of a context for
- * `model` with KV type `kv_type` (enum kvc_kv_type); 0 for a bad type. */
+/* Bytes of one KV block (16 tokens, K and V of every layer but the
+ * sliding-window ones, which keep window chunks of their own) of a context
+ * for `model` with KV type `kv_type` (enum kvc_kv_type); 0 for a bad type. */
 size_t kvc_context_block_bytes(const kvc_model *model, int32_t kv_type);
+
+/* The kv_blocks of a context for `model` whose pool, window chunks (kv.h)
+ * included, fits in `bytes`, for n_run running sequences with batches of
+ * n_batch (0: 512) and *kv_window_blocks (kvc_context_params'; set to -1
+ * when its default 0 would keep every block's window chunk at that size, as
+ * kvc_context_new then does). 0 for a bad type. */
+int64_t kvc_context_blocks_for(const kvc_model *model, int32_t kv_type, int32_t n_run,
+                               int32_t n_batch, uint64_t bytes, int64_t *kv_window_blocks);
 
 /* The context length to use when the caller leaves it to the model: the
  * training context from the file, capped by what the KV pool can hold for one

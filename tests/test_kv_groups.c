@@ -86,7 +86,8 @@ static int64_t decode_to(kvc_kv_pool *pool, kvc_kv_seq *s, int64_t n, int64_t *m
 {
     for (int64_t p = s->n_tokens; p < n; p++) {
         kvc_err e = { 0 };
-        if (kvc_kv_seq_reserve(pool, s, p + 1, &e) != KVC_OK) {
+        if (kvc_kv_seq_reserve(pool, s, p + 1, &e) != KVC_OK ||
+            kvc_kv_seq_window(pool, s, p + 1, &e) != KVC_OK) {
             CHECKF(false, "reserve %lld: %s", (long long)p + 1, e.msg);
             return p;
         }
@@ -193,6 +194,8 @@ static void test_tree_hits(void)
      * blocks 0-4 (behind its window while it ran) and 8-10 (released by the
      * truncation to 128, which held 5-7 again) */
     CHECK(kvc_kv_seq_reserve(pool, &x, 8 * B, &e) == KVC_OK);
+    CHECK_EQ_INT(kvc_kv_group_n_held(pool, 1), 0);   /* reserved: no window chunk before written */
+    CHECK(kvc_kv_seq_window(pool, &x, 8 * B, &e) == KVC_OK);
     kvc_pc_match m;
     int32_t tok[256];
     path_tokens(1, tok, 256);
@@ -256,10 +259,13 @@ static void test_dead_leaf_first(void)
     /* 7 chunks, the rest taken by tree blocks that give theirs up: fill y
      * with 7 blocks at once (all held, its window covers them) */
     CHECK(kvc_kv_seq_reserve(pool, &y, 7 * B, &e) == KVC_OK);
+    CHECK(kvc_kv_seq_window(pool, &y, 7 * B, &e) == KVC_OK);
     CHECK_EQ_INT(kvc_kv_block_alloc(pool), -1);
-    CHECK(kvc_kv_seq_reserve(pool, &y, 8 * B, &e) == KVC_ERR_KV_FULL);
-    CHECK_EQ_INT(y.n_blocks, 7);
-    CHECK_EQ_INT(kvc_kv_n_free(pool), before - 7);
+    CHECK(kvc_kv_seq_reserve(pool, &y, 8 * B, &e) == KVC_OK);   /* the full group has room */
+    CHECK(kvc_kv_seq_window(pool, &y, 8 * B, &e) == KVC_ERR_KV_FULL && strstr(e.msg, "group 1"));
+    CHECK_EQ_INT(y.n_blocks, 8);
+    CHECK_EQ_INT(y.to[1], 7);
+    CHECK_EQ_INT(kvc_kv_n_free(pool), before - 8);
     kvc_kv_seq_release(pool, &y);
     kvc_pc_free(pc);
     CHECK_EQ_INT(kvc_kv_n_free(pool), 32);
@@ -318,6 +324,7 @@ static void test_append_evicted(void)
     kvc_err e = { 0 };
     decode_to(pool, &a, 100, &held);                           /* holds 3-6, released 0-2 */
     CHECK(kvc_kv_seq_reserve(pool, &big, 4 * B, &e) == KVC_OK);   /* 1 free + a's 0-2 */
+    CHECK(kvc_kv_seq_window(pool, &big, 4 * B, &e) == KVC_OK);
     CHECK(!kvc_kv_block_has(pool, a.blocks[0], 1) && !kvc_kv_block_has(pool, a.blocks[2], 1));
     CHECK(kvc_kv_seq_append_blocks(pool, &d, a.blocks, 6, &e) == KVC_OK);
     CHECK_EQ_INT(d.n_tokens, 96);
@@ -332,6 +339,49 @@ static void test_append_evicted(void)
     kvc_kv_seq_release(pool, &one);
     CHECK_EQ_INT(kvc_kv_n_free(pool), 32);
     CHECK_EQ_INT(kvc_kv_group_n_free(pool, 1), 8);
+    kvc_kv_pool_free(pool);
+}
+
+/* A prefill reserved at once gets its window chunks as it is written, so
+ * it holds one running window, in a slab of just that size; at rest it
+ * holds none, and once they are evicted its next turn keeps less. */
+static void test_prefill_and_rest(void)
+{
+    enum { N = 1000, CHUNK = 16 };
+    kvc_kv_pool *probe = new_pool(1, 1);
+    const int64_t need = probe ? kvc_kv_window_need(probe, 1, CHUNK) : 0;
+    kvc_kv_pool_free(probe);
+    CHECK_EQ_INT(need, (W + CHUNK + B - 1) / B + 2);
+    kvc_kv_pool *pool = new_pool(2 * ((N + B - 1) / B), need);
+    kvc_kv_seq s, o;
+    kvc_kv_seq_init(&s);
+    kvc_kv_seq_init(&o);
+    kvc_err e = { 0 };
+    CHECK(kvc_kv_seq_reserve(pool, &s, N, &e) == KVC_OK);
+    CHECK_EQ_INT(kvc_kv_group_n_held(pool, 1), 0);
+    int64_t held = 0;
+    for (int64_t p = 0; p < N; p += CHUNK) {
+        CHECKF(kvc_kv_seq_window(pool, &s, p + CHUNK, &e) == KVC_OK, "at %lld: %s", (long long)p, e.msg);
+        for (int64_t q = p; q < p + CHUNK; q++)
+            *k_at(pool, &s, q, 0) = (float)q;
+        s.n_tokens = p + CHUNK;
+        held = KVC_MAX(held, kvc_kv_group_n_held(pool, 1));
+    }
+    CHECKF(held <= need, "held %lld of %lld", (long long)held, (long long)need);
+    CHECK_EQ_INT(*k_at(pool, &s, N - W, 0), (float)(N - W));
+    kvc_kv_seq_rest(pool, &s);
+    CHECK_EQ_INT(kvc_kv_group_n_held(pool, 1), 0);
+    CHECK_EQ_INT(kvc_kv_seq_truncate(pool, &s, N), N);   /* nothing evicted: all of it, held again */
+    CHECK(kvc_kv_group_n_held(pool, 1) > 0);
+    kvc_kv_seq_rest(pool, &s);
+    decode_to(pool, &o, 6 * B, &held);                  /* takes every window chunk */
+    CHECK(kvc_kv_seq_window(pool, &s, N + 1, &e) == KVC_ERR_INVALID_ARG && strstr(e.msg, "evicted"));
+    const int64_t kept = kvc_kv_seq_truncate(pool, &s, N);
+    CHECKF(kept < N, "kept %lld", (long long)kept);
+    kvc_kv_seq_release(pool, &s);
+    kvc_kv_seq_release(pool, &o);
+    CHECK_EQ_INT(kvc_kv_group_n_held(pool, 1), 0);
+    CHECK_EQ_INT(kvc_kv_n_free(pool), kvc_kv_n_blocks(pool));
     kvc_kv_pool_free(pool);
 }
 
@@ -369,5 +419,6 @@ int main(void)
     test_dead_leaf_first();
     test_fork_and_append();
     test_append_evicted();
+    test_prefill_and_rest();
     return test_done("test_kv_groups");
 }

@@ -234,6 +234,70 @@ static void test_evict_and_corrupt(kvc_model *m, const int32_t *toks)
     kvc_context_free(a);
 }
 
+/* A sliding-window model (tiny-gemma3, window 12): a block is two records,
+ * (block, full layers) and (block, window layers). With the last block's
+ * window record corrupt, the fetch still reads every block (their full
+ * layers), the match is cut where the window can still serve (80 of 96),
+ * and computing on from there gives a cold run's logits. */
+static void test_window_records(kvc_model *m)
+{
+    int32_t toks[N_TOK];
+    for (int i = 0; i < N_TOK; i++)
+        toks[i] = (int32_t)((i * 7919 + 11) % m->hp.n_vocab);
+    kvc_context *a = new_ctx(m, 42), *b = new_ctx(m, 42), *cold = new_ctx(m, 42);
+    kvc_block_store *bs = open_store("window");
+    kvc_tiers *t = a && b && cold && bs ? new_tiers(a, bs, 0) : NULL;
+    if (!t)
+        return;
+    CHECK_EQ_INT(kvc_kv_n_groups(a->pool), 2);
+    kvc_pc_node *last = compute_path(a, 0, toks, N_TOK);
+    CHECK_EQ_INT(kvc_tiers_write_path(t, last), 6);
+    kvc_tiers_flush(t);
+    kvc_tiers_stats st;
+    kvc_tiers_stats_get(t, &st);
+    CHECK_EQ_INT(st.blocks_written, 12);                   /* 6 blocks, 2 records each */
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/window/%016llx.kvb", tmpdir,
+             (unsigned long long)kvc_tiers_group_hash(last->hash, 1));
+    int fd = open(path, O_RDWR);
+    uint8_t byte = 0;
+    CHECKF(fd >= 0 && pread(fd, &byte, 1, 300) == 1, "%s", path);
+    byte ^= 1;
+    CHECK(pwrite(fd, &byte, 1, 300) == 1);
+    close(fd);
+    bs = open_store("window");
+    t = bs ? new_tiers(b, bs, 0) : NULL;
+    if (!t)
+        return;
+    kvc_pc_match mt;
+    kvc_pc_lookup(b->pc, 0, toks, N_TOK, &mt);
+    CHECK_EQ_INT(kvc_tiers_probe(t, 0, toks, N_TOK, &mt), 6);
+    CHECK_EQ_INT(kvc_tiers_fetch(t, 0, toks, N_TOK, &mt, 100), 6);
+    kvc_bs_stats bst;
+    kvc_tiers_store_stats(t, &bst);
+    CHECK_EQ_INT(bst.checksum_failures, 1);
+    CHECK(!kvc_kv_block_has(b->pool, mt.last->block, 1) && kvc_kv_block_has(b->pool, mt.last->parent->block, 1));
+    kvc_pc_lookup(b->pc, 0, toks, N_TOK, &mt);
+    CHECK_EQ_INT(mt.n_full, 5);
+    int32_t blocks[5];
+    for (kvc_pc_node *n = mt.last; n != kvc_pc_root(b->pc); n = n->parent)
+        blocks[n->depth] = n->block;
+    kvc_err e = { 0 };
+    char err[512];
+    CHECK(kvc_kv_seq_append_blocks(b->pool, &b->seqs[0], blocks, 5, &e) == KVC_OK);
+    CHECK(kvc_context_decode(b, 0, toks + 80, N_TOK - 80, false, err, sizeof(err)) == KVC_OK);
+    CHECK(kvc_context_decode(cold, 0, toks, N_TOK, false, err, sizeof(err)) == KVC_OK);
+    CHECK(memcmp(kvc_context_logits(b, -1), kvc_context_logits(cold, -1),
+                 (size_t)m->hp.n_vocab * sizeof(float)) == 0);
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+    kvc_context_free(a);
+    kvc_context_free(b);
+    kvc_context_free(cold);
+}
+
 /* Written through, then evicted before (or after) the writer got to them:
  * nothing is sent twice, and the fetch finds every block, in the queue or on
  * disk, equal to a cold run's. */
@@ -319,10 +383,14 @@ static kvc_engine_params engine_params(const char *dir, const char *model_path,
     return ep;
 }
 
-static void test_engine_restart(kvc_model *m, const char *model_path)
+/* A conversation's second turn after a restart reads its first turn from
+ * disk (sliding-window models: every window record of the hit point's
+ * window too, else the window groups could serve none of it), and its reply
+ * equals a fresh engine's without a disk tier. */
+static void test_engine_restart(kvc_model *m, const char *model_path, const char *label)
 {
     char dir[600], user[2000];
-    snprintf(dir, sizeof(dir), "%s/engine", tmpdir);
+    snprintf(dir, sizeof(dir), "%s/engine-%s", tmpdir, label);
     int at = snprintf(user, sizeof(user), "Remember:");
     for (int i = 0; i < 120; i++)
         at += snprintf(user + at, sizeof(user) - (size_t)at, " %s", i % 3 ? "stone" : "river");
@@ -349,12 +417,12 @@ static void test_engine_restart(kvc_model *m, const char *model_path)
     kvc_chat_stats cold_st;
     char *cold = e ? ask(e, msgs, 4, &cold_st) : NULL;
     kvc_engine_free(e);
-    CHECK(warm && cold && strcmp(warm, cold) == 0);
-    printf("  engine restart: next turn %d prompt tokens, %d cached, %d of them from disk "
-           "(cold: %d computed)\n", st.prompt_tokens, st.cached_tokens, st.cached_disk_tokens,
-           cold_st.computed_tokens);
-    CHECKF(st.cached_disk_tokens * 10 >= st.prompt_tokens * 8, "only %d of %d tokens from disk",
-           st.cached_disk_tokens, st.prompt_tokens);
+    CHECKF(warm && cold && strcmp(warm, cold) == 0, "%s: warm reply differs from a fresh engine's", label);
+    printf("  engine restart (%s): next turn %d prompt tokens, %d cached, %d of them from disk "
+           "(cold: %d computed; %llu records read)\n", label, st.prompt_tokens, st.cached_tokens,
+           st.cached_disk_tokens, cold_st.computed_tokens, (unsigned long long)em.disk_blocks_read);
+    CHECKF(st.cached_disk_tokens * 10 >= st.prompt_tokens * 8, "%s: only %d of %d tokens from disk",
+           label, st.cached_disk_tokens, st.prompt_tokens);
     CHECK_EQ_INT(em.disk_tokens, st.cached_disk_tokens);
     CHECK(em.disk_blocks_read > 0 && em.disk_checksum_failures == 0);
     free(r1);
@@ -596,7 +664,7 @@ int main(void)
         test_restart(m, toks);
         test_evict_and_corrupt(m, toks);
         test_through_then_evict(m, toks);
-        test_engine_restart(m, model_path);
+        test_engine_restart(m, model_path, "tiny");
         test_engine_tails(m, model_path);
         test_no_cache_no_lock(m, model_path);
         redis_proc rp;
@@ -615,6 +683,16 @@ int main(void)
         }
     }
     kvc_model_free(m);
+    /* sliding-window models: a record per (block, memory group) */
+    const char *const swa[] = { "tiny-gemma3", "tiny-gpt-oss" };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(swa); i++) {
+        kvc_model *w = test_gen_model(tmpdir, swa[i], model_path, sizeof(model_path));
+        if (w && i == 0)
+            test_window_records(w);
+        if (w)
+            test_engine_restart(w, model_path, swa[i]);
+        kvc_model_free(w);
+    }
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0)

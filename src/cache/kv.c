@@ -139,7 +139,7 @@ int kvc_kv_groups_of_layers(int32_t n_layer, const int32_t *window, const int32_
     return n;
 }
 
-size_t kvc_kv_block_bytes_for(const kvc_kv_pool_params *p)
+size_t kvc_kv_group_bytes_for(const kvc_kv_pool_params *p, int32_t g)
 {
     kvc_kv_pool_params q;
     kvc_kv_group gs[KVC_KV_MAX_GROUPS];
@@ -150,10 +150,15 @@ size_t kvc_kv_block_bytes_for(const kvc_kv_pool_params *p)
     kvc_kv_pool_params one = *p;
     one.n_blocks = one.n_blocks > 0 ? one.n_blocks : 1;
     if (ls && resolve(&one, &q, gs, ls, bytes, NULL) == KVC_OK)
-        for (int32_t g = 0; g < q.n_groups; g++)
-            sum += bytes[g];
+        for (int32_t i = 0; i < q.n_groups; i++)
+            sum += g < 0 || g == i ? bytes[i] : 0;
     free(ls);
     return sum;
+}
+
+size_t kvc_kv_block_bytes_for(const kvc_kv_pool_params *p)
+{
+    return kvc_kv_group_bytes_for(p, -1);
 }
 
 /* ------------------------------------------------------------ the pool */
@@ -373,14 +378,16 @@ static void hold(kvc_kv_pool *pool, int32_t g, int32_t block, int delta)
 
 /* ------------------------------------------------------------ blocks */
 
-int32_t kvc_kv_block_alloc(kvc_kv_pool *pool)
+/* A free block with its full group's chunk, and every window group's too
+ * when `window`; -1 as kvc_kv_block_alloc. */
+static int32_t block_alloc(kvc_kv_pool *pool, bool window)
 {
     kv_slab *s0 = &pool->slab[0];
     if (s0->n_free == 0)
         return -1;
     const int32_t b = s0->free_stack[s0->n_free - 1];
     KVC_ASSERT(pool->refcount[b] == 0);   /* the free stack holds each free block once */
-    for (int32_t g = 1; g < pool->p.n_groups; g++)
+    for (int32_t g = 1; window && g < pool->p.n_groups; g++)
         if (chunk_alloc(pool, &pool->slab[g], b) < 0) {
             while (--g >= 1)
                 chunk_free(&pool->slab[g], b);
@@ -389,6 +396,11 @@ int32_t kvc_kv_block_alloc(kvc_kv_pool *pool)
     s0->n_free--;
     pool->refcount[b] = 1;
     return b;
+}
+
+int32_t kvc_kv_block_alloc(kvc_kv_pool *pool)
+{
+    return block_alloc(pool, true);
 }
 
 void kvc_kv_block_ref(kvc_kv_pool *pool, int32_t block)
@@ -469,6 +481,22 @@ static uint8_t *head_ptr(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_
 void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block)
 {
     return pool->slab[0].data + (size_t)block * pool->slab[0].chunk_bytes;
+}
+
+void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g)
+{
+    const int32_t c = chunk_of(pool, block, g);
+    return c < 0 ? NULL : pool->slab[g].data + (size_t)c * pool->slab[g].chunk_bytes;
+}
+
+void kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g)
+{
+    kv_slab *s = &pool->slab[g];
+    KVC_ASSERT(g > 0 && (s->chunk[block] < 0 || s->hold[block] == 0));
+    const bool had = s->chunk[block] >= 0;
+    chunk_free(s, block);
+    if (had && pool->tag[block])
+        pool->watch(pool->watch_user, pool->tag[block], 0);
 }
 
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head)
@@ -560,10 +588,10 @@ static int seq_grow_table(kvc_kv_seq *seq, int32_t need, kvc_err *err)
     return KVC_OK;
 }
 
-/* Group g's hold moves to blocks [from, n_blocks) of the sequence. */
+/* Group g's hold moves to blocks [from, to) of the sequence. */
 static void seq_hold_from(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t g, int64_t from)
 {
-    from = KVC_MIN(from, (int64_t)seq->n_blocks);
+    from = KVC_MIN(from, (int64_t)seq->to[g]);
     for (int64_t i = from; i < seq->from[g]; i++)
         hold(pool, g, seq->blocks[i], 1);
     for (int64_t i = seq->from[g]; i < from; i++)
@@ -571,25 +599,26 @@ static void seq_hold_from(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t g, int64_t
     seq->from[g] = (int32_t)from;
 }
 
-/* Drop the sequence's last block, and its holds. */
+/* Drop the sequence's last block, and its hold. */
 static void seq_pop(kvc_kv_pool *pool, kvc_kv_seq *seq)
 {
-    const int32_t b = seq->blocks[--seq->n_blocks];
+    const int32_t i = --seq->n_blocks, b = seq->blocks[i];
     for (int32_t g = 1; g < pool->p.n_groups; g++) {
-        if (seq->from[g] > seq->n_blocks)
-            seq->from[g] = seq->n_blocks;
-        else
-            hold(pool, g, b, -1);
+        if (i < seq->to[g]) {
+            if (i >= seq->from[g])
+                hold(pool, g, b, -1);
+            seq->to[g] = i;
+        }
+        seq->from[g] = KVC_MIN(seq->from[g], seq->to[g]);
     }
     kvc_kv_block_unref(pool, b);
 }
 
-/* Append block b (a reference already taken) and its holds. */
-static void seq_push(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t b)
+/* Append block b (a reference already taken), not written yet: its window
+ * chunks come with kvc_kv_seq_window. */
+static void seq_push(kvc_kv_seq *seq, int32_t b)
 {
     seq->blocks[seq->n_blocks++] = b;
-    for (int32_t g = 1; g < pool->p.n_groups; g++)
-        hold(pool, g, b, 1);
 }
 
 void kvc_kv_seq_slide(kvc_kv_pool *pool, kvc_kv_seq *seq)
@@ -599,6 +628,57 @@ void kvc_kv_seq_slide(kvc_kv_pool *pool, kvc_kv_seq *seq)
         if (from > seq->from[g])
             seq_hold_from(pool, seq, g, from);
     }
+}
+
+int kvc_kv_seq_window(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *err)
+{
+    const int64_t B = pool->p.block_tokens;
+    const int32_t end = (int32_t)KVC_MIN((n + B - 1) / B, (int64_t)seq->n_blocks);
+    for (int32_t g = 1; g < pool->p.n_groups; g++) {
+        kv_slab *s = &pool->slab[g];
+        const int64_t from = window_from(seq->n_tokens, pool->g_params[g].window, B);
+        if (from < seq->from[g])             /* rested: its window held again */
+            for (int64_t i = from; i < seq->to[g]; i++)
+                if (s->chunk[seq->blocks[i]] < 0)
+                    return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV sequence: block %lld's memory group %d "
+                                    "chunk was evicted (truncate first)", (long long)i, g);
+        seq_hold_from(pool, seq, g, from);
+        for (; seq->to[g] < end; seq->to[g]++) {
+            const int32_t b = seq->blocks[seq->to[g]];
+            if (s->chunk[b] < 0 && chunk_alloc(pool, s, b) < 0)
+                return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: all %lld chunks of memory group %d "
+                                "(window %d) are held by running sequences", (long long)s->g.n_blocks, g,
+                                s->g.window);
+            hold(pool, g, b, 1);
+        }
+    }
+    return KVC_OK;
+}
+
+int64_t kvc_kv_window_need(const kvc_kv_pool *pool, int32_t g, int32_t n_batch)
+{
+    const int64_t B = pool->p.block_tokens;
+    return g == 0 ? 0 : ((int64_t)pool->g_params[g].window + n_batch + B - 1) / B + 2;
+}
+
+int kvc_kv_seq_hold_back(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t pos, kvc_err *err)
+{
+    const int64_t i0 = KVC_MAX(pos, 0) / pool->p.block_tokens;
+    for (int32_t g = 1; g < pool->p.n_groups; g++)
+        for (int64_t i = i0; i < seq->to[g]; i++)
+            if (pool->slab[g].chunk[seq->blocks[i]] < 0)
+                return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV sequence: block %lld's memory group %d "
+                                "chunk was evicted", (long long)i, g);
+    for (int32_t g = 1; g < pool->p.n_groups; g++)
+        if (i0 < seq->from[g])
+            seq_hold_from(pool, seq, g, i0);
+    return KVC_OK;
+}
+
+void kvc_kv_seq_rest(kvc_kv_pool *pool, kvc_kv_seq *seq)
+{
+    for (int32_t g = 1; g < pool->p.n_groups; g++)
+        seq_hold_from(pool, seq, g, seq->to[g]);
 }
 
 int64_t kvc_kv_seq_reserve_need(const kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t n)
@@ -638,10 +718,10 @@ int kvc_kv_seq_reserve(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *e
     if (cow && kvc_kv_seq_make_private(pool, seq, first_written, first_written + 1, err))
         return KVC_ERR_KV_FULL;
     while (seq->n_blocks < need) {
-        int32_t b = kvc_kv_block_alloc(pool);
+        int32_t b = block_alloc(pool, false);
         if (b < 0)
             goto window_full;
-        seq_push(pool, seq, b);
+        seq_push(seq, b);
     }
     return KVC_OK;
 window_full:
@@ -654,7 +734,9 @@ int64_t kvc_kv_seq_truncate(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n)
 {
     const int64_t B = pool->p.block_tokens;
     n = KVC_MAX(0, KVC_MIN(n, seq->n_tokens));
-    if (n < seq->n_tokens)   /* blocks past n_tokens (reserved) have every chunk */
+    /* its window may have been evicted while it rested; a recurrent state
+     * cannot be cut back (servable says what can be kept) */
+    if (pool->p.n_groups > 1 || (pool->state_floats > 0 && n < seq->n_tokens))
         n = kvc_kv_servable(pool, seq->blocks, n);
     if (n == 0 && seq->state) {   /* the states of no position: all zero, made again on use */
         free(seq->state);
@@ -681,7 +763,7 @@ int kvc_kv_seq_make_private(kvc_kv_pool *pool, kvc_kv_seq *seq, int32_t i0, int3
                             (long long)pool->slab[0].n_free);
         kvc_kv_block_copy(pool, fresh, old);
         for (int32_t g = 1; g < pool->p.n_groups; g++)
-            if (i >= seq->from[g]) {
+            if (i >= seq->from[g] && i < seq->to[g]) {
                 hold(pool, g, fresh, 1);
                 hold(pool, g, old, -1);
             } else {   /* not held: the copy needs no window chunk */
@@ -741,19 +823,19 @@ int kvc_kv_seq_append_blocks(kvc_kv_pool *pool, kvc_kv_seq *seq,
     if (pool->state_floats > 0 && n > 0)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV sequence: cached blocks carry no recurrent state");
     const int64_t len = seq->n_tokens + (int64_t)n * B;
-    for (int32_t g = 1; g < pool->p.n_groups; g++)
-        for (int64_t i = KVC_MAX(window_from(len, pool->g_params[g].window, B), (int64_t)seq->n_blocks);
-             i < seq->n_blocks + n; i++)
-            if (pool->slab[g].chunk[blocks[i - seq->n_blocks]] < 0)
+    for (int32_t g = 1; g < pool->p.n_groups; g++)   /* its own blocks too: it may have rested */
+        for (int64_t i = window_from(len, pool->g_params[g].window, B); i < seq->n_blocks + n; i++)
+            if (pool->slab[g].chunk[i < seq->n_blocks ? seq->blocks[i] : blocks[i - seq->n_blocks]] < 0)
                 return kvc_fail(err, KVC_ERR_INVALID_ARG,
                                 "KV sequence: block %lld's memory group %d chunk was evicted", (long long)i, g);
     int rc = seq_grow_table(seq, seq->n_blocks + n, err);
     if (rc)
         return rc;
     int64_t from[KVC_KV_MAX_GROUPS];   /* what the window of len needs: held, the rest not */
+    const int32_t n0 = seq->n_blocks;
     for (int32_t g = 1; g < pool->p.n_groups; g++) {
         from[g] = window_from(len, pool->g_params[g].window, B);
-        seq_hold_from(pool, seq, g, from[g]);
+        seq_hold_from(pool, seq, g, KVC_MIN(from[g], (int64_t)n0));
     }
     for (int32_t i = 0; i < n; i++) {
         kvc_kv_block_ref(pool, blocks[i]);
@@ -762,8 +844,10 @@ int kvc_kv_seq_append_blocks(kvc_kv_pool *pool, kvc_kv_seq *seq,
         for (int32_t g = 1; g < pool->p.n_groups; g++)
             if (at >= from[g])
                 hold(pool, g, blocks[i], 1);
-            else
-                seq->from[g] = seq->n_blocks;
+    }
+    for (int32_t g = 1; g < pool->p.n_groups; g++) {
+        seq->to[g] = seq->n_blocks;
+        seq->from[g] = (int32_t)KVC_MAX((int64_t)seq->from[g], from[g]);
     }
     seq->n_tokens = len;
     return KVC_OK;
@@ -789,7 +873,7 @@ int kvc_kv_seq_fork(kvc_kv_pool *pool, const kvc_kv_seq *src, kvc_kv_seq *dst,
     if (rc)
         return rc;
     for (int32_t g = 0; g < KVC_KV_MAX_GROUPS; g++)
-        dst->from[g] = 0;
+        dst->from[g] = dst->to[g] = 0;
     for (int32_t i = 0; i < nb; i++) {
         kvc_kv_block_ref(pool, src->blocks[i]);
         dst->blocks[i] = src->blocks[i];
@@ -800,7 +884,8 @@ int kvc_kv_seq_fork(kvc_kv_pool *pool, const kvc_kv_seq *src, kvc_kv_seq *dst,
         const int64_t from = window_from(n, pool->g_params[g].window, B);
         for (int64_t i = from; i < nb; i++)
             hold(pool, g, dst->blocks[i], 1);
-        dst->from[g] = (int32_t)from;
+        dst->from[g] = (int32_t)KVC_MIN(from, (int64_t)nb);
+        dst->to[g] = nb;
     }
     return KVC_OK;
 }

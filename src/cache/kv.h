@@ -110,6 +110,8 @@ size_t  kvc_kv_layer_row_bytes(const kvc_kv_pool *pool, int32_t layer);
 /* kvc_kv_block_bytes of a pool with these params, before making it, to size a
  * pool for a memory budget; 0 for a bad shape or type. */
 size_t  kvc_kv_block_bytes_for(const kvc_kv_pool_params *p);
+/* The same for group g's chunk alone (g < 0: every group's). */
+size_t  kvc_kv_group_bytes_for(const kvc_kv_pool_params *p, int32_t g);
 
 /* Groups. */
 int32_t kvc_kv_n_groups(const kvc_kv_pool *pool);
@@ -156,6 +158,14 @@ void   *kvc_kv_block_tag_of(const kvc_kv_pool *pool, int32_t block);
  * bytes; with one group, the whole block (what a tier stores). */
 void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block);
 
+/* Group g's chunk of the block (kvc_kv_group_chunk_bytes(pool, g) bytes),
+ * or NULL when it is gone: what a tier stores as the record of (block, g). */
+void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g);
+/* Let the block's chunk of window group g > 0 go (a block read back from a
+ * tier without its window record), as an eviction would; no sequence may
+ * hold it. */
+void  kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g);
+
 /* Keys / values of one head of one layer of a block (layout above), or NULL
  * when the block's chunk of the layer's group is gone. */
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
@@ -194,8 +204,11 @@ typedef struct kvc_kv_seq {
     int32_t  n_blocks;
     int32_t  cap;        /* allocated entries */
     int64_t  n_tokens;   /* positions [0, n_tokens) hold valid K/V */
-    int32_t  from[KVC_KV_MAX_GROUPS];   /* per group: it holds the chunks of blocks [from, n_blocks)
-                                         * (full groups: 0) */
+    int32_t  from[KVC_KV_MAX_GROUPS];   /* per group: it holds the chunks of blocks [from, to) */
+    int32_t  to[KVC_KV_MAX_GROUPS];     /* (window groups; full: 0). ceil(n_tokens / B) <= to <=
+                                         * n_blocks: blocks from `to` on are reserved, not written,
+                                         * and get their window chunks when written
+                                         * (kvc_kv_seq_window) */
     float   *state;      /* every recurrent layer's state (kvc_kv_seq_state), made on first use,
                           * freed when the sequence is cut to 0; NULL: all zero */
 } kvc_kv_seq;
@@ -205,6 +218,9 @@ void kvc_kv_seq_init(kvc_kv_seq *seq);
 /* Make positions [seq->n_tokens, n) writable: first release the window
  * chunks behind the window of position n_tokens (kvc_kv_seq_slide), then
  * allocate the blocks they need and copy-on-write a shared block among them.
+ * New blocks get only their full group's chunk: their window chunks come
+ * when the forward pass writes them (kvc_kv_seq_window), so a long prefill
+ * reserved at once holds one window, not its whole length.
  * Does not change n_tokens (the forward pass sets it as it writes). On
  * KVC_ERR_KV_FULL or KVC_ERR_NOMEM the sequence is as it was but for the
  * slide. */
@@ -217,6 +233,32 @@ int64_t kvc_kv_seq_reserve_need(const kvc_kv_pool *pool, const kvc_kv_seq *seq, 
 /* Release the window chunks the sequence no longer needs: those of blocks
  * wholly below position n_tokens - w, for each window group. */
 void kvc_kv_seq_slide(kvc_kv_pool *pool, kvc_kv_seq *seq);
+
+/* Before the forward pass writes positions [n_tokens, n) (reserved): slide,
+ * hold again the window of position n_tokens if the sequence rested
+ * (kvc_kv_seq_rest), and give the blocks up to position n their window
+ * chunks (a group short of free chunks evicts one no sequence holds).
+ * KVC_ERR_INVALID_ARG when a chunk of that window was evicted while the
+ * sequence rested (truncate first: kvc_kv_seq_truncate says how far it can
+ * serve), KVC_ERR_KV_FULL when every chunk of a group is held; the chunks
+ * had before the failure stay held. With one group: nothing to do. */
+int  kvc_kv_seq_window(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t n, kvc_err *err);
+
+/* The window chunks a sequence holds at most while running with batches of
+ * n_batch positions (what kvc_kv_seq_window may hold for group g > 0):
+ * ceil((w + n_batch) / B) + 2; 0 for group 0. */
+int64_t kvc_kv_window_need(const kvc_kv_pool *pool, int32_t g, int32_t n_batch);
+
+/* Hold the window chunks of every block from the one of position pos on
+ * (they are about to be rewritten in place: a context shift). KVC_OK, or
+ * KVC_ERR_INVALID_ARG (nothing changed) when one of them was evicted. */
+int  kvc_kv_seq_hold_back(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t pos, kvc_err *err);
+
+/* Between turns: hold no window chunk (they stay the sequence's, evictable
+ * like the tree's, least recently released first). Its next turn truncates
+ * (which holds the kept length's window again, or says it keeps less) or
+ * calls kvc_kv_seq_window. */
+void kvc_kv_seq_rest(kvc_kv_pool *pool, kvc_kv_seq *seq);
 
 /* Keep positions [0, n), drop the rest: blocks wholly past what is kept are
  * released. Returns what it kept: min(n, n_tokens), or less when a window

@@ -1,5 +1,13 @@
 /* tiers.c - RAM and the store below it: fetch on lookup, write on eviction
- * and through after a turn, a writer thread fed by a queue of block copies. */
+ * and through after a turn, a writer thread fed by a queue of block copies.
+ *
+ * Memory groups (kv.h): a block is one record per chunk it has, (node, group)
+ * under the same chain hash: group 0's under the hash itself, a window
+ * group's under kvc_tiers_group_hash(hash, g). A block whose window chunk was evicted
+ * is still stored for its full layers; read back, a window record that is
+ * missing or corrupt leaves the block without that chunk (kvc_kv_servable
+ * then decides how much of the path serves), each record all-or-nothing and
+ * checksummed by the store. */
 #include "tiers.h"
 
 #include <pthread.h>
@@ -13,7 +21,8 @@ typedef struct slot {
     uint64_t hash, parent, ns;
     int32_t  n_tokens;        /* B; fewer for a sequence's tail (kvc_tiers_write_tail) */
     int32_t *tokens;          /* [B] */
-    uint8_t *kv;              /* [block_bytes] */
+    uint8_t *kv;              /* [max_bytes] */
+    size_t   kv_bytes;        /* its group's chunk bytes */
 } slot;
 
 struct kvc_tiers {
@@ -21,7 +30,10 @@ struct kvc_tiers {
     kvc_kv_pool      *pool;   /* borrowed */
     kvc_block_store  *store;  /* borrowed; used under store_mu */
     int32_t           B;
-    size_t            block_bytes;
+    size_t            block_bytes;    /* group 0's chunk: the record under the chain hash */
+    int32_t           n_groups;
+    size_t            chunk_bytes[KVC_KV_MAX_GROUPS];
+    size_t            max_bytes;      /* the largest chunk: a slot's room */
     pthread_mutex_t   store_mu;
     pthread_mutex_t   q_mu;   /* the queue, `stop` and the stats */
     pthread_cond_t    q_cv;   /* work or stop, for the writer */
@@ -55,7 +67,7 @@ static slot *slot_new(const kvc_tiers *t)
     slot *s = calloc(1, sizeof(*s));
     if (s) {
         s->tokens = malloc((size_t)t->B * sizeof(int32_t));
-        s->kv = kvc_alloc_aligned(t->block_bytes);
+        s->kv = kvc_alloc_aligned(t->max_bytes);
         if (!s->tokens || !s->kv) {
             slot_free(s);
             s = NULL;
@@ -77,7 +89,7 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&t->q_mu);
         kvc_block_desc d = { s->hash, s->parent, s->n_tokens, s->tokens, s->ns };
         pthread_mutex_lock(&t->store_mu);
-        int rc = kvc_bs_put(t->store, &d, s->kv, t->block_bytes, NULL);
+        int rc = kvc_bs_put(t->store, &d, s->kv, s->kv_bytes, NULL);
         pthread_mutex_unlock(&t->store_mu);
         pthread_mutex_lock(&t->q_mu);
         t->st.blocks_written += rc == KVC_OK;
@@ -111,7 +123,7 @@ static bool queued_locked(kvc_tiers *t, const kvc_block_desc *d, void *kv)
         if (s->parent != d->parent || s->n_tokens != d->n_tokens ||
             memcmp(s->tokens, d->tokens, (size_t)d->n_tokens * sizeof(int32_t)) != 0)
             return false;
-        memcpy(kv, s->kv, t->block_bytes);
+        memcpy(kv, s->kv, s->kv_bytes);
         return true;
     }
     return false;
@@ -138,9 +150,24 @@ static void desc_of(kvc_tiers *t, const kvc_pc_node *n, kvc_block_desc *d)
     *d = (kvc_block_desc){ n->hash, kvc_pc_parent_hash(t->pc, n), t->B, n->tokens, n->ns };
 }
 
-/* Copy block d (its K/V in pool block `block`) into a free slot. false when
- * none is left. */
-static bool enqueue_desc(kvc_tiers *t, const kvc_block_desc *dp, int32_t block)
+#define GROUP_SALT 0x67726f75705f6b76ull             /* "group_kv" */
+
+uint64_t kvc_tiers_group_hash(uint64_t h, int32_t g)
+{
+    return g == 0 ? h : XXH3_64bits_withSeed(&g, sizeof(g), h ^ GROUP_SALT);
+}
+
+/* d as the record of group g. */
+static kvc_block_desc group_desc(const kvc_block_desc *d, int32_t g)
+{
+    kvc_block_desc dg = *d;
+    dg.hash = kvc_tiers_group_hash(d->hash, g);
+    return dg;
+}
+
+/* Copy record d (K/V: kv_bytes at kv) into a free slot. false when none is
+ * left. */
+static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *dp, const void *kv, size_t kv_bytes)
 {
     const kvc_block_desc d = *dp;
     pthread_mutex_lock(&t->q_mu);
@@ -162,7 +189,8 @@ static bool enqueue_desc(kvc_tiers *t, const kvc_block_desc *dp, int32_t block)
         s->ns = d.ns;
         s->n_tokens = d.n_tokens;
         memcpy(s->tokens, d.tokens, (size_t)d.n_tokens * sizeof(int32_t));
-        memcpy(s->kv, kvc_kv_block_data(t->pool, block), t->block_bytes);
+        memcpy(s->kv, kv, kv_bytes);
+        s->kv_bytes = kv_bytes;
         if (t->tail)
             t->tail->next = s;
         else
@@ -176,6 +204,20 @@ static bool enqueue_desc(kvc_tiers *t, const kvc_block_desc *dp, int32_t block)
     return ok;
 }
 
+/* Copy block d (its K/V in pool block `block`: every chunk it has) into
+ * free slots. false when one is left out. */
+static bool enqueue_desc(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
+{
+    bool ok = true;
+    for (int32_t g = 0; g < t->n_groups; g++) {
+        const void *kv = kvc_kv_chunk_data(t->pool, block, g);
+        const kvc_block_desc dg = group_desc(d, g);
+        if (kv)
+            ok = enqueue_one(t, &dg, kv, t->chunk_bytes[g]) && ok;
+    }
+    return ok;
+}
+
 static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
 {
     kvc_block_desc d;
@@ -183,16 +225,23 @@ static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
     return enqueue_desc(t, &d, n->block);
 }
 
-/* Write d at once (the queue is full and it would be lost otherwise). */
+/* Write d at once, every chunk (the queue is full and it would be lost
+ * otherwise). */
 static void put_now(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
 {
-    pthread_mutex_lock(&t->store_mu);
-    int rc = kvc_bs_put(t->store, d, kvc_kv_block_data(t->pool, block), t->block_bytes, NULL);
-    pthread_mutex_unlock(&t->store_mu);
-    pthread_mutex_lock(&t->q_mu);
-    t->st.blocks_written += rc == KVC_OK;
-    t->st.write_failures += rc != KVC_OK;
-    pthread_mutex_unlock(&t->q_mu);
+    for (int32_t g = 0; g < t->n_groups; g++) {
+        const void *kv = kvc_kv_chunk_data(t->pool, block, g);
+        const kvc_block_desc dg = group_desc(d, g);
+        if (!kv)
+            continue;
+        pthread_mutex_lock(&t->store_mu);
+        int rc = kvc_bs_put(t->store, &dg, kv, t->chunk_bytes[g], NULL);
+        pthread_mutex_unlock(&t->store_mu);
+        pthread_mutex_lock(&t->q_mu);
+        t->st.blocks_written += rc == KVC_OK;
+        t->st.write_failures += rc != KVC_OK;
+        pthread_mutex_unlock(&t->q_mu);
+    }
 }
 
 /* The tree evicts n: send it down unless the store has it; at once when the
@@ -224,12 +273,17 @@ int kvc_tiers_new(kvc_prefix_cache *pc, kvc_kv_pool *pool, kvc_block_store *stor
     t->pool = pool;
     t->store = store;
     t->B = kvc_kv_block_tokens(pool);
-    t->block_bytes = kvc_kv_block_bytes(pool);
+    t->n_groups = kvc_kv_n_groups(pool);
+    for (int32_t g = 0; g < t->n_groups; g++) {
+        t->chunk_bytes[g] = kvc_kv_group_chunk_bytes(pool, g);
+        t->max_bytes = KVC_MAX(t->max_bytes, t->chunk_bytes[g]);
+    }
+    t->block_bytes = t->chunk_bytes[0];
     t->cap = queue_blocks > 0 ? queue_blocks : 32;
     /* on demand up to 1 GiB of copies: a turn of a few thousand tokens is
      * written through without waiting or dropping */
     t->max_slots = (int32_t)KVC_MAX((size_t)t->cap, KVC_MIN((size_t)1 << 30,
-                                    (size_t)t->cap * t->block_bytes * 64) / t->block_bytes);
+                                    (size_t)t->cap * t->max_bytes * 64) / t->max_bytes);
     pthread_mutex_init(&t->store_mu, NULL);
     pthread_mutex_init(&t->q_mu, NULL);
     pthread_cond_init(&t->q_cv, NULL);
@@ -350,16 +404,30 @@ int64_t kvc_tiers_probe(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
     return got + probe_store(t, ns, tokens, n, i, h);
 }
 
-/* Read block d into pool block b: from the queue, else from the store. */
-static bool read_into(kvc_tiers *t, const kvc_block_desc *d, int32_t b)
+/* Read record d into kv (kv_bytes): from the queue, else from the store. */
+static bool read_one(kvc_tiers *t, const kvc_block_desc *d, void *kv, size_t kv_bytes)
 {
-    void *kv = kvc_kv_block_data(t->pool, b);
     if (queued(t, d, kv))
         return true;
     pthread_mutex_lock(&t->store_mu);
-    int rc = kvc_bs_get(t->store, d, kv, t->block_bytes, NULL);
+    int rc = kvc_bs_get(t->store, d, kv, kv_bytes, NULL);
     pthread_mutex_unlock(&t->store_mu);
     return rc == KVC_OK;
+}
+
+/* Read block d into pool block b (new: every chunk there): group 0's record
+ * or nothing (false); each window group's, or b lets that chunk go. */
+static bool read_into(kvc_tiers *t, const kvc_block_desc *d, int32_t b)
+{
+    if (!read_one(t, d, kvc_kv_block_data(t->pool, b), t->block_bytes))
+        return false;
+    for (int32_t g = 1; g < t->n_groups; g++) {
+        const kvc_block_desc dg = group_desc(d, g);
+        void *kv = kvc_kv_chunk_data(t->pool, b, g);
+        if (kv && !read_one(t, &dg, kv, t->chunk_bytes[g]))
+            kvc_kv_block_drop_chunk(t->pool, b, g);
+    }
+    return true;
 }
 
 int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,

@@ -28,7 +28,8 @@ typedef struct kvc_tiers kvc_tiers;
 
 typedef struct kvc_tiers_stats {
     uint64_t blocks_fetched;       /* read from the store into the pool */
-    uint64_t blocks_written;       /* by the writer thread or at once */
+    uint64_t blocks_written;       /* by the writer thread or at once (records: a pool with
+                                      window groups writes one per chunk a block has) */
     uint64_t blocks_queued;        /* copies handed to the writer */
     uint64_t writes_dropped;       /* write-throughs dropped: the queue was full */
     uint64_t evictions_written;    /* evicted blocks sent down */
@@ -93,6 +94,12 @@ int32_t kvc_tiers_probe_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, i
  * or corrupt: discarded). */
 bool kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens,
                           const kvc_pc_match *m, int32_t k, int32_t *block);
+
+/* The key of memory group g's record (kv.h) of the block under chain hash
+ * h: h itself for group 0, a hash of (h, g) for a window group. A block is a
+ * record per chunk it has; read back, a window record missing or corrupt
+ * leaves that chunk out (kvc_kv_servable then cuts a match short). */
+uint64_t kvc_tiers_group_hash(uint64_t h, int32_t g);
 
 /* Wait until the writer has written everything queued, and the store has
  * done what it does in the background (kvc_bs_flush). */

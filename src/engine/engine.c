@@ -48,8 +48,13 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
     const int64_t B = KVC_BLOCK_TOKENS;
     int rc = KVC_OK;
     eng->block_bytes = kvc_context_block_bytes(model, p.kv_type);
+    /* sliding-window layers: their window chunks (for the running requests
+     * and a background turn, and as many again for the tree) within it too */
+    const int32_t n_run = p.n_parallel + 1;
+    int64_t window_blocks = p.kv_window_blocks;
     int64_t budget = p.kv_budget_mib > 0 && eng->block_bytes
-                   ? (int64_t)(((uint64_t)p.kv_budget_mib << 20) / eng->block_bytes) : 0;
+                   ? kvc_context_blocks_for(model, p.kv_type, n_run, p.n_batch,
+                                            (uint64_t)p.kv_budget_mib << 20, &window_blocks) : 0;
     if (p.n_ctx <= 0)   /* the file's, within the budget (or n_parallel contexts in RAM) */
         eng->p.n_ctx = p.n_ctx = kvc_context_fit_n_ctx(model, p.kv_type, budget, p.n_parallel);
     int64_t blocks = (int64_t)p.n_parallel * ((p.n_ctx + B - 1) / B) + 1;
@@ -61,7 +66,8 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         blocks = budget;
         if (blocks < 2)
             rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "a KV budget of %lld MiB holds %lld blocks "
-                          "of %lld tokens (%zu bytes each); at least 2 are needed",
+                          "of %lld tokens (%zu bytes each, beside the sliding windows' chunks); "
+                          "at least 2 are needed",
                           (long long)p.kv_budget_mib, (long long)blocks, (long long)B,
                           eng->block_bytes);
     }
@@ -74,6 +80,8 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         cp.kv_type = p.kv_type;
         cp.kv_blocks = blocks;
         cp.snapshot_interval = p.snapshot_interval;
+        cp.n_run = n_run;
+        cp.kv_window_blocks = window_blocks;
         char msg[sizeof(e.msg)];
         if ((rc = kvc_context_new(model, &cp, &eng->ctx, msg, sizeof(msg))))
             kvc_fail(&e, rc, "%s", msg);

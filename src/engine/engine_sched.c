@@ -93,6 +93,16 @@ void kvc_engine_update_gauges(kvc_engine *e)
     e->m.block_tokens = kvc_kv_block_tokens(pool);
     e->m.block_bytes = (int64_t)e->block_bytes;
     e->m.room_refused = e->ctx->room_refused;
+    e->m.window_chunks_total = e->m.window_chunks_held = e->m.window_chunk_bytes = 0;
+    int64_t win_bytes = 0;
+    for (int32_t g = 1; g < kvc_kv_n_groups(pool); g++) {
+        const int64_t n = kvc_kv_group_of(pool, g)->n_blocks, cb = (int64_t)kvc_kv_group_chunk_bytes(pool, g);
+        e->m.window_chunks_total += n;
+        e->m.window_chunks_held += kvc_kv_group_n_held(pool, g);
+        e->m.window_chunk_bytes += cb;
+        win_bytes += (n - kvc_kv_group_n_free(pool, g)) * cb;
+    }
+    e->m.kv_bytes_held = e->m.blocks_used * e->m.block_bytes + win_bytes;
     pthread_mutex_unlock(&e->mu);
 }
 

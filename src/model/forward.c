@@ -684,6 +684,8 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
                         int32_t n, float *logits, kvc_err *err)
 {
     int rc = check_batch(c, pool, items, n, err);
+    for (int32_t i = 0; !rc && i < n; i++)   /* the window chunks the batch writes (kv.h) */
+        rc = kvc_kv_seq_window(pool, items[i].seq, (int64_t)items[i].pos + 1, err);
     if (rc)
         return rc;
     const kvc_hparams *hp = &c->m->hp;

@@ -190,7 +190,9 @@ typedef struct kvc_batch_item {
  * pool at (seq, pos) (the caller reserved the blocks with kvc_kv_seq_reserve)
  * and each token attends to positions [0, pos] of its sequence. Logits of the
  * tokens with want_logits are written to `logits`, n_vocab floats each, in
- * batch order. seq->n_tokens grows to cover the positions written.
+ * batch order. seq->n_tokens grows to cover the positions written. The
+ * window chunks of those positions are had first (kvc_kv_seq_window: its
+ * errors, before anything is written).
  * A token's logits depend only on its sequence's tokens [0, pos], never on the
  * rest of the batch or the thread count. */
 int  kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item *items,

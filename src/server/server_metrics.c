@@ -167,6 +167,17 @@ static void put_engine(text *t, const kvc_engine_metrics *e)
            (double)e->blocks_evicted);
     metric(t, "kvchat_kv_block_tokens", "gauge", "Tokens per KV block.",
            (double)e->block_tokens);
+    metric(t, "kvchat_kv_block_bytes", "gauge",
+           "Bytes of a KV block (every layer but the sliding-window ones).", (double)e->block_bytes);
+    metric(t, "kvchat_kv_window_chunks_total", "gauge",
+           "Window chunks of the sliding-window layers (a block's positions, every such layer).",
+           (double)e->window_chunks_total);
+    metric(t, "kvchat_kv_window_chunks_held", "gauge",
+           "Window chunks held by running requests (their windows).", (double)e->window_chunks_held);
+    metric(t, "kvchat_kv_window_chunk_bytes", "gauge", "Bytes of a window chunk.",
+           (double)e->window_chunk_bytes);
+    metric(t, "kvchat_kv_bytes_held", "gauge",
+           "Bytes the cached K/V take: blocks used and window chunks in use.", (double)e->kv_bytes_held);
     metric(t, "kvchat_sessions", "gauge", "Keyed sessions held.", (double)e->sessions);
     metric(t, "kvchat_queue_depth", "gauge", "Requests waiting for the engine.",
            (double)e->queue_depth);

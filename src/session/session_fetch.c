@@ -30,7 +30,10 @@ int64_t kvc_session_fetch_disk(kvc_session *s, const int32_t *tokens, int64_t n,
     if (k == 0 || (m->n_full + k) * B <= own)
         return 0;
     int64_t avail = free_for(c, m, k, room, user);
-    return avail > 0 ? kvc_tiers_fetch(c->tiers, s->ns, tokens, n, m, KVC_MIN(k, avail)) : 0;
+    int64_t got = avail > 0 ? kvc_tiers_fetch(c->tiers, s->ns, tokens, n, m, KVC_MIN(k, avail)) : 0;
+    if (got > 0 && kvc_kv_n_groups(c->pool) > 1)   /* a window record may have been missing: */
+        kvc_pc_lookup(c->pc, s->ns, tokens, n, m);  /* the match as far as every group serves */
+    return got;
 }
 
 int32_t kvc_session_fetch_tail(kvc_session *s, const int32_t *tokens, int64_t n, kvc_pc_match *m,

@@ -352,6 +352,11 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
         kvc_pc_remove(c->pc, nd);
         nd = parent;
     }
+    /* window groups: the blocks rewritten keep (and the sequence holds)
+     * their window chunks, else recompute */
+    int rc = kvc_kv_seq_hold_back(pool, seq, own, err);
+    if (rc)
+        return rc;
     int64_t n_cow = 0;
     for (int32_t i = first; i <= last; i++)
         n_cow += kvc_kv_block_refcount(pool, seq->blocks[i]) > 1;
@@ -359,7 +364,7 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
         room(c, c->promised + n_cow, user);
     if (kvc_kv_n_free(pool) - c->promised < n_cow)
         return kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full during a context shift");
-    int rc = kvc_kv_seq_make_private(pool, seq, first, last + 1, err);   /* counted free above */
+    rc = kvc_kv_seq_make_private(pool, seq, first, last + 1, err);   /* counted free above */
     if (rc)
         return rc;
     rc = kvc_compute_move_kv(c->compute, pool, seq->blocks, a, seq->blocks, own, k, err);
@@ -368,6 +373,20 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
 }
 
 /* ----------------------------------------------------------------- new */
+
+/* Admission, per window group (kv.h): the first group whose chunks held by
+ * other sequences leave fewer than a running sequence holds
+ * (kvc_kv_window_need), or 0. Chunks no sequence holds are evicted as
+ * needed, so those are all a turn can lack. */
+static int32_t window_short(const kvc_context *c, const kvc_kv_seq *seq)
+{
+    for (int32_t g = 1; g < kvc_kv_n_groups(c->pool); g++) {
+        const int64_t others = kvc_kv_group_n_held(c->pool, g) - (seq->to[g] - seq->from[g]);
+        if (others + kvc_kv_window_need(c->pool, g, c->p.n_batch) > kvc_kv_group_of(c->pool, g)->n_blocks)
+            return g;
+    }
+    return 0;
+}
 
 int kvc_turn_new(kvc_session *s, const int32_t *tokens, int64_t n_tokens, int kind,
                  const kvc_chat_params *params, kvc_turn_stream_fn stream, void *user,
@@ -471,6 +490,8 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
      * them), and the tree's blocks, whoever computed them */
     int64_t kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
     int64_t own = cache ? common_prefix(t->toks.v, n, s->toks.v, kv_len) : 0;
+    if (kvc_kv_n_groups(c->pool) > 1)        /* its window may be evicted (kv.h) */
+        own = kvc_kv_servable(c->pool, seq->blocks, own);
     kvc_pc_match m = { .last = kvc_pc_root(c->pc) };
     if (cache) {
         kvc_pc_lookup(c->pc, t->s->ns, t->toks.v, n, &m);
@@ -555,7 +576,8 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     kvc_pc_pin(m.partial);
     if (kvc_kv_n_free(c->pool) - c->promised < need && room)
         room(c, c->promised + need, user);
-    if (kvc_kv_n_free(c->pool) - c->promised < need) {
+    const int32_t win_short = window_short(c, seq);
+    if (kvc_kv_n_free(c->pool) - c->promised < need || win_short) {
         kvc_pc_unpin(m.last);
         kvc_pc_unpin(m.partial);
         if (sh_k) {                          /* the session's tokens do not say shifted */
@@ -568,10 +590,14 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         if (snap)
             kvc_snaps_unpin(c->snaps, snap);
         free(snap_logits);
-        kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: this request needs %lld more blocks of "
-                 "%lld tokens; %lld are free, %lld promised to running requests",
-                 (long long)need, (long long)B, (long long)kvc_kv_n_free(c->pool),
-                 (long long)c->promised);
+        if (win_short)
+            kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: the window chunks of memory group %d "
+                     "are held by running requests", win_short);
+        else
+            kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: this request needs %lld more blocks of "
+                     "%lld tokens; %lld are free, %lld promised to running requests",
+                     (long long)need, (long long)B, (long long)kvc_kv_n_free(c->pool),
+                     (long long)c->promised);
         return KVC_TURN_WAIT_MEMORY;
     }
     int rc = KVC_OK;
@@ -1018,6 +1044,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
             s->toks.v, s->toks.n, t->toks.v, t->toks.n)));
     }
     kvc_kv_seq_truncate(c->pool, seq, seq->n_tokens);   /* blocks reserved, not written */
+    kvc_kv_seq_rest(c->pool, seq);           /* its window chunks evictable till its next turn */
     set_promise(t, 0);
     if (ran && !rc && c->tiers && t->anchor)
         kvc_tiers_write_path(c->tiers, t->anchor);      /* through to disk, in the background */
