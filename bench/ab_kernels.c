@@ -15,7 +15,7 @@
  * float ops table's matmul_rows. Both sides must give the same bits (the
  * kernels' contract): if not, the harness says so and exits 1. The quantized
  * activations' layout is the working tree's, so a revision whose layout
- * differs cannot be compared.
+ * differs cannot be compared, nor one older than matmul_act's tok argument.
  *
  * Usage: ab_kernels TYPE N_IN N_OUT N_TOK [PAIRS (15)] [COPIES (1)]
  * COPIES > 1 rotates through that many copies of the weights (cold caches). */
@@ -59,7 +59,7 @@ static double run(const side *s, problem *p, int copy, float *y)
     p->w.data = p->copies + (size_t)copy * p->w.row_bytes * (size_t)p->w.n_out;
     const double t0 = now_s();
     if (s->act)
-        s->act(&p->w, p->qx, p->n_tok, y, p->w.n_out, 0, p->w.n_out, p->scratch);
+        s->act(&p->w, p->qx, NULL, p->n_tok, y, p->w.n_out, 0, p->w.n_out, p->scratch);
     else
         s->ops->matmul_rows(&p->w, p->x, p->w.n_in, p->n_tok, y, p->w.n_out, 0, p->w.n_out, p->scratch);
     return now_s() - t0;

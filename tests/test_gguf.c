@@ -508,8 +508,21 @@ static void test_file_io(void)
     gguf_writer *w = gguf_writer_new();
     CHECK(gguf_writer_set_str(w, "general.architecture", "llama") == KVC_OK);
     CHECK(add_pattern_tensor(w, "w", KVC_TYPE_Q8_0, 2, (int64_t[]){ 64, 3 }) == KVC_OK);
+    CHECK(add_pattern_tensor(w, "v", KVC_TYPE_F32, 1, (int64_t[]){ 5 }) == KVC_OK);   /* 20 bytes: padded */
     kvc_err err = { 0 };
     CHECKF(gguf_writer_write(w, path, &err) == KVC_OK, "%s", err.msg);
+    /* the file is streamed tensor by tensor: byte for byte the in-memory form */
+    void *mem = NULL;
+    size_t mem_size = 0;
+    CHECK(gguf_writer_to_memory(w, &mem, &mem_size, &err) == KVC_OK);
+    FILE *rf = fopen(path, "rb");
+    uint8_t *disk = malloc(mem_size + 1);
+    const size_t got = rf && disk ? fread(disk, 1, mem_size + 1, rf) : 0;
+    CHECKF(got == mem_size && mem && memcmp(disk, mem, mem_size) == 0, "file %zu bytes, memory %zu", got, mem_size);
+    if (rf)
+        fclose(rf);
+    free(disk);
+    free(mem);
     gguf_writer_free(w);
 
     gguf_file *f = NULL;

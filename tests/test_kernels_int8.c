@@ -255,7 +255,7 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_t
     for (int64_t t = 0; t < n_tok; t++)
         kvc_i8_quantize_row_ref(x + t * ldx, n_in, act + (size_t)t * as);
     float *ref = xalloc(sizeof(float) * (size_t)(ldy * n_tok)), *y = xalloc(sizeof(float) * (size_t)(ldy * n_tok));
-    kvc_i8_matmul_ref(&m.w, act, n_tok, ref, ldy, 0, n_out);
+    kvc_i8_matmul_ref(&m.w, act, NULL, n_tok, ref, ldy, 0, n_out);
     char what[64];
     snprintf(what, sizeof what, "%s n_tok %lld%s", kvc_type_info(type)->name, (long long)n_tok,
              extreme ? " extreme" : "");
@@ -270,7 +270,7 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_t
     for (int c = 2; c >= 0; c--) {
         const int64_t r0 = KVC_MIN(cuts[c], n_out), r1 = KVC_MIN(cuts[c + 1], n_out);
         if (r0 < r1)
-            fam->k->matmul_act(&m.w, act, n_tok, y, ldy, r0, r1, scratch);
+            fam->k->matmul_act(&m.w, act, NULL, n_tok, y, ldy, r0, r1, scratch);
     }
     int bad = count_diff(y, ref, n_tok, ldy, 0, n_out, fam->name, n_in);
     for (int64_t t = 0; t < n_tok; t++)
@@ -302,6 +302,31 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_t
     bad = count_diff(y, ref, n_tok, ldy, 0, n_out, "prepared", n_in);
     CHECKF(bad == 0, "%s kvc_matmul_rows_act != scalar emulation (n_in %lld, %s)",
            fam->name, (long long)n_in, what);
+
+    /* rows picked by tok (reversed, every other one, one twice): the kernel,
+     * the reference and the public entry all give row tok[t]'s results */
+    int32_t *tok = xalloc(sizeof(int32_t) * (size_t)(n_tok + 1));
+    int64_t n_pick = 0;
+    for (int64_t t = n_tok - 1; t >= 0; t -= 2)
+        tok[n_pick++] = (int32_t)t;
+    tok[n_pick++] = (int32_t)(n_tok - 1);
+    float *yp = xalloc(sizeof(float) * (size_t)(ldy * n_pick)), *rp = xalloc(sizeof(float) * (size_t)(ldy * n_pick));
+    kvc_i8_matmul_ref(&m.w, act, tok, n_pick, rp, ldy, 0, n_out);
+    bad = 0;
+    for (int64_t t = 0; t < n_pick; t++)
+        for (int64_t r = 0; r < n_out; r++)
+            bad += !same_bits(rp[t * ldy + r], ref[tok[t] * ldy + r]);
+    CHECKF(bad == 0, "kvc_i8_matmul_ref with tok != without (n_in %lld, %s)", (long long)n_in, what);
+    fam->k->matmul_act(&m.w, act, tok, n_pick, yp, ldy, 0, n_out, scratch);
+    bad = count_diff(yp, rp, n_pick, ldy, 0, n_out, "tok", n_in);
+    kvc_matmul_rows_act_tok(&m.w, pa, tok, n_pick, yp, ldy, 16, n_out, scratch);
+    kvc_matmul_rows_act_tok(&m.w, pa, tok, n_pick, yp, ldy, 0, KVC_MIN(16, n_out), scratch);
+    bad += count_diff(yp, rp, n_pick, ldy, 0, n_out, "tok public", n_in);
+    CHECKF(bad == 0, "%s matmul_act with tok != reference (n_in %lld, %lld rows, %s)", fam->name,
+           (long long)n_in, (long long)n_pick, what);
+    free(tok);
+    free(yp);
+    free(rp);
     free(pa);
     free(scratch);
     free(x);
@@ -334,7 +359,7 @@ static void check_accuracy(void)
     uint8_t *act = xalloc(as * (size_t)n_tok);
     for (int64_t t = 0; t < n_tok; t++)
         kvc_i8_quantize_row_ref(x + t * n_in, n_in, act + (size_t)t * as);
-    kvc_i8_matmul_ref(&m.w, act, n_tok, y, n_out, 0, n_out);
+    kvc_i8_matmul_ref(&m.w, act, NULL, n_tok, y, n_out, 0, n_out);
     double worst2 = 0, worst1 = 0;
     int bad = 0;
     for (int64_t t = 0; t < n_tok; t++)

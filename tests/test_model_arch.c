@@ -262,12 +262,91 @@ static void test_mixed_expert_types(void)
     kvc_kernels_set_isa(def);
 }
 
+/* A copy of the model at src with one more tensor, rope_freqs.weight. */
+static void with_rope_freqs(const char *src, const char *dst, uint32_t type, int64_t n, const float *v)
+{
+    kvc_err err = { 0 };
+    gguf_file *f = NULL;
+    CHECKF(gguf_open(src, &f, &err) == KVC_OK, "%s", err.msg);
+    if (!f)
+        return;
+    gguf_writer *w = gguf_writer_new();
+    CHECK(copy_keys(f, w));
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.s);
+        CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->size) == KVC_OK);
+    }
+    kvc_fp16 h[64];
+    for (int64_t i = 0; i < n && i < 64; i++)
+        h[i] = kvc_fp32_to_fp16(v[i]);
+    CHECK(gguf_writer_add_tensor(w, "rope_freqs.weight", type, 1, (const int64_t[]){ n },
+                                 type == KVC_TYPE_F16 ? (const void *)h : (const void *)v,
+                                 (size_t)n * (type == KVC_TYPE_F16 ? 2 : 4)) == KVC_OK);
+    CHECKF(gguf_writer_write(w, dst, &err) == KVC_OK, "%s", err.msg);
+    gguf_writer_free(w);
+    gguf_close(f);
+}
+
+/* Llama 3.1's rope_freqs.weight divides each pair's frequency (it was
+ * ignored, the logits those of no scaling): all factors 2 give bitwise the
+ * logits of linear scaling by 2, all 1 those of none; a wrong type, length
+ * or value is refused with the tensor's name. */
+static void test_rope_freqs(void)
+{
+    char plain[sizeof(dir) + 32], lin[sizeof(dir) + 32], ff[sizeof(dir) + 32];
+    snprintf(plain, sizeof(plain), "%s/plain.gguf", dir);
+    snprintf(lin, sizeof(lin), "%s/linear2.gguf", dir);
+    snprintf(ff, sizeof(ff), "%s/ff.gguf", dir);
+    kvc_gen_params p;
+    kvc_gen_preset("tiny-llama", &p);
+    p.n_threads = 1;
+    kvc_err err = { 0 };
+    CHECKF(kvc_gen_model(&p, plain, &err) == KVC_OK, "%s", err.msg);
+    p.rope_scaling = "linear", p.rope_factor = 2.0f;
+    CHECKF(kvc_gen_model(&p, lin, &err) == KVC_OK, "%s", err.msg);
+    const int64_t half = p.n_embd / p.n_head / 2;
+    float v[64];
+    int nv = 0;
+    float *la = logits_of(plain, 12, &nv), *lb = logits_of(lin, 12, &nv);
+    const size_t bytes = (size_t)12 * (size_t)nv * sizeof(float);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t i = 0; i < half; i++)
+            v[i] = pass ? 2.0f : 1.0f;
+        with_rope_freqs(plain, ff, KVC_TYPE_F32, half, v);
+        float *lf = logits_of(ff, 12, &nv);
+        const float *want = pass ? lb : la;
+        CHECKF(lf && want && memcmp(lf, want, bytes) == 0, "rope_freqs all %d: not the logits of %s", pass + 1,
+               pass ? "linear scaling by 2" : "no scaling");
+        free(lf);
+    }
+    CHECK(la && lb && memcmp(la, lb, bytes) != 0);
+    free(la);
+    free(lb);
+    static const struct { uint32_t type; int64_t n; float v0; const char *msg; } bad[] = {
+        { KVC_TYPE_F16, 0, 1.0f, "only F32" }, { KVC_TYPE_F32, -1, 1.0f, "rope_freqs.weight" },
+        { KVC_TYPE_F32, 0, 0.0f, "not a positive number" }, { KVC_TYPE_F32, 0, -1.0f, "not a positive number" },
+    };
+    for (size_t k = 0; k < KVC_ARRAY_LEN(bad); k++) {
+        for (int64_t i = 0; i < half; i++)
+            v[i] = i == 3 ? bad[k].v0 : 1.0f;
+        with_rope_freqs(plain, ff, bad[k].type, half + bad[k].n, v);
+        kvc_model *m = NULL;
+        char msg[512];
+        CHECKF(load(ff, &m, msg, sizeof(msg)) != KVC_OK && strstr(msg, "rope_freqs.weight") && strstr(msg, bad[k].msg),
+               "bad rope_freqs %zu: %s", k, msg);
+        kvc_model_release(m);
+    }
+}
+
 int main(void)
 {
     CHECK(mkdtemp(dir) != NULL);
     test_refused();
     test_rows();
     test_mixed_expert_types();
+    test_rope_freqs();
     char cmd[sizeof(dir) + 16];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

@@ -296,18 +296,32 @@ int gguf_writer_to_memory(const gguf_writer *w, void **out, size_t *out_size, kv
 
 int gguf_writer_write(const gguf_writer *w, const char *path, kvc_err *err)
 {
-    void *buf;
-    size_t size;
-    if (!path)
-        return kvc_fail(err, KVC_ERR_INVALID_ARG, "gguf_writer_write: NULL path");
-    int rc = gguf_writer_to_memory(w, &buf, &size, err);
-    if (rc)
-        return rc;
+    if (!w || !path)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "gguf_writer_write: NULL argument");
+    /* the header, then each tensor straight from its own buffer: a file of
+     * several GB needs no second copy of itself in memory */
+    bytebuf meta = { 0 };
+    write_meta(w, &meta);
+    if (meta.failed) {
+        free(meta.p);
+        return kvc_fail(err, KVC_ERR_NOMEM, "cannot allocate the GGUF header");
+    }
+    static const uint8_t zeros[256];
     FILE *fp = fopen(path, "wb");
+    int rc = KVC_OK;
     if (!fp) {
         rc = kvc_fail(err, KVC_ERR_IO, "cannot create '%s': %s", path, strerror(errno));
     } else {
-        bool ok = fwrite(buf, 1, size, fp) == size;
+        bool ok = fwrite(meta.p, 1, meta.len, fp) == meta.len;
+        for (size_t i = 0; ok && i < w->n_tensors; i++) {
+            const size_t size = w->tensors[i].size;
+            size_t pad = (w->alignment - size % w->alignment) % w->alignment;  /* the last one too */
+            ok = fwrite(w->tensors[i].data, 1, size, fp) == size;
+            for (size_t n; ok && pad > 0; pad -= n) {
+                n = KVC_MIN(pad, sizeof(zeros));
+                ok = fwrite(zeros, 1, n, fp) == n;
+            }
+        }
         int e = errno;
         if (fclose(fp) != 0 && ok) {
             ok = false;
@@ -316,6 +330,6 @@ int gguf_writer_write(const gguf_writer *w, const char *path, kvc_err *err)
         if (!ok)
             rc = kvc_fail(err, KVC_ERR_IO, "cannot write '%s': %s", path, strerror(e));
     }
-    free(buf);
+    free(meta.p);
     return rc;
 }

@@ -205,9 +205,15 @@ void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t 
 void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, float *y, int64_t ldy,
                          int64_t r0, int64_t r1, float *scratch)
 {
+    kvc_matmul_rows_act_tok(w, act, NULL, n_tok, y, ldy, r0, r1, scratch);
+}
+
+void kvc_matmul_rows_act_tok(const kvc_weight *w, const void *act, const int32_t *tok, int64_t n_tok, float *y,
+                             int64_t ldy, int64_t r0, int64_t r1, float *scratch)
+{
     if (n_tok <= 0 || r0 >= r1 || !kvc_matmul_uses_act(w))
         return;
-    ops()->matmul_act(w, act, n_tok, y, ldy, r0, r1, scratch);
+    ops()->matmul_act(w, act, tok, n_tok, y, ldy, r0, r1, scratch);
 }
 
 void kvc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)

@@ -94,6 +94,12 @@ void kvc_matmul_act_quantize(int64_t n_in, const float *x, int64_t ldx, int64_t 
                              int64_t t0, int64_t t1, void *act);
 void kvc_matmul_rows_act(const kvc_weight *w, const void *act, int64_t n_tok, float *y, int64_t ldy,
                          int64_t r0, int64_t r1, float *scratch);
+/* The same for a subset of act's rows, without copying them: token t of the
+ * product is act's row tok[t] (tok NULL: row t), y's row t. Bitwise
+ * kvc_matmul_rows on those rows of x (a mixture of experts quantizes its
+ * batch once and hands each expert its tokens' rows). */
+void kvc_matmul_rows_act_tok(const kvc_weight *w, const void *act, const int32_t *tok, int64_t n_tok, float *y,
+                             int64_t ldy, int64_t r0, int64_t r1, float *scratch);
 
 /* Dequantize n elements (a multiple of the block size) of a row to float32 with
  * the selected ISA. Bitwise equal to kvc_dequantize_row_ref. */

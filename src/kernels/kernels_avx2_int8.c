@@ -291,7 +291,7 @@ typedef struct {
 /* One group of n <= 8 rows (rows[r]: row r's bytes; missing rows repeat the
  * last) against T <= TC tokens; out[t] lane r accumulates y[t][row r]. */
 AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR], int n, prefetch_plan pf,
-                     const uint8_t *act, size_t as, int64_t n_in, __m256 out[TC])
+                     const uint8_t *const *ar, int64_t n_in, __m256 out[TC])
 {
     __m256 acc[TC];
 #pragma GCC unroll 4
@@ -303,10 +303,10 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
     const float *dx[TC];
     const int32_t *sx[TC], *hx[TC];
     for (int t = 0; t < T; t++) {
-        a[t] = kvc_i8_a(act + (size_t)t * as, n_in);
-        dx[t] = kvc_i8_d(act + (size_t)t * as, n_in);
-        sx[t] = kvc_i8_s(act + (size_t)t * as, n_in);
-        hx[t] = kvc_i8_h(act + (size_t)t * as, n_in);
+        a[t] = kvc_i8_a(ar[t], n_in);
+        dx[t] = kvc_i8_d(ar[t], n_in);
+        sx[t] = kvc_i8_s(ar[t], n_in);
+        hx[t] = kvc_i8_h(ar[t], n_in);
     }
     _Alignas(32) float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
     const __m256i goff = row_offsets(rows);
@@ -382,14 +382,14 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         out[t] = acc[t];
 }
 
-typedef void (*group_fn)(const uint8_t *const rows[GR], int n, prefetch_plan pf, const uint8_t *act, size_t as,
+typedef void (*group_fn)(const uint8_t *const rows[GR], int n, prefetch_plan pf, const uint8_t *const *ar,
                          int64_t n_in, __m256 acc[TC]);
 
 #define GROUP_FN(name, kind, T)                                                                         \
-    static void name##T(const uint8_t *const rows[GR], int n, prefetch_plan pf, const uint8_t *act,     \
-                        size_t as, int64_t n_in, __m256 acc[TC])                                        \
+    static void name##T(const uint8_t *const rows[GR], int n, prefetch_plan pf, const uint8_t *const *ar, \
+                        int64_t n_in, __m256 acc[TC])                                                   \
     {                                                                                                   \
-        decode_group(kind, T, rows, n, pf, act, as, n_in, acc);                                         \
+        decode_group(kind, T, rows, n, pf, ar, n_in, acc);                                              \
     }
 #define GROUP_FNS(name, kind) GROUP_FN(name, kind, 1) GROUP_FN(name, kind, 2) GROUP_FN(name, kind, 3)
 GROUP_FNS(q8_0_group, I8_Q8_0)
@@ -409,8 +409,8 @@ static const group_fn group_fns[I8_N_KINDS][TC] = {
     [I8_Q5_1] = { q5_1_group1, q5_1_group2, q5_1_group3 }, [I8_Q5_K] = { q5_K_group1, q5_K_group2, q5_K_group3 },
 };
 
-static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1)
+static void decode_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1)
 {
     const int kind = kvc_i8_kind(w->type);
     const size_t as = kvc_i8_act_row_bytes(w->n_in), rb = w->row_bytes;
@@ -426,9 +426,12 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
         for (int64_t t0 = 0; t0 < n_tok; t0 += TC) {
             const int T = (int)KVC_MIN(TC, n_tok - t0);
             __m256 acc[TC];
-            for (int t = 0; t < TC; t++)
+            const uint8_t *ar[TC];
+            for (int t = 0; t < TC; t++) {
                 acc[t] = _mm256_setzero_ps();
-            group_fns[kind][T - 1](rows, nr, pf, act + (size_t)t0 * as, as, w->n_in, acc);
+                ar[t] = kvc_i8_tok_row(act, as, tok, t0 + KVC_MIN(t, T - 1));
+            }
+            group_fns[kind][T - 1](rows, nr, pf, ar, w->n_in, acc);
             for (int t = 0; t < T; t++) {
                 _Alignas(32) float v[GR];
                 _mm256_store_ps(v, acc[t]);
@@ -533,7 +536,7 @@ AI void block_dots(const int NV, const int T, const int k0, const int nk, const 
  * registers; the float sums stay in out, in memory, loaded and stored once a
  * block. */
 AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *pack, const float *dsc,
-                     const float *msc, int64_t nb, const uint8_t *act, size_t as, int64_t n_in, float *y,
+                     const float *msc, int64_t nb, const uint8_t *const *ar, int64_t n_in, float *y,
                      int64_t ldy, int nr)
 {
     const int n_sub = kind == I8_Q6_K ? 2 : 1;
@@ -543,9 +546,9 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *p
     __m256 out[RV][PT];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
-        a[t] = kvc_i8_a(act + (size_t)t * as, n_in);
-        dx[t] = kvc_i8_d(act + (size_t)t * as, n_in);
-        sx[t] = kvc_i8_s(act + (size_t)t * as, n_in);
+        a[t] = kvc_i8_a(ar[t], n_in);
+        dx[t] = kvc_i8_d(ar[t], n_in);
+        sx[t] = kvc_i8_s(ar[t], n_in);
 #pragma GCC unroll 2
         for (int v = 0; v < NV; v++)
             out[v][t] = _mm256_setzero_ps();
@@ -587,15 +590,15 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m256i *p
         }
 }
 
-typedef void (*pass_fn)(const __m256i *pack, const float *dsc, const float *msc, int64_t nb, const uint8_t *act,
-                        size_t as, int64_t n_in, float *y, int64_t ldy, int nr);
+typedef void (*pass_fn)(const __m256i *pack, const float *dsc, const float *msc, int64_t nb,
+                        const uint8_t *const *ar, int64_t n_in, float *y, int64_t ldy, int nr);
 
 #define PASS_FN(name, kind, NV, T)                                                                   \
     static void name##_##NV##_##T(const __m256i *pack, const float *dsc, const float *msc, int64_t nb, \
-                                  const uint8_t *act, size_t as, int64_t n_in, float *y, int64_t ldy, \
+                                  const uint8_t *const *ar, int64_t n_in, float *y, int64_t ldy,     \
                                   int nr)                                                            \
     {                                                                                                \
-        prefill_pass(kind, NV, T, pack, dsc, msc, nb, act, as, n_in, y, ldy, nr);                    \
+        prefill_pass(kind, NV, T, pack, dsc, msc, nb, ar, n_in, y, ldy, nr);                         \
     }
 #define PASS_FNS_NV(name, kind, NV) PASS_FN(name, kind, NV, 1) PASS_FN(name, kind, NV, 2)              \
     PASS_FN(name, kind, NV, 3) PASS_FN(name, kind, NV, 4)
@@ -650,8 +653,8 @@ static size_t prefill_scratch_bytes(int64_t n_in)
     return pack_bytes(n_in) + (size_t)n_in / 32 * RV * GR * 2 * sizeof(float);
 }
 
-static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                        int64_t r0, int64_t r1, float *scratch)
+static void prefill_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
+                        int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
     const int kind = kvc_i8_kind(w->type);
     const int64_t nb = w->n_in / 32;
@@ -672,21 +675,23 @@ static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, 
             const int T = (int)KVC_MIN(PT, n_tok - t0);
             for (size_t i = 0; i < slice && fetched < next_bytes; i += 64, fetched += 64)
                 _mm_prefetch(next + fetched, _MM_HINT_T1);
-            pass_fns[kind][nv - 1][T - 1](pack, dsc, msc, nb, act + (size_t)t0 * as, as, w->n_in,
-                                          y + t0 * ldy + rg, ldy, nr);
+            const uint8_t *ar[PT];
+            for (int t = 0; t < T; t++)
+                ar[t] = kvc_i8_tok_row(act, as, tok, t0 + t);
+            pass_fns[kind][nv - 1][T - 1](pack, dsc, msc, nb, ar, w->n_in, y + t0 * ldy + rg, ldy, nr);
         }
     }
 }
 
 _Static_assert(RV * GR == KVC_AVX2_I8_PREFILL_ROWS, "a prefill group is KVC_AVX2_I8_PREFILL_ROWS rows");
 
-void kvc_avx2_i8_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                            int64_t r0, int64_t r1, float *scratch)
+void kvc_avx2_i8_matmul_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok,
+                            float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
     if (n_tok >= KVC_AVX2_I8_PREFILL_MIN_TOK)     /* from here on, repacking pays */
-        prefill_act(w, act, n_tok, y, ldy, r0, r1, scratch);
+        prefill_act(w, act, tok, n_tok, y, ldy, r0, r1, scratch);
     else
-        decode_act(w, act, n_tok, y, ldy, r0, r1);
+        decode_act(w, act, tok, n_tok, y, ldy, r0, r1);
 }
 
 /* ------------------------------------------------------------ entry point */

@@ -183,15 +183,15 @@ bool kvc_i8_vnni_type_ok(uint32_t type)
 
 /* ----------------------------------------------------------------- matmul */
 
-void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1)
+void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1)
 {
     const int64_t n_in = w->n_in, nb = n_in / 32;
     const size_t as = kvc_i8_act_row_bytes(n_in);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
         for (int64_t t = 0; t < n_tok; t++) {
-            const uint8_t *a = act + (size_t)t * as;
+            const uint8_t *a = kvc_i8_tok_row(act, as, tok, t);
             const int8_t *hi = kvc_i8_hi(a), *lo = kvc_i8_lo(a, n_in);
             const float *dx = kvc_i8_d(a, n_in);
             const int32_t *sx = kvc_i8_s(a, n_in);
@@ -243,6 +243,6 @@ void kvc_i8_matmul_rows(const kvc_i8_isa *isa, const kvc_weight *w, const float 
     for (int64_t t0 = 0; t0 < n_tok; t0 += KVC_I8_TB_ACT) {
         const int64_t nt = KVC_MIN(KVC_I8_TB_ACT, n_tok - t0);
         isa->quantize(x + t0 * ldx, ldx, w->n_in, 0, nt, act);
-        isa->matmul_act(w, act, nt, y + t0 * ldy, ldy, r0, r1, scratch);
+        isa->matmul_act(w, act, NULL, nt, y + t0 * ldy, ldy, r0, r1, scratch);
     }
 }

@@ -132,9 +132,16 @@ void kvc_i8_quantize_row_ref(const float *x, int64_t n_in, uint8_t *dst);
 void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_wblock *out);
 
 /* The scalar reference of the whole scheme: y[t * ldy + r] for t < n_tok,
- * r in [r0, r1), from quantized rows act (stride kvc_i8_act_row_bytes). */
-void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1);
+ * r in [r0, r1), from quantized rows act (stride kvc_i8_act_row_bytes),
+ * token t's being row tok[t] (tok NULL: row t). */
+void kvc_i8_matmul_ref(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1);
+
+/* Where token t's quantized row is (kvc_matmul_act_fn's tok rule). */
+static inline const uint8_t *kvc_i8_tok_row(const uint8_t *act, size_t as, const int32_t *tok, int64_t t)
+{
+    return act + (size_t)(tok ? tok[t] : t) * as;
+}
 
 /* Types the SIMD kernels of each ISA handle with this scheme; others keep
  * their ISA's float path. The AVX2 kernels take every type of the scheme;
@@ -310,8 +317,8 @@ void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t t
  * scratch: kvc_vnni_scratch_floats(n_in) floats, 64-byte aligned. Few tokens
  * stream the weights (decode); more repack KVC_VNNI_PREFILL_ROWS rows at a
  * time (two vectors of 16) so that the tokens find one row per lane (prefill). */
-void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                         int64_t r0, int64_t r1, float *scratch);
+void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1, float *scratch);
 
 /* From this many tokens on kvc_vnni_matmul_act repacks the weights and takes
  * KVC_VNNI_PREFILL_ROWS rows at a time; fewer stream 16. */
@@ -334,8 +341,8 @@ size_t kvc_vnni_scratch_floats(int64_t n_in);
 
 void   kvc_avx2_i8_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1,
                                  uint8_t *act);
-void   kvc_avx2_i8_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                              int64_t r0, int64_t r1, float *scratch);
+void   kvc_avx2_i8_matmul_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok,
+                              float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
 void   kvc_avx2_i8_matmul_rows(const kvc_weight *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
                                int64_t ldy, int64_t r0, int64_t r1, float *scratch);
 size_t kvc_avx2_i8_scratch_floats(int64_t n_in);

@@ -10,11 +10,13 @@
 #include "kernels.h"
 
 /* The integer scheme's two steps (kernels_int8.h): token rows [t0, t1) of x
- * quantized into act; y from quantized rows. */
+ * quantized into act; y from quantized rows: token t's row is act's row
+ * tok[t] (tok NULL: row t), so a subset of a batch's rows quantized once
+ * serves without a copy (an expert's tokens, forward_moe.c). */
 typedef void kvc_act_quantize_fn(const float *x, int64_t ldx, int64_t n_in, int64_t t0, int64_t t1,
                                  uint8_t *act);
-typedef void kvc_matmul_act_fn(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                               int64_t r0, int64_t r1, float *scratch);
+typedef void kvc_matmul_act_fn(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok,
+                               float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch);
 
 /* The weight types an ISA's matmul_act takes. */
 typedef bool kvc_act_type_ok_fn(uint32_t type);

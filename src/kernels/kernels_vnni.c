@@ -248,7 +248,7 @@ typedef struct {
 /* One group of up to 16 rows (rows[l]: row l's bytes; missing rows repeat the
  * last) against T <= TC tokens; out[t] lane l accumulates y[t][row l]. */
 AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR], const __m512i goff,
-                     prefetch_plan pf, const uint8_t *act, size_t as, int64_t n_in, __m512 out[TC])
+                     prefetch_plan pf, const uint8_t *const *a, int64_t n_in, __m512 out[TC])
 {
     __m512 acc[TC];       /* in registers (see prefill_pass) */
 #pragma GCC unroll 4
@@ -256,9 +256,6 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         acc[t] = out[t];
     const int64_t nb = n_in / 32;
     const size_t bsz = kvc_i8_block_bytes(kind);
-    const uint8_t *a[TC];
-    for (int t = 0; t < T; t++)
-        a[t] = act + (size_t)t * as;
     _Alignas(64) float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
     for (int64_t b = 0; b < nb; b++) {
         const size_t off = (size_t)b * bsz;
@@ -335,14 +332,14 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         out[t] = acc[t];
 }
 
-typedef void (*group_fn)(const uint8_t *const rows[GR], __m512i goff, prefetch_plan pf, const uint8_t *act,
-                         size_t as, int64_t n_in, __m512 acc[TC]);
+typedef void (*group_fn)(const uint8_t *const rows[GR], __m512i goff, prefetch_plan pf, const uint8_t *const *a,
+                         int64_t n_in, __m512 acc[TC]);
 
 #define GROUP_FN(name, kind, T)                                                                       \
     static void name##T(const uint8_t *const rows[GR], __m512i goff, prefetch_plan pf,                \
-                        const uint8_t *act, size_t as, int64_t n_in, __m512 acc[TC])                  \
+                        const uint8_t *const *a, int64_t n_in, __m512 acc[TC])                        \
     {                                                                                                 \
-        decode_group(kind, T, rows, goff, pf, act, as, n_in, acc);                                    \
+        decode_group(kind, T, rows, goff, pf, a, n_in, acc);                                          \
     }
 #define GROUP_FNS(name, kind) GROUP_FN(name, kind, 1) GROUP_FN(name, kind, 2) GROUP_FN(name, kind, 3) \
                               GROUP_FN(name, kind, 4)
@@ -360,8 +357,8 @@ static const group_fn group_fns[I8_N_VNNI][TC] = {
     { q6_K_group1, q6_K_group2, q6_K_group3, q6_K_group4 },
 };
 
-static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1)
+static void decode_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1)
 {
     const int kind = kvc_i8_kind(w->type);
     const size_t as = kvc_i8_act_row_bytes(w->n_in), rb = w->row_bytes;
@@ -382,9 +379,12 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, f
         for (int64_t t0 = 0; t0 < n_tok; t0 += TC) {
             const int T = (int)KVC_MIN(TC, n_tok - t0);
             __m512 acc[TC];
-            for (int t = 0; t < TC; t++)
+            const uint8_t *a[TC];
+            for (int t = 0; t < TC; t++) {
                 acc[t] = _mm512_setzero_ps();
-            group_fns[kind][T - 1](rows, goff, pf, act + (size_t)t0 * as, as, w->n_in, acc);
+                a[t] = kvc_i8_tok_row(act, as, tok, t0 + KVC_MIN(t, T - 1));
+            }
+            group_fns[kind][T - 1](rows, goff, pf, a, w->n_in, acc);
             for (int t = 0; t < T; t++)
                 _mm512_mask_storeu_ps(y + (t0 + t) * ldy + rg, (__mmask16)((1u << nr) - 1), acc[t]);
             pf = (prefetch_plan){ NULL };
@@ -496,7 +496,7 @@ AI void block_dots(const int NV, const int T, const int k0, const int nk, const 
  * lane l = y[t][row 16v + l]. dsc: the blocks' scales (Q6_K: of the first
  * halves); msc: Q4_K's mins, Q6_K's scales of the second halves. */
 AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *pack, const float *dsc,
-                     const float *msc, int64_t nb, const uint8_t *act, size_t as, int64_t n_in,
+                     const float *msc, int64_t nb, const uint8_t *const *ar, int64_t n_in,
                      __m512 out[RV][PT])
 {
     /* the sums live in registers: out could alias the scales the loop loads,
@@ -508,9 +508,9 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *p
     const int32_t *sx[PT];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
-        a[t] = kvc_i8_a(act + (size_t)t * as, n_in);
-        dx[t] = kvc_i8_d(act + (size_t)t * as, n_in);
-        sx[t] = kvc_i8_s(act + (size_t)t * as, n_in);
+        a[t] = kvc_i8_a(ar[t], n_in);
+        dx[t] = kvc_i8_d(ar[t], n_in);
+        sx[t] = kvc_i8_s(ar[t], n_in);
 #pragma GCC unroll 2
         for (int v = 0; v < NV; v++)
             acc[v][t] = _mm512_setzero_ps();
@@ -544,14 +544,14 @@ AI void prefill_pass(const int kind, const int NV, const int T, const __m512i *p
             out[v][t] = acc[v][t];
 }
 
-typedef void (*pass_fn)(const __m512i *pack, const float *dsc, const float *msc, int64_t nb, const uint8_t *act,
-                        size_t as, int64_t n_in, __m512 acc[RV][PT]);
+typedef void (*pass_fn)(const __m512i *pack, const float *dsc, const float *msc, int64_t nb,
+                        const uint8_t *const *ar, int64_t n_in, __m512 acc[RV][PT]);
 
 #define PASS_FN(name, kind, NV, T)                                                                   \
     static void name##_##NV##_##T(const __m512i *pack, const float *dsc, const float *msc, int64_t nb, \
-                                  const uint8_t *act, size_t as, int64_t n_in, __m512 acc[RV][PT])   \
+                                  const uint8_t *const *ar, int64_t n_in, __m512 acc[RV][PT])        \
     {                                                                                                \
-        prefill_pass(kind, NV, T, pack, dsc, msc, nb, act, as, n_in, acc);                           \
+        prefill_pass(kind, NV, T, pack, dsc, msc, nb, ar, n_in, acc);                                \
     }
 #define PASS_FNS_NV(name, kind, NV) PASS_FN(name, kind, NV, 1) PASS_FN(name, kind, NV, 2)              \
     PASS_FN(name, kind, NV, 3) PASS_FN(name, kind, NV, 4) PASS_FN(name, kind, NV, 5)                 \
@@ -590,8 +590,8 @@ static const repack_fn repack_fns[I8_N_VNNI] = { repack_q8_0, repack_q4_0, repac
 /* Bytes of a repacked group in scratch (the scales follow). */
 static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * KS * 64; }
 
-static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                        int64_t r0, int64_t r1, float *scratch)
+static void prefill_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
+                        int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
     const int kind = kvc_i8_kind(w->type);
     const int64_t nb = w->n_in / 32;
@@ -613,7 +613,10 @@ static void prefill_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, 
             for (size_t i = 0; i < slice && fetched < next_bytes; i += 64, fetched += 64)
                 _mm_prefetch(next + fetched, _MM_HINT_T1);
             __m512 acc[RV][PT];
-            pass_fns[kind][nv - 1][T - 1](pack, dsc, msc, nb, act + (size_t)t0 * as, as, w->n_in, acc);
+            const uint8_t *ar[PT];
+            for (int t = 0; t < T; t++)
+                ar[t] = kvc_i8_tok_row(act, as, tok, t0 + t);
+            pass_fns[kind][nv - 1][T - 1](pack, dsc, msc, nb, ar, w->n_in, acc);
             for (int v = 0; v < nv; v++) {
                 const int left = nr - v * GR;
                 const __mmask16 keep = (__mmask16)(left >= GR ? 0xffff : (1u << left) - 1);
@@ -632,13 +635,13 @@ static size_t prefill_scratch_bytes(int64_t n_in)
 
 _Static_assert(RV * GR == KVC_VNNI_PREFILL_ROWS, "a prefill group is KVC_VNNI_PREFILL_ROWS rows");
 
-void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, int64_t n_tok, float *y, int64_t ldy,
-                         int64_t r0, int64_t r1, float *scratch)
+void kvc_vnni_matmul_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1, float *scratch)
 {
     if (n_tok >= KVC_VNNI_PREFILL_MIN_TOK)       /* from here on, repacking pays */
-        prefill_act(w, act, n_tok, y, ldy, r0, r1, scratch);
+        prefill_act(w, act, tok, n_tok, y, ldy, r0, r1, scratch);
     else
-        decode_act(w, act, n_tok, y, ldy, r0, r1);
+        decode_act(w, act, tok, n_tok, y, ldy, r0, r1);
 }
 
 /* ------------------------------------------------------------ entry point */

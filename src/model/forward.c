@@ -38,8 +38,10 @@ static double yarn_corr_dim(int32_t n_rot, int32_t n_ctx_orig, double beta, doub
 
 /* The rotation of layers with RoPE base `base` (kvc_rope; ARCHITECTURES.md
  * §3.0, as ggml_rope_ext computes it, in double): unscaled when `unscaled`
- * (Gemma 3's sliding layers), else the file's linear or YaRN scaling. */
-static void rope_init(kvc_rope *r, const kvc_hparams *hp, double base, bool unscaled)
+ * (Gemma 3's sliding layers), else the file's linear or YaRN scaling; pair
+ * i's frequency divided by ff[i] first when the model has factors (Llama
+ * 3.1's rope_freqs.weight, as ggml's freq_factors). */
+static void rope_init(kvc_rope *r, const kvc_hparams *hp, double base, bool unscaled, const float *ff)
 {
     const int32_t n = hp->n_rot, half = n / 2;
     const int scaling = unscaled ? KVC_ROPE_NONE : hp->rope_scaling;
@@ -50,7 +52,7 @@ static void rope_init(kvc_rope *r, const kvc_hparams *hp, double base, bool unsc
         hi = KVC_MIN((double)(n - 1), ceil(yarn_corr_dim(n, hp->rope_orig_ctx, 1.0, base)));
     }
     for (int32_t i = 0; i < half; i++) {
-        const double extrap = pow(base, -2.0 * (double)i / (double)n);
+        const double extrap = pow(base, -2.0 * (double)i / (double)n) / (ff ? (double)ff[i] : 1.0);
         if (scaling == KVC_ROPE_YARN) {
             /* the pairs below lo keep their angle, those above hi are scaled */
             const double y = ((double)i - lo) / KVC_MAX(0.001, hi - lo);
@@ -135,8 +137,8 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the recurrent layers' buffers");
     }
-    rope_init(&c->rope[0], hp, hp->rope_theta, false);
-    rope_init(&c->rope[1], hp, hp->rope_theta_swa, !hp->arch->swa_rope_as_global);
+    rope_init(&c->rope[0], hp, hp->rope_theta, false, m->rope_freqs);
+    rope_init(&c->rope[1], hp, hp->rope_theta_swa, !hp->arch->swa_rope_as_global, m->rope_freqs);
     *out = c;
     return KVC_OK;
 }

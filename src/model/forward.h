@@ -20,16 +20,15 @@ typedef struct kvc_moe_buf {
     int32_t *pair_tok;    /* [n * k] the token of each pair */
     int32_t *first;       /* [n_expert + 1] each expert's first pair */
     int32_t *fill;        /* [n_expert] pairs numbered so far (group_pairs) */
-    float   *x;           /* [n * k][n_embd] each pair's input row */
+    float   *x;           /* [n * k][n_embd] each pair's input row (float path only) */
     float   *gu;          /* [n * k][2 * n_ff_exp] gate, up; then act(gate, up) in the gate half */
     float   *y;           /* [n * k][n_embd] each pair's expert output */
     float   *sh_g;        /* [n][n_ff_shexp] the shared expert's gate, then act(gate, up) */
     float   *sh_u;        /* [n][n_ff_shexp] the shared expert's up */
     float   *sh_y;        /* [n][n_embd] the shared expert's output */
     float   *sh_gate;     /* [n] the shared expert's sigmoid gate input */
-    void    *act;         /* prepared activations of every expert's rows (kernels.h); grows */
-    size_t   act_bytes;   /* its size */
-    size_t  *act_off;     /* [n_expert + 1] each expert's offset into act */
+    void    *act;         /* prepared activations (kernels.h): [n] token rows of the
+                             input, then [n * k] pair rows of the down input */
     struct moe_task *tasks; /* [max_tasks] (expert, part, rows) of a matmul phase */
     int64_t  max_tasks;
 } kvc_moe_buf;

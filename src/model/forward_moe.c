@@ -18,7 +18,10 @@
  * Speed: the batch's (token, expert) pairs are grouped by expert, so an
  * expert's weights are read once per batch and only the selected experts'
  * weights are read at all; each phase's tasks are sized by work (tokens x
- * rows), so a popular expert is split across more tasks than a rare one. */
+ * rows), so a popular expert is split across more tasks than a rare one.
+ * With prepared activations (kernels.h) each token's input row is quantized
+ * once, and every expert reads its tokens' rows in place (no gather); the
+ * down input is quantized once per pair, pairs in expert order. */
 #include "forward.h"
 #include "kernels.h"
 
@@ -28,7 +31,7 @@
 
 typedef struct moe_task {
     int32_t e;               /* expert */
-    int64_t r0, r1;          /* its rows (matmul) or its pairs' tokens (quantize) */
+    int64_t r0, r1;          /* its rows */
 } moe_task;
 
 typedef struct moe_job {
@@ -37,11 +40,12 @@ typedef struct moe_job {
     int32_t          n, k, n_exp;
     int64_t          d, ff;  /* n_embd, n_ff_exp */
     bool             act;    /* prepared activations in the current matmul phase */
+    bool             act_tok; /* ... rows of tokens (gate, up), not of pairs (down) */
     int64_t          n_tasks;
 } moe_job;
 
-#define MOE_PAIR_TASK 32     /* pairs per gather task */
-#define MOE_TOK_TASK  16     /* tokens per activation-quantization task */
+#define MOE_PAIR_TASK 32     /* pairs per gather or down-quantization task */
+#define MOE_TOK_TASK  16     /* tokens per input-quantization task */
 
 /* ------------------------------------------------------------ buffers */
 
@@ -66,24 +70,21 @@ int kvc_moe_alloc(kvc_compute *c)
     b->sh_u = kvc_alloc_aligned(B * fs * sizeof(float));
     b->sh_y = kvc_alloc_aligned(B * d * sizeof(float));
     b->sh_gate = malloc(B * sizeof(float));
-    b->act_off = malloc((N + 1) * sizeof(size_t));
-    b->max_tasks = (int64_t)(B * k / MOE_TOK_TASK + 2 * N + 4 * (size_t)nt + 64);
+    b->max_tasks = (int64_t)(2 * N + 4 * (size_t)nt + 64);
     b->tasks = malloc((size_t)b->max_tasks * sizeof(moe_task));
-    /* prepared activations of a full batch spread over the experts (grown by
-     * plan_act if a split needs more) */
-    const int64_t n_in = (int64_t)KVC_MAX(d, ff);
-    b->act_bytes = kvc_matmul_act_bytes(n_in, (int64_t)(B * k)) + N * (kvc_matmul_act_bytes(n_in, 1) + 64);
-    b->act = b->act_bytes ? kvc_alloc_aligned(b->act_bytes) : NULL;
+    /* the token rows of the input, or later the pair rows of the down input */
+    const size_t act_bytes = KVC_MAX(kvc_matmul_act_bytes((int64_t)d, (int64_t)B),
+                                     kvc_matmul_act_bytes((int64_t)ff, (int64_t)(B * k)));
+    b->act = act_bytes ? kvc_alloc_aligned(act_bytes) : NULL;
     if (!b->logits || !b->sel || !b->w || !b->pair_of || !b->pair_tok || !b->first || !b->fill || !b->x ||
-        !b->gu || !b->y || !b->sh_g || !b->sh_u || !b->sh_y || !b->sh_gate || !b->act_off || !b->tasks ||
-        (b->act_bytes && !b->act))
+        !b->gu || !b->y || !b->sh_g || !b->sh_u || !b->sh_y || !b->sh_gate || !b->tasks || (act_bytes && !b->act))
         return KVC_ERR_NOMEM;
     /* touched now, so that a context's first full batch does not pay the page faults */
     memset(b->x, 0, B * k * d * sizeof(float));
     memset(b->gu, 0, B * k * 2 * ff * sizeof(float));
     memset(b->y, 0, B * k * d * sizeof(float));
     if (b->act)
-        memset(b->act, 0, b->act_bytes);
+        memset(b->act, 0, act_bytes);
     return KVC_OK;
 }
 
@@ -101,7 +102,6 @@ void kvc_moe_free(kvc_compute *c)
     free(b->first);
     free(b->fill);
     free(b->sh_gate);
-    free(b->act_off);
     free(b->tasks);
     memset(b, 0, sizeof(*b));
 }
@@ -254,70 +254,46 @@ static void plan_rows(moe_job *j, int64_t n_rows)
     }
 }
 
-/* Prepared activations of each active expert's rows of x (n_in wide):
- * offsets into b->act, which grows when needed, and the quantization tasks.
- * False when this ISA or one of the phase's weights (w, and w2 unless NULL)
- * does not use them, or memory ran out: the matmuls then take x. */
-static bool plan_act(moe_job *j, int64_t n_in, const kvc_weight *w, const kvc_weight *w2)
+/* Whether this ISA prepares activations for the phase's weights (w, and w2
+ * unless NULL); if not, the matmuls take float rows of b->x or b->gu. */
+static bool uses_act(const moe_job *j, const kvc_weight *w, const kvc_weight *w2)
 {
-    kvc_moe_buf *b = &j->f->c->moe;
-    if (!kvc_matmul_act_bytes(n_in, 1) || !kvc_matmul_uses_act(w) || (w2 && !kvc_matmul_uses_act(w2)))
-        return false;
-    size_t off = 0;
-    for (int32_t e = 0; e < j->n_exp; e++) {
-        b->act_off[e] = off;
-        const int64_t n_e = b->first[e + 1] - b->first[e];
-        if (n_e)
-            off += (kvc_matmul_act_bytes(n_in, n_e) + 63) / 64 * 64;
-    }
-    if (off > b->act_bytes) {
-        kvc_free_aligned(b->act);
-        b->act = kvc_alloc_aligned(off);
-        b->act_bytes = b->act ? off : 0;
-        if (!b->act)
-            return false;
-    }
-    j->n_tasks = 0;
-    for (int32_t e = 0; e < j->n_exp; e++) {
-        const int64_t n_e = b->first[e + 1] - b->first[e];
-        for (int64_t t = 0; t < n_e && j->n_tasks < b->max_tasks; t += MOE_TOK_TASK)
-            b->tasks[j->n_tasks++] = (moe_task){ e, t, KVC_MIN(t + MOE_TOK_TASK, n_e) };
-    }
-    return true;
+    return j->f->c->moe.act && kvc_matmul_uses_act(w) && (!w2 || kvc_matmul_uses_act(w2));
 }
 
+/* Input rows of tokens [16 t, 16 t + 16), each once, whichever experts read them. */
 static void quant_in_task(void *ctx, int64_t task, int thread)
 {
     moe_job *j = ctx;
-    kvc_moe_buf *b = &j->f->c->moe;
-    const moe_task *t = &b->tasks[task];
-    const int64_t p0 = b->first[t->e], n_e = b->first[t->e + 1] - p0;
-    kvc_matmul_act_quantize(j->d, b->x + p0 * j->d, j->d, n_e, t->r0, t->r1,
-                            (uint8_t *)b->act + b->act_off[t->e]);
+    const int64_t t0 = task * MOE_TOK_TASK, t1 = KVC_MIN(t0 + MOE_TOK_TASK, (int64_t)j->n);
+    kvc_matmul_act_quantize(j->d, j->f->c->h, j->d, j->n, t0, t1, j->f->c->moe.act);
 }
 
+/* Down-input rows of pairs [32 t, 32 t + 32), in pair (expert) order. */
 static void quant_down_task(void *ctx, int64_t task, int thread)
 {
     moe_job *j = ctx;
-    kvc_moe_buf *b = &j->f->c->moe;
-    const moe_task *t = &b->tasks[task];
-    const int64_t p0 = b->first[t->e], n_e = b->first[t->e + 1] - p0;
-    kvc_matmul_act_quantize(j->ff, b->gu + p0 * 2 * j->ff, 2 * j->ff, n_e, t->r0, t->r1,
-                            (uint8_t *)b->act + b->act_off[t->e]);
+    const int64_t n_pairs = (int64_t)j->n * j->k;
+    const int64_t p0 = task * MOE_PAIR_TASK, p1 = KVC_MIN(p0 + MOE_PAIR_TASK, n_pairs);
+    kvc_matmul_act_quantize(j->ff, j->f->c->moe.gu, 2 * j->ff, n_pairs, p0, p1, j->f->c->moe.act);
 }
 
-/* y rows [r0, r1) of w for expert e's n_e pairs from x (or the prepared act). */
+/* y rows [r0, r1) of w for expert e's n_e pairs: from x (float path), or
+ * from the prepared rows, the token rows of its pairs (gate, up) or its
+ * pairs' own rows (down). */
 static void expert_rows(moe_job *j, const kvc_weight *w, const float *x, int64_t ldx, int32_t e,
                         float *y, int64_t ldy, int64_t r0, int64_t r1, int thread)
 {
     kvc_compute *c = j->f->c;
     kvc_moe_buf *b = &c->moe;
-    const int64_t n_e = b->first[e + 1] - b->first[e];
-    if (j->act)
-        kvc_matmul_rows_act(w, (const uint8_t *)b->act + b->act_off[e], n_e, y, ldy, r0, r1,
-                            c->mm_scratch[thread]);
-    else
+    const int64_t p0 = b->first[e], n_e = b->first[e + 1] - p0;
+    if (!j->act)
         kvc_matmul_rows(w, x, ldx, n_e, y, ldy, r0, r1, c->mm_scratch[thread]);
+    else if (j->act_tok)
+        kvc_matmul_rows_act_tok(w, b->act, b->pair_tok + p0, n_e, y, ldy, r0, r1, c->mm_scratch[thread]);
+    else
+        kvc_matmul_rows_act(w, (const uint8_t *)b->act + kvc_matmul_act_bytes(j->ff, p0), n_e, y, ldy, r0, r1,
+                            c->mm_scratch[thread]);
 }
 
 /* Gate and up rows [r0, r1) of one expert for its pairs, their biases, and
@@ -416,7 +392,7 @@ void kvc_moe_step(fwd *f)
     const kvc_hparams *hp = &c->m->hp;
     const kvc_layer *L = &c->m->layers[f->layer];
     kvc_moe_buf *b = &c->moe;
-    moe_job j = { f, L, f->n, hp->n_expert_used, hp->n_expert, hp->n_embd, hp->n_ff_exp, false, 0 };
+    moe_job j = { f, L, f->n, hp->n_expert_used, hp->n_expert, hp->n_embd, hp->n_ff_exp, false, false, 0 };
     const int64_t n = f->n, fs = hp->n_ff_shexp;
 
     kvc_threadpool_run(c->tp, n, kvc_fwd_ffn_norm_task, f);
@@ -435,18 +411,20 @@ void kvc_moe_step(fwd *f)
     }
     kvc_threadpool_run(c->tp, n, route_task, &j);
     group_pairs(&j);
-    const int64_t n_pairs = n * j.k;
-    kvc_threadpool_run(c->tp, (n_pairs + MOE_PAIR_TASK - 1) / MOE_PAIR_TASK, gather_task, &j);
+    const int64_t n_pairs = n * j.k, pair_tasks = (n_pairs + MOE_PAIR_TASK - 1) / MOE_PAIR_TASK;
 
     const bool fused = L->gate_up_exps.n > 0;
-    if ((j.act = plan_act(&j, j.d, fused ? &L->gate_up_exps.w : &L->gate_exps.w,
-                          fused ? NULL : &L->up_exps.w)))
-        kvc_threadpool_run(c->tp, j.n_tasks, quant_in_task, &j);
+    j.act_tok = true;
+    if ((j.act = uses_act(&j, fused ? &L->gate_up_exps.w : &L->gate_exps.w, fused ? NULL : &L->up_exps.w)))
+        kvc_threadpool_run(c->tp, (n + MOE_TOK_TASK - 1) / MOE_TOK_TASK, quant_in_task, &j);
+    else
+        kvc_threadpool_run(c->tp, pair_tasks, gather_task, &j);
     plan_rows(&j, j.ff);
     kvc_threadpool_run(c->tp, j.n_tasks, gate_up_task, &j);
 
-    if ((j.act = plan_act(&j, j.ff, &L->down_exps.w, NULL)))
-        kvc_threadpool_run(c->tp, j.n_tasks, quant_down_task, &j);
+    j.act_tok = false;
+    if ((j.act = uses_act(&j, &L->down_exps.w, NULL)))
+        kvc_threadpool_run(c->tp, pair_tasks, quant_down_task, &j);
     plan_rows(&j, j.d);
     kvc_threadpool_run(c->tp, j.n_tasks, down_task, &j);
 

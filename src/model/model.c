@@ -357,6 +357,21 @@ static int bind_tensors(kvc_model *m, kvc_err *err)
     for (int il = 0; il < hp->n_layer; il++)
         if ((rc = bind_layer(&b, il)))
             return rc;
+    /* Llama 3.1+'s RoPE scaling, as llama.cpp's converter stores it: one
+     * factor per rotated pair, every layer's frequencies divided by it */
+    const gguf_tensor *rf = gguf_find_tensor(m->gguf, "rope_freqs.weight");
+    if (rf) {
+        if (rf->type != KVC_TYPE_F32 || ((uintptr_t)rf->data & 3) != 0)
+            return kvc_fail(err, KVC_ERR_UNSUPPORTED, "tensor rope_freqs.weight: type %u, only F32 is supported",
+                            rf->type);
+        if (rf->ne[0] != hp->n_rot / 2 || rf->ne[1] != 1 || rf->ne[2] != 1)
+            return shape_error(err, rf, "rope_freqs.weight", (const int64_t[3]){ hp->n_rot / 2, 1, 1 });
+        m->rope_freqs = rf->data;
+        for (int32_t i = 0; i < hp->n_rot / 2; i++)
+            if (!(m->rope_freqs[i] > 0.0f) || isinf(m->rope_freqs[i]))
+                return kvc_fail(err, KVC_ERR_FORMAT, "tensor rope_freqs.weight: factor %d is %g, not a positive number",
+                                i, (double)m->rope_freqs[i]);
+    }
     return KVC_OK;
 }
 

@@ -151,6 +151,8 @@ typedef struct kvc_model {
     const float   *output_norm;      /* [n_embd] */
     kvc_weight     output;           /* n_embd -> n_vocab (tok_embd when tied) */
     kvc_layer     *layers;           /* n_layer */
+    const float   *rope_freqs;       /* rope_freqs.weight: [n_rot / 2] divisors of the pairs'
+                                        RoPE frequencies (Llama 3.1+), or NULL */
     float         *owned;            /* 1-D weights converted to f32 */
 } kvc_model;
 
