@@ -290,6 +290,30 @@ int main(void)
         check_path(path, "tiny-qwen35 q8_0");
     if (make_preset("tiny-qwen35moe", "f32", path, sizeof(path)))
         check_path(path, "tiny-qwen35moe f32");
+    /* every layer gated attention (full_attention_interval 1): no recurrent
+     * layer, the gated attention's buffers still there */
+    {
+        kvc_gen_params p;
+        kvc_gen_preset("tiny-qwen35", &p);
+        p.full_attn_interval = 1;
+        p.n_threads = 2;
+        snprintf(path, sizeof(path), "%s/all-attn.gguf", tmpdir);
+        char err[512];
+        kvc_model *m = NULL;
+        kvc_context *ctx = NULL;
+        CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "gen: %s", err);
+        CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "load: %s", err);
+        kvc_context_params cp = kvc_context_default_params();
+        cp.n_ctx = 64;
+        if (m && kvc_context_new(m, &cp, &ctx, err, sizeof(err)) == KVC_OK) {
+            const int32_t toks[] = { 1, 2, 3, 4, 5 };
+            CHECK(!kvc_model_recurrent(m) && m->layers[0].attn_gated);
+            CHECKF(kvc_context_decode(ctx, 0, toks, 5, true, err, sizeof(err)) == KVC_OK, "decode: %s", err);
+            CHECK(isfinite(kvc_context_logits(ctx, 4)[0]));
+        }
+        kvc_context_free(ctx);
+        kvc_model_free(m);
+    }
     const char *const shared[] = { "tiny-qwen35-f32", "tiny-qwen35-q8_0", "tiny-qwen35moe-f32" };
     const char *dir = test_shared_dir();
     for (size_t i = 0; i < KVC_ARRAY_LEN(shared); i++) {

@@ -49,10 +49,12 @@ static gdn_dims dims_of(const kvc_hparams *hp)
     return g;
 }
 
-static bool has_gdn(const kvc_model *m)
+/* Whether the model has GDN or gated attention layers (kvc_gdn_buf's users;
+ * a file may have only the latter: full_attention_interval 1). */
+static bool uses_buffers(const kvc_model *m)
 {
     for (int32_t il = 0; il < m->hp.n_layer; il++)
-        if (m->layers[il].attn == KVC_ATTN_GDN)
+        if (m->layers[il].attn == KVC_ATTN_GDN || m->layers[il].attn_gated)
             return true;
     return false;
 }
@@ -101,7 +103,7 @@ static float *alloc_f(size_t n) { return kvc_alloc_aligned(KVC_MAX(n, 1) * sizeo
 int kvc_gdn_alloc(kvc_compute *c)
 {
     const kvc_model *m = c->m;
-    if (!has_gdn(m))
+    if (!uses_buffers(m))
         return KVC_OK;
     const gdn_dims g = dims_of(&m->hp);
     const size_t B = (size_t)c->max_batch;
