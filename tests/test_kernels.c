@@ -389,6 +389,52 @@ static void check_swiglu(void)
     free(ys);
 }
 
+/* The Gated DeltaNet row (kernels.h): against the same steps in double, and
+ * against the scalar reference, for head sizes with and without tails; the
+ * elements past n untouched; the same bits twice. */
+static void check_gdn_row(void)
+{
+    const kvc_isa isa = kvc_kernels_isa();
+    const int64_t ns[] = { 1, 7, 8, 15, 16, 17, 64, 128, 131 };
+    float s[160], s0[160], ss[160], k[160], q[160];
+    for (size_t ni = 0; ni < KVC_ARRAY_LEN(ns); ni++) {
+        const int64_t n = ns[ni];
+        for (int64_t i = 0; i < n + 8; i++) {
+            s0[i] = rnd_f();
+            k[i] = rnd_f() / sqrtf((float)n);
+            q[i] = rnd_f() / sqrtf((float)n);
+        }
+        const float decay = 0.93f, v = 0.4f, beta = 0.7f;
+        double e[160], kv = 0, o = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) {
+            e[i] = (double)s0[i] * decay;
+            kv += e[i] * k[i];
+        }
+        const double d = ((double)v - kv) * beta;
+        for (int64_t i = 0; i < n; i++) {
+            e[i] += d * k[i];
+            o += e[i] * q[i];
+            mag += fabs(e[i] * q[i]) + fabs(e[i]);
+        }
+        memcpy(s, s0, sizeof(s));
+        const float got = kvc_gdn_row(s, k, q, decay, v, beta, n);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++)
+            bad += fabs(s[i] - e[i]) > 1e-6 * (fabs(e[i]) + 1);
+        for (int64_t i = n; i < n + 8; i++)
+            bad += !same_bits(s[i], s0[i]);
+        CHECKF(bad == 0, "%s gdn_row n %lld: %d state elements off", kvc_isa_name(isa), (long long)n, bad);
+        CHECK_NEAR(got, o, 1e-5 * mag);
+        memcpy(ss, s0, sizeof(ss));
+        kvc_kernels_set_isa(KVC_ISA_SCALAR);
+        const float ref = kvc_gdn_row(ss, k, q, decay, v, beta, n);
+        kvc_kernels_set_isa(isa);
+        CHECK_NEAR(got, ref, 1e-5 * mag);
+        memcpy(ss, s0, sizeof(ss));
+        CHECK(same_bits(kvc_gdn_row(ss, k, q, decay, v, beta, n), got) && memcmp(ss, s, sizeof(s)) == 0);
+    }
+}
+
 /* fp16 row conversions: bitwise the scalar conversions of quant.c. */
 static void check_fp16_rows(void)
 {
@@ -452,6 +498,7 @@ int main(void)
         check_attention_helpers();
         check_fp16_rows();
         check_swiglu();
+        check_gdn_row();
         for (size_t ti = 0; ti < KVC_ARRAY_LEN(all_types); ti++) {
             const uint32_t type = all_types[ti];
             const int bs = kvc_type_info(type)->block_size;

@@ -231,6 +231,10 @@ void kvc_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n) { ops()->axpy
 void kvc_fp32_to_fp16_row(const float *x, kvc_fp16 *y, int64_t n) { ops()->fp32_to_fp16_row(x, y, n); }
 void kvc_fp16_to_fp32_row(const kvc_fp16 *x, float *y, int64_t n) { ops()->fp16_to_fp32_row(x, y, n); }
 void kvc_swiglu(float *g, const float *u, int64_t n) { ops()->swiglu(g, u, n); }
+float kvc_gdn_row(float *s, const float *k, const float *q, float decay, float v, float beta, int64_t n)
+{
+    return ops()->gdn_row(s, k, q, decay, v, beta, n);
+}
 
 /* ----------------------------------------------------- scalar reference
  *
@@ -266,6 +270,23 @@ static float scalar_dot_f16_f32(const kvc_fp16 *a, const float *b, int64_t n)
             p[j] += kvc_fp16_to_fp32(a[k + j]) * b[k + j];
     for (int j = 0; k + j < n; j++)
         p[j] += kvc_fp16_to_fp32(a[k + j]) * b[k + j];
+    return sum_tree8(p);
+}
+
+static float scalar_gdn_row(float *s, const float *k, const float *q, float decay, float v, float beta,
+                            int64_t n)
+{
+    float p[8] = { 0 };
+    for (int64_t i = 0; i < n; i++) {
+        s[i] *= decay;
+        p[i % 8] += s[i] * k[i];
+    }
+    const float d = (v - sum_tree8(p)) * beta;
+    memset(p, 0, sizeof(p));
+    for (int64_t i = 0; i < n; i++) {
+        s[i] += d * k[i];
+        p[i % 8] += s[i] * q[i];
+    }
     return sum_tree8(p);
 }
 
@@ -328,6 +349,7 @@ const kvc_kernel_ops kvc_kernels_scalar = {
     .dot_f32               = scalar_dot_f32,
     .dot_f16_f32           = scalar_dot_f16_f32,
     .axpy_f32              = scalar_axpy_f32,
+    .gdn_row               = scalar_gdn_row,
     .axpy_f16              = scalar_axpy_f16,
     .fp32_to_fp16_row      = scalar_fp32_to_fp16_row,
     .fp16_to_fp32_row      = scalar_fp16_to_fp32_row,

@@ -111,6 +111,15 @@ float kvc_dot_f16_f32(const kvc_fp16 *a, const float *b, int64_t n);
 /* y[i] += a * x[i] */
 void kvc_axpy_f32(float a, const float *x, float *y, int64_t n);
 void kvc_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n);
+/* One row of a Gated DeltaNet head's state (forward_gdn.c), in place, n the
+ * head size:
+ *   s[i] *= decay;  kv = sum_i s[i] k[i];  d = (v - kv) * beta;
+ *   s[i] += d * k[i];  returns sum_i s[i] q[i]
+ * in two passes over s. A fixed order per ISA and n: the scalar reference
+ * multiplies then adds (two roundings) and sums as kvc_dot_f32's reference
+ * (eight partial sums); the SIMD paths use fused multiply-adds, one lane per
+ * element of their width, and their horizontal sum. */
+float kvc_gdn_row(float *s, const float *k, const float *q, float decay, float v, float beta, int64_t n);
 /* The FFN's SwiGLU in place: g[i] = silu(g[i]) * u[i], the same bits on every
  * ISA:
  *   e = |g| <= 80 ? kvc_exp_neg(-|g|) : 0     (= exp(-|g|), attention.h's exp,

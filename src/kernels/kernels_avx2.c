@@ -767,6 +767,39 @@ static void avx2_axpy_f32(float a, const float *x, float *y, int64_t n)
     }
 }
 
+/* kernels.h's GDN row, 8 lanes (masked tail). */
+static float avx2_gdn_row(float *s, const float *k, const float *q, float decay, float v, float beta,
+                          int64_t n)
+{
+    const __m256 dv = _mm256_set1_ps(decay);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(s + i), dv);
+        _mm256_storeu_ps(s + i, r);
+        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i), acc);
+    }
+    const __m256i m = kvc_first_lanes8(n - i);
+    if (i < n) {
+        const __m256 r = _mm256_mul_ps(_mm256_maskload_ps(s + i, m), dv);
+        _mm256_maskstore_ps(s + i, m, r);
+        acc = _mm256_fmadd_ps(r, _mm256_maskload_ps(k + i, m), acc);
+    }
+    const __m256 d = _mm256_set1_ps((v - hsum8(acc)) * beta);
+    acc = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 r = _mm256_fmadd_ps(d, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
+        _mm256_storeu_ps(s + i, r);
+        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i), acc);
+    }
+    if (i < n) {
+        const __m256 r = _mm256_fmadd_ps(d, _mm256_maskload_ps(k + i, m), _mm256_maskload_ps(s + i, m));
+        _mm256_maskstore_ps(s + i, m, r);
+        acc = _mm256_fmadd_ps(r, _mm256_maskload_ps(q + i, m), acc);
+    }
+    return hsum8(acc);
+}
+
 static void avx2_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n)
 {
     const __m256 av = _mm256_set1_ps(a);
@@ -823,6 +856,7 @@ const kvc_kernel_ops kvc_kernels_avx2 = {
     .dot_f32               = avx2_dot_f32,
     .dot_f16_f32           = avx2_dot_f16_f32,
     .axpy_f32              = avx2_axpy_f32,
+    .gdn_row               = avx2_gdn_row,
     .axpy_f16              = avx2_axpy_f16,
     .fp32_to_fp16_row      = avx2_fp32_to_fp16_row,
     .fp16_to_fp32_row      = avx2_fp16_to_fp32_row,

@@ -850,6 +850,39 @@ static void avx512_axpy_f32(float a, const float *x, float *y, int64_t n)
     }
 }
 
+/* kernels.h's GDN row, 16 lanes (masked tail). */
+static float avx512_gdn_row(float *s, const float *k, const float *q, float decay, float v, float beta,
+                            int64_t n)
+{
+    const __m512 dv = _mm512_set1_ps(decay);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(s + i), dv);
+        _mm512_storeu_ps(s + i, r);
+        acc = _mm512_fmadd_ps(r, _mm512_loadu_ps(k + i), acc);
+    }
+    const __mmask16 m = i < n ? tail_mask(n - i) : 0;
+    if (i < n) {
+        const __m512 r = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + i), dv);
+        _mm512_mask_storeu_ps(s + i, m, r);
+        acc = _mm512_fmadd_ps(r, _mm512_maskz_loadu_ps(m, k + i), acc);
+    }
+    const __m512 d = _mm512_set1_ps((v - hsum16(acc)) * beta);
+    acc = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 r = _mm512_fmadd_ps(d, _mm512_loadu_ps(k + i), _mm512_loadu_ps(s + i));
+        _mm512_storeu_ps(s + i, r);
+        acc = _mm512_fmadd_ps(r, _mm512_loadu_ps(q + i), acc);
+    }
+    if (i < n) {
+        const __m512 r = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, k + i), _mm512_maskz_loadu_ps(m, s + i));
+        _mm512_mask_storeu_ps(s + i, m, r);
+        acc = _mm512_fmadd_ps(r, _mm512_maskz_loadu_ps(m, q + i), acc);
+    }
+    return hsum16(acc);
+}
+
 static void avx512_axpy_f16(float a, const kvc_fp16 *x, float *y, int64_t n)
 {
     const __m512 av = _mm512_set1_ps(a);
@@ -908,6 +941,7 @@ const kvc_kernel_ops kvc_kernels_avx512 = {
     .dot_f32               = avx512_dot_f32,
     .dot_f16_f32           = avx512_dot_f16_f32,
     .axpy_f32              = avx512_axpy_f32,
+    .gdn_row               = avx512_gdn_row,
     .axpy_f16              = avx512_axpy_f16,
     .fp32_to_fp16_row      = avx512_fp32_to_fp16_row,
     .fp16_to_fp32_row      = avx512_fp16_to_fp32_row,

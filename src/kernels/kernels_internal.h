@@ -33,6 +33,8 @@ typedef struct kvc_kernel_ops {
     void   (*fp32_to_fp16_row)(const float *x, kvc_fp16 *y, int64_t n);
     void   (*fp16_to_fp32_row)(const kvc_fp16 *x, float *y, int64_t n);
     void   (*swiglu)(float *g, const float *u, int64_t n);
+    float  (*gdn_row)(float *s, const float *k, const float *q, float decay, float v, float beta,
+                      int64_t n);
     /* The integer scheme's prepared activations (kernels_int8.h): NULL / 0 on
      * the ISAs of the float scheme. From act_prefill_min_tok tokens on,
      * matmul_act takes act_prefill_rows rows at a time (kvc_matmul_act_row_group),

@@ -731,6 +731,9 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
     const int32_t hd = hp->head_dim, half = hp->n_rot / 2, B = kvc_kv_block_tokens(pool);
     const uint32_t type = kvc_kv_pool_params_of(pool)->type;
     const size_t rb = kvc_kv_row_bytes(pool);
+    if (kvc_model_recurrent(c->m))
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "context shift not supported for %s: its recurrent "
+                        "layers' state cannot be moved to other positions", hp->arch_name);
     if (p0 < 0 || p1 > seq->n_tokens || p0 > p1)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "shift of positions [%lld, %lld) of %lld",
                         (long long)p0, (long long)p1, (long long)seq->n_tokens);
@@ -762,6 +765,9 @@ int kvc_compute_move_kv(kvc_compute *c, kvc_kv_pool *pool, const int32_t *src_bl
     const int32_t hd = hp->head_dim, half = hp->n_rot / 2, B = kvc_kv_block_tokens(pool);
     const uint32_t type = kvc_kv_pool_params_of(pool)->type;
     const size_t rb = kvc_kv_row_bytes(pool);
+    if (kvc_model_recurrent(c->m))
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "context shift not supported for %s: its recurrent "
+                        "layers' state cannot be moved to other positions", hp->arch_name);
     if (a < 0 || d < 0 || k < 0 || hd > 1024 || (src_blocks == dst_blocks && d > a))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "move of positions [%lld, %lld) to %lld",
                         (long long)a, (long long)(a + k), (long long)d);

@@ -40,8 +40,8 @@ typedef struct kvc_gdn_buf {
     float   *qkv;         /* [n][conv_dim] the projection, then (in place) silu(conv(.)), q and k
                            * l2-normalised */
     float   *z;           /* [n][n_v * d_v] the output gate */
-    float   *beta;        /* [n][n_v] beta's logits, then sigmoid */
-    float   *g;           /* [n][n_v] alpha, then the decay's log g = softplus(alpha + dt) * a */
+    float   *beta;        /* [n][n_v] beta's logits (beta = sigmoid of it) */
+    float   *g;           /* [n][n_v] alpha (the decay: exp(softplus(alpha + dt) * a)) */
     float   *o;           /* [n][n_v * d_v] the recurrence's output, then gated-normalised */
     float   *qg;          /* [n][2 * n_head * hd] gated attention: per head query, then gate */
     int32_t *order;       /* [n] batch indices grouped by sequence, positions increasing */

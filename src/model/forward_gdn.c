@@ -19,11 +19,12 @@
  *
  * Batch invariance: a token's arithmetic depends only on its sequence's state
  * and its own row. The convolution and the recurrence walk each sequence's
- * tokens in position order; the threads split sequences, channels and heads,
- * never a reduction. Each row's dot products use kernels.h's kvc_dot_f32 /
- * kvc_axpy_f32 (a fixed order per ISA and length), so a state and the logits
- * after it are the same bits whether the prefix ran at once, in chunks or
- * token by token, alone or beside other sequences, on any thread count. */
+ * tokens in position order; the threads split sequences and heads, never a
+ * reduction. Each state row is updated by kernels.h's kvc_gdn_row (a
+ * fixed order per ISA and head size; SIMD, with a scalar reference), so a
+ * state and the logits after it are the same bits whether the prefix ran at
+ * once, in chunks or token by token, alone or beside other sequences, on any
+ * thread count. */
 #include "forward.h"
 
 #include <math.h>
@@ -48,10 +49,12 @@ static gdn_dims dims_of(const kvc_hparams *hp)
     return g;
 }
 
-static bool has_gdn(const kvc_model *m)
+/* Whether the model has GDN or gated attention layers (kvc_gdn_buf's users;
+ * a file may have only the latter: full_attention_interval 1). */
+static bool uses_buffers(const kvc_model *m)
 {
     for (int32_t il = 0; il < m->hp.n_layer; il++)
-        if (m->layers[il].attn == KVC_ATTN_GDN)
+        if (m->layers[il].attn == KVC_ATTN_GDN || m->layers[il].attn_gated)
             return true;
     return false;
 }
@@ -100,7 +103,7 @@ static float *alloc_f(size_t n) { return kvc_alloc_aligned(KVC_MAX(n, 1) * sizeo
 int kvc_gdn_alloc(kvc_compute *c)
 {
     const kvc_model *m = c->m;
-    if (!has_gdn(m))
+    if (!uses_buffers(m))
         return KVC_OK;
     const gdn_dims g = dims_of(&m->hp);
     const size_t B = (size_t)c->max_batch;
@@ -180,13 +183,10 @@ void kvc_gated_out(fwd *f)
 
 /* ------------------------------------------------------------ GDN step */
 
-#define CONV_CHUNK 64   /* channels per convolution task */
-
 typedef struct gdn_job {
     fwd     *f;
     const kvc_layer *L;
     gdn_dims g;
-    int64_t  n_chunks;  /* convolution tasks per sequence */
 } gdn_job;
 
 /* Group the batch by sequence: order[] lists each sequence's batch indices
@@ -213,34 +213,25 @@ static void group_batch(fwd *f)
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
-/* Task (group, chunk): the causal convolution of CONV_CHUNK channels over the
- * group's tokens in position order, silu applied, in place in qkv; the conv
- * state advances with each token. Per channel: y = sum_k w[k] s[k] over the
- * K - 1 kept inputs then the new one, k increasing (ggml_ssm_conv's order). */
-static void conv_task(void *ctx, int64_t task, int thread)
+/* The causal convolution of one token's channels [ch0, ch1), silu applied,
+ * in place in u; the conv state st ([K - 1][cd], oldest first) advances. Per
+ * channel y = sum_k w[k] s[k] over the K - 1 kept inputs then the new one, k
+ * increasing (ggml_ssm_conv's order). */
+static void conv_channels(float *st, const float *w, float *u, int64_t cd, int32_t K, int64_t ch0,
+                          int64_t ch1)
 {
-    const gdn_job *j = ctx;
-    const kvc_gdn_buf *b = &j->f->c->gdn;
-    const int64_t r = task / j->n_chunks, ch0 = task % j->n_chunks * CONV_CHUNK;
-    const int64_t ch1 = KVC_MIN(ch0 + CONV_CHUNK, j->g.conv_dim), cd = j->g.conv_dim;
-    const int32_t K = j->g.K;
-    float *st = b->state[r];                       /* [K - 1][conv_dim] */
-    const float *w = j->L->ssm_conv1d;             /* [conv_dim][K] */
-    for (int32_t t = b->run[r]; t < b->run[r + 1]; t++) {
-        float *u = b->qkv + (int64_t)b->order[t] * cd;
-        for (int64_t ch = ch0; ch < ch1; ch++) {
-            const float *wc = w + ch * K;
-            float y = 0.0f;
-            for (int32_t k = 0; k < K - 1; k++)
-                y += st[k * cd + ch] * wc[k];
-            const float x = u[ch];
-            y += x * wc[K - 1];
-            for (int32_t k = 0; k + 1 < K - 1; k++)
-                st[k * cd + ch] = st[(k + 1) * cd + ch];
-            if (K > 1)
-                st[(int64_t)(K - 2) * cd + ch] = x;
-            u[ch] = silu(y);
-        }
+    for (int64_t ch = ch0; ch < ch1; ch++) {
+        const float *wc = w + ch * K;
+        float y = 0.0f;
+        for (int32_t k = 0; k < K - 1; k++)
+            y += st[k * cd + ch] * wc[k];
+        const float x = u[ch];
+        y += x * wc[K - 1];
+        for (int32_t k = 0; k + 1 < K - 1; k++)
+            st[k * cd + ch] = st[(k + 1) * cd + ch];
+        if (K > 1)
+            st[(int64_t)(K - 2) * cd + ch] = x;
+        u[ch] = silu(y);
     }
 }
 
@@ -255,64 +246,47 @@ static void l2norm(float *x, int64_t n, float eps)
         x[i] *= scale;
 }
 
-/* Row i: q and k heads l2-normalised; beta = sigmoid; g = softplus(alpha + dt) * a. */
-static void gates_task(void *ctx, int64_t i, int thread)
+/* Task (group r, K head hk): everything of the layer that reads the state,
+ * for Q/K head hk and the V heads h = hk (mod n_k) that read it, over the
+ * group's tokens in position order. Per token: the convolution of its
+ * channels (q_hk, k_hk, each v_h), l2 norms of q and k; per V head beta =
+ * sigmoid, g = softplus(alpha + dt) * a, the delta rule (one kvc_gdn_row per
+ * state row), o_h = rmsnorm(o_h) * ssm_norm * silu(z_h). Tasks own disjoint
+ * channels, state rows and output heads; one dispatch, as decode wants. */
+static void head_task(void *ctx, int64_t task, int thread)
 {
     const gdn_job *j = ctx;
     const kvc_gdn_buf *b = &j->f->c->gdn;
-    const float eps = j->f->c->m->hp.rms_eps;
-    float *qk = b->qkv + i * j->g.conv_dim;
-    for (int32_t h = 0; h < 2 * j->g.n_k; h++)
-        l2norm(qk + (int64_t)h * j->g.d, j->g.d, eps);
-    float *beta = b->beta + i * j->g.n_v, *g = b->g + i * j->g.n_v;
-    for (int32_t h = 0; h < j->g.n_v; h++) {
-        beta[h] = 1.0f / (1.0f + expf(-beta[h]));
-        const float a = g[h] + j->L->ssm_dt[h];
-        g[h] = (a > 20.0f ? a : log1pf(expf(a))) * j->L->ssm_a[h];   /* ggml_softplus */
-    }
-}
-
-/* Task (group, V head h): the delta rule over the group's tokens in position
- * order; each token's output o_h into b->o. */
-static void delta_task(void *ctx, int64_t task, int thread)
-{
-    const gdn_job *j = ctx;
-    const kvc_gdn_buf *b = &j->f->c->gdn;
-    const int32_t n_v = j->g.n_v, d = j->g.d, n_k = j->g.n_k;
-    const int64_t r = task / n_v, h = task % n_v, cd = j->g.conv_dim;
-    float *S = b->state[r] + (int64_t)(j->g.K - 1) * cd + h * (int64_t)d * d;   /* [d_v][d_k] */
-    const float scale = 1.0f / sqrtf((float)d);
+    const kvc_layer *L = j->L;
+    const int32_t n_v = j->g.n_v, d = j->g.d, n_k = j->g.n_k, K = j->g.K;
+    const int64_t r = task / n_k, hk = task % n_k, cd = j->g.conv_dim;
+    const float eps = j->f->c->m->hp.rms_eps, scale = 1.0f / sqrtf((float)d);
+    float *st = b->state[r];                                       /* [K - 1][conv_dim] */
+    float *S0 = st + (int64_t)(K - 1) * cd;                        /* [n_v][d_v][d_k] */
     for (int32_t t = b->run[r]; t < b->run[r + 1]; t++) {
         const int64_t i = b->order[t];
-        const float *row = b->qkv + i * cd;
-        const float *q = row + (h % n_k) * (int64_t)d;
-        const float *k = row + (int64_t)n_k * d + (h % n_k) * (int64_t)d;
-        const float *v = row + 2 * (int64_t)n_k * d + h * (int64_t)d;
-        const float decay = expf(b->g[i * n_v + h]), beta = b->beta[i * n_v + h];
-        float *o = b->o + i * j->g.inner + h * (int64_t)d;
-        for (int32_t jv = 0; jv < d; jv++) {
-            float *s = S + (int64_t)jv * d;
-            for (int32_t ik = 0; ik < d; ik++)
-                s[ik] *= decay;
-            const float delta = (v[jv] - kvc_dot_f32(s, k, d)) * beta;
-            kvc_axpy_f32(delta, k, s, d);
-            o[jv] = kvc_dot_f32(s, q, d) * scale;
+        float *u = b->qkv + i * cd;
+        float *q = u + hk * d, *k = u + ((int64_t)n_k + hk) * d;
+        conv_channels(st, L->ssm_conv1d, u, cd, K, hk * d, (hk + 1) * d);
+        conv_channels(st, L->ssm_conv1d, u, cd, K, ((int64_t)n_k + hk) * d, ((int64_t)n_k + hk + 1) * d);
+        l2norm(q, d, eps);
+        l2norm(k, d, eps);
+        for (int64_t h = hk; h < n_v; h += n_k) {
+            const int64_t v0 = 2 * (int64_t)n_k * d + h * d;
+            conv_channels(st, L->ssm_conv1d, u, cd, K, v0, v0 + d);
+            const float *v = u + v0;
+            const float beta = 1.0f / (1.0f + expf(-b->beta[i * n_v + h]));
+            const float a = b->g[i * n_v + h] + L->ssm_dt[h];
+            const float g = (a > 20.0f ? a : log1pf(expf(a))) * L->ssm_a[h];   /* ggml_softplus */
+            const float decay = expf(g);
+            float *S = S0 + h * (int64_t)d * d, *o = b->o + i * j->g.inner + h * d;
+            for (int32_t jv = 0; jv < d; jv++)
+                o[jv] = kvc_gdn_row(S + (int64_t)jv * d, k, q, decay, v[jv], beta, d) * scale;
+            const float *z = b->z + i * j->g.inner + h * d;
+            kvc_fwd_rmsnorm(o, o, L->ssm_norm, d, eps);
+            for (int32_t e = 0; e < d; e++)
+                o[e] *= silu(z[e]);
         }
-    }
-}
-
-/* Row i: o_h = rmsnorm(o_h) * ssm_norm * silu(z_h) per V head. */
-static void out_norm_task(void *ctx, int64_t i, int thread)
-{
-    const gdn_job *j = ctx;
-    const kvc_gdn_buf *b = &j->f->c->gdn;
-    const int32_t d = j->g.d;
-    float *o = b->o + i * j->g.inner;
-    const float *z = b->z + i * j->g.inner;
-    for (int32_t h = 0; h < j->g.n_v; h++) {
-        kvc_fwd_rmsnorm(o + (int64_t)h * d, o + (int64_t)h * d, j->L->ssm_norm, d, j->f->c->m->hp.rms_eps);
-        for (int32_t e = 0; e < d; e++)
-            o[(int64_t)h * d + e] *= silu(z[(int64_t)h * d + e]);
     }
 }
 
@@ -321,8 +295,7 @@ void kvc_gdn_step(fwd *f)
     kvc_compute *c = f->c;
     kvc_gdn_buf *b = &c->gdn;
     const kvc_layer *L = &c->m->layers[f->layer];
-    gdn_job j = { f, L, dims_of(&c->m->hp), 0 };
-    j.n_chunks = (j.g.conv_dim + CONV_CHUNK - 1) / CONV_CHUNK;
+    gdn_job j = { f, L, dims_of(&c->m->hp) };
     const int64_t n = f->n;
 
     group_batch(f);
@@ -336,10 +309,7 @@ void kvc_gdn_step(fwd *f)
     kvc_fwd_matmul_n(c, c->h, n, 4, (const kvc_weight *[]){ &L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha },
                      (float *[]){ b->qkv, b->z, b->beta, b->g },
                      (const int64_t[]){ j.g.conv_dim, j.g.inner, j.g.n_v, j.g.n_v });
-    kvc_threadpool_run(c->tp, (int64_t)b->n_runs * j.n_chunks, conv_task, &j);
-    kvc_threadpool_run(c->tp, n, gates_task, &j);
-    kvc_threadpool_run(c->tp, (int64_t)b->n_runs * j.g.n_v, delta_task, &j);
-    kvc_threadpool_run(c->tp, n, out_norm_task, &j);
+    kvc_threadpool_run(c->tp, (int64_t)b->n_runs * j.g.n_k, head_task, &j);
     kvc_fwd_matmul_n(c, b->o, n, 1, (const kvc_weight *[]){ &L->ssm_out }, (float *[]){ c->h },
                      (const int64_t[]){ c->m->hp.n_embd });
 }

@@ -450,3 +450,11 @@ void kvc_model_release(kvc_model *m)
     free(m->owned);
     free(m);
 }
+
+bool kvc_model_recurrent(const kvc_model *m)
+{
+    for (int32_t il = 0; il < m->hp.n_layer; il++)
+        if (m->layers[il].state_floats > 0)
+            return true;
+    return false;
+}

@@ -166,6 +166,10 @@ int  kvc_model_load_file(const char *path, kvc_progress_fn progress, void *user,
                          kvc_model **out, kvc_err *err);
 void kvc_model_release(kvc_model *m);     /* NULL ok */
 
+/* Whether some layer keeps a recurrent state (Gated DeltaNet, ...): such a
+ * model cannot shift its context (a state cannot be moved to other positions). */
+bool kvc_model_recurrent(const kvc_model *m);
+
 /* --------------------------------------------------------------- forward */
 
 typedef struct kvc_compute kvc_compute;

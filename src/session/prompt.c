@@ -145,6 +145,12 @@ int kvc_prompt_chat(const kvc_model *m, const kvc_chat_template *tmpl,
     if (rc || !p || p->overflow != KVC_OVERFLOW_SHIFT)
         return rc;
     const int64_t want = p->max_tokens > 0 ? p->max_tokens : 1, n0 = out->n;
+    if (out->n + want > n_ctx && kvc_model_recurrent(m))
+        return kvc_fail(err, KVC_ERR_CONTEXT_LENGTH,
+                        "this model's maximum context length is %lld tokens (%lld in the prompt, %lld "
+                        "requested for the reply), and context shift is not supported for %s: its "
+                        "recurrent layers' state cannot be moved to other positions",
+                        (long long)n_ctx, (long long)out->n, (long long)want, m->hp.arch_name);
     const size_t sys = n > 0 && is_role(&msgs[0], "system") ? 1 : 0;
     size_t from = sys;
     kvc_chat_message *kept = NULL;
