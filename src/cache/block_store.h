@@ -203,7 +203,8 @@ typedef struct kvc_disk_store_params {
     uint64_t    budget_bytes; /* 0 = KVC_DISK_DEFAULT_MIB MiB (kvchat.h) */
     bool        fsync;        /* fsync each block before it becomes visible; off by default */
     /* told once when the medium fills up before the budget (the budget is
-     * then lowered to what fits: older blocks make room); NULL = nobody */
+     * then lowered to what fits: older blocks make room), and every 2 s of
+     * a slow index rebuild at open how many blocks it has read; NULL = nobody */
     void      (*warn)(void *user, const char *msg);
     void       *warn_user;
 } kvc_disk_store_params;

@@ -809,7 +809,16 @@ static int by_stamp(const void *a, const void *b)
     return x->hash < y->hash ? -1 : x->hash > y->hash;
 }
 
-/* Rebuild the index from the directory, least recently used first. */
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Rebuild the index from the directory, least recently used first; a
+ * rebuild that takes more than 2 s tells warn how far it got every 2 s, and
+ * when it is done. */
 static int load_index(disk_store *ds, kvc_err *err)
 {
     int fd = dup(ds->dir_fd);
@@ -821,12 +830,26 @@ static int load_index(disk_store *ds, kvc_err *err)
                         strerror(errno));
     }
     entry **all = NULL;
-    size_t n = 0, cap = 0;
+    size_t n = 0, cap = 0, seen = 0;
     snapshot sn = read_snapshot(ds);
-    for (struct dirent *de; (de = readdir(d));)
+    const double t0 = now_seconds();
+    double next = t0 + 2.0;
+    char msg[160];
+    for (struct dirent *de; (de = readdir(d));) {
         load_one(ds, &sn, de->d_name, &all, &n, &cap);
+        if (ds->warn && ++seen % 512 == 0 && now_seconds() >= next) {   /* a slow rebuild: say so */
+            snprintf(msg, sizeof(msg), "disk cache: reading its index: %zu blocks so far (%.0f s)",
+                     n, now_seconds() - t0);
+            ds->warn(ds->warn_user, msg);
+            next = now_seconds() + 2.0;
+        }
+    }
     closedir(d);
     free(sn.v);
+    if (ds->warn && next > t0 + 2.0) {   /* progress was shown: and the end */
+        snprintf(msg, sizeof(msg), "disk cache: index read: %zu blocks in %.1f s", n, now_seconds() - t0);
+        ds->warn(ds->warn_user, msg);
+    }
     if (n)
         qsort(all, n, sizeof(entry *), by_stamp);
     for (size_t i = 0; i < n; i++) {
