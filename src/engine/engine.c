@@ -53,7 +53,11 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
     if (p.n_ctx <= 0)   /* the file's, within the budget (or n_parallel contexts in RAM) */
         eng->p.n_ctx = p.n_ctx = kvc_context_fit_n_ctx(model, p.kv_type, budget, p.n_parallel);
     int64_t blocks = (int64_t)p.n_parallel * ((p.n_ctx + B - 1) / B) + 1;
-    if (eng->block_bytes == 0)
+    if (p.overflow == KVC_OVERFLOW_SHIFT && kvc_model_has_recurrent(model))
+        rc = kvc_fail(&e, KVC_ERR_UNSUPPORTED, "context shift (--context-overflow shift) is not "
+                      "supported for %s: its recurrent layers' state cannot be moved to new "
+                      "positions", model->hp.arch_name);
+    else if (eng->block_bytes == 0)
         rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "KV type %d not supported for this model (f16, "
                       "f32; q8_0 needs a head dim that is a multiple of 32, it is %d)",
                       p.kv_type, model->hp.head_dim);

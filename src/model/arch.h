@@ -66,6 +66,16 @@ typedef enum kvc_dim {
     KVC_D_FF_EXP,            /* n_ff_exp (one expert's FFN width) */
     KVC_D_FF_EXP2,           /* 2 * n_ff_exp (fused gate and up) */
     KVC_D_FF_SHEXP,          /* n_ff_shexp (the shared expert's width) */
+    /* recurrent layers (kvc_hparams' shortconv_l and ssm_*) */
+    KVC_D_EMBD3,             /* 3 * n_embd (lfm2's in_proj: b, c, x) */
+    KVC_D_CONV_L,            /* shortconv.l_cache (lfm2's kernel width) */
+    KVC_D_SSM_CONV_K,        /* ssm.conv_kernel */
+    KVC_D_SSM_CONV,          /* d_inner + 2 * n_group * d_state (the convolved channels: x, B, C) */
+    KVC_D_SSM_IN,            /* 2 * d_inner + 2 * n_group * d_state + n_ssm_head (z, xBC, dt) */
+    KVC_D_SSM_INNER,         /* ssm.inner_size */
+    KVC_D_SSM_HEADS,         /* ssm.time_step_rank: Mamba heads */
+    KVC_D_SSM_GROUPS,        /* ssm.group_count */
+    KVC_D_SSM_GROUP_W,       /* d_inner / n_group (one group of the gated norm) */
 } kvc_dim;
 
 /* Which layers carry a tensor. */
@@ -73,6 +83,8 @@ typedef enum kvc_tensor_when {
     KVC_ON_ALL = 0,
     KVC_ON_DENSE,            /* layers whose FFN is dense */
     KVC_ON_MOE,              /* layers whose FFN is a mixture of experts */
+    KVC_ON_ATTN,             /* layers whose mixer is attention (full or window) */
+    KVC_ON_RECR,             /* layers whose mixer is the row's recurrent kind (kvc_arch.recurrent) */
 } kvc_tensor_when;
 
 #define KVC_T_OPTIONAL  1u   /* may be absent: its field stays NULL / empty */
@@ -96,6 +108,8 @@ typedef struct kvc_arch_tensor {
 /* One metadata key, read as "{arch}.{suffix}" into a kvc_hparams field. */
 typedef enum kvc_key_type {
     KVC_KEY_U32, KVC_KEY_F32, KVC_KEY_BOOL,
+    KVC_KEY_U32_LAYERS,      /* a U32, or an array of one per layer: the field gets the largest,
+                              * model.c's layer_hparams each layer's (head_count_kv of the hybrids) */
     KVC_KEY_ROPE_SCALING,    /* a string: "none", "linear" or "yarn", into a kvc_rope_scaling */
 } kvc_key_type;
 
@@ -125,6 +139,15 @@ typedef struct kvc_arch {
     kvc_moe_gating gating;                   /* default router (MoE) */
     bool        moe_norm_w;                  /* default: renormalise the selected weights */
     kvc_ffn_act act;                         /* the FFNs' activation */
+    bool        ffn_by_experts;              /* every FFN is MoE when expert_count > 0, else
+                                              * dense (granitehybrid); overrides .ffn */
+    bool        ff_exp_is_ff;                /* an expert's width is feed_forward_length (granite) */
+    kvc_attn_kind recurrent;                 /* the mixer of a layer whose head_count_kv is 0
+                                              * (lfm2, granitehybrid); 0: none such */
+    bool        rope_finetuned_switch;       /* rope.scaling.finetuned false => no RoPE at all
+                                              * (Granite 4.0-H is NoPE) */
+    const char *output_norm;                 /* the final norm's tensor; NULL: output_norm.weight
+                                              * (lfm2: token_embd_norm.weight) */
     const kvc_arch_key    *const *keys;      /* NULL-terminated lists of {0}-terminated keys */
     const kvc_arch_tensor *const *tensors;   /* per layer, NULL-terminated lists */
 } kvc_arch;

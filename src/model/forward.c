@@ -100,7 +100,10 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->tiles = malloc((B + 1) * sizeof(int32_t));
     /* Tiles of about kvc_attn_tile_rows query rows: K/V blocks are read from
      * memory once per tile and from L1 for every 8 or 16 of its rows. */
-    const int32_t group = hp->n_head / hp->n_head_kv;
+    int32_t group = 1;   /* the largest query group of any attention layer */
+    for (int32_t il = 0; il < hp->n_layer; il++)
+        if (m->layers[il].n_head_kv > 0)
+            group = KVC_MAX(group, m->layers[il].n_head / m->layers[il].n_head_kv);
     c->tile_tok = KVC_MAX(1, KVC_MIN(64, kvc_attn_tile_rows((int32_t)hd) / group));
     c->tp = kvc_threadpool_new(n_threads);
     c->mm_scratch = calloc((size_t)n_threads, sizeof(float *));
@@ -112,6 +115,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
               c->scores && c->krow && c->blk;
     int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
     max_in = KVC_MAX(max_in, KVC_MAX((int64_t)hp->n_ff_exp, (int64_t)hp->n_ff_shexp));
+    max_in = KVC_MAX(max_in, (int64_t)hp->ssm_d_inner);   /* Mamba-2's out_proj */
     c->mm_act_bytes = kvc_matmul_act_bytes(max_in, max_batch);   /* 0 on ISAs that do not use them */
     if (ok && c->mm_act_bytes) {
         c->mm_act = kvc_alloc_aligned(c->mm_act_bytes);
@@ -129,6 +133,10 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     if (hp->n_expert > 0 && kvc_moe_alloc(c) != KVC_OK) {
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the experts' buffers");
+    }
+    if (hp->arch->recurrent != KVC_ATTN_FULL && kvc_ssm_alloc(c) != KVC_OK) {
+        kvc_compute_free(c);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the recurrent layers' buffers");
     }
     rope_init(&c->rope[0], hp, hp->rope_theta, false);
     rope_init(&c->rope[1], hp, hp->rope_theta_swa, !hp->arch->swa_rope_as_global);
@@ -150,6 +158,7 @@ void kvc_compute_free(kvc_compute *c)
             kvc_free_aligned(c->krow[t]);
     }
     kvc_moe_free(c);
+    kvc_ssm_free(c);
     kvc_threadpool_free(c->tp);
     free(c->mm_scratch);
     kvc_free_aligned(c->mm_act);
@@ -260,7 +269,7 @@ static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t 
 /* ------------------------------------------------------- per-token math */
 
 /* out = x / sqrt(mean(x^2) + eps) * w  (the sum in double, as exact as cheap) */
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+void kvc_fwd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
 {
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++)
@@ -375,20 +384,23 @@ static void residual_add(const kvc_hparams *hp, float *x, float *h, const float 
 {
     add_bias(h, bias, hp->n_embd);
     if (post_norm)
-        rmsnorm(h, h, post_norm, hp->n_embd, hp->rms_eps);
+        kvc_fwd_rmsnorm(h, h, post_norm, hp->n_embd, hp->rms_eps);
+    if (hp->residual_scale != 0.0f)   /* Granite */
+        for (int32_t d = 0; d < hp->n_embd; d++)
+            h[d] *= hp->residual_scale;
     add_rows(x, h, hp->n_embd);
 }
 
 /* Row i: x += the previous layer's FFN output (none before layer 0), then the
  * attention's norm. */
-static void attn_norm_task(void *ctx, int64_t i, int thread)
+void kvc_fwd_attn_norm_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
     const kvc_hparams *hp = &f->c->m->hp;
     float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
     if (f->layer > 0)
         residual_add(hp, x, h, NULL, f->c->m->layers[f->layer - 1].post_ffn_norm);
-    rmsnorm(h, x, f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
+    kvc_fwd_rmsnorm(h, x, f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
 }
 
 /* Row i: x += the attention's output (+ its bias, post-norm), then the FFN's norm. */
@@ -399,7 +411,7 @@ void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread)
     const kvc_layer *L = &f->c->m->layers[f->layer];
     float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
     residual_add(hp, x, h, L->bo, L->post_attn_norm);
-    rmsnorm(h, x, L->ffn_norm, hp->n_embd, hp->rms_eps);
+    kvc_fwd_rmsnorm(h, x, L->ffn_norm, hp->n_embd, hp->rms_eps);
 }
 
 /* Row i: gate = act(gate, up) (SwiGLU, GeGLU, ...: the row's activation). */
@@ -437,16 +449,18 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     const float *cs = c->rope_cos + at, *sn = c->rope_sin + at;
     for (int32_t h = 0; h < L->n_head; h++) {
         if (L->q_norm)
-            rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
-        rope_head(q + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
+            kvc_fwd_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
+        if (!L->no_rope)
+            rope_head(q + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
     }
     const kvc_batch_item *it = &f->items[i];
     int32_t blk = it->seq->blocks[it->pos / f->B];
     size_t off = (size_t)(it->pos % f->B) * f->row_bytes;
     for (int32_t h = 0; h < L->n_head_kv; h++) {
         if (L->k_norm)
-            rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
-        rope_head(k + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
+            kvc_fwd_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
+        if (!L->no_rope)
+            rope_head(k + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
         store_k(f->kv_type, k + h * hd, kvc_kv_k(f->pool, blk, f->layer, h), it->pos % f->B, f->B,
                 f->row_bytes, hd);
         store_row(f->kv_type, v + h * hd, (uint8_t *)kvc_kv_v(f->pool, blk, f->layer, h) + off, hd);
@@ -572,7 +586,7 @@ static void attn_step(fwd *f)
     const int64_t n = f->n, d = c->m->hp.n_embd;
     const int64_t nq = (int64_t)L->n_head * L->head_dim, nkv = (int64_t)L->n_head_kv * L->head_dim;
 
-    kvc_threadpool_run(c->tp, n, attn_norm_task, f);
+    kvc_threadpool_run(c->tp, n, kvc_fwd_attn_norm_task, f);
     kvc_fwd_matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
              (float *[]){ c->q, c->k, c->v }, (const int64_t[]){ nq, nkv, nkv });
     kvc_threadpool_run(c->tp, n, qkv_task, f);
@@ -597,6 +611,8 @@ static void ffn_dense_step(fwd *f)
 static const layer_step attn_steps[] = {
     [KVC_ATTN_FULL]   = attn_step,
     [KVC_ATTN_WINDOW] = attn_step,
+    [KVC_ATTN_SHORTCONV] = kvc_shortconv_step,
+    [KVC_ATTN_MAMBA2] = kvc_mamba2_step,
 };
 
 static const layer_step ffn_steps[] = {
@@ -659,7 +675,7 @@ static void out_norm_task(void *ctx, int64_t i, int thread)
 {
     out_job *o = ctx;
     const kvc_hparams *hp = &o->c->m->hp;
-    rmsnorm(o->c->h + i * hp->n_embd, o->c->x + (int64_t)o->rows[i] * hp->n_embd,
+    kvc_fwd_rmsnorm(o->c->h + i * hp->n_embd, o->c->x + (int64_t)o->rows[i] * hp->n_embd,
             o->c->m->output_norm, hp->n_embd, hp->rms_eps);
 }
 
@@ -677,7 +693,8 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
     for (f.layer = 0; f.layer < hp->n_layer && !atomic_load(&f.failed); f.layer++)
         layer_forward(&f);
     if (atomic_load(&f.failed))
-        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory for the attention of a Q8_0 KV cache");
+        return kvc_fail(err, KVC_ERR_NOMEM, c->ssm.proj ? "out of memory for a recurrent state or a Q8_0 KV cache"
+                                                        : "out of memory for the attention of a Q8_0 KV cache");
     kvc_threadpool_run(c->tp, n, last_residual_task, &f);
     for (int32_t i = 0; i < n; i++)
         if (items[i].pos + 1 > items[i].seq->n_tokens)
@@ -693,6 +710,11 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
     out_job o = { c, rows };
     kvc_threadpool_run(c->tp, n_out, out_norm_task, &o);
     matmul(c, &c->m->output, c->h, n_out, logits, hp->n_vocab);
+    if (hp->logit_scale != 0.0f) {   /* Granite */
+        const float inv = 1.0f / hp->logit_scale;
+        for (int64_t j = 0; j < (int64_t)n_out * hp->n_vocab; j++)
+            logits[j] *= inv;
+    }
     if (hp->logit_softcap > 0.0f) {
         const float cap = hp->logit_softcap;
         for (int64_t j = 0; j < (int64_t)n_out * hp->n_vocab; j++)
@@ -710,6 +732,8 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
     const int32_t hd = hp->head_dim, half = hp->n_rot / 2, B = kvc_kv_block_tokens(pool);
     const uint32_t type = kvc_kv_pool_params_of(pool)->type;
     const size_t rb = kvc_kv_row_bytes(pool);
+    if (kvc_model_has_recurrent(c->m))
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "context shift: %s has recurrent layers", hp->arch_name);
     if (p0 < 0 || p1 > seq->n_tokens || p0 > p1)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "shift of positions [%lld, %lld) of %lld",
                         (long long)p0, (long long)p1, (long long)seq->n_tokens);
@@ -741,6 +765,8 @@ int kvc_compute_move_kv(kvc_compute *c, kvc_kv_pool *pool, const int32_t *src_bl
     const int32_t hd = hp->head_dim, half = hp->n_rot / 2, B = kvc_kv_block_tokens(pool);
     const uint32_t type = kvc_kv_pool_params_of(pool)->type;
     const size_t rb = kvc_kv_row_bytes(pool);
+    if (kvc_model_has_recurrent(c->m))
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "context shift: %s has recurrent layers", hp->arch_name);
     if (a < 0 || d < 0 || k < 0 || hd > 1024 || (src_blocks == dst_blocks && d > a))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "move of positions [%lld, %lld) to %lld",
                         (long long)a, (long long)(a + k), (long long)d);

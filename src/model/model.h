@@ -49,6 +49,19 @@ typedef struct kvc_hparams {
     bool     moe_norm_w;     /* expert_weights_norm: selected weights sum to 1 */
     float    moe_w_scale;    /* expert_weights_scale (0 or 1: none) */
     kvc_ffn_act ffn_act;     /* the FFNs' activation */
+    /* recurrent layers (arch.h's kvc_arch.recurrent; 0 when the model has none) */
+    int32_t  shortconv_l;    /* shortconv.l_cache: lfm2's kernel width L (state: L - 1 inputs) */
+    int32_t  ssm_d_conv;     /* ssm.conv_kernel: Mamba-2's kernel width K */
+    int32_t  ssm_d_inner;    /* ssm.inner_size */
+    int32_t  ssm_d_state;    /* ssm.state_size: N */
+    int32_t  ssm_n_head;     /* ssm.time_step_rank: Mamba heads, d_inner / n_head wide each */
+    int32_t  ssm_n_group;    /* ssm.group_count: G groups of B, C (and of the gated norm) */
+    /* Granite's scalars (0: none) */
+    float    residual_scale; /* residual_scale: each sublayer's output x this before its add */
+    float    attn_scale;     /* attention.scale: the scores' factor instead of 1/sqrt(head_dim) */
+    float    logit_scale;    /* logit_scale: logits / this */
+    bool     rope_finetuned; /* rope.scaling.finetuned (default true); false with
+                              * kvc_arch.rope_finetuned_switch: no RoPE */
 } kvc_hparams;
 
 /* A stack of per-expert matrices stored as one 3-D tensor (GGUF ne = [n_in,
@@ -78,6 +91,7 @@ typedef struct kvc_layer {
     int32_t      window;             /* sliding window in positions; 0 = full */
     int32_t      rope;               /* which of the compute's rotations (0: global, 1: sliding layers) */
     float        attn_scale;         /* the scores' factor (1/sqrt(head_dim), or the row's rule) */
+    bool         no_rope;            /* positions enter only through the causal mask (NoPE) */
     int64_t      state_floats;       /* recurrent kinds: floats of the layer's per-sequence state
                                       * (conv state, then the recurrent state); 0 for attention */
 
@@ -114,6 +128,19 @@ typedef struct kvc_layer {
     kvc_weight   shexp_gate;         /* n_embd -> n_ff_shexp, or empty (no shared expert) */
     kvc_weight   shexp_up;           /* n_embd -> n_ff_shexp */
     kvc_weight   shexp_down;         /* n_ff_shexp -> n_embd */
+    /* short convolution (lfm2) */
+    const float *conv;               /* [n_embd][L] causal kernel per channel */
+    kvc_weight   conv_in;            /* n_embd -> 3 n_embd: b, c, x */
+    kvc_weight   conv_out;           /* n_embd -> n_embd */
+    /* Mamba-2 (granitehybrid) */
+    kvc_weight   ssm_in;             /* n_embd -> z [d_inner], xBC [d_inner + 2GN], dt [n_head] */
+    const float *ssm_conv;           /* [d_inner + 2GN][K] causal kernel per channel */
+    const float *ssm_conv_b;         /* [d_inner + 2GN] or NULL */
+    const float *ssm_dt_b;           /* [n_head] */
+    const float *ssm_a;              /* [n_head] = -exp(A_log) */
+    const float *ssm_d;              /* [n_head] skip */
+    const float *ssm_norm;           /* [G][d_inner / G] gated norm's weights */
+    kvc_weight   ssm_out;            /* d_inner -> n_embd */
 } kvc_layer;
 
 typedef struct kvc_model {
@@ -141,6 +168,11 @@ typedef void (*kvc_progress_fn)(float fraction, void *user);
 int  kvc_model_load_file(const char *path, kvc_progress_fn progress, void *user,
                          kvc_model **out, kvc_err *err);
 void kvc_model_release(kvc_model *m);     /* NULL ok */
+
+/* Whether a layer of the model keeps a recurrent state instead of K/V (lfm2,
+ * granitehybrid, ...): such a state cannot be moved to other positions, so
+ * a context shift is refused for these models. */
+bool kvc_model_has_recurrent(const kvc_model *m);
 
 /* --------------------------------------------------------------- forward */
 

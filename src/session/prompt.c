@@ -116,6 +116,11 @@ int kvc_prompt_chat(const kvc_model *m, const kvc_chat_template *tmpl,
     const size_t sys = n > 0 && is_role(&msgs[0], "system") ? 1 : 0;
     size_t from = sys;
     kvc_chat_message *kept = NULL;
+    if (out->n + want > n_ctx && kvc_model_has_recurrent(m))
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "this model's maximum context length is %lld tokens "
+                        "and the request needs %lld; a context shift is not supported for %s (its "
+                        "recurrent layers' state cannot be moved to new positions)", (long long)n_ctx,
+                        (long long)(out->n + want), m->hp.arch_name);
     while (!rc && out->n + want > n_ctx) {
         size_t j = from + 1;                 /* the next turn: its user message */
         while (j < n && !is_role(&msgs[j], "user"))
