@@ -8,8 +8,9 @@
  *  - the Mamba-2 scan step's AVX2 path gives the scalar reference's bits;
  *  - a context shift is refused with an error that says why.
  * Models: make-model's tiny-lfm2 and tiny-granitehybrid (F32, and Q8_0 for
- * the integer matmul paths), one with a state size N = 12 (the scan's scalar
- * path on every ISA). Needs nothing from ../shared. */
+ * the integer matmul paths), an lfm2 with a sliding window of 5 on its
+ * attention layers, a granitehybrid with a state size N = 12 (the scan's
+ * scalar path on every ISA). Needs nothing from ../shared. */
 #include <unistd.h>
 
 #include "forward.h"
@@ -85,7 +86,7 @@ static bool run(kvc_model *m, const int32_t *toks, int n_seq, int n, int chunk, 
 }
 
 /* Chunkings, threads and ISAs; then sequences mixed in a batch. */
-static void check_model(const char *path, const char *label)
+static void check_model(const char *path, const char *label, int32_t n_swa)
 {
     kvc_model *m = NULL;
     char err[512];
@@ -97,6 +98,8 @@ static void check_model(const char *path, const char *label)
     for (int32_t l = 0; l < m->hp.n_layer; l++)
         sf += m->layers[l].state_floats;
     CHECKF(sf > 0, "%s: no recurrent layer", label);
+    for (int32_t l = 0; l < m->hp.n_layer; l++)   /* attention layers slide by the model's window */
+        CHECK_EQ_INT(m->layers[l].window, m->layers[l].state_floats ? 0 : n_swa);
     int32_t toks[3 * N_TOK];
     for (int i = 0; i < 3 * N_TOK; i++)
         toks[i] = (int32_t)((1000003u * (uint32_t)(i + 1)) % (uint32_t)V);
@@ -211,12 +214,13 @@ static void check_shift_refused(const char *path)
     kvc_model_free(m);
 }
 
-static bool make(const char *preset, const char *ftype, int32_t d_state, const char *path)
+static bool make(const char *preset, const char *ftype, int32_t d_state, int32_t n_swa, const char *path)
 {
     kvc_gen_params p;
     kvc_gen_preset(preset, &p);
     p.ftype = ftype;
     p.n_threads = 1;
+    p.n_swa = n_swa;
     if (d_state)
         p.ssm_d_state = d_state;
     char err[512];
@@ -231,19 +235,21 @@ int main(void)
     if (!mkdtemp(tmpdir))
         return 1;
     check_scan_kernel();
-    static const struct { const char *preset, *ftype; int32_t d_state; } models[] = {
-        { "tiny-lfm2", "f32", 0 },
-        { "tiny-lfm2", "q8_0", 0 },
-        { "tiny-granitehybrid", "f32", 0 },
-        { "tiny-granitehybrid", "q8_0", 0 },
-        { "tiny-granitehybrid", "f32", 12 },   /* N % 8 != 0: the scan's scalar path everywhere */
+    static const struct { const char *preset, *ftype; int32_t d_state, n_swa; } models[] = {
+        { "tiny-lfm2", "f32", 0, 0 },
+        { "tiny-lfm2", "q8_0", 0, 0 },
+        { "tiny-lfm2", "f32", 0, 5 },            /* every attention layer slides, window < 7 */
+        { "tiny-granitehybrid", "f32", 0, 0 },
+        { "tiny-granitehybrid", "q8_0", 0, 0 },
+        { "tiny-granitehybrid", "f32", 12, 0 },  /* N % 8 != 0: the scan's scalar path everywhere */
     };
     char path[512], label[96];
     for (size_t i = 0; i < KVC_ARRAY_LEN(models); i++) {
         snprintf(path, sizeof(path), "%s/m%zu.gguf", tmpdir, i);
-        snprintf(label, sizeof(label), "%s %s N=%d", models[i].preset, models[i].ftype, models[i].d_state);
-        if (make(models[i].preset, models[i].ftype, models[i].d_state, path)) {
-            check_model(path, label);
+        snprintf(label, sizeof(label), "%s %s N=%d window %d", models[i].preset, models[i].ftype,
+                 models[i].d_state, models[i].n_swa);
+        if (make(models[i].preset, models[i].ftype, models[i].d_state, models[i].n_swa, path)) {
+            check_model(path, label, models[i].n_swa);
             if (i == 0)
                 check_shift_refused(path);
         }

@@ -250,9 +250,12 @@ static int check_swa(const kvc_gen_params *q, kvc_err *err)
 {
     const kvc_arch *a = gen_arch(q->arch);
     int rc;
-    if (a->swa_period == 0 && (q->n_swa || q->swa_pattern || q->rope_theta_swa))
+    /* lfm2: a window makes every attention layer slide, with the global RoPE */
+    const bool all_slide = a->recurrent == KVC_ATTN_SHORTCONV;
+    if (a->swa_period == 0 && ((q->n_swa && !all_slide) || q->swa_pattern || q->rope_theta_swa))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\" has no sliding-window layers "
-                        "(sliding window, pattern, rope base swa: gemma3, gpt-oss)", q->arch);
+                        "(sliding window: gemma3, gpt-oss, lfm2; pattern, rope base swa: gemma3, "
+                        "gpt-oss)", q->arch);
     if ((rc = check_dim("n_swa", q->n_swa, 0, INT32_MAX, err)) ||
         (rc = check_dim("swa_pattern", q->swa_pattern, 0, GEN_MAX_LAYERS, err)) ||
         (rc = check_dim("rope_orig_ctx", q->rope_orig_ctx, 0, INT32_MAX, err)))
