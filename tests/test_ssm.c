@@ -6,7 +6,8 @@
  *  - three sequences interleaved in one batch: each one's logits and state
  *    equal those of the sequence run alone;
  *  - the Mamba-2 scan step's AVX2 path gives the scalar reference's bits;
- *  - a context shift is refused with an error that says why.
+ *  - a context shift is refused with an error that says why;
+ *  - make-model refuses bad hybrid parameters, naming them.
  * Models: make-model's tiny-lfm2 and tiny-granitehybrid (F32, and Q8_0 for
  * the integer matmul paths), an lfm2 with a sliding window of 5 on its
  * attention layers, a granitehybrid with a state size N = 12 (the scan's
@@ -229,12 +230,34 @@ static bool make(const char *preset, const char *ftype, int32_t d_state, int32_t
     return rc == KVC_OK;
 }
 
+/* make-model's hybrid parameters: bad ones refused with a message naming them. */
+static void check_gen_errors(void)
+{
+    static const struct { const char *preset, *kv, *want; } bad[] = {
+        { "tiny-lfm2", "0,x", "kv_heads \"0,x\": expected comma-separated integers" },
+        { "tiny-lfm2", "", "kv_heads \"\": expected comma-separated integers" },
+        { "tiny-lfm2", "0", "kv_heads: no attention layer among the 8 layers" },
+        { "tiny-granitehybrid", "0,3", "kv_heads: layer 1 has 3 KV heads for 4 heads" },
+        { "tiny", "0,2", "arch \"qwen2\" has no recurrent layers" },
+    };
+    char path[300], err[512];
+    snprintf(path, sizeof(path), "%s/bad.gguf", tmpdir);
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bad); i++) {
+        kvc_gen_params p;
+        kvc_gen_preset(bad[i].preset, &p);
+        p.kv_heads = bad[i].kv;
+        CHECK_EQ_INT(kvc_gen_write(&p, path, err, sizeof(err)), KVC_ERR_INVALID_ARG);
+        CHECKF(strstr(err, bad[i].want), "%s kv_heads '%s': %s", bad[i].preset, bad[i].kv, err);
+    }
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_test_ssm_XXXXXX");
     if (!mkdtemp(tmpdir))
         return 1;
     check_scan_kernel();
+    check_gen_errors();
     static const struct { const char *preset, *ftype; int32_t d_state, n_swa; } models[] = {
         { "tiny-lfm2", "f32", 0, 0 },
         { "tiny-lfm2", "q8_0", 0, 0 },
