@@ -261,6 +261,8 @@ int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *di
                                     : "the context's cache is in use already");
     if (kvc_kv_n_groups(c->pool) > 1)   /* a tier record is one contiguous block (kv.h): */
         return KVC_OK;                  /* window models keep their cache in RAM only, for now */
+    if (kvc_kv_state_floats(c->pool) > 0)   /* a record holds no recurrent state: nothing */
+        return KVC_OK;                      /* read back could be used (hybrid models), for now */
     kvc_disk_store_params dp = { dir, (uint64_t)mib << 20, false, redis ? redis->warn : NULL,
                                  redis ? redis->warn_user : NULL };
     kvc_block_store *store = NULL;

@@ -64,7 +64,8 @@ int kvc_context_set_windows(kvc_context *c, const int32_t *window, int64_t n_win
  * in here). Redis being down is no error (block_store_redis.h). redis->warn
  * also hears the disk tier's one warning (its medium full). A pool with
  * window groups (kv.h) gets no tiers for now (KVC_OK, c->tiers stays NULL): a
- * tier record is one contiguous block. */
+ * tier record is one contiguous block; nor does one with recurrent layers: a
+ * record holds no recurrent state. */
 int kvc_context_set_tiers(kvc_context *c, const char *model_path, const char *dir, int64_t mib,
                           const kvc_redis_store_params *redis, kvc_err *err);
 

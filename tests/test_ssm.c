@@ -7,6 +7,8 @@
  *    equal those of the sequence run alone;
  *  - the Mamba-2 scan step's AVX2 path gives the scalar reference's bits;
  *  - a context shift is refused with an error that says why;
+ *  - sessions: a conversation sharing cached blocks with another, the next
+ *    turn and an edited message run and equal a cold run;
  *  - make-model refuses bad hybrid parameters, naming them.
  * Models: make-model's tiny-lfm2 and tiny-granitehybrid (F32, and Q8_0 for
  * the integer matmul paths), an lfm2 with a sliding window of 5 on its
@@ -14,6 +16,7 @@
  * scalar path on every ISA). Needs nothing from ../shared. */
 #include <unistd.h>
 
+#include "context.h"
 #include "forward.h"
 #include "kernels.h"
 #include "kvchat.h"
@@ -230,6 +233,78 @@ static bool make(const char *preset, const char *ftype, int32_t d_state, int32_t
     return rc == KVC_OK;
 }
 
+/* One reply to msgs on session s (no_cache: a cold run); malloc'd, NULL on failure. */
+static char *reply_of(kvc_session *s, const kvc_chat_message *msgs, size_t n, bool no_cache, kvc_chat_stats *st)
+{
+    kvc_chat_params p = kvc_chat_default_params();
+    p.max_tokens = 16;
+    p.sampling.temperature = 0;
+    p.no_cache = no_cache;
+    char *reply = NULL, err[512];
+    int rc = kvc_session_chat(s, msgs, n, &p, NULL, NULL, &reply, st, err, sizeof(err));
+    CHECKF(rc == KVC_OK, "chat (%s): %s", no_cache ? "cold" : "cached", err);
+    return rc == KVC_OK ? reply : NULL;
+}
+
+/* Sessions on a hybrid model, with a disk tier asked for: a conversation
+ * sharing a prefix with another one's cached blocks (no recurrent state is
+ * kept for it yet, so nothing is reused), the next turn of a conversation, and
+ * an edited earlier message all run and equal a cold run. */
+static void check_sessions(const char *path)
+{
+    kvc_model *m = NULL;
+    char err[512];
+    if (kvc_model_load(path, NULL, &m, err, sizeof(err)) != KVC_OK) {
+        CHECKF(0, "load: %s", err);
+        return;
+    }
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_seq = 3;
+    cp.n_threads = 1;
+    kvc_context *ctx = NULL;
+    kvc_session *a = NULL, *b = NULL, *cold = NULL;
+    if (kvc_context_new(m, &cp, &ctx, err, sizeof(err)) == KVC_OK) {
+        /* a disk tier asked for: its records hold no state, so none is read back */
+        char dir[300];
+        snprintf(dir, sizeof(dir), "%s/kv", tmpdir);
+        kvc_err e = { 0 };
+        CHECKF(kvc_context_set_tiers(ctx, path, dir, 64, NULL, &e) == KVC_OK, "tiers: %s", e.msg);
+        a = kvc_session_new(ctx, 0, NULL, err, sizeof(err));
+        b = kvc_session_new(ctx, 1, NULL, err, sizeof(err));
+        cold = kvc_session_new(ctx, 2, NULL, err, sizeof(err));
+    }
+    CHECKF(a && b && cold, "context and sessions: %s", err);
+    const char *sys = "You are a helpful assistant who tells long stories about small animals in a forest.";
+    kvc_chat_message x[4] = { { "system", sys }, { "user", "Tell me about the fox." } };
+    kvc_chat_message y[2] = { { "system", sys }, { "user", "Tell me about the owl instead." } };
+    kvc_chat_stats st = { 0 };
+    char *r1 = a ? reply_of(a, x, 2, false, &st) : NULL;
+    char *r2 = b ? reply_of(b, y, 2, false, &st) : NULL;   /* shares the system prompt's blocks */
+    char *c2 = r2 ? reply_of(cold, y, 2, true, &st) : NULL;
+    CHECKF(r2 && c2 && strcmp(r2, c2) == 0, "shared prefix: '%s' vs cold '%s'", r2 ? r2 : "", c2 ? c2 : "");
+    if (r1) {   /* the next turn of x, then x with its first user message edited */
+        x[2] = (kvc_chat_message){ "assistant", r1 };
+        x[3] = (kvc_chat_message){ "user", "And then?" };
+        char *r3 = reply_of(a, x, 4, false, &st), *c3 = reply_of(cold, x, 4, true, &st);
+        CHECKF(r3 && c3 && strcmp(r3, c3) == 0, "next turn: '%s' vs cold '%s'", r3 ? r3 : "", c3 ? c3 : "");
+        x[1].content = "Tell me about the bear.";
+        char *r4 = reply_of(a, x, 4, false, &st);
+        /* the state of the shared system prompt is gone: all computed, and said so */
+        CHECK_EQ_INT(st.cached_tokens, 0);
+        CHECK_EQ_INT(st.computed_tokens, st.prompt_tokens);
+        char *c4 = reply_of(cold, x, 4, true, &st);
+        CHECKF(r4 && c4 && strcmp(r4, c4) == 0, "edited: '%s' vs cold '%s'", r4 ? r4 : "", c4 ? c4 : "");
+        free(r3), free(c3), free(r4), free(c4);
+    }
+    free(r1), free(r2), free(c2);
+    kvc_session_free(a);
+    kvc_session_free(b);
+    kvc_session_free(cold);
+    kvc_context_free(ctx);
+    kvc_model_free(m);
+}
+
 /* make-model's hybrid parameters: bad ones refused with a message naming them. */
 static void check_gen_errors(void)
 {
@@ -275,6 +350,8 @@ int main(void)
             check_model(path, label, models[i].n_swa);
             if (i == 0)
                 check_shift_refused(path);
+            if (i == 0 || i == 3)
+                check_sessions(path);
         }
     }
     char cmd[300];

@@ -335,11 +335,12 @@ static void lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int
 
 /* Cut the match back to the longest length every memory group of the pool
  * can serve (kvc_kv_servable): a window group needs the chunks of the last w
- * positions before the hit point. Out of memory: no match. */
+ * positions before the hit point; recurrent layers a state of that length.
+ * Out of memory: no match. */
 static void serve(kvc_prefix_cache *pc, kvc_pc_match *m)
 {
     const int64_t B = pc->B, len = (int64_t)m->n_full * B + m->partial_len;
-    if (kvc_kv_n_groups(pc->pool) == 1 || len == 0)
+    if ((kvc_kv_n_groups(pc->pool) == 1 && kvc_kv_state_floats(pc->pool) == 0) || len == 0)
         return;
     const int32_t nb = m->n_full + (m->partial != NULL);
     int32_t *blocks = malloc((size_t)nb * sizeof(*blocks));
