@@ -253,7 +253,7 @@ static void check_no_shift(const char *path)
     int32_t dropped = 0;
     kvc_chat_template_params tp = { .jinja = m->chat_template };
     if (kvc_chat_template_new(&tp, &tmpl, &ke) == KVC_OK) {
-        int rc = kvc_prompt_chat(m, tmpl, msgs, 3, &cp, 256, &toks, &dropped, &ke);
+        int rc = kvc_prompt_chat(m, tmpl, msgs, 3, &cp, 256, &toks, &dropped, NULL, &ke);
         CHECK_EQ_INT(rc, KVC_ERR_CONTEXT_LENGTH);
         CHECKF(strstr(ke.msg, "context shift is not supported for qwen35"), "%s", ke.msg);
         CHECK_EQ_INT(dropped, 0);
