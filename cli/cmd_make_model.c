@@ -13,16 +13,20 @@ enum { OPT_PRESET = CLI_OPT_CMD, OPT_ARCH, OPT_TYPE, OPT_N_EMBD, OPT_N_LAYER, OP
        OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB, OPT_VOCAB, OPT_TIED,
        OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_SEED, OPT_NAME, OPT_ALL_TOKENS,
        OPT_N_EXPERT, OPT_N_EXPERT_USED, OPT_N_FF_EXP, OPT_SWA, OPT_SWA_PATTERN, OPT_ROPE_THETA_SWA,
-       OPT_ROPE_SCALING, OPT_ROPE_FACTOR, OPT_ROPE_ORIG_CTX, OPT_LOGIT_SOFTCAP };
+       OPT_ROPE_SCALING, OPT_ROPE_FACTOR, OPT_ROPE_ORIG_CTX, OPT_LOGIT_SOFTCAP,
+       OPT_KV_HEADS, OPT_CONV_L, OPT_SSM_D_CONV, OPT_SSM_D_INNER, OPT_SSM_D_STATE, OPT_SSM_N_HEAD,
+       OPT_SSM_N_GROUP, OPT_N_FF_SHEXP };
 
 static const cli_option make_model_opts[] = {
     { "output", 'o', "FILE", 'o', 0, "where to write (required)" },
     { "preset", 0, "NAME", OPT_PRESET, 0,
       "demo, tiny, tiny-llama, tiny-qwen3, tiny-qwen3moe, qwen2.5-0.5b,\n"
       "qwen3-30b-a3b, tiny-gemma3, tiny-gpt-oss, gemma3-4b, gpt-oss-20b,\n"
-      "tiny-qwen35, tiny-qwen35moe, qwen3.5-9b, qwen3.6-35b-a3b\n"
+      "tiny-qwen35, tiny-qwen35moe, qwen3.5-9b, qwen3.6-35b-a3b,\n"
+      "tiny-lfm2, tiny-granitehybrid, lfm2-1.2b, granite-4.0-h-tiny\n"
       "(use --n-layer to cut the large ones)" },
-    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen35,\nqwen35moe" },
+    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen35,\n"
+      "qwen35moe, lfm2, granitehybrid" },
     { "type", 0, "T", OPT_TYPE, 0,
       "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
       "mxfp4_moe (experts MXFP4, the rest Q8_0)" },
@@ -42,6 +46,16 @@ static const cli_option make_model_opts[] = {
     { "rope-factor", 0, "X", OPT_ROPE_FACTOR, 0, "RoPE scaling factor" },
     { "rope-orig-ctx", 0, "N", OPT_ROPE_ORIG_CTX, 0, "YaRN's original context length" },
     { "logit-softcap", 0, "X", OPT_LOGIT_SOFTCAP, 0, "final logit soft-capping" },
+    { "kv-heads", 0, "LIST", OPT_KV_HEADS, 0,
+      "KV heads per layer, comma-separated, repeated over the layers;\n"
+      "0 = a recurrent layer (lfm2, granitehybrid)" },
+    { "conv-l", 0, "N", OPT_CONV_L, 0, "lfm2's short convolution width (l_cache)" },
+    { "ssm-d-conv", 0, "N", OPT_SSM_D_CONV, 0, "Mamba-2 / Gated DeltaNet convolution width" },
+    { "ssm-d-inner", 0, "N", OPT_SSM_D_INNER, 0, "Mamba-2 inner size (GDN: heads x state)" },
+    { "ssm-d-state", 0, "N", OPT_SSM_D_STATE, 0, "Mamba-2 state size N (GDN: head size)" },
+    { "ssm-n-head", 0, "N", OPT_SSM_N_HEAD, 0, "Mamba-2 heads (GDN: V heads)" },
+    { "ssm-n-group", 0, "N", OPT_SSM_N_GROUP, 0, "Mamba-2 groups of B and C (GDN: Q/K heads)" },
+    { "n-ff-shexp", 0, "N", OPT_N_FF_SHEXP, 0, "shared expert width (granitehybrid, qwen35moe)" },
     { "n-ctx", 0, "N", OPT_N_CTX, 0, "training context length" },
     { "n-vocab", 0, "N", OPT_N_VOCAB, 0, "vocabulary size" },
     { "vocab", 0, "bpe|spm", OPT_VOCAB, 0, "tokenizer kind" },
@@ -88,6 +102,7 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
     case OPT_ROPE_FACTOR: return cli_float("--rope-factor", v, &p->rope_factor);
     case OPT_LOGIT_SOFTCAP: return cli_float("--logit-softcap", v, &p->logit_softcap);
     case OPT_ROPE_SCALING: p->rope_scaling = v; return true;
+    case OPT_KV_HEADS: p->kv_heads = v; return true;
     case OPT_SEED:
         if (!cli_int("--seed", v, 0, INT64_MAX, &n))
             return false;
@@ -107,6 +122,13 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
     case OPT_ROPE_ORIG_CTX: ip = &p->rope_orig_ctx; break;
     case OPT_N_CTX: ip = &p->n_ctx; break;
     case OPT_N_VOCAB: ip = &p->n_vocab; break;
+    case OPT_CONV_L: ip = &p->conv_l; break;
+    case OPT_SSM_D_CONV: ip = &p->ssm_d_conv; break;
+    case OPT_SSM_D_INNER: ip = &p->ssm_d_inner; break;
+    case OPT_SSM_D_STATE: ip = &p->ssm_d_state; break;
+    case OPT_SSM_N_HEAD: ip = &p->ssm_n_head; break;
+    case OPT_SSM_N_GROUP: ip = &p->ssm_n_group; break;
+    case OPT_N_FF_SHEXP: ip = &p->n_ff_shexp; break;
     default: return true;
     }
     char opt[64];

@@ -437,14 +437,30 @@ typedef struct kvc_gen_params {
     float       rope_factor;    /* rope.scaling.factor, >= 1 with a scaling type */
     int32_t     rope_orig_ctx;  /* rope.scaling.original_context_length (YaRN) */
     float       logit_softcap;  /* final_logit_softcapping (gemma3) */
-    /* Gated DeltaNet hybrids (qwen35, qwen35moe; ignored by the others) */
-    int32_t     ssm_d_conv;     /* ssm.conv_kernel: the causal convolution's width, 1..16 */
-    int32_t     ssm_d_state;    /* ssm.state_size: the GDN head size (d_k = d_v) */
-    int32_t     ssm_n_group;    /* ssm.group_count: the Q/K heads */
-    int32_t     ssm_dt_rank;    /* ssm.time_step_rank: the V heads, a multiple of ssm_n_group */
-    int32_t     full_attn_interval; /* layer il is gated attention iff (il + 1) % this == 0 */
-    int32_t     n_rot;          /* rope.dimension_count: rotated dims of a head (0: head_dim) */
-    int32_t     n_ff_shexp;     /* the shared expert's width (qwen35moe); 0: no shared expert */
+    /* hybrid recurrent models (qwen35, qwen35moe, lfm2, granitehybrid; ignored by the
+     * others). The ssm.* fields mean Gated DeltaNet's shape for qwen35*, Mamba-2's for
+     * granitehybrid; 0 takes the row's default */
+    const char *kv_heads;    /* lfm2, granitehybrid: KV heads per layer, comma-separated
+                              * ("0,0,2,0,1"), repeated over the layers; 0 = a recurrent layer
+                              * (lfm2: short convolution, granitehybrid: Mamba-2). NULL: even
+                              * layers recurrent, odd ones n_head_kv. Written as the
+                              * head_count_kv array */
+    int32_t     conv_l;      /* lfm2 shortconv.l_cache, the kernel width (0: 3) */
+    int32_t     ssm_d_conv;  /* ssm.conv_kernel: the causal convolution's width, 1..16 (Mamba-2
+                              * 0: 4) */
+    int32_t     ssm_d_inner; /* Mamba-2 ssm.inner_size (0: 2 n_embd, as llama.cpp requires);
+                              * GDN: written as ssm_n_head * ssm_d_state */
+    int32_t     ssm_d_state; /* ssm.state_size: Mamba-2's N (0: 16); GDN: the head size d_k = d_v */
+    int32_t     ssm_n_head;  /* ssm.time_step_rank: Mamba heads (0: d_inner / 32); GDN: the V
+                              * heads, a multiple of ssm_n_group */
+    int32_t     ssm_n_group; /* ssm.group_count: Mamba-2's groups (0: 1); GDN: the Q/K heads */
+    int32_t     full_attn_interval; /* GDN: layer il is gated attention iff (il + 1) % this == 0 */
+    int32_t     n_rot;       /* rope.dimension_count: rotated dims of a head (0: head_dim) */
+    int32_t     n_ff_shexp;  /* the shared expert's width (qwen35moe, granitehybrid); 0: none.
+                              * granitehybrid's experts are n_ff wide (n_ff_exp ignored),
+                              * n_expert 0: a dense FFN */
+    float       embedding_scale, residual_scale, attention_scale, logit_scale;
+                             /* granitehybrid's scalars (0: key not written) */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -471,6 +487,21 @@ kvc_gen_params kvc_gen_default_params(void);
  *   "gemma3-4b"     Gemma 3 4B's shapes: 34 layers (cut with n_layer), d 2560, 8/4 heads
  *                   of 256, ff 10240, window 1024, pattern 6, vocab 262144, ctx 131072,
  *                   theta 1e6 (linear x8; sliding 1e4), tied, bpe, q4_k_m
+ *   "tiny-lfm2"     lfm2, d 64, 8 layers (conv, conv, attn 2 KV, conv, attn 1 KV, conv, conv,
+ *                   attn 4 KV), 4 heads of 16, ff 128, l_cache 3, ctx 2048, theta 1e6, f32,
+ *                   spm, tied (the shape of ../shared's tiny-lfm2)
+ *   "tiny-granitehybrid" granitehybrid, d 64, 9 layers (Mamba-2, Mamba-2, attention) x 3
+ *                   (KV 2, 2, 1), 4 heads of 16, 8 experts of 32, top-2, shared expert 48,
+ *                   d_inner 128, 8 Mamba heads, 2 groups, N 16, conv 4, NoPE, embedding x12,
+ *                   residual x0.5, attention scale 0.125, logits / 4, f32, spm, untied
+ *   "lfm2-1.2b"     LFM2-1.2B's shapes: 16 layers (attention at 2, 5, 8, 10, 12, 14; cut with
+ *                   n_layer), d 2048, 32/8 heads of 64, ff 8192, l_cache 3, vocab 65536,
+ *                   ctx 128000, theta 1e6, tied, bpe, q4_k_m
+ *   "granite-4.0-h-tiny" Granite-4.0-H-Tiny's shapes: 40 layers (attention at 5, 15, 25, 35;
+ *                   cut with n_layer), d 1536, 12/4 heads of 128, 64 experts of 512, top-6,
+ *                   shared expert 1024, d_inner 3072, 48 Mamba heads of 64, 1 group,
+ *                   N 128, conv 4, NoPE, embedding x12, residual x0.22, attention scale
+ *                   1/128, logits / 6, vocab 100352, untied, bpe, q4_k_m
  *   "gpt-oss-20b"   gpt-oss-20b's shapes: 24 layers (cut with n_layer), d 2880, 64/8 heads
  *                   of 64, 32 experts of 2880, top-4, window 128, YaRN x32 over 4096,
  *                   vocab 201088, ctx 131072, theta 150000, untied, bpe, mxfp4_moe

@@ -47,7 +47,7 @@ static void test_refused(void)
 {
     char path[sizeof(dir) + 32], msg[512];
     snprintf(path, sizeof(path), "%s/stub.gguf", dir);
-    static const char *const later[] = { "gemma4", "qwen3next", "lfm2", "granitehybrid" };
+    static const char *const later[] = { "gemma4", "qwen3next", "lfm2moe", "nemotron_h" };
     for (size_t i = 0; i < KVC_ARRAY_LEN(later); i++) {
         write_stub(path, later[i], false);
         kvc_model *m = NULL;
@@ -57,10 +57,10 @@ static void test_refused(void)
                "%s: %s", later[i], msg);
         CHECK(m == NULL);
     }
-    write_stub(path, "lfm2", false);
+    write_stub(path, "nemotron_h", false);
     kvc_model *m = NULL;
     load(path, &m, msg, sizeof(msg));
-    CHECKF(strstr(msg, "architecture lfm2: short-convolution recurrent layers are not supported yet"), "%s", msg);
+    CHECKF(strstr(msg, "architecture nemotron_h: Mamba-2 recurrent layers are not supported yet"), "%s", msg);
 
     write_stub(path, "frobnicator", false);
     CHECK_EQ_INT(load(path, &m, msg, sizeof(msg)), KVC_ERR_UNSUPPORTED);
@@ -102,35 +102,51 @@ static void test_rows(void)
         for (int il = 0; il < m->hp.n_layer; il++) {
             const kvc_layer *L = &m->layers[il];
             const bool rec = gdn && il == 0;
-            CHECK_EQ_INT(L->attn, rec ? KVC_ATTN_GDN : KVC_ATTN_FULL);
+            if (a->recurrent == KVC_ATTN_FULL)   /* the GDN rows' and the attention-only rows' */
+                CHECK_EQ_INT(L->attn, rec ? KVC_ATTN_GDN : KVC_ATTN_FULL);
             CHECK_EQ_INT(L->attn_gated, gdn && !rec);
             CHECK_EQ_INT(L->ssm_qkv.data != NULL, rec);
-            CHECK_EQ_INT(L->ssm_conv1d != NULL && L->ssm_a != NULL && L->ssm_norm != NULL, rec);
-            CHECK_EQ_INT(L->state_floats > 0, rec);
+            CHECK_EQ_INT(L->ssm_conv != NULL && L->ssm_a != NULL && L->ssm_norm != NULL,
+                         rec || (a->recurrent == KVC_ATTN_MAMBA2 && il % 2 == 0));
+            CHECK_EQ_INT(L->state_floats > 0, rec || (a->recurrent != KVC_ATTN_FULL && il % 2 == 0));
             if (rec) {
                 CHECK(L->ssm_a[0] < 0.0f);
                 CHECK(L->attn_norm && L->ffn_norm && !L->wq.data && L->ssm_out.data);
-                CHECK_EQ_INT(L->state_floats, (int64_t)(p.ssm_d_conv - 1) *
-                             (2 * p.ssm_n_group + p.ssm_dt_rank) * p.ssm_d_state +
-                             (int64_t)p.ssm_dt_rank * p.ssm_d_state * p.ssm_d_state);
+                CHECK_EQ_INT(L->state_floats, (int64_t)(m->hp.ssm_d_conv - 1) *
+                             (2 * m->hp.ssm_n_group + m->hp.ssm_n_head) * m->hp.ssm_d_state +
+                             (int64_t)m->hp.ssm_n_head * m->hp.ssm_d_state * m->hp.ssm_d_state);
                 CHECK_EQ_INT(L->w_gate.data != NULL, a->ffn == KVC_FFN_DENSE);
                 continue;
             }
             CHECK_EQ_INT(L->ffn, a->ffn);
             CHECK_EQ_INT(L->n_head, p.n_head);
+            CHECK(L->attn_norm && L->ffn_norm);
+            if (a->recurrent != KVC_ATTN_FULL && il % 2 == 0) {
+                /* the generator's default pattern: even layers recurrent */
+                CHECK_EQ_INT(L->attn, a->recurrent);
+                CHECK_EQ_INT(L->n_head_kv, 0);
+                CHECK(L->state_floats > 0 && L->wq.data == NULL && L->wo.data == NULL);
+                CHECK_EQ_INT(L->conv_in.data != NULL, a->recurrent == KVC_ATTN_SHORTCONV);
+                CHECK_EQ_INT(L->ssm_in.data != NULL, a->recurrent == KVC_ATTN_MAMBA2);
+                CHECK_EQ_INT(L->ssm_conv_b != NULL, a->recurrent == KVC_ATTN_MAMBA2);
+                continue;
+            }
+            CHECK_EQ_INT(L->attn, KVC_ATTN_FULL);
+            CHECK_EQ_INT(L->state_floats, 0);
             CHECK_EQ_INT(L->n_head_kv, p.n_head_kv);
             CHECK_EQ_INT(L->head_dim, p.head_dim ? p.head_dim : p.n_embd / p.n_head);
-            CHECK(L->attn_norm && L->ffn_norm && L->wq.data && L->wo.data);
+            CHECK(L->wq.data && L->wo.data);
             CHECK_EQ_INT(L->bq != NULL, strcmp(a->name, "qwen2") == 0 || strcmp(a->name, "gpt-oss") == 0);
             CHECK_EQ_INT(L->q_norm != NULL, strcmp(a->name, "qwen3") == 0 || strcmp(a->name, "qwen3moe") == 0 ||
-                                                strcmp(a->name, "gemma3") == 0 || gdn);
+                                                strcmp(a->name, "gemma3") == 0 || gdn ||
+                                                strcmp(a->name, "lfm2") == 0);
             CHECK_EQ_INT(L->sinks != NULL, strcmp(a->name, "gpt-oss") == 0);
             CHECK_EQ_INT(L->post_ffn_norm != NULL, strcmp(a->name, "gemma3") == 0);
             CHECK_EQ_INT(L->w_gate.data != NULL, a->ffn == KVC_FFN_DENSE);
             CHECK_EQ_INT(L->router.data != NULL, a->ffn == KVC_FFN_MOE);
             if (a->ffn == KVC_FFN_MOE) {
                 CHECK_EQ_INT(L->gate_exps.n, p.n_expert);
-                CHECK_EQ_INT(L->down_exps.w.n_in, p.n_ff_exp);
+                CHECK_EQ_INT(L->down_exps.w.n_in, a->ff_exp_is_ff ? p.n_ff : p.n_ff_exp);
                 CHECK_EQ_INT(L->down_exps.w.n_out, p.n_embd);
                 CHECK(L->down_exps.stride == L->down_exps.w.row_bytes * (size_t)p.n_embd);
                 CHECK(L->gate_up_exps.n == 0 && L->shexp_gate.data == NULL);

@@ -59,8 +59,9 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         eng->p.n_ctx = p.n_ctx = kvc_context_fit_n_ctx(model, p.kv_type, budget, p.n_parallel);
     int64_t blocks = (int64_t)p.n_parallel * ((p.n_ctx + B - 1) / B) + 1;
     if (p.overflow == KVC_OVERFLOW_SHIFT && kvc_model_recurrent(model))
-        rc = kvc_fail(&e, KVC_ERR_UNSUPPORTED, "context overflow 'shift' not supported for %s: its "
-                      "recurrent layers' state cannot be moved to other positions (use 'error')",
+        rc = kvc_fail(&e, KVC_ERR_UNSUPPORTED, "context shift (context overflow 'shift') not supported "
+                      "for %s: its recurrent layers' state cannot be moved to other positions (use "
+                      "'error')",
                       model->hp.arch_name);
     else if (eng->block_bytes == 0)
         rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "KV type %d not supported for this model (f16, "

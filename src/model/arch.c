@@ -19,7 +19,7 @@ static const kvc_arch_key keys_common[] = {
     KEY("embedding_length",                 KVC_KEY_U32, true,  n_embd, 0),
     KEY("block_count",                      KVC_KEY_U32, true,  n_layer, 0),
     KEY("attention.head_count",             KVC_KEY_U32, true,  n_head, 0),
-    KEY("attention.head_count_kv",          KVC_KEY_U32, false, n_head_kv, 0),
+    KEY("attention.head_count_kv",          KVC_KEY_U32_LAYERS, false, n_head_kv, 0),
     KEY("attention.key_length",             KVC_KEY_U32, false, head_dim, 0),
     KEY("attention.value_length",           KVC_KEY_U32, false, value_dim, 0),
     KEY("attention.layer_norm_rms_epsilon", KVC_KEY_F32, false, rms_eps, 1e-5f),
@@ -59,16 +59,43 @@ static const kvc_arch_key keys_moe[] = {
     { 0 }
 };
 
-/* Gated DeltaNet hybrids (qwen35, qwen35moe); attention.recurrent_layers, an
+/* Gated DeltaNet hybrids (qwen35, qwen35moe), beside keys_ssm (the same
+ * ssm.* fields, model.h gives both meanings); attention.recurrent_layers, an
  * array, is read by the row's layer setup (forward_gdn.c). */
 static const kvc_arch_key keys_gdn[] = {
+    KEY("full_attention_interval",          KVC_KEY_U32, false, full_attn_interval, 4),
+    KEY("nextn_predict_layers",             KVC_KEY_U32, false, n_layer_nextn, 0),
+    { 0 }
+};
+
+/* lfm2's gated short convolution. */
+static const kvc_arch_key keys_shortconv[] = {
+    KEY("shortconv.l_cache",                KVC_KEY_U32, true,  shortconv_l, 0),
+    { 0 }
+};
+
+/* Mamba-2 and Gated DeltaNet layers. */
+static const kvc_arch_key keys_ssm[] = {
     KEY("ssm.conv_kernel",                  KVC_KEY_U32, true,  ssm_d_conv, 0),
     KEY("ssm.inner_size",                   KVC_KEY_U32, true,  ssm_d_inner, 0),
     KEY("ssm.state_size",                   KVC_KEY_U32, true,  ssm_d_state, 0),
-    KEY("ssm.time_step_rank",               KVC_KEY_U32, true,  ssm_dt_rank, 0),
+    KEY("ssm.time_step_rank",               KVC_KEY_U32, true,  ssm_n_head, 0),
     KEY("ssm.group_count",                  KVC_KEY_U32, true,  ssm_n_group, 0),
-    KEY("full_attention_interval",          KVC_KEY_U32, false, full_attn_interval, 4),
-    KEY("nextn_predict_layers",             KVC_KEY_U32, false, n_layer_nextn, 0),
+    { 0 }
+};
+
+/* Granite's scalars, and its FFN: dense, or experts of feed_forward_length
+ * (kvc_arch.ffn_by_experts, .ff_exp_is_ff) with an optional shared expert. */
+static const kvc_arch_key keys_granite[] = {
+    KEY("embedding_scale",                  KVC_KEY_F32, false, emb_scale, 0),
+    KEY("residual_scale",                   KVC_KEY_F32, false, residual_scale, 0),
+    KEY("attention.scale",                  KVC_KEY_F32, false, attn_scale, 0),
+    KEY("logit_scale",                      KVC_KEY_F32, false, logit_scale, 0),
+    KEY("rope.scaling.finetuned",           KVC_KEY_BOOL, false, rope_finetuned, 1),
+    KEY("feed_forward_length",              KVC_KEY_U32, true,  n_ff, 0),
+    KEY("expert_count",                     KVC_KEY_U32, false, n_expert, 0),
+    KEY("expert_used_count",                KVC_KEY_U32, false, n_expert_used, 0),
+    KEY("expert_shared_feed_forward_length", KVC_KEY_U32, false, n_ff_shexp, 0),
     { 0 }
 };
 
@@ -84,25 +111,56 @@ static const kvc_arch_key keys_gdn[] = {
 #define OPT KVC_T_OPTIONAL
 #define ALT KVC_T_FUSED_ALT
 
+/* The mixer's input norm is on every layer; its projections on attention layers. */
 static const kvc_arch_tensor t_attn[] = {
     VEC("attn_norm.weight",   KVC_D_EMBD,            KVC_ON_ALL, 0, attn_norm),
-    MAT("attn_q.weight",      KVC_D_EMBD, KVC_D_Q,   KVC_ON_ALL, 0, wq),
-    MAT("attn_k.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ALL, 0, wk),
-    MAT("attn_v.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ALL, 0, wv),
-    MAT("attn_output.weight", KVC_D_Q,    KVC_D_EMBD, KVC_ON_ALL, 0, wo),
+    MAT("attn_q.weight",      KVC_D_EMBD, KVC_D_Q,   KVC_ON_ATTN, 0, wq),
+    MAT("attn_k.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, 0, wk),
+    MAT("attn_v.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, 0, wv),
+    MAT("attn_output.weight", KVC_D_Q,    KVC_D_EMBD, KVC_ON_ATTN, 0, wo),
     { 0 }
 };
 
 static const kvc_arch_tensor t_qkv_bias[] = {
-    VEC("attn_q.bias", KVC_D_Q,  KVC_ON_ALL, 0, bq),
-    VEC("attn_k.bias", KVC_D_KV, KVC_ON_ALL, 0, bk),
-    VEC("attn_v.bias", KVC_D_KV, KVC_ON_ALL, 0, bv),
+    VEC("attn_q.bias", KVC_D_Q,  KVC_ON_ATTN, 0, bq),
+    VEC("attn_k.bias", KVC_D_KV, KVC_ON_ATTN, 0, bk),
+    VEC("attn_v.bias", KVC_D_KV, KVC_ON_ATTN, 0, bv),
+    { 0 }
+};
+
+/* Granite: every attention bias may be there. */
+static const kvc_arch_tensor t_attn_bias_opt[] = {
+    VEC("attn_q.bias",      KVC_D_Q,    KVC_ON_ATTN, OPT, bq),
+    VEC("attn_k.bias",      KVC_D_KV,   KVC_ON_ATTN, OPT, bk),
+    VEC("attn_v.bias",      KVC_D_KV,   KVC_ON_ATTN, OPT, bv),
+    VEC("attn_output.bias", KVC_D_EMBD, KVC_ON_ATTN, OPT, bo),
     { 0 }
 };
 
 static const kvc_arch_tensor t_qk_norm[] = {
-    VEC("attn_q_norm.weight", KVC_D_HEAD, KVC_ON_ALL, 0, q_norm),
-    VEC("attn_k_norm.weight", KVC_D_HEAD, KVC_ON_ALL, 0, k_norm),
+    VEC("attn_q_norm.weight", KVC_D_HEAD, KVC_ON_ATTN, 0, q_norm),
+    VEC("attn_k_norm.weight", KVC_D_HEAD, KVC_ON_ATTN, 0, k_norm),
+    { 0 }
+};
+
+/* lfm2's short convolution: in_proj to b, c, x; out_proj. */
+static const kvc_arch_tensor t_shortconv[] = {
+    T("shortconv.conv.weight", KVC_D_CONV_L, KVC_D_EMBD, KVC_D1, KVC_ON_RECR, 0, 1, conv),
+    MAT("shortconv.in_proj.weight",  KVC_D_EMBD, KVC_D_EMBD3, KVC_ON_RECR, 0, conv_in),
+    MAT("shortconv.out_proj.weight", KVC_D_EMBD, KVC_D_EMBD,  KVC_ON_RECR, 0, conv_out),
+    { 0 }
+};
+
+/* Mamba-2 (ARCHITECTURES.md §3.6); ssm_a and ssm_d have no suffix. */
+static const kvc_arch_tensor t_mamba2[] = {
+    MAT("ssm_in.weight", KVC_D_EMBD, KVC_D_SSM_IN, KVC_ON_RECR, 0, ssm_in),
+    T("ssm_conv1d.weight", KVC_D_SSM_CONV_K, KVC_D_SSM_CONV_DIM, KVC_D1, KVC_ON_RECR, 0, 1, ssm_conv),
+    VEC("ssm_conv1d.bias", KVC_D_SSM_CONV_DIM,  KVC_ON_RECR, OPT, ssm_conv_b),
+    VEC("ssm_dt.bias",     KVC_D_SSM_HEADS, KVC_ON_RECR, 0, ssm_dt_b),
+    T("ssm_a", KVC_D1, KVC_D_SSM_HEADS, KVC_D1, KVC_ON_RECR, 0, 1, ssm_a),
+    T("ssm_d", KVC_D1, KVC_D_SSM_HEADS, KVC_D1, KVC_ON_RECR, 0, 1, ssm_d),
+    T("ssm_norm.weight", KVC_D_SSM_GROUP_W, KVC_D_SSM_GROUPS, KVC_D1, KVC_ON_RECR, 0, 1, ssm_norm),
+    MAT("ssm_out.weight", KVC_D_SSM_INNER, KVC_D_EMBD, KVC_ON_RECR, 0, ssm_out),
     { 0 }
 };
 
@@ -175,15 +233,15 @@ static const kvc_arch_tensor t_attn_gated[] = {
 
 /* Gated DeltaNet layers (ssm_a has no .weight suffix). */
 static const kvc_arch_tensor t_gdn[] = {
-    MAT("attn_qkv.weight",   KVC_D_EMBD, KVC_D_SSM_CONV_DIM, KVC_ON_GDN, 0, ssm_qkv),
-    MAT("attn_gate.weight",  KVC_D_EMBD, KVC_D_SSM_INNER,    KVC_ON_GDN, 0, ssm_z),
-    MAT("ssm_beta.weight",   KVC_D_EMBD, KVC_D_SSM_HEADS,    KVC_ON_GDN, 0, ssm_beta),
-    MAT("ssm_alpha.weight",  KVC_D_EMBD, KVC_D_SSM_HEADS,    KVC_ON_GDN, 0, ssm_alpha),
-    MAT("ssm_out.weight",    KVC_D_SSM_INNER, KVC_D_EMBD,    KVC_ON_GDN, 0, ssm_out),
-    T("ssm_conv1d.weight", KVC_D_SSM_CONV_K, KVC_D_SSM_CONV_DIM, KVC_D1, KVC_ON_GDN, 0, 1, ssm_conv1d),
-    VEC("ssm_dt.bias",       KVC_D_SSM_HEADS,                KVC_ON_GDN, 0, ssm_dt),
-    VEC("ssm_a",             KVC_D_SSM_HEADS,                KVC_ON_GDN, 0, ssm_a),
-    VEC("ssm_norm.weight",   KVC_D_SSM_STATE,                KVC_ON_GDN, 0, ssm_norm),
+    MAT("attn_qkv.weight",   KVC_D_EMBD, KVC_D_SSM_CONV_DIM, KVC_ON_RECR, 0, ssm_qkv),
+    MAT("attn_gate.weight",  KVC_D_EMBD, KVC_D_SSM_INNER,    KVC_ON_RECR, 0, ssm_z),
+    MAT("ssm_beta.weight",   KVC_D_EMBD, KVC_D_SSM_HEADS,    KVC_ON_RECR, 0, ssm_beta),
+    MAT("ssm_alpha.weight",  KVC_D_EMBD, KVC_D_SSM_HEADS,    KVC_ON_RECR, 0, ssm_alpha),
+    MAT("ssm_out.weight",    KVC_D_SSM_INNER, KVC_D_EMBD,    KVC_ON_RECR, 0, ssm_out),
+    T("ssm_conv1d.weight", KVC_D_SSM_CONV_K, KVC_D_SSM_CONV_DIM, KVC_D1, KVC_ON_RECR, 0, 1, ssm_conv),
+    VEC("ssm_dt.bias",       KVC_D_SSM_HEADS,                KVC_ON_RECR, 0, ssm_dt_b),
+    VEC("ssm_a",             KVC_D_SSM_HEADS,                KVC_ON_RECR, 0, ssm_a),
+    VEC("ssm_norm.weight",   KVC_D_SSM_STATE,                KVC_ON_RECR, 0, ssm_norm),
     { 0 }
 };
 
@@ -241,21 +299,34 @@ static const kvc_arch rows[] = {
     /* Qwen3.5 / 3.6: Gated DeltaNet layers with a gated attention layer every
      * full_attention_interval; partial NeoX RoPE (IMRoPE is NeoX for text) */
     { .name = "qwen35", .rope_neox = true, .ffn = KVC_FFN_DENSE, .layers = kvc_gdn_layers,
-      .keys = KEYS(keys_common, keys_dense, keys_gdn),
+      .keys = KEYS(keys_common, keys_dense, keys_ssm, keys_gdn),
       .tensors = TENSORS(t_attn_gated, t_gdn, t_ffn_norm_post, t_ffn_dense) },
     { .name = "qwen35moe", .rope_neox = true, .ffn = KVC_FFN_MOE, .layers = kvc_gdn_layers,
       .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true,
-      .keys = KEYS(keys_common, keys_moe, keys_gdn),
+      .keys = KEYS(keys_common, keys_moe, keys_ssm, keys_gdn),
       .tensors = TENSORS(t_attn_gated, t_gdn, t_ffn_norm_post, t_ffn_moe) },
+    /* LFM2: gated short convolutions and attention layers (head_count_kv 0 per
+     * layer: a convolution), QK-norm, the final norm named token_embd_norm;
+     * with a sliding window every attention layer slides */
+    { .name = "lfm2", .rope_neox = true, .ffn = KVC_FFN_DENSE, .recurrent = KVC_ATTN_SHORTCONV,
+      .swa_rope_as_global = true, .output_norm = "token_embd_norm.weight",
+      .keys = KEYS(keys_common, keys_dense, keys_swa, keys_shortconv),
+      .tensors = TENSORS(t_attn, t_qk_norm, t_shortconv, t_ffn_norm, t_ffn_dense) },
+    /* Granite 4.0-H: Mamba-2 and attention layers (head_count_kv 0 per layer:
+     * Mamba-2), NoPE unless rope.scaling.finetuned, Granite's scalars, dense
+     * or MoE FFN with a shared expert */
+    { .name = "granitehybrid", .ffn = KVC_FFN_MOE, .ffn_by_experts = true, .ff_exp_is_ff = true,
+      .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true, .recurrent = KVC_ATTN_MAMBA2,
+      .rope_finetuned_switch = true,
+      .keys = KEYS(keys_common, keys_granite, keys_ssm),
+      .tensors = TENSORS(t_attn, t_attn_bias_opt, t_mamba2, t_ffn_norm, t_ffn_dense, t_ffn_moe) },
 
     /* known, not run yet (ARCHITECTURES.md) */
 #define LATER(nm, why) { .name = nm, .unsupported = why }
     LATER("gemma3n",        "per-layer embeddings and AltUp are not supported yet"),
     LATER("gemma4",         "per-layer head sizes, K = V layers and proportional RoPE are not supported yet"),
     LATER("qwen3next",      "Gated DeltaNet recurrent layers are not supported yet"),
-    LATER("lfm2",           "short-convolution recurrent layers are not supported yet"),
-    LATER("lfm2moe",        "short-convolution recurrent layers are not supported yet"),
-    LATER("granitehybrid",  "Mamba-2 recurrent layers are not supported yet"),
+    LATER("lfm2moe",        "short-convolution layers with experts are not supported yet"),
     LATER("nemotron_h",     "Mamba-2 recurrent layers are not supported yet"),
     LATER("nemotron_h_moe", "Mamba-2 recurrent layers are not supported yet"),
     LATER("deepseek2",      "multi-head latent attention is not supported yet"),

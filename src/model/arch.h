@@ -67,11 +67,18 @@ typedef enum kvc_dim {
     KVC_D_FF_EXP2,           /* 2 * n_ff_exp (fused gate and up) */
     KVC_D_FF_SHEXP,          /* n_ff_shexp (the shared expert's width) */
     KVC_D_Q2,                /* 2 * n_head * head_dim (gated attention: query and gate rows) */
+    /* recurrent layers (kvc_hparams' shortconv_l and ssm_*) */
+    KVC_D_EMBD3,             /* 3 * n_embd (lfm2's in_proj: b, c, x) */
+    KVC_D_CONV_L,            /* shortconv.l_cache (lfm2's kernel width) */
     KVC_D_SSM_CONV_K,        /* ssm.conv_kernel: the causal convolution's width K */
-    KVC_D_SSM_CONV_DIM,      /* the convolved channels: 2 * n_group * d_state + d_inner (GDN) */
+    KVC_D_SSM_CONV_DIM,      /* the convolved channels: d_inner + 2 * n_group * d_state (GDN: q, k,
+                              * v; Mamba-2: x, B, C) */
+    KVC_D_SSM_IN,            /* 2 * d_inner + 2 * n_group * d_state + n_ssm_head (Mamba-2: z, xBC, dt) */
     KVC_D_SSM_INNER,         /* ssm.inner_size: d_inner (GDN: n_v heads x d_state) */
-    KVC_D_SSM_HEADS,         /* ssm.time_step_rank: the recurrent (V) heads n_v */
+    KVC_D_SSM_HEADS,         /* ssm.time_step_rank: the recurrent heads (GDN: the V heads n_v) */
     KVC_D_SSM_STATE,         /* ssm.state_size: d_state (GDN: the head size d_k = d_v) */
+    KVC_D_SSM_GROUPS,        /* ssm.group_count */
+    KVC_D_SSM_GROUP_W,       /* d_inner / n_group (one group of Mamba-2's gated norm) */
 } kvc_dim;
 
 /* Which layers carry a tensor. */
@@ -79,8 +86,9 @@ typedef enum kvc_tensor_when {
     KVC_ON_ALL = 0,
     KVC_ON_DENSE,            /* layers whose FFN is dense */
     KVC_ON_MOE,              /* layers whose FFN is a mixture of experts */
-    KVC_ON_ATTN,             /* layers whose token mixer is attention (hybrids' attention layers) */
-    KVC_ON_GDN,              /* Gated DeltaNet layers */
+    KVC_ON_ATTN,             /* layers whose token mixer is attention (full or window) */
+    KVC_ON_RECR,             /* layers whose token mixer is recurrent (the row's kind: Gated
+                              * DeltaNet, short convolution, Mamba-2) */
 } kvc_tensor_when;
 
 #define KVC_T_OPTIONAL  1u   /* may be absent: its field stays NULL / empty */
@@ -104,6 +112,8 @@ typedef struct kvc_arch_tensor {
 /* One metadata key, read as "{arch}.{suffix}" into a kvc_hparams field. */
 typedef enum kvc_key_type {
     KVC_KEY_U32, KVC_KEY_F32, KVC_KEY_BOOL,
+    KVC_KEY_U32_LAYERS,      /* a U32, or an array of one per layer: the field gets the largest,
+                              * model.c's layer_hparams each layer's (head_count_kv of the hybrids) */
     KVC_KEY_ROPE_SCALING,    /* a string: "none", "linear" or "yarn", into a kvc_rope_scaling */
 } kvc_key_type;
 
@@ -140,6 +150,15 @@ typedef struct kvc_arch {
      * recurrent, their state sizes, validation of the row's own keys. NULL:
      * none. Returns KVC_OK or an error naming the bad key. */
     int (*layers)(struct kvc_model *m, kvc_err *err);
+    bool        ffn_by_experts;              /* every FFN is MoE when expert_count > 0, else
+                                              * dense (granitehybrid); overrides .ffn */
+    bool        ff_exp_is_ff;                /* an expert's width is feed_forward_length (granite) */
+    kvc_attn_kind recurrent;                 /* the mixer of a layer whose head_count_kv is 0
+                                              * (lfm2, granitehybrid); 0: none such */
+    bool        rope_finetuned_switch;       /* rope.scaling.finetuned false => no RoPE at all
+                                              * (Granite 4.0-H is NoPE) */
+    const char *output_norm;                 /* the final norm's tensor; NULL: output_norm.weight
+                                              * (lfm2: token_embd_norm.weight) */
     const kvc_arch_key    *const *keys;      /* NULL-terminated lists of {0}-terminated keys */
     const kvc_arch_tensor *const *tensors;   /* per layer, NULL-terminated lists */
 } kvc_arch;

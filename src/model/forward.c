@@ -102,7 +102,10 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->tiles = malloc((B + 1) * sizeof(int32_t));
     /* Tiles of about kvc_attn_tile_rows query rows: K/V blocks are read from
      * memory once per tile and from L1 for every 8 or 16 of its rows. */
-    const int32_t group = hp->n_head / hp->n_head_kv;
+    int32_t group = 1;   /* the largest query group of any attention layer */
+    for (int32_t il = 0; il < hp->n_layer; il++)
+        if (m->layers[il].n_head_kv > 0)
+            group = KVC_MAX(group, m->layers[il].n_head / m->layers[il].n_head_kv);
     c->tile_tok = KVC_MAX(1, KVC_MIN(64, kvc_attn_tile_rows((int32_t)hd) / group));
     c->tp = kvc_threadpool_new(n_threads);
     c->mm_scratch = calloc((size_t)n_threads, sizeof(float *));
@@ -114,7 +117,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
               c->scores && c->krow && c->blk;
     int64_t max_in = KVC_MAX(KVC_MAX((int64_t)hp->n_embd, (int64_t)hp->n_ff), (int64_t)nq);
     max_in = KVC_MAX(max_in, KVC_MAX((int64_t)hp->n_ff_exp, (int64_t)hp->n_ff_shexp));
-    max_in = KVC_MAX(max_in, (int64_t)hp->ssm_d_inner);
+    max_in = KVC_MAX(max_in, (int64_t)hp->ssm_d_inner);   /* Mamba-2's out_proj */
     c->mm_act_bytes = kvc_matmul_act_bytes(max_in, max_batch);   /* 0 on ISAs that do not use them */
     if (ok && c->mm_act_bytes) {
         c->mm_act = kvc_alloc_aligned(c->mm_act_bytes);
@@ -133,7 +136,8 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the experts' buffers");
     }
-    if (kvc_gdn_alloc(c) != KVC_OK) {
+    if (kvc_gdn_alloc(c) != KVC_OK ||
+        (hp->arch->recurrent != KVC_ATTN_FULL && kvc_ssm_alloc(c) != KVC_OK)) {
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the recurrent layers' buffers");
     }
@@ -158,6 +162,7 @@ void kvc_compute_free(kvc_compute *c)
     }
     kvc_moe_free(c);
     kvc_gdn_free(c);
+    kvc_ssm_free(c);
     kvc_threadpool_free(c->tp);
     free(c->mm_scratch);
     kvc_free_aligned(c->mm_act);
@@ -268,7 +273,7 @@ static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t 
 /* ------------------------------------------------------- per-token math */
 
 /* out = x / sqrt(mean(x^2) + eps) * w  (the sum in double, as exact as cheap) */
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+void kvc_fwd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
 {
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++)
@@ -276,11 +281,6 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float
     float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
     for (int64_t i = 0; i < n; i++)
         out[i] = (x[i] * scale) * w[i];
-}
-
-void kvc_fwd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
-{
-    rmsnorm(out, x, w, n, eps);
 }
 
 /* Rotate the first n_rot dims of one head in place: pairs (2i, 2i+1), or
@@ -388,7 +388,10 @@ static void residual_add(const kvc_hparams *hp, float *x, float *h, const float 
 {
     add_bias(h, bias, hp->n_embd);
     if (post_norm)
-        rmsnorm(h, h, post_norm, hp->n_embd, hp->rms_eps);
+        kvc_fwd_rmsnorm(h, h, post_norm, hp->n_embd, hp->rms_eps);
+    if (hp->residual_scale != 0.0f)   /* Granite */
+        for (int32_t d = 0; d < hp->n_embd; d++)
+            h[d] *= hp->residual_scale;
     add_rows(x, h, hp->n_embd);
 }
 
@@ -401,7 +404,7 @@ void kvc_fwd_attn_norm_task(void *ctx, int64_t i, int thread)
     float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
     if (f->layer > 0)
         residual_add(hp, x, h, NULL, f->c->m->layers[f->layer - 1].post_ffn_norm);
-    rmsnorm(h, x, f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
+    kvc_fwd_rmsnorm(h, x, f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
 }
 
 /* Row i: x += the attention's output (+ its bias, post-norm), then the FFN's norm. */
@@ -412,7 +415,7 @@ void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread)
     const kvc_layer *L = &f->c->m->layers[f->layer];
     float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
     residual_add(hp, x, h, L->bo, L->post_attn_norm);
-    rmsnorm(h, x, L->ffn_norm, hp->n_embd, hp->rms_eps);
+    kvc_fwd_rmsnorm(h, x, L->ffn_norm, hp->n_embd, hp->rms_eps);
 }
 
 /* Row i: gate = act(gate, up) (SwiGLU, GeGLU, ...: the row's activation). */
@@ -450,16 +453,18 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     const float *cs = c->rope_cos + at, *sn = c->rope_sin + at;
     for (int32_t h = 0; h < L->n_head; h++) {
         if (L->q_norm)
-            rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
-        rope_head(q + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
+            kvc_fwd_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
+        if (!L->no_rope)
+            rope_head(q + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
     }
     const kvc_batch_item *it = &f->items[i];
     int32_t blk = it->seq->blocks[it->pos / f->B];
     size_t off = (size_t)(it->pos % f->B) * f->row_bytes;
     for (int32_t h = 0; h < L->n_head_kv; h++) {
         if (L->k_norm)
-            rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
-        rope_head(k + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
+            kvc_fwd_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
+        if (!L->no_rope)
+            rope_head(k + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
         store_k(f->kv_type, k + h * hd, kvc_kv_k(f->pool, blk, f->layer, h), it->pos % f->B, f->B,
                 f->row_bytes, hd);
         store_row(f->kv_type, v + h * hd, (uint8_t *)kvc_kv_v(f->pool, blk, f->layer, h) + off, hd);
@@ -616,6 +621,8 @@ static const layer_step attn_steps[] = {
     [KVC_ATTN_FULL]   = attn_step,
     [KVC_ATTN_WINDOW] = attn_step,
     [KVC_ATTN_GDN]    = kvc_gdn_step,
+    [KVC_ATTN_SHORTCONV] = kvc_shortconv_step,
+    [KVC_ATTN_MAMBA2] = kvc_mamba2_step,
 };
 
 static const layer_step ffn_steps[] = {
@@ -678,7 +685,7 @@ static void out_norm_task(void *ctx, int64_t i, int thread)
 {
     out_job *o = ctx;
     const kvc_hparams *hp = &o->c->m->hp;
-    rmsnorm(o->c->h + i * hp->n_embd, o->c->x + (int64_t)o->rows[i] * hp->n_embd,
+    kvc_fwd_rmsnorm(o->c->h + i * hp->n_embd, o->c->x + (int64_t)o->rows[i] * hp->n_embd,
             o->c->m->output_norm, hp->n_embd, hp->rms_eps);
 }
 
@@ -714,6 +721,11 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
     out_job o = { c, rows };
     kvc_threadpool_run(c->tp, n_out, out_norm_task, &o);
     matmul(c, &c->m->output, c->h, n_out, logits, hp->n_vocab);
+    if (hp->logit_scale != 0.0f) {   /* Granite */
+        const float inv = 1.0f / hp->logit_scale;
+        for (int64_t j = 0; j < (int64_t)n_out * hp->n_vocab; j++)
+            logits[j] *= inv;
+    }
     if (hp->logit_softcap > 0.0f) {
         const float cap = hp->logit_softcap;
         for (int64_t j = 0; j < (int64_t)n_out * hp->n_vocab; j++)

@@ -50,6 +50,20 @@ typedef struct kvc_gdn_buf {
     float  **state;       /* [n] each group's state of the current layer */
 } kvc_gdn_buf;
 
+/* The recurrent steps' buffers (forward_ssm.c), sized at kvc_compute_new for
+ * max_batch tokens (all NULL for a model without recurrent layers). A batch's
+ * tokens are taken sequence by sequence: order[] lists the batch indices of
+ * each sequence's tokens in position order, sequence s at [run[s], run[s+1]). */
+typedef struct kvc_ssm_buf {
+    float   *proj;        /* [n][3 n_embd | 2 d_inner + 2GN + n_head] the input projection */
+    float   *xbc;         /* [n][d_inner + 2GN] Mamba-2: x, B, C after conv and silu */
+    float   *y;           /* [n][n_embd | d_inner] the mixer's output before out_proj */
+    int32_t *order;       /* [n] */
+    int32_t *run;         /* [n + 1] */
+    float  **state;       /* [n] each sequence's state of the current layer */
+    int32_t  n_seq;       /* sequences in the batch */
+} kvc_ssm_buf;
+
 /* One RoPE rotation, shared by the layers whose kvc_layer.rope names it: pair
  * i < n_rot / 2 turns by pos * freq[i] (base^(-2i/n_rot), with linear or YaRN
  * scaling folded in: the angle stays linear in the position, so a context
@@ -89,6 +103,7 @@ struct kvc_compute {
     const void **blk;     /* [thread][2 * max_blocks] block pointers for attention */
     kvc_moe_buf moe;      /* the mixture-of-experts step's buffers (forward_moe.c) */
     kvc_gdn_buf gdn;      /* the Gated DeltaNet step's buffers (forward_gdn.c) */
+    kvc_ssm_buf ssm;      /* the recurrent steps' buffers (forward_ssm.c) */
 };
 
 typedef struct fwd {
@@ -113,11 +128,19 @@ void kvc_fwd_matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, cons
 void kvc_fwd_ffn_act(kvc_ffn_act act, float *g, const float *u, int64_t n);
 /* Row i: x += the attention's output, then the FFN's norm into h. */
 void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread);
-
-/* Row i: x += the previous layer's output, then the attention's norm into h. */
+/* Row i: x += the previous layer's FFN output (none before layer 0), then the
+ * mixer's norm into h. */
 void kvc_fwd_attn_norm_task(void *ctx, int64_t i, int thread);
-/* out = x / sqrt(mean(x^2) + eps) * w (forward.c's RMSNorm). */
+/* out = x / sqrt(mean(x^2) + eps) * w over n elements (out may be x). */
 void kvc_fwd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+
+/* The recurrent mixers (forward_ssm.c): lfm2's gated short convolution and
+ * Mamba-2, each reading and updating its sequences' states (kv.h) token by
+ * token in position order; and their buffers. */
+void kvc_shortconv_step(fwd *f);
+void kvc_mamba2_step(fwd *f);
+int  kvc_ssm_alloc(kvc_compute *c);      /* KVC_OK, or KVC_ERR_NOMEM */
+void kvc_ssm_free(kvc_compute *c);
 
 /* The Gated DeltaNet step (forward_gdn.c): the layer's token mixer, its
  * output left in h; its buffers; and the arch row's layer setup (arch.h). */

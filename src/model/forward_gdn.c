@@ -43,7 +43,7 @@ typedef struct gdn_dims {
 
 static gdn_dims dims_of(const kvc_hparams *hp)
 {
-    gdn_dims g = { hp->ssm_d_conv, hp->ssm_n_group, hp->ssm_dt_rank, hp->ssm_d_state, 0, 0 };
+    gdn_dims g = { hp->ssm_d_conv, hp->ssm_n_group, hp->ssm_n_head, hp->ssm_d_state, 0, 0 };
     g.inner = (int64_t)g.n_v * g.d;
     g.conv_dim = 2 * (int64_t)g.n_k * g.d + g.inner;
     return g;
@@ -267,16 +267,16 @@ static void head_task(void *ctx, int64_t task, int thread)
         const int64_t i = b->order[t];
         float *u = b->qkv + i * cd;
         float *q = u + hk * d, *k = u + ((int64_t)n_k + hk) * d;
-        conv_channels(st, L->ssm_conv1d, u, cd, K, hk * d, (hk + 1) * d);
-        conv_channels(st, L->ssm_conv1d, u, cd, K, ((int64_t)n_k + hk) * d, ((int64_t)n_k + hk + 1) * d);
+        conv_channels(st, L->ssm_conv, u, cd, K, hk * d, (hk + 1) * d);
+        conv_channels(st, L->ssm_conv, u, cd, K, ((int64_t)n_k + hk) * d, ((int64_t)n_k + hk + 1) * d);
         l2norm(q, d, eps);
         l2norm(k, d, eps);
         for (int64_t h = hk; h < n_v; h += n_k) {
             const int64_t v0 = 2 * (int64_t)n_k * d + h * d;
-            conv_channels(st, L->ssm_conv1d, u, cd, K, v0, v0 + d);
+            conv_channels(st, L->ssm_conv, u, cd, K, v0, v0 + d);
             const float *v = u + v0;
             const float beta = 1.0f / (1.0f + expf(-b->beta[i * n_v + h]));
-            const float a = b->g[i * n_v + h] + L->ssm_dt[h];
+            const float a = b->g[i * n_v + h] + L->ssm_dt_b[h];
             const float g = (a > 20.0f ? a : log1pf(expf(a))) * L->ssm_a[h];   /* ggml_softplus */
             const float decay = expf(g);
             float *S = S0 + h * (int64_t)d * d, *o = b->o + i * j->g.inner + h * d;

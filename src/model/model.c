@@ -30,6 +30,39 @@ static int read_rope_scaling(const gguf_file *f, const char *key, int32_t *out, 
     return rc;
 }
 
+/* A per-layer array of a KVC_KEY_U32_LAYERS key (block_count read before):
+ * n_layer integers in [0, INT32_MAX]; the field gets the largest (the
+ * layers' own values are read by layer_u32). */
+static int read_layer_array(const gguf_kv *kv, const char *key, const kvc_hparams *hp, int32_t *field,
+                            kvc_err *err)
+{
+    const uint32_t et = kv->v.arr.type;
+    if (et == GGUF_TYPE_FLOAT32 || et == GGUF_TYPE_FLOAT64 || et == GGUF_TYPE_STRING || et == GGUF_TYPE_BOOL ||
+        kv->v.arr.n != (uint64_t)hp->n_layer)
+        return kvc_fail(err, KVC_ERR_FORMAT, "metadata key %s: expected %d integers (one per layer), "
+                        "got an array of %llu", key, hp->n_layer, (unsigned long long)kv->v.arr.n);
+    int64_t max = 0;
+    for (uint64_t i = 0; i < kv->v.arr.n; i++) {
+        const int64_t v = gguf_arr_i64(kv, i);
+        if (v < 0 || v > INT32_MAX)
+            return kvc_fail(err, KVC_ERR_FORMAT, "metadata key %s: layer %llu: %lld out of range", key,
+                            (unsigned long long)i, (long long)v);
+        max = KVC_MAX(max, v);
+    }
+    *field = (int32_t)max;
+    return KVC_OK;
+}
+
+/* Layer il's value of a KVC_KEY_U32_LAYERS key "{arch}.{suffix}": its entry
+ * when the key is an array (validated by read_layer_array), else `scalar`. */
+static int32_t layer_u32(const kvc_model *m, const char *suffix, int il, int32_t scalar)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", m->hp.arch->name, suffix);
+    const gguf_kv *kv = gguf_find_kv(m->gguf, key);
+    return kv && kv->type == GGUF_TYPE_ARRAY ? (int32_t)gguf_arr_i64(kv, (uint64_t)il) : scalar;
+}
+
 /* One key of the row into its field; absent optional keys take their default
  * (NAN: leave the row's default in place). */
 static int read_key(const gguf_file *f, const char *an, const kvc_arch_key *k, kvc_hparams *hp,
@@ -43,7 +76,10 @@ static int read_key(const gguf_file *f, const char *an, const kvc_arch_key *k, k
     bool b = false;
     if (k->type == KVC_KEY_ROPE_SCALING)
         return read_rope_scaling(f, key, field, err);
-    int rc = k->type == KVC_KEY_U32 ? gguf_get_u32(f, key, &u, err)
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (k->type == KVC_KEY_U32_LAYERS && kv && kv->type == GGUF_TYPE_ARRAY)
+        return read_layer_array(kv, key, hp, field, err);
+    int rc = k->type == KVC_KEY_U32 || k->type == KVC_KEY_U32_LAYERS ? gguf_get_u32(f, key, &u, err)
            : k->type == KVC_KEY_F32 ? gguf_get_f32(f, key, &x, err)
                                     : gguf_get_bool(f, key, &b, err);
     if (rc == KVC_ERR_NOT_FOUND && k->required)
@@ -55,9 +91,9 @@ static int read_key(const gguf_file *f, const char *an, const kvc_arch_key *k, k
     } else if (rc) {
         return rc;
     }
-    if (k->type == KVC_KEY_U32 && u > (uint32_t)INT32_MAX)
+    if (k->type != KVC_KEY_F32 && k->type != KVC_KEY_BOOL && u > (uint32_t)INT32_MAX)
         return kvc_fail(err, KVC_ERR_FORMAT, "metadata key %s: %u out of range", key, u);
-    if (k->type == KVC_KEY_U32)
+    if (k->type != KVC_KEY_F32 && k->type != KVC_KEY_BOOL)
         *(int32_t *)field = (int32_t)u;
     else if (k->type == KVC_KEY_F32)
         *(float *)field = x;
@@ -87,6 +123,22 @@ static int find_arch(const gguf_file *f, const kvc_arch **out, kvc_err *err)
     return rc;
 }
 
+/* The recurrent layers' shapes (kvc_arch.recurrent), when the row has them. */
+static int check_recurrent(const kvc_hparams *hp, kvc_err *err)
+{
+    const int32_t lim = 1 << 20;
+    if (hp->arch->recurrent == KVC_ATTN_SHORTCONV && (hp->shortconv_l < 2 || hp->shortconv_l > 64))
+        return kvc_fail(err, KVC_ERR_FORMAT, "bad short convolution: l_cache %d (2..64)", hp->shortconv_l);
+    if (hp->arch->recurrent == KVC_ATTN_MAMBA2 &&
+        (hp->ssm_d_conv < 1 || hp->ssm_d_conv > 64 || hp->ssm_d_inner <= 0 || hp->ssm_d_inner > lim ||
+         hp->ssm_d_state <= 0 || hp->ssm_d_state > 4096 || hp->ssm_n_head <= 0 || hp->ssm_n_group <= 0 ||
+         hp->ssm_d_inner % hp->ssm_n_head != 0 || hp->ssm_n_head % hp->ssm_n_group != 0))
+        return kvc_fail(err, KVC_ERR_FORMAT,
+                        "bad Mamba-2 shape: conv kernel %d, inner size %d, state size %d, %d heads, %d groups",
+                        hp->ssm_d_conv, hp->ssm_d_inner, hp->ssm_d_state, hp->ssm_n_head, hp->ssm_n_group);
+    return KVC_OK;
+}
+
 static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
 {
     const kvc_arch *a = NULL;
@@ -101,6 +153,7 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
     hp->moe_norm_w = a->moe_norm_w;
     hp->ffn_act = a->act;
     hp->swa_period = a->swa_period;
+    hp->rope_finetuned = true;
     for (const kvc_arch_key *const *list = a->keys; *list; list++)
         for (const kvc_arch_key *k = *list; k->suffix; k++)
             if ((rc = read_key(f, a->name, k, hp, err)))
@@ -112,7 +165,7 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
                         hp->n_layer_nextn, hp->n_layer);
     hp->n_layer -= hp->n_layer_nextn;   /* the MTP blocks are not part of the main pass */
     const int32_t lim = 1 << 20;
-    const bool moe = a->ffn == KVC_FFN_MOE;
+    const bool moe = a->ffn_by_experts ? hp->n_expert > 0 : a->ffn == KVC_FFN_MOE;
     if (hp->n_embd <= 0 || hp->n_embd > lim || hp->n_layer <= 0 || hp->n_layer > 4096 ||
         hp->n_head <= 0 || hp->n_head > 4096 || hp->n_head_kv > hp->n_head ||
         hp->n_head % hp->n_head_kv != 0 || (!moe && (hp->n_ff <= 0 || hp->n_ff > lim)))
@@ -120,6 +173,8 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
                         "bad hyperparameters: n_embd %d, layers %d, heads %d, kv heads %d, n_ff %d",
                         hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->n_ff);
     if (moe) {
+        if (a->ff_exp_is_ff)
+            hp->n_ff_exp = hp->n_ff;
         if (hp->n_ff_exp == 0 && hp->n_expert_used > 0)
             hp->n_ff_exp = hp->n_ff / hp->n_expert_used;       /* llama.cpp's fallback */
         if (hp->n_ff_shexp == 0)
@@ -161,7 +216,7 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
         hp->rope_theta_swa = a->swa_rope_as_global ? hp->rope_theta : 10000.0f;
     if (a->emb_scale_sqrt)
         hp->emb_scale = sqrtf((float)hp->n_embd);
-    return KVC_OK;
+    return check_recurrent(hp, err);
 }
 
 /* Whether layer il slides, by llama.cpp's set_swa_pattern rule. */
@@ -171,9 +226,23 @@ static bool layer_slides(const kvc_hparams *hp, int il)
     return hp->n_swa > 0 && (p == 0 || il % p < p - 1);
 }
 
+/* The floats of one sequence's state in a recurrent layer of kind k (kv.h):
+ * the convolution's last inputs, then the recurrent state. */
+static int64_t state_floats(const kvc_hparams *hp, kvc_attn_kind k)
+{
+    const int64_t conv = (int64_t)hp->ssm_d_inner + 2 * (int64_t)hp->ssm_n_group * hp->ssm_d_state;
+    switch (k) {
+    case KVC_ATTN_SHORTCONV: return (int64_t)(hp->shortconv_l - 1) * hp->n_embd;
+    case KVC_ATTN_MAMBA2:    return (int64_t)(hp->ssm_d_conv - 1) * conv + (int64_t)hp->ssm_d_inner * hp->ssm_d_state;
+    default:                 return 0;
+    }
+}
+
 /* Every layer's kinds and attention shape: full or sliding by the pattern,
- * the sliding layers with their own RoPE base (and rotation, forward.c). */
-static void layer_hparams(kvc_model *m)
+ * the sliding layers with their own RoPE base (and rotation, forward.c); a
+ * layer of no KV heads (a per-layer head_count_kv) is the row's recurrent
+ * kind, with its state. */
+static int layer_hparams(kvc_model *m, kvc_err *err)
 {
     const kvc_hparams *hp = &m->hp;
     const int32_t per_head = hp->arch->attn_scale_embd_layers == hp->n_layer ? hp->n_embd / hp->n_head
@@ -182,15 +251,28 @@ static void layer_hparams(kvc_model *m)
         kvc_layer *L = &m->layers[il];
         const bool slides = layer_slides(hp, il);
         L->attn = slides ? KVC_ATTN_WINDOW : KVC_ATTN_FULL;
-        L->ffn = hp->arch->ffn;
+        L->ffn = hp->arch->ffn_by_experts ? (hp->n_expert > 0 ? KVC_FFN_MOE : KVC_FFN_DENSE) : hp->arch->ffn;
         L->n_head = hp->n_head;
-        L->n_head_kv = hp->n_head_kv;
+        L->n_head_kv = layer_u32(m, "attention.head_count_kv", il, hp->n_head_kv);
         L->head_dim = hp->head_dim;
         L->rope_theta = slides ? hp->rope_theta_swa : hp->rope_theta;
         L->window = slides ? hp->n_swa : 0;
         L->rope = slides ? 1 : 0;
-        L->attn_scale = 1.0f / sqrtf((float)per_head);
+        L->attn_scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)per_head);
+        L->no_rope = hp->arch->rope_finetuned_switch && !hp->rope_finetuned;
+        if (L->n_head_kv == 0 && hp->arch->recurrent == KVC_ATTN_FULL)
+            return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: no KV heads, and %s has no recurrent layers",
+                            il, hp->arch->name);
+        if (L->n_head_kv == 0) {
+            L->attn = hp->arch->recurrent;
+            L->window = 0;
+            L->state_floats = state_floats(hp, L->attn);
+        } else if (L->n_head_kv > L->n_head || L->n_head % L->n_head_kv != 0) {
+            return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: %d KV heads for %d heads", il, L->n_head_kv,
+                            L->n_head);
+        }
     }
+    return KVC_OK;
 }
 
 /* ------------------------------------------------------------- tensors */
@@ -227,11 +309,17 @@ static int64_t dim_of(const kvc_hparams *hp, const kvc_layer *L, uint8_t d)
     case KVC_D_FF_EXP2:  return 2 * (int64_t)hp->n_ff_exp;
     case KVC_D_FF_SHEXP: return hp->n_ff_shexp;
     case KVC_D_Q2:       return 2 * (int64_t)(L ? L->n_head : hp->n_head) * hd;
+    case KVC_D_EMBD3:    return 3 * (int64_t)hp->n_embd;
+    case KVC_D_CONV_L:   return hp->shortconv_l;
     case KVC_D_SSM_CONV_K:   return hp->ssm_d_conv;
-    case KVC_D_SSM_CONV_DIM: return 2 * (int64_t)hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
-    case KVC_D_SSM_INNER:    return hp->ssm_d_inner;
-    case KVC_D_SSM_HEADS:    return hp->ssm_dt_rank;
-    case KVC_D_SSM_STATE:    return hp->ssm_d_state;
+    case KVC_D_SSM_CONV_DIM: return hp->ssm_d_inner + 2 * (int64_t)hp->ssm_n_group * hp->ssm_d_state;
+    case KVC_D_SSM_IN:   return 2 * (int64_t)hp->ssm_d_inner + 2 * (int64_t)hp->ssm_n_group * hp->ssm_d_state +
+                                hp->ssm_n_head;
+    case KVC_D_SSM_INNER: return hp->ssm_d_inner;
+    case KVC_D_SSM_HEADS: return hp->ssm_n_head;
+    case KVC_D_SSM_STATE: return hp->ssm_d_state;
+    case KVC_D_SSM_GROUPS: return hp->ssm_n_group;
+    case KVC_D_SSM_GROUP_W: return hp->ssm_n_group ? hp->ssm_d_inner / hp->ssm_n_group : 0;
     }
     return 0;
 }
@@ -283,7 +371,7 @@ static bool applies(const kvc_arch_tensor *t, const kvc_layer *L)
     const bool attn = L->attn == KVC_ATTN_FULL || L->attn == KVC_ATTN_WINDOW;
     return t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE && L->ffn == KVC_FFN_DENSE) ||
            (t->when == KVC_ON_MOE && L->ffn == KVC_FFN_MOE) || (t->when == KVC_ON_ATTN && attn) ||
-           (t->when == KVC_ON_GDN && L->attn == KVC_ATTN_GDN);
+           (t->when == KVC_ON_RECR && !attn);
 }
 
 static int bind_layer(binder *b, int il)
@@ -337,9 +425,8 @@ static int bind_tensors(kvc_model *m, kvc_err *err)
     m->layers = calloc((size_t)hp->n_layer, sizeof(kvc_layer));
     if (!m->layers)
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory binding tensors");
-    layer_hparams(m);
-    int rc;
-    if (hp->arch->layers && (rc = hp->arch->layers(m, err)))
+    int rc = layer_hparams(m, err);
+    if (rc || (hp->arch->layers && (rc = hp->arch->layers(m, err))))
         return rc;
     m->owned = malloc((size_t)owned_floats(m) * sizeof(float));
     if (!m->owned)
@@ -347,7 +434,9 @@ static int bind_tensors(kvc_model *m, kvc_err *err)
     binder b = { m, err, m->owned };
     for (const kvc_arch_tensor *t = kvc_arch_globals; t->name; t++) {
         const int64_t ne[3] = { dim_of(hp, NULL, t->ne[0]), dim_of(hp, NULL, t->ne[1]), 1 };
-        if ((rc = bind_one(&b, t, t->name, ne, !(t->flags & KVC_T_OPTIONAL), m)))
+        const char *name = t->field == offsetof(kvc_model, output_norm) && hp->arch->output_norm
+                         ? hp->arch->output_norm : t->name;
+        if ((rc = bind_one(&b, t, name, ne, !(t->flags & KVC_T_OPTIONAL), m)))
             return rc;
     }
     if (!m->output.data) {

@@ -51,13 +51,22 @@ typedef struct kvc_hparams {
     kvc_ffn_act ffn_act;     /* the FFNs' activation */
     int32_t  n_layer_nextn;  /* nextn_predict_layers: MTP blocks after the main layers (not run;
                               * n_layer excludes them) */
-    /* recurrent layers (0 when none): ssm.* */
-    int32_t  ssm_d_conv;     /* conv_kernel: the causal convolution's width K */
-    int32_t  ssm_d_inner;    /* inner_size (GDN: n_v * d_state) */
-    int32_t  ssm_d_state;    /* state_size (GDN: d_k = d_v) */
-    int32_t  ssm_dt_rank;    /* time_step_rank (GDN: the V heads n_v) */
-    int32_t  ssm_n_group;    /* group_count (GDN: the Q/K heads n_k) */
+    /* recurrent layers (arch.h's kvc_arch.recurrent or .layers; 0 when the model has none) */
+    int32_t  shortconv_l;    /* shortconv.l_cache: lfm2's kernel width L (state: L - 1 inputs) */
+    int32_t  ssm_d_conv;     /* ssm.conv_kernel: the causal convolution's width K */
+    int32_t  ssm_d_inner;    /* ssm.inner_size (GDN: n_v * d_state) */
+    int32_t  ssm_d_state;    /* ssm.state_size: Mamba-2's N (GDN: the head size d_k = d_v) */
+    int32_t  ssm_n_head;     /* ssm.time_step_rank: Mamba heads, d_inner / n_head wide each (GDN:
+                              * the V heads n_v) */
+    int32_t  ssm_n_group;    /* ssm.group_count: Mamba-2's G groups of B, C (and of the gated
+                              * norm); GDN: the Q/K heads n_k */
     int32_t  full_attn_interval; /* GDN: layer il is attention iff (il + 1) % this == 0 */
+    /* Granite's scalars (0: none) */
+    float    residual_scale; /* residual_scale: each sublayer's output x this before its add */
+    float    attn_scale;     /* attention.scale: the scores' factor instead of 1/sqrt(head_dim) */
+    float    logit_scale;    /* logit_scale: logits / this */
+    bool     rope_finetuned; /* rope.scaling.finetuned (default true); false with
+                              * kvc_arch.rope_finetuned_switch: no RoPE */
 } kvc_hparams;
 
 /* A stack of per-expert matrices stored as one 3-D tensor (GGUF ne = [n_in,
@@ -87,6 +96,7 @@ typedef struct kvc_layer {
     int32_t      window;             /* sliding window in positions; 0 = full */
     int32_t      rope;               /* which of the compute's rotations (0: global, 1: sliding layers) */
     float        attn_scale;         /* the scores' factor (1/sqrt(head_dim), or the row's rule) */
+    bool         no_rope;            /* positions enter only through the causal mask (NoPE) */
     int64_t      state_floats;       /* recurrent kinds: floats of the layer's per-sequence state
                                       * (conv state, then the recurrent state); 0 for attention */
 
@@ -131,11 +141,20 @@ typedef struct kvc_layer {
     kvc_weight   ssm_z;              /* attn_gate: n_embd -> n_v d_v (the output gate z) */
     kvc_weight   ssm_beta;           /* n_embd -> n_v */
     kvc_weight   ssm_alpha;          /* n_embd -> n_v */
-    kvc_weight   ssm_out;            /* n_v d_v -> n_embd */
-    const float *ssm_conv1d;         /* [conv_dim][K] */
-    const float *ssm_dt;             /* [n_v] added to alpha before the softplus */
-    const float *ssm_a;              /* [n_v] -exp(A_log) */
-    const float *ssm_norm;           /* [d_v] the gated RMSNorm's weight (no +1) */
+    /* short convolution (lfm2) */
+    const float *conv;               /* [n_embd][L] causal kernel per channel */
+    kvc_weight   conv_in;            /* n_embd -> 3 n_embd: b, c, x */
+    kvc_weight   conv_out;           /* n_embd -> n_embd */
+    /* Mamba-2 (granitehybrid); the fields below are shared with GDN where named */
+    kvc_weight   ssm_in;             /* n_embd -> z [d_inner], xBC [d_inner + 2GN], dt [n_head] */
+    const float *ssm_conv;           /* [conv_dim][K] causal kernel per channel (Mamba-2: conv_dim =
+                                      * d_inner + 2GN; GDN: 2 n_k d_k + n_v d_v) */
+    const float *ssm_conv_b;         /* [d_inner + 2GN] or NULL */
+    const float *ssm_dt_b;           /* [n_head] added to dt before the softplus (GDN: to alpha) */
+    const float *ssm_a;              /* [n_head] = -exp(A_log) (GDN: [n_v]) */
+    const float *ssm_d;              /* [n_head] skip */
+    const float *ssm_norm;           /* [G][d_inner / G] gated norm's weights (GDN: [d_v], no +1) */
+    kvc_weight   ssm_out;            /* d_inner -> n_embd (GDN: n_v d_v -> n_embd) */
 } kvc_layer;
 
 typedef struct kvc_model {
@@ -166,8 +185,9 @@ int  kvc_model_load_file(const char *path, kvc_progress_fn progress, void *user,
                          kvc_model **out, kvc_err *err);
 void kvc_model_release(kvc_model *m);     /* NULL ok */
 
-/* Whether some layer keeps a recurrent state (Gated DeltaNet, ...): such a
- * model cannot shift its context (a state cannot be moved to other positions). */
+/* Whether a layer of the model keeps a recurrent state instead of K/V (Gated
+ * DeltaNet, lfm2's short convolution, Mamba-2): such a state cannot be moved
+ * to other positions, so a context shift is refused for these models. */
 bool kvc_model_recurrent(const kvc_model *m);
 
 /* --------------------------------------------------------------- forward */

@@ -34,7 +34,6 @@ kvc_gen_params kvc_gen_default_params(void)
         .vocab = "bpe", .bpe_pre = NULL, .tied = true, .vocab_only = false,
         .rope_theta = 10000.0f, .rms_eps = 1e-6f, .seed = 42, .name = NULL, .n_threads = 0,
         .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64,
-        .ssm_d_conv = 4, .ssm_d_state = 16, .ssm_n_group = 2, .ssm_dt_rank = 4,
         .full_attn_interval = 4,
     };
 }
@@ -43,7 +42,8 @@ static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-
                                             "qwen2.5-0.5b", "qwen3-30b-a3b", "tiny-gemma3",
                                             "tiny-gpt-oss", "gemma3-4b", "gpt-oss-20b",
                                             "tiny-qwen35", "tiny-qwen35moe", "qwen3.5-9b",
-                                            "qwen3.6-35b-a3b" };
+                                            "qwen3.6-35b-a3b", "tiny-lfm2", "tiny-granitehybrid",
+                                            "lfm2-1.2b", "granite-4.0-h-tiny" };
 
 const char *kvc_gen_preset_name(int i)
 {
@@ -106,7 +106,7 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.tied = !moe;
         p.n_embd = 64, p.n_layer = 4, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 32, p.n_rot = 8;
         p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e7f;
-        p.ssm_d_conv = 4, p.ssm_d_state = 16, p.ssm_n_group = 2, p.ssm_dt_rank = moe ? 6 : 4;
+        p.ssm_d_conv = 4, p.ssm_d_state = 16, p.ssm_n_group = 2, p.ssm_n_head = moe ? 6 : 4;
         p.full_attn_interval = 4;
         p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 32, p.n_ff_shexp = moe ? 48 : 0;
     } else if (strcmp(name, "qwen3.5-9b") == 0 || strcmp(name, "qwen3.6-35b-a3b") == 0) {
@@ -115,9 +115,33 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.n_embd = moe ? 2048 : 4096, p.n_layer = moe ? 40 : 32;
         p.n_head = 16, p.n_head_kv = moe ? 2 : 4, p.head_dim = 256, p.n_rot = 64;
         p.n_ff = moe ? 512 : 12288, p.n_vocab = 248320, p.n_ctx = 262144, p.rope_theta = 1e7f;
-        p.ssm_d_conv = 4, p.ssm_d_state = 128, p.ssm_n_group = 16, p.ssm_dt_rank = 32;
+        p.ssm_d_conv = 4, p.ssm_d_state = 128, p.ssm_n_group = 16, p.ssm_n_head = 32;
         p.full_attn_interval = 4;
         p.n_expert = 256, p.n_expert_used = 8, p.n_ff_exp = 512, p.n_ff_shexp = moe ? 512 : 0;
+    } else if (strcmp(name, "tiny-lfm2") == 0) {
+        p.arch = "lfm2", p.ftype = "f32", p.vocab = "spm", p.rms_eps = 1e-5f;
+        p.n_embd = 64, p.n_layer = 8, p.n_head = 4, p.n_head_kv = 4, p.head_dim = 16;
+        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f, p.kv_heads = "0,0,2,0,1,0,0,4", p.conv_l = 3;
+    } else if (strcmp(name, "tiny-granitehybrid") == 0) {
+        p.arch = "granitehybrid", p.ftype = "f32", p.vocab = "spm", p.tied = false, p.rms_eps = 1e-5f;
+        p.n_embd = 64, p.n_layer = 9, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 16;
+        p.n_ff = 32, p.n_ctx = 2048, p.kv_heads = "0,0,2,0,0,2,0,0,1";
+        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_shexp = 48;
+        p.ssm_d_conv = 4, p.ssm_d_inner = 128, p.ssm_d_state = 16, p.ssm_n_head = 8, p.ssm_n_group = 2;
+        p.embedding_scale = 12.0f, p.residual_scale = 0.5f, p.attention_scale = 0.125f, p.logit_scale = 4.0f;
+    } else if (strcmp(name, "lfm2-1.2b") == 0) {
+        p.arch = "lfm2", p.ftype = "q4_k_m", p.rms_eps = 1e-5f;
+        p.n_embd = 2048, p.n_layer = 16, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 64;
+        p.n_ff = 8192, p.n_vocab = 65536, p.n_ctx = 128000, p.rope_theta = 1e6f, p.conv_l = 3;
+        p.kv_heads = "0,0,8,0,0,8,0,0,8,0,8,0,8,0,8,0";
+    } else if (strcmp(name, "granite-4.0-h-tiny") == 0) {
+        p.arch = "granitehybrid", p.ftype = "q4_k_m", p.tied = false, p.rms_eps = 1e-5f;
+        p.n_embd = 1536, p.n_layer = 40, p.n_head = 12, p.n_head_kv = 4, p.head_dim = 128;
+        p.n_ff = 512, p.n_vocab = 100352, p.n_ctx = 131072, p.kv_heads = "0,0,0,0,0,4,0,0,0,0";
+        p.n_expert = 64, p.n_expert_used = 6, p.n_ff_shexp = 1024;
+        p.ssm_d_conv = 4, p.ssm_d_inner = 3072, p.ssm_d_state = 128, p.ssm_n_head = 48, p.ssm_n_group = 1;
+        p.embedding_scale = 12.0f, p.residual_scale = 0.22f, p.attention_scale = 0.0078125f;
+        p.logit_scale = 6.0f;
     } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
         p.n_embd = 896, p.n_layer = 24, p.n_head = 14, p.n_head_kv = 2, p.head_dim = 64;
         p.n_ff = 4864, p.n_vocab = 151936, p.n_ctx = 32768, p.rope_theta = 1e6f;
@@ -247,9 +271,12 @@ static int check_swa(const kvc_gen_params *q, kvc_err *err)
 {
     const kvc_arch *a = gen_arch(q->arch);
     int rc;
-    if (a->swa_period == 0 && (q->n_swa || q->swa_pattern || q->rope_theta_swa))
+    /* lfm2: a window makes every attention layer slide, with the global RoPE */
+    const bool all_slide = a->recurrent == KVC_ATTN_SHORTCONV;
+    if (a->swa_period == 0 && ((q->n_swa && !all_slide) || q->swa_pattern || q->rope_theta_swa))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\" has no sliding-window layers "
-                        "(sliding window, pattern, rope base swa: gemma3, gpt-oss)", q->arch);
+                        "(sliding window: gemma3, gpt-oss, lfm2; pattern, rope base swa: gemma3, "
+                        "gpt-oss)", q->arch);
     if ((rc = check_dim("n_swa", q->n_swa, 0, INT32_MAX, err)) ||
         (rc = check_dim("swa_pattern", q->swa_pattern, 0, GEN_MAX_LAYERS, err)) ||
         (rc = check_dim("rope_orig_ctx", q->rope_orig_ctx, 0, INT32_MAX, err)))
@@ -263,6 +290,92 @@ static int check_swa(const kvc_gen_params *q, kvc_err *err)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope scaling %s needs a factor >= 1 (got %g)", sc,
                         (double)q->rope_factor);
     return KVC_OK;
+}
+
+/* The KV heads of each layer (kvc_gen_params.kv_heads) into kv[n_layer]:
+ * the list repeated over the layers, or the default (even layers recurrent);
+ * every layer n_head_kv for a row without recurrent layers. Returns the
+ * list's length, 0 without one, -1 when it is malformed. Gated DeltaNet rows:
+ * 0 but on every full_attn_interval-th layer (resolved: >= 1). */
+static int layer_kv_heads(const kvc_gen_params *p, int32_t *kv)
+{
+    const kvc_arch *a = gen_arch(p->arch);
+    int32_t list[GEN_MAX_LAYERS];
+    int n = 0;
+    for (const char *s = p->kv_heads; s && *s && n < GEN_MAX_LAYERS;) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > GEN_MAX_DIM || (*end && *end != ','))
+            return -1;
+        list[n++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    if (p->kv_heads && n == 0)
+        return -1;
+    for (int l = 0; l < p->n_layer && l < GEN_MAX_LAYERS; l++)
+        kv[l] = a->layers == kvc_gdn_layers   ? ((l + 1) % p->full_attn_interval ? 0 : p->n_head_kv)
+              : a->recurrent == KVC_ATTN_FULL ? p->n_head_kv
+              : n > 0                         ? list[l % n]
+              : l % 2                         ? p->n_head_kv : 0;
+    return n;
+}
+
+/* The hybrid rows' parameters (lfm2, granitehybrid): defaults filled in,
+ * the per-layer KV heads valid, at least one attention layer. */
+static int check_hybrid(kvc_gen_params *q, kvc_err *err)
+{
+    const kvc_arch *a = gen_arch(q->arch);
+    int32_t kv[GEN_MAX_LAYERS];
+    int rc, n = layer_kv_heads(q, kv);
+    if (a->recurrent == KVC_ATTN_FULL)
+        return q->kv_heads ? kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\" has no recurrent layers "
+                                      "(kv_heads: lfm2, granitehybrid)", q->arch) : KVC_OK;
+    if (n < 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "kv_heads \"%s\": expected comma-separated integers",
+                        q->kv_heads);
+    bool any_attn = false;
+    for (int l = 0; l < q->n_layer; l++) {
+        if (kv[l] > q->n_head || (kv[l] > 0 && q->n_head % kv[l] != 0))
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "kv_heads: layer %d has %d KV heads for %d heads",
+                            l, (int)kv[l], (int)q->n_head);
+        any_attn |= kv[l] > 0;
+    }
+    if (!any_attn)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "kv_heads: no attention layer among the %d layers",
+                        (int)q->n_layer);
+    if (q->conv_l == 0)
+        q->conv_l = 3;
+    if (q->ssm_d_conv == 0)
+        q->ssm_d_conv = 4;
+    if (q->ssm_d_inner == 0)
+        q->ssm_d_inner = 2 * q->n_embd;
+    if (q->ssm_d_state == 0)
+        q->ssm_d_state = 16;
+    if (q->ssm_n_head == 0)
+        q->ssm_n_head = KVC_MAX(1, q->ssm_d_inner / 32);
+    if (q->ssm_n_group == 0)
+        q->ssm_n_group = 1;
+    if ((rc = check_dim("conv_l", q->conv_l, 2, 64, err)) ||
+        (rc = check_dim("ssm_d_conv", q->ssm_d_conv, 2, 64, err)) ||
+        (rc = check_dim("ssm_d_inner", q->ssm_d_inner, 1, GEN_MAX_DIM, err)) ||
+        (rc = check_dim("ssm_d_state", q->ssm_d_state, 1, 4096, err)) ||
+        (rc = check_dim("ssm_n_head", q->ssm_n_head, 1, q->ssm_d_inner, err)) ||
+        (rc = check_dim("ssm_n_group", q->ssm_n_group, 1, q->ssm_n_head, err)) ||
+        (rc = check_dim("n_ff_shexp", q->n_ff_shexp, 0, GEN_MAX_DIM, err)))
+        return rc;
+    if (q->ssm_d_inner % q->ssm_n_head != 0 || q->ssm_n_head % q->ssm_n_group != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "ssm_d_inner %d, ssm_n_head %d, ssm_n_group %d: each must "
+                        "divide the one before", (int)q->ssm_d_inner, (int)q->ssm_n_head, (int)q->ssm_n_group);
+    if (a->ff_exp_is_ff)
+        q->n_ff_exp = q->n_ff;
+    return KVC_OK;
+}
+
+/* Whether the (resolved) model's FFNs are mixtures of experts. */
+static bool gen_moe(const kvc_gen_params *p)
+{
+    const kvc_arch *a = gen_arch(p->arch);
+    return a->ffn_by_experts ? p->n_expert > 0 : a->ffn == KVC_FFN_MOE;
 }
 
 /* Validate p and fill the defaults (n_head_kv, head_dim, n_vocab) into *q. */
@@ -298,21 +411,31 @@ static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *e
         (rc = check_dim("n_vocab", q->n_vocab, 0, GEN_MAX_VOCAB, err)) ||
         (rc = check_dim("n_threads", q->n_threads, 0, 1024, err)))
         return rc;
-    if (gen_arch(q->arch)->ffn == KVC_FFN_MOE &&
+    if (gen_arch(q->arch)->ffn_by_experts && q->n_expert == 0)
+        q->n_expert_used = 0;
+    if (gen_moe(q) &&
         ((rc = check_dim("n_expert", q->n_expert, 1, 4096, err)) ||
          (rc = check_dim("n_expert_used", q->n_expert_used, 1, q->n_expert, err)) ||
          (rc = check_dim("n_ff_exp", q->n_ff_exp, 1, GEN_MAX_DIM, err))))
         return rc;
+    if (gen_arch(q->arch)->layers == kvc_gdn_layers) {   /* Gated DeltaNet's shape; 0: default */
+        q->ssm_d_conv = q->ssm_d_conv ? q->ssm_d_conv : 4;
+        q->ssm_d_state = q->ssm_d_state ? q->ssm_d_state : 16;
+        q->ssm_n_group = q->ssm_n_group ? q->ssm_n_group : 2;
+        q->ssm_n_head = q->ssm_n_head ? q->ssm_n_head : 2 * q->ssm_n_group;
+    }
     if (gen_arch(q->arch)->layers == kvc_gdn_layers &&
         ((rc = check_dim("ssm_d_conv", q->ssm_d_conv, 1, 16, err)) ||
          (rc = check_dim("ssm_d_state", q->ssm_d_state, 1, 1024, err)) ||
          (rc = check_dim("ssm_n_group", q->ssm_n_group, 1, GEN_MAX_DIM, err)) ||
-         (rc = check_dim("ssm_dt_rank", q->ssm_dt_rank, q->ssm_n_group, GEN_MAX_DIM, err)) ||
+         (rc = check_dim("ssm_n_head", q->ssm_n_head, q->ssm_n_group, GEN_MAX_DIM, err)) ||
          (rc = check_dim("full_attn_interval", q->full_attn_interval, 1, GEN_MAX_LAYERS, err))))
         return rc;
-    if (gen_arch(q->arch)->layers == kvc_gdn_layers && q->ssm_dt_rank % q->ssm_n_group != 0)
-        return kvc_fail(err, KVC_ERR_INVALID_ARG, "ssm_dt_rank %d (V heads) is not a multiple of "
-                        "ssm_n_group %d (K heads)", (int)q->ssm_dt_rank, (int)q->ssm_n_group);
+    if (gen_arch(q->arch)->layers == kvc_gdn_layers && q->ssm_n_head % q->ssm_n_group != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "ssm_n_head %d (V heads) is not a multiple of "
+                        "ssm_n_group %d (K heads)", (int)q->ssm_n_head, (int)q->ssm_n_group);
+    if (gen_arch(q->arch)->layers == kvc_gdn_layers)
+        q->ssm_d_inner = q->ssm_n_head * q->ssm_d_state;   /* the V heads' width */
     if ((rc = check_dim("n_rot", q->n_rot, 0, q->head_dim, err)) ||
         (rc = check_dim("n_ff_shexp", q->n_ff_shexp, 0, GEN_MAX_DIM, err)))
         return rc;
@@ -329,7 +452,7 @@ static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *e
                         (int)q->head_dim);
     if (!(q->rope_theta > 0.0f) || !(q->rms_eps > 0.0f))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope_theta and rms_eps must be positive");
-    if ((rc = check_swa(q, err)))
+    if ((rc = check_swa(q, err)) || (rc = check_hybrid(q, err)))
         return rc;
     int32_t natural = kvc_gen_vocab_size(q->vocab);
     if (natural < 0)
@@ -473,15 +596,17 @@ static int gen_tensor_add(gguf_writer *w, const gen_tensor *t, uint64_t seed,
 
 /* ------------------------------------------------------------------ layout */
 
-/* The value of a table dimension (arch.h) for generator parameters p. */
-static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, uint8_t d)
+/* The value of a table dimension (arch.h) for generator parameters p, in a
+ * layer of kv KV heads. */
+static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, int32_t kv, uint8_t d)
 {
+    const int64_t conv = p->ssm_d_inner + 2 * (int64_t)p->ssm_n_group * p->ssm_d_state;
     switch ((kvc_dim)d) {
     case KVC_D1:         return 1;
     case KVC_D_EMBD:     return p->n_embd;
     case KVC_D_VOCAB:    return n_vocab;
     case KVC_D_Q:        return (int64_t)p->n_head * p->head_dim;
-    case KVC_D_KV:       return (int64_t)p->n_head_kv * p->head_dim;
+    case KVC_D_KV:       return (int64_t)kv * p->head_dim;
     case KVC_D_HEAD:     return p->head_dim;
     case KVC_D_HEADS:    return p->n_head;
     case KVC_D_FF:       return p->n_ff;
@@ -490,11 +615,16 @@ static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, uint8_t d)
     case KVC_D_FF_EXP2:  return 2 * (int64_t)p->n_ff_exp;
     case KVC_D_FF_SHEXP: return p->n_ff_shexp ? p->n_ff_shexp : p->n_ff_exp;
     case KVC_D_Q2:       return 2 * (int64_t)p->n_head * p->head_dim;
-    case KVC_D_SSM_CONV_K:   return p->ssm_d_conv;
-    case KVC_D_SSM_CONV_DIM: return ((int64_t)2 * p->ssm_n_group + p->ssm_dt_rank) * p->ssm_d_state;
-    case KVC_D_SSM_INNER:    return (int64_t)p->ssm_dt_rank * p->ssm_d_state;
-    case KVC_D_SSM_HEADS:    return p->ssm_dt_rank;
-    case KVC_D_SSM_STATE:    return p->ssm_d_state;
+    case KVC_D_EMBD3:    return 3 * (int64_t)p->n_embd;
+    case KVC_D_CONV_L:   return p->conv_l;
+    case KVC_D_SSM_CONV_K: return p->ssm_d_conv;
+    case KVC_D_SSM_CONV_DIM: return conv;
+    case KVC_D_SSM_IN:   return p->ssm_d_inner + conv + p->ssm_n_head;
+    case KVC_D_SSM_INNER: return p->ssm_d_inner;
+    case KVC_D_SSM_HEADS: return p->ssm_n_head;
+    case KVC_D_SSM_STATE: return p->ssm_d_state;
+    case KVC_D_SSM_GROUPS: return p->ssm_n_group;
+    case KVC_D_SSM_GROUP_W: return p->ssm_d_inner / p->ssm_n_group;
     }
     return 0;
 }
@@ -512,20 +642,29 @@ static const struct { const char *arch, *name; } gen_optional[] = {
     { "qwen35moe", "ffn_down_shexp.weight" },
 };
 
-/* Whether table tensor t is written: the required ones (and the separate
- * gate/up of experts rather than the fused form), and the row's gen_optional
- * ones, on layers of its kind. */
-static bool gen_writes(const kvc_arch *a, const kvc_gen_params *p, int layer, const kvc_arch_tensor *t)
+/* Whether table tensor t is written in a layer of kv KV heads (0: recurrent):
+ * the required ones (and the separate gate/up of experts rather than the
+ * fused form), the row's gen_optional ones, granitehybrid's shared expert
+ * and conv bias, on layers of its kind. */
+static bool gen_writes(const kvc_gen_params *p, const kvc_arch_tensor *t, int32_t kv)
 {
+    const kvc_arch *a = gen_arch(p->arch);
     bool want = !(t->flags & KVC_T_OPTIONAL);
     for (size_t i = 0; !want && i < KVC_ARRAY_LEN(gen_optional); i++)
         want = strcmp(a->name, gen_optional[i].arch) == 0 && strcmp(t->name, gen_optional[i].name) == 0 &&
                (!strstr(t->name, "_shexp") || p->n_ff_shexp > 0);
-    /* Gated DeltaNet rows: every full_attn_interval-th layer is attention */
-    const bool gdn = a->layers == kvc_gdn_layers && (layer + 1) % p->full_attn_interval != 0;
-    if (t->when == KVC_ON_ATTN || t->when == KVC_ON_GDN)
-        return want && (t->when == KVC_ON_GDN) == gdn;
-    return want && (t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE) == (a->ffn == KVC_FFN_DENSE));
+    if (!want && a->recurrent == KVC_ATTN_MAMBA2)
+        want = strcmp(t->name, "ssm_conv1d.bias") == 0 ||
+               (p->n_ff_shexp > 0 && strstr(t->name, "_shexp.weight") && !strstr(t->name, "gate_inp"));
+    const bool moe = gen_moe(p);
+    switch ((kvc_tensor_when)t->when) {
+    case KVC_ON_ALL:   return want;
+    case KVC_ON_DENSE: return want && !moe;
+    case KVC_ON_MOE:   return want && moe;
+    case KVC_ON_ATTN:  return want && kv > 0;
+    case KVC_ON_RECR:  return want && kv == 0;
+    }
+    return false;
 }
 
 /* The tensors of the model, in file order (malloc'd, *n_out of them): the
@@ -555,16 +694,19 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
         t_->mean = (mean_), t_->std = (std_), t_->quiet = (quiet_);                          \
     } while (0)
 
+    int32_t kv[GEN_MAX_LAYERS];
+    layer_kv_heads(p, kv);                       /* valid: resolve_params */
     ADD(-1, "token_embd.weight", 2, false, d, n_vocab, 1, 0.0f, emb_std, p->tied ? quiet : NULL);
     for (int l = 0; l < p->n_layer; l++)
         for (const kvc_arch_tensor *const *list = a->tensors; *list; list++)
             for (const kvc_arch_tensor *t = *list; t->name; t++) {
-                if (!gen_writes(a, p, l, t))
+                if (!gen_writes(p, t, kv[l]))
                     continue;
-                const int64_t ne0 = gen_dim(p, n_vocab, t->ne[0]), ne1 = gen_dim(p, n_vocab, t->ne[1]),
-                              ne2 = gen_dim(p, n_vocab, t->ne[2]);
+                const int64_t ne0 = gen_dim(p, n_vocab, kv[l], t->ne[0]),
+                              ne1 = gen_dim(p, n_vocab, kv[l], t->ne[1]),
+                              ne2 = gen_dim(p, n_vocab, kv[l], t->ne[2]);
                 const int dims = t->ne[2] != KVC_D1 ? 3 : t->ne[1] != KVC_D1 || !t->is_float ? 2 : 1;
-                if (strcmp(t->name, "ssm_a") == 0)          /* -exp(A_log): a decay, < 0 */
+                if (strcmp(t->name, "ssm_a") == 0)           /* -exp(A_log): a decay, < 0 */
                     ADD(l, t->name, dims, true, ne0, ne1, ne2, -1.0f, 0.25f, NULL);
                 else if (strstr(t->name, "norm.weight"))     /* norm weights: 1 + noise */
                     ADD(l, t->name, dims, true, ne0, ne1, ne2, 1.0f, GEN_NORM_NOISE, NULL);
@@ -574,7 +716,8 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
                     ADD(l, t->name, dims, t->is_float, ne0, ne1, ne2, 0.0f,
                         1.0f / sqrtf((float)ne0), NULL);
             }
-    ADD(-1, "output_norm.weight", 1, true, d, 1, 1, GEN_LOGIT_SCALE, GEN_LOGIT_SCALE * GEN_NORM_NOISE, NULL);
+    ADD(-1, a->output_norm ? a->output_norm : "output_norm.weight", 1, true, d, 1, 1, GEN_LOGIT_SCALE,
+        GEN_LOGIT_SCALE * GEN_NORM_NOISE, NULL);
     if (!p->tied)
         ADD(-1, "output.weight", 2, false, d, n_vocab, 1, 0.0f, emb_std, quiet);
 #undef ADD
@@ -614,16 +757,25 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
     ARCH_U32("block_count", p->n_layer);
     ARCH_U32("feed_forward_length", p->n_ff);
     ARCH_U32("attention.head_count", p->n_head);
-    ARCH_U32("attention.head_count_kv", p->n_head_kv);
+    if (gen_arch(p->arch)->recurrent != KVC_ATTN_FULL) {   /* per layer: 0 = recurrent */
+        int32_t kv[GEN_MAX_LAYERS];
+        layer_kv_heads(p, kv);
+        snprintf(key, sizeof(key), "%s.attention.head_count_kv", p->arch);
+        if (!rc)
+            rc = gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, kv, (uint64_t)p->n_layer);
+    } else {
+        ARCH_U32("attention.head_count_kv", p->n_head_kv);
+    }
     ARCH_U32("attention.key_length", p->head_dim);
     ARCH_U32("attention.value_length", p->head_dim);
     ARCH_U32("rope.dimension_count", p->n_rot ? p->n_rot : p->head_dim);
     ARCH_F32("rope.freq_base", p->rope_theta);
     ARCH_F32("attention.layer_norm_rms_epsilon", p->rms_eps);
-    if (gen_arch(p->arch)->ffn == KVC_FFN_MOE) {
+    if (gen_moe(p)) {
         ARCH_U32("expert_count", p->n_expert);
         ARCH_U32("expert_used_count", p->n_expert_used);
-        ARCH_U32("expert_feed_forward_length", p->n_ff_exp);
+        if (!gen_arch(p->arch)->ff_exp_is_ff)
+            ARCH_U32("expert_feed_forward_length", p->n_ff_exp);
         if (p->n_ff_shexp > 0)
             ARCH_U32("expert_shared_feed_forward_length", p->n_ff_shexp);
     }
@@ -633,13 +785,29 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
         const int32_t sec[4] = { (half + 2) / 3, (half + 1) / 3, half / 3, 0 };
         if (!rc) { snprintf(key, sizeof(key), "%s.rope.dimension_sections", p->arch);
                    rc = gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, sec, 4); }
-        ARCH_U32("ssm.conv_kernel", p->ssm_d_conv);
-        ARCH_U32("ssm.state_size", p->ssm_d_state);
-        ARCH_U32("ssm.group_count", p->ssm_n_group);
-        ARCH_U32("ssm.time_step_rank", p->ssm_dt_rank);
-        ARCH_U32("ssm.inner_size", p->ssm_dt_rank * p->ssm_d_state);
         ARCH_U32("full_attention_interval", p->full_attn_interval);
     }
+    if (gen_arch(p->arch)->recurrent == KVC_ATTN_SHORTCONV)
+        ARCH_U32("shortconv.l_cache", p->conv_l);
+    if (gen_arch(p->arch)->recurrent == KVC_ATTN_MAMBA2 || gen_arch(p->arch)->layers == kvc_gdn_layers) {
+        ARCH_U32("ssm.conv_kernel", p->ssm_d_conv);
+        ARCH_U32("ssm.inner_size", p->ssm_d_inner);
+        ARCH_U32("ssm.state_size", p->ssm_d_state);
+        ARCH_U32("ssm.time_step_rank", p->ssm_n_head);
+        ARCH_U32("ssm.group_count", p->ssm_n_group);
+    }
+    if (gen_arch(p->arch)->recurrent == KVC_ATTN_MAMBA2) {
+        if (!rc) { snprintf(key, sizeof(key), "%s.rope.scaling.finetuned", p->arch);   /* NoPE, as released */
+                   rc = gguf_writer_set_bool(w, key, false); }
+    }
+    if (p->embedding_scale != 0.0f)
+        ARCH_F32("embedding_scale", p->embedding_scale);
+    if (p->residual_scale != 0.0f)
+        ARCH_F32("residual_scale", p->residual_scale);
+    if (p->attention_scale != 0.0f)
+        ARCH_F32("attention.scale", p->attention_scale);
+    if (p->logit_scale != 0.0f)
+        ARCH_F32("logit_scale", p->logit_scale);
     if (p->n_swa > 0)
         ARCH_U32("attention.sliding_window", p->n_swa);
     if (p->swa_pattern > 0)

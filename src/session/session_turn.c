@@ -561,9 +561,15 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
             s->shifted = s->shifted >= 0 && s->shifted < own ? s->shifted : own;
         }
     }
-    /* what the session holds past its match is of no use to this conversation */
-    if (!sh_k)
-        kvc_kv_seq_truncate(c->pool, seq, own);
+    /* what the session holds past its match is of no use to this conversation;
+     * the pool may keep less than asked (a recurrent state cannot be cut back) */
+    if (!sh_k) {
+        const int64_t kept = kvc_kv_seq_truncate(c->pool, seq, own);
+        if (kept < own) {
+            own = kept;
+            matched = KVC_MIN(matched, KVC_MAX(own, tree));
+        }
+    }
     if (s->shifted >= seq->n_tokens)         /* shifted positions are kept only where held */
         s->shifted = -1;
     /* blocks still to allocate (a partial block matched may need a copy; the
