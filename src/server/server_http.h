@@ -91,6 +91,7 @@ int srv_conn_fd(struct MHD_Connection *mc);
 void srv_log_request(const kvc_server *s, srv_reqlog *l);
 /* 200 with the chat page's file f (or 304 when the request's If-None-Match
  * names its ETag), with its security headers (server_webui.c). */
+struct srv_webui_file;
 enum MHD_Result srv_webui_respond(struct MHD_Connection *mc, const struct srv_webui_file *f);
 
 /* ==================================== generation requests (server_run.c) */
