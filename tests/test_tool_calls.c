@@ -172,6 +172,33 @@ static void test_grammar(void)
     CHECK(kvc_tool_calls_grammar(KVC_TOOLS_HERMES, bad, NULL, false, &text, &e) ==
           KVC_ERR_INVALID_ARG && strstr(e.msg, "uniqueItems") && strstr(e.msg, "'u'"));
     CHECK(text == NULL);
+    /* $refs in parameters resolve against the parameters, not the call
+     * object they are embedded in: "#/$defs/.." (zod's recursive schemas
+     * through LangChain's functionCalling) and "#" itself */
+    const char *rec = "[{\"type\":\"function\",\"function\":{\"name\":\"t\",\"parameters\":"
+                      "{\"type\":\"object\",\"properties\":{\"kids\":{\"type\":\"array\","
+                      "\"items\":{\"$ref\":\"#/$defs/n\"}}},\"required\":[\"kids\"],"
+                      "\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"c\":{\"type\":"
+                      "\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}}},\"required\":[\"c\"]}}}}},"
+                      "{\"type\":\"function\",\"function\":{\"name\":\"r\",\"parameters\":"
+                      "{\"type\":\"object\",\"properties\":{\"up\":{\"type\":\"array\","
+                      "\"items\":{\"$ref\":\"#\"}},\"const\":{\"const\":{\"$ref\":\"#\"}}},"
+                      "\"required\":[\"up\"]}}}]";
+    kvc_grammar *g2 = NULL;
+    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_HERMES, rec, NULL, false, &text, &e) == KVC_OK,
+           "%s", e.msg);
+    CHECKF(text && kvc_grammar_parse(text, strlen(text), &g2, &e) == KVC_OK, "%s", e.msg);
+    free(text);
+    CHECK(g2 && accepts(g2, "<tool_call>\n{\"name\":\"t\",\"arguments\":{\"kids\":"
+                            "[{\"c\":[{\"c\":[]}]}]}}\n</tool_call>"));
+    CHECK(g2 && !accepts(g2, "<tool_call>\n{\"name\":\"t\",\"arguments\":{\"kids\":"
+                             "[{\"d\":[]}]}}\n</tool_call>"));
+    /* "#" is the parameters object: its items have "up", not "name" */
+    CHECK(g2 && accepts(g2, "<tool_call>\n{\"name\":\"r\",\"arguments\":{\"up\":"
+                            "[{\"up\":[]}]}}\n</tool_call>"));
+    CHECK(g2 && !accepts(g2, "<tool_call>\n{\"name\":\"r\",\"arguments\":{\"up\":"
+                             "[{\"name\":\"r\",\"arguments\":{\"up\":[]}}]}}\n</tool_call>"));
+    kvc_grammar_free(g2);
 }
 
 /* Detection: a template writing <tool_call> blocks, one writing Llama 3's

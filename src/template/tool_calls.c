@@ -352,6 +352,34 @@ size_t kvc_tool_calls_holdback(int format, const char *text, size_t len)
 /* ---------------------------------------------------------------- forcing */
 
 /* Rules "call-i" for function i: {"name": its name, key: its parameters}. */
+/* Rebase the local $refs of schema node n ("#", "#/$defs/x", ...), written
+ * against the parameters' own root, onto `base` ("#/properties/arguments"),
+ * where call_rules embeds the parameters. Values (const, enum, default,
+ * examples) are data, not schemas: left as they are. False when out of memory. */
+static bool rebase_refs(cJSON *n, const char *base)
+{
+    for (cJSON *k = n ? n->child : NULL; k; k = k->next) {
+        if (k->string && (!strcmp(k->string, "const") || !strcmp(k->string, "enum") ||
+                          !strcmp(k->string, "default") || !strcmp(k->string, "examples")))
+            continue;
+        if (k->string && !strcmp(k->string, "$ref") && cJSON_IsString(k) &&
+            k->valuestring[0] == '#') {
+            size_t len = strlen(base) + strlen(k->valuestring);
+            char *ref = malloc(len);
+            if (!ref)
+                return false;
+            snprintf(ref, len, "%s%s", base, k->valuestring + 1);
+            bool ok = cJSON_SetValuestring(k, ref) != NULL;
+            free(ref);
+            if (!ok)
+                return false;
+        } else if ((cJSON_IsObject(k) || cJSON_IsArray(k)) && !rebase_refs(k, base)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static int call_rules(const cJSON *fn, int i, const char *key, char **out, kvc_err *err)
 {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
@@ -364,6 +392,12 @@ static int call_rules(const cJSON *fn, int i, const char *key, char **out, kvc_e
     cJSON *pv = params && cJSON_IsObject(params) ? cJSON_Duplicate(params, true)
                                                   : cJSON_Parse("{\"type\":\"object\"}");
     cJSON_AddItemToObject(props, key, pv);
+    char base[48];
+    snprintf(base, sizeof(base), "#/properties/%s", key);
+    if (!rebase_refs(pv, base)) {
+        cJSON_Delete(sch);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    }
     cJSON *req = cJSON_AddArrayToObject(sch, "required");
     cJSON_AddItemToArray(req, cJSON_CreateString("name"));
     cJSON_AddItemToArray(req, cJSON_CreateString(key));
