@@ -13,6 +13,7 @@
 #include "reasoning.h"
 
 #include "http_client.h"
+#include "json_at.h"
 #include "kvchat.h"
 #include "test.h"
 
@@ -41,17 +42,6 @@ static cJSON *post_json(int port, const char *path, const char *body, int *statu
         fprintf(stderr, "%s %s -> %d %s\n", path, body, r.status, r.body ? r.body : "");
     http_resp_free(&r);
     return j;
-}
-
-static const cJSON *at(const cJSON *o, const char *path)
-{
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", path);
-    const cJSON *v = o;
-    for (char *save, *k = strtok_r(buf, ".", &save); v && k; k = strtok_r(NULL, ".", &save))
-        v = k[0] >= '0' && k[0] <= '9' ? cJSON_GetArrayItem(v, atoi(k))
-                                       : cJSON_GetObjectItemCaseSensitive(v, k);
-    return v;
 }
 
 static const char *str_at(const cJSON *o, const char *path)
