@@ -124,10 +124,17 @@ static void check_output(const srv_request *r, const char *text)
         r->dialect->sse_text(&em, SRV_REASONING, text, strlen(text), NULL, &b);
         r->dialect->sse_text(&em, SRV_CONTENT, text, strlen(text), NULL, &b);
         r->dialect->sse_finish(&em, &split, NULL, &b);
-        for (char *p = b.p, *d; !r->dialect->stream_type && p && (d = strstr(p, "data: "));
-             p = d + 6) {
-            char *end = strstr(d, "\n\n");
-            cJSON *j = cJSON_ParseWithLength(d + 6, end ? (size_t)(end - d - 6) : strlen(d + 6));
+        /* SSE: events end with a blank line; an event's "data: " line starts
+         * it or follows its "event: " line (a "data: " inside a JSON string
+         * is not one) */
+        for (char *p = b.p, *end; !r->dialect->stream_type && p && *p; p = end + 2) {
+            if (!(end = strstr(p, "\n\n")))
+                fail("an SSE event without its blank line");
+            char *d = !strncmp(p, "data: ", 6) ? p : strstr(p, "\ndata: ");
+            if (!d || d > end)
+                fail("an SSE event without data");
+            d += *d == '\n' ? 7 : 6;
+            cJSON *j = cJSON_ParseWithLength(d, (size_t)(end - d));
             if (!j)
                 fail("a stream event is not JSON");
             cJSON_Delete(j);
@@ -168,7 +175,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(body, data + 1, n);
     srv_limits lim = { .max_messages = MAX_MESSAGES, .sampling = kvc_sampler_default_params() };
     srv_request r;
-    srv_error e;
+    /* as an earlier request might have left it: a status, no message (a
+     * path that returns e->http_status without setting e fails below) */
+    srv_error e = { .http_status = 400 };
     int rc = srv_request_parse(kind, body, n, &lim, &r, &e);
     if (rc != 0) {
         if ((rc != 400 && rc != 500) || rc != e.http_status || !e.message[0] || !e.type[0])

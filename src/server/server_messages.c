@@ -51,11 +51,28 @@ static bool is_type(const cJSON *block, const char *type)
 /* Text blocks as chat content: one block's text as a string (as a chat
  * client sends it), several as text parts (joined by the chat parser).
  * NULL (with *e) when a block is not text. */
+static cJSON *oom(srv_error *e)
+{
+    srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return NULL;
+}
+
+/* c (a string or an array of text blocks) as a chat message's content: a
+ * string, or an array of {"type": "text", "text"} parts. NULL with e set
+ * (400 naming param, or 500 when memory ran out) otherwise. */
 static cJSON *text_blocks(const cJSON *c, const char *param, srv_error *e)
 {
-    if (cJSON_IsString(c))
-        return cJSON_CreateString(c->valuestring);
+    if (cJSON_IsString(c)) {
+        cJSON *s = cJSON_CreateString(c->valuestring);
+        return s ? s : oom(e);
+    }
+    if (!cJSON_IsArray(c)) {
+        BAD(e, param, "%s must be a string or an array of text blocks", param);
+        return NULL;
+    }
     cJSON *parts = cJSON_CreateArray();
+    if (!parts)
+        return oom(e);
     const cJSON *b;
     int j = 0;
     cJSON_ArrayForEach(b, c) {
@@ -75,7 +92,7 @@ static cJSON *text_blocks(const cJSON *c, const char *param, srv_error *e)
     if (j == 1) {
         cJSON *s = cJSON_CreateString(cJSON_GetObjectItem(parts->child, "text")->valuestring);
         cJSON_Delete(parts);
-        return s;
+        return s ? s : oom(e);
     }
     return parts;
 }
@@ -205,11 +222,9 @@ static int translate_messages(cJSON *chat, const cJSON *root, srv_error *e)
     const cJSON *sys = get(root, "system"), *ms = get(root, "messages"), *m;
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
     if (sys) {
-        cJSON *content = cJSON_IsString(sys) || cJSON_IsArray(sys) ? text_blocks(sys, "system", e)
-                                                                 : NULL;
+        cJSON *content = text_blocks(sys, "system", e);
         if (!content)
-            return e->http_status == 400 ? 400
-                   : BAD(e, "system", "system must be a string or an array of text blocks");
+            return e->http_status;
         add_message(msgs, "system", content);
     }
     if (!cJSON_IsArray(ms))
