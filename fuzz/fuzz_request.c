@@ -95,8 +95,14 @@ static void check_params(const srv_request *r)
             fail("bad message list");
         for (size_t i = 0; i < p->n_messages; i++)
             sink += strlen(p->messages[i].role) + strlen(p->messages[i].content);
-    } else if (!p->prompt || p->messages) {
-        fail("completion without a prompt");
+    } else if (!p->prompt == !p->prompt_tokens || p->messages) {
+        fail("a completion needs a text or a token-id prompt");   /* one of them */
+    } else if (p->prompt_tokens) {
+        if (p->n_prompt_tokens < 1)
+            fail("an empty token-id prompt");
+        for (int64_t i = 0; i < p->n_prompt_tokens; i++)
+            if (p->prompt_tokens[i] < 0)
+                fail("a negative token id");
     }
     if (p->session_key)
         sink += strlen(p->session_key);
