@@ -20,6 +20,29 @@ typedef struct reply {
     int   prompt_tokens, cached_tokens;
 } reply;
 
+/* POST body to path (/v1/completions or /v1/chat/completions): the first
+ * choice's text (malloc'd; NULL when there is none) and the usage figures. */
+static reply post_reply(int port, const char *path, const char *body)
+{
+    http_resp r = http_request(port, "POST", path, body, 120);
+    reply out = { 0 };
+    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    if (!root)
+        fprintf(stderr, "HTTP %d: %s\n", r.status, r.body ? r.body : "(no answer)");
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
+    const cJSON *t = cJSON_GetObjectItem(c0, "text"), *u = cJSON_GetObjectItem(root, "usage");
+    if (!t)
+        t = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content");
+    if (cJSON_IsString(t))
+        out.text = strdup(t->valuestring);
+    out.prompt_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(u, "prompt_tokens"));
+    out.cached_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(
+        cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"));
+    cJSON_Delete(root);
+    http_resp_free(&r);
+    return out;
+}
+
 /* POST /v1/completions of the token ids, greedy, N_GEN tokens. */
 static reply complete(int port, const int32_t *toks, int n)
 {
@@ -30,21 +53,8 @@ static reply complete(int port, const int32_t *toks, int n)
     cJSON_AddNumberToObject(body, "temperature", 0);
     char *text = cJSON_PrintUnformatted(body);
     cJSON_Delete(body);
-    http_resp r = http_request(port, "POST", "/v1/completions", text, 120);
+    reply out = post_reply(port, "/v1/completions", text);
     free(text);
-    reply out = { 0 };
-    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
-    if (!root)
-        fprintf(stderr, "HTTP %d: %s\n", r.status, r.body ? r.body : "(no answer)");
-    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
-    const cJSON *t = cJSON_GetObjectItem(c0, "text"), *u = cJSON_GetObjectItem(root, "usage");
-    if (cJSON_IsString(t))
-        out.text = strdup(t->valuestring);
-    out.prompt_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(u, "prompt_tokens"));
-    out.cached_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(
-        cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"));
-    cJSON_Delete(root);
-    http_resp_free(&r);
     return out;
 }
 

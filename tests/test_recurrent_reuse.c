@@ -67,22 +67,7 @@ static char *chat_body(const char *u1)
 /* Post a chat body: its reply text and cached tokens. */
 static reply chat(int port, const char *body)
 {
-    http_resp r = http_request(port, "POST", "/v1/chat/completions", body, 120);
-    reply out = { 0 };
-    cJSON *root = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
-    if (!root)
-        fprintf(stderr, "HTTP %d: %s\n", r.status, r.body ? r.body : "(no answer)");
-    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
-    const cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content");
-    const cJSON *u = cJSON_GetObjectItem(root, "usage");
-    if (cJSON_IsString(t))
-        out.text = strdup(t->valuestring);
-    out.prompt_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(u, "prompt_tokens"));
-    out.cached_tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(
-        cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"));
-    cJSON_Delete(root);
-    http_resp_free(&r);
-    return out;
+    return post_reply(port, "/v1/chat/completions", body);
 }
 
 /* An earlier message edited: the edit's request recomputes only from that
