@@ -1,5 +1,5 @@
 /* grammar_internal.h - the compiled grammar, shared by the parser (grammar.c)
- * and the matcher (grammar_match.c). Private to src/grammar/.
+ * and the matcher (grammar_match.c, grammar_mask.c). Private to src/grammar/.
  *
  * A grammar is a set of rules; a rule is a list of alternatives; an
  * alternative is a run of elements in elem[] ending with an END element.
