@@ -80,6 +80,20 @@ void cli_parser_init(cli_parser *p, const char *cmd, int argc, char **argv,
  * was wrong: an unknown option, a missing value, a value to a flag, or a
  * single-valued option given a second time. */
 int cli_next(cli_parser *p, const char **value);
+#define CLI_HELP (-3)
+/* cli_next with --help answered: `help`, then the option lines, printed to
+ * stdout, and CLI_HELP returned. A command's loop reads
+ *     while ((id = cli_next_opt(&p, &v, help)) >= 0) { ...its options... }
+ *     if (id != CLI_END)
+ *         return cli_stop_code(id);
+ */
+int cli_next_opt(cli_parser *p, const char **value, const char *help);
+/* The exit code when cli_next_opt stopped early: 0 after --help, 2 after an
+ * error (already printed). */
+static inline int cli_stop_code(int id)
+{
+    return id == CLI_HELP ? 0 : 2;
+}
 /* "--name" of the option cli_next last returned (a static buffer). */
 const char *cli_opt_name(const cli_parser *p);
 /* The operands (non-options), once cli_next returned CLI_END. */

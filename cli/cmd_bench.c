@@ -136,14 +136,7 @@ int cmd_bench(int argc, char **argv)
     cli_parser_init(&p, "bench", argc, argv, groups);
     const char *v;
     int id, r;
-    while ((id = cli_next(&p, &v)) != CLI_END) {
-        if (id == CLI_ERR)
-            return 2;
-        if (id == 'h') {
-            printf("%s\nOptions:\n", help);
-            cli_print_options(stdout, groups);
-            return 0;
-        }
+    while ((id = cli_next_opt(&p, &v, help)) >= 0) {
         if ((r = cli_common_apply(&c, id, v)) < 0)
             return 2;
         if (r > 0)
@@ -152,6 +145,8 @@ int cmd_bench(int argc, char **argv)
         if (!cli_int(cli_opt_name(&p), v, id == 'r' ? 1 : 0, 1 << 20, dst))
             return 2;
     }
+    if (id != CLI_END)
+        return cli_stop_code(id);
     if (cli_no_operands(&p))
         return 2;
     if (c.n_ctx == 0)

@@ -207,14 +207,7 @@ int cmd_bench_chat(int argc, char **argv)
     cli_parser_init(&ps, "bench chat", argc, argv, groups);
     const char *v;
     int id, r;
-    while ((id = cli_next(&ps, &v)) != CLI_END) {
-        if (id == CLI_ERR)
-            return 2;
-        if (id == 'h') {
-            printf("%s\nOptions:\n", help);
-            cli_print_options(stdout, groups);
-            return 0;
-        }
+    while ((id = cli_next_opt(&ps, &v, help)) >= 0) {
         if ((r = cli_common_apply(&c, id, v)) < 0)
             return 2;
         if (r > 0)
@@ -224,6 +217,8 @@ int cmd_bench_chat(int argc, char **argv)
         if (!cli_int(cli_opt_name(&ps), v, dst == &pairs ? 0 : 1, 100000, dst))
             return 2;
     }
+    if (id != CLI_END)
+        return cli_stop_code(id);
     if (cli_no_operands(&ps))
         return 2;
     if (c.n_ctx == 0)

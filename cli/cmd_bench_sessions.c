@@ -272,14 +272,7 @@ int cmd_bench_sessions(int argc, char **argv)
     cli_parser_init(&p, "bench sessions", argc, argv, groups);
     const char *v;
     int id, r;
-    while ((id = cli_next(&p, &v)) != CLI_END) {
-        if (id == CLI_ERR)
-            return 2;
-        if (id == 'h') {
-            printf("%s\nOptions:\n", help);
-            cli_print_options(stdout, groups);
-            return 0;
-        }
+    while ((id = cli_next_opt(&p, &v, help)) >= 0) {
         if ((r = cli_cache_apply(&cache, id, v)) == 0)
             r = cli_common_apply(&c, id, v);
         if (r < 0)
@@ -292,6 +285,8 @@ int cmd_bench_sessions(int argc, char **argv)
         if (!cli_int(cli_opt_name(&p), v, dst == &budget ? 0 : 1, 1 << 20, dst))
             return 2;
     }
+    if (id != CLI_END)
+        return cli_stop_code(id);
     if (cli_no_operands(&p))
         return 2;
     if (c.n_ctx == 0)

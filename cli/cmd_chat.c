@@ -338,15 +338,7 @@ int cmd_chat(int argc, char **argv)
     cli_parser_init(&p, "chat", argc, argv, groups);
     const char *v;
     int id, r;
-    while ((id = cli_next(&p, &v)) != CLI_END) {
-        if (id == CLI_ERR)
-            goto bad;
-        if (id == 'h') {
-            printf("%s\nOptions:\n", help);
-            cli_print_options(stdout, groups);
-            free(o.tmpl.owned);
-            return 0;
-        }
+    while ((id = cli_next_opt(&p, &v, help)) >= 0) {
         if ((r = cli_template_apply(&o.tmpl, id, v)) == 0 &&
             (r = cli_common_apply(&o.c, id, v)) == 0)
             r = cli_cache_apply(&cache, id, v);
@@ -379,6 +371,12 @@ int cmd_chat(int argc, char **argv)
             }
         }
     }
+    if (id == CLI_HELP) {
+        free(o.tmpl.owned);
+        return 0;
+    }
+    if (id == CLI_ERR)
+        goto bad;
     if (cli_no_operands(&p))
         goto bad;
     kvc_model *m = cli_load_model(&o.c);

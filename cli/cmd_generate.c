@@ -114,14 +114,7 @@ static int parse(gen_opts *o, int argc, char **argv)
     cli_parser_init(&p, "generate", argc, argv, groups);
     const char *v;
     int id, r;
-    while ((id = cli_next(&p, &v)) != CLI_END) {
-        if (id == CLI_ERR)
-            return 2;
-        if (id == 'h') {
-            printf("%s\nOptions:\n", help);
-            cli_print_options(stdout, groups);
-            return 0;
-        }
+    while ((id = cli_next_opt(&p, &v, help)) >= 0) {
         if ((r = cli_common_apply(&o->c, id, v)) < 0)
             return 2;
         if (r > 0)
@@ -137,6 +130,8 @@ static int parse(gen_opts *o, int argc, char **argv)
         else if (id == OPT_JSON)
             o->c.json = true;
     }
+    if (id != CLI_END)
+        return cli_stop_code(id);
     if (o->prompt && o->file) {
         fprintf(stderr, "kvchat generate: -p and -f: give one\n");
         return 2;

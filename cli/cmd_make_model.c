@@ -154,19 +154,14 @@ int cmd_make_model(int argc, char **argv)
     cli_parser_init(&ps, "make-model", argc, argv, groups);
     const char *v;
     int id;
-    while ((id = cli_next(&ps, &v)) != CLI_END) {
-        if (id == CLI_ERR)
-            return 2;
-        if (id == 'h') {
-            printf("%s\nOptions:\n", help);
-            cli_print_options(stdout, groups);
-            return 0;
-        }
+    while ((id = cli_next_opt(&ps, &v, help)) >= 0) {
         if (id == OPT_PRESET)
             preset = v;
         else if (n_given < CLI_MAX_OPTS)
             given[n_given++] = (given_opt){ id, ps.current->name, v };
     }
+    if (id != CLI_END)
+        return cli_stop_code(id);
     if (cli_no_operands(&ps))
         return 2;
     if (preset && kvc_gen_preset(preset, &p) != KVC_OK) {

@@ -258,14 +258,7 @@ static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
     cli_parser_init(&p, "serve", argc, argv, groups);
     const char *v;
     int id, r;
-    while ((id = cli_next(&p, &v)) != CLI_END) {
-        if (id == CLI_ERR)
-            return 2;
-        if (id == 'h') {
-            printf("%s\nOptions:\n", serve_help);
-            cli_print_options(stdout, groups);
-            return 0;
-        }
+    while ((id = cli_next_opt(&p, &v, serve_help)) >= 0) {
         if (id == 's')
             sp->fixed_seed = true;
         if (id == 'q') {
@@ -279,6 +272,8 @@ static int parse_args(cli_common *c, cli_cache *cache, kvc_server_params *sp,
         if (r < 0)
             return 2;
     }
+    if (id != CLI_END)
+        return cli_stop_code(id);
     ep->chat_template = tmpl->tmpl;
     ep->chat_template_kwargs = tmpl->kwargs;
     return cli_no_operands(&p) ? 2 : -1;

@@ -35,14 +35,7 @@ int cmd_tokenize(int argc, char **argv)
     cli_parser_init(&p, "tokenize", argc, argv, groups);
     const char *v;
     int id;
-    while ((id = cli_next(&p, &v)) != CLI_END) {
-        if (id == CLI_ERR)
-            return 2;
-        if (id == 'h') {
-            printf("%s\nOptions:\n", help);
-            cli_print_options(stdout, groups);
-            return 0;
-        }
+    while ((id = cli_next_opt(&p, &v, help)) >= 0) {
         if (cli_common_apply(&c, id, v) > 0)
             continue;
         if (id == OPT_IDS)
@@ -54,6 +47,8 @@ int cmd_tokenize(int argc, char **argv)
         else if (id == 'p')
             text = v;
     }
+    if (id != CLI_END)
+        return cli_stop_code(id);
     int n_operands;
     char **operands = cli_operands(&p, &n_operands);
     if (n_operands > 1 || (n_operands == 1 && text)) {

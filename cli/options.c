@@ -194,6 +194,16 @@ int cli_next(cli_parser *p, const char **value)
     return id;
 }
 
+int cli_next_opt(cli_parser *p, const char **value, const char *help)
+{
+    int id = cli_next(p, value);
+    if (id != 'h')
+        return id;
+    printf("%s\nOptions:\n", help);
+    cli_print_options(stdout, p->groups);
+    return CLI_HELP;
+}
+
 const char *cli_opt_name(const cli_parser *p)
 {
     static char name[96];

@@ -3,113 +3,24 @@
  * (POST /v1/messages, /v1/messages/count_tokens), whole and streamed, with
  * tools; and one conversation sent through chat completions, Responses and
  * Messages: the same rendered prompt (/apply-template?api=...), the same
- * greedy reply, and the second API reusing the first's cache.
+ * greedy reply, and the second API reusing the first's cache. Reasoning
+ * (think tags, harmony channels) through the dialects is in
+ * test_dialects_reasoning_http.c; the helpers both use in dialects_http.h.
  *
  * Needs $KVC_BIN (set by CTest); skips without it. */
 #include <cjson/cJSON.h>
 #include <math.h>
 
 #include "common.h"
-#include "reasoning.h"
 
 #include "http_client.h"
+#include "dialects_http.h"
 #include "json_at.h"
 #include "kvchat.h"
 #include "test.h"
 
 static const char *bin;
 static char model_path[64];
-
-#define KEY "dialects-key"
-
-/* POST with the API key as each API's clients send it: Anthropic's in
- * x-api-key (with anthropic-version), OpenAI's as a bearer token. */
-static http_resp post(int port, const char *path, const char *body)
-{
-    bool anthropic = strstr(path, "messages") || strstr(path, "api=messages");
-    return http_request_ex(port, "POST", path,
-                           anthropic ? "x-api-key: " KEY "\r\nanthropic-version: 2023-06-01\r\n"
-                                     : "Authorization: Bearer " KEY "\r\n", body, 60);
-}
-
-/* The JSON body of a POST (NULL when not JSON); *status its status. */
-static cJSON *post_json(int port, const char *path, const char *body, int *status)
-{
-    http_resp r = post(port, path, body);
-    cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
-    *status = r.status;
-    if (!j || r.status != 200)
-        fprintf(stderr, "%s %s -> %d %s\n", path, body, r.status, r.body ? r.body : "");
-    http_resp_free(&r);
-    return j;
-}
-
-static const char *str_at(const cJSON *o, const char *path)
-{
-    return cJSON_GetStringValue(at(o, path));
-}
-
-static double num_at(const cJSON *o, const char *path)
-{
-    const cJSON *v = at(o, path);
-    return cJSON_IsNumber(v) ? v->valuedouble : -1;
-}
-
-/* The 400 of body at path names param (error.param, or Anthropic's message). */
-static void check_400(int port, const char *path, const char *body, const char *word)
-{
-    http_resp r = post(port, path, body);
-    CHECKF(r.status == 400, "%s: status %d (%s)", body, r.status, r.body ? r.body : "");
-    CHECKF(r.body && strstr(r.body, word), "%s: answer '%s' lacks '%s'", body,
-           r.body ? r.body : "", word);
-    http_resp_free(&r);
-}
-
-/* ============================================================ SSE events */
-
-typedef struct sse {
-    int    n;
-    char  *name[512];      /* the event: line (NULL = none) */
-    cJSON *data[512];      /* the data: JSON (NULL = not JSON) */
-} sse;
-
-static void sse_parse(sse *s, const char *body)
-{
-    memset(s, 0, sizeof(*s));
-    const char *p = body;
-    while (p && *p && s->n < 512) {
-        const char *end = strstr(p, "\n\n");
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        char *ev = strndup(p, len), *save = NULL;
-        for (char *line = strtok_r(ev, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-            if (!strncmp(line, "event: ", 7))
-                s->name[s->n] = strdup(line + 7);
-            else if (!strncmp(line, "data: ", 6))
-                s->data[s->n] = cJSON_Parse(line + 6);
-        }
-        free(ev);
-        if (s->name[s->n] || s->data[s->n])
-            s->n++;
-        p = end ? end + 2 : NULL;
-    }
-}
-
-static void sse_free(sse *s)
-{
-    for (int i = 0; i < s->n; i++) {
-        free(s->name[i]);
-        cJSON_Delete(s->data[i]);
-    }
-}
-
-/* The index of the first event named `name` from `from`, -1 when none. */
-static int sse_find(const sse *s, const char *name, int from)
-{
-    for (int i = from; i < s->n; i++)
-        if (s->name[i] && !strcmp(s->name[i], name))
-            return i;
-    return -1;
-}
 
 /* ============================================================ Responses */
 
@@ -231,10 +142,6 @@ static void test_responses_failed(int port)
     http_resp_free(&r);
 }
 
-static const char tools_chat[] =
-    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather "
-    "of a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
-    "\"string\"}},\"required\":[\"city\"]}}}]";
 static const char tools_resp[] =
     "[{\"type\":\"function\",\"name\":\"get_weather\",\"description\":\"Weather of a city\","
     "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
@@ -603,303 +510,6 @@ static void test_field_policy(int port)
     cJSON_Delete(j);
 }
 
-/* ============================================================= reasoning */
-
-static char *rendered(int port, const char *api, const char *body);
-
-/* A Qwen3.5-style template: past reasoning in <think> tags, the generation
- * prompt opening the block unless enable_thinking is false. */
-static const char think_template[] =
-    "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
-    "{% if m.role == 'assistant' and m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n"
-    "</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
-    "{% else %}<think>\n{% endif %}{%- endif -%}";
-
-/* The token limit of forced()'s bodies. */
-static int forced_max = 40;
-
-/* A body whose reply is forced by a grammar to be `reply`, with extra
- * members (JSON text without braces, "" = none). malloc'd. */
-static char *forced(const char *api, const char *reply, const char *extra)
-{
-    cJSON *o = cJSON_CreateObject(), *ms, *m;
-    char g[256];
-    snprintf(g, sizeof(g), "root ::= \"%s\"", reply);
-    if (!strcmp(api, "responses")) {
-        cJSON_AddStringToObject(o, "input", "Think first.");
-        cJSON_AddNumberToObject(o, "max_output_tokens", forced_max);
-    } else {
-        ms = cJSON_AddArrayToObject(o, "messages");
-        m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", "Think first.");
-        cJSON_AddItemToArray(ms, m);
-        cJSON_AddNumberToObject(o, "max_tokens", forced_max);
-    }
-    cJSON_AddStringToObject(o, "grammar", g);
-    char *t = cJSON_PrintUnformatted(o), *out = malloc(strlen(t) + strlen(extra) + 4);
-    size_t n = strlen(t);
-    t[n - 1] = 0;
-    sprintf(out, "%s%s%s}", t, *extra ? "," : "", extra);
-    free(t);
-    cJSON_Delete(o);
-    return out;
-}
-
-/* The reasoning and content text of a stream, by the dialect's events. */
-static void streamed_parts(const sse *s, char *reasoning, char *content, size_t cap)
-{
-    reasoning[0] = content[0] = 0;
-    for (int i = 0; i < s->n; i++) {
-        const cJSON *d = s->data[i];
-        const char *r = str_at(d, "choices.0.delta.reasoning_content");
-        const char *c = str_at(d, "choices.0.delta.content");
-        const char *name = s->name[i] ? s->name[i] : "";
-        if (!strcmp(name, "response.reasoning_text.delta"))
-            r = str_at(d, "delta");
-        if (!strcmp(name, "response.output_text.delta"))
-            c = str_at(d, "delta");
-        if (!strcmp(name, "content_block_delta")) {
-            r = str_at(d, "delta.thinking");
-            c = str_at(d, "delta.text");
-        }
-        if (r)
-            strncat(reasoning, r, cap - strlen(reasoning) - 1);
-        if (c)
-            strncat(content, c, cap - strlen(content) - 1);
-    }
-}
-
-/* kvc_think_find on replies as they come: nothing that may be a tag goes out. */
-static void test_think_find(void)
-{
-    kvc_think_span sp = kvc_think_find(" \n<thi", 6, false, false);
-    CHECK(sp.state == KVC_THINK_UNDECIDED);
-    sp = kvc_think_find(" \n<thi", 6, false, true);
-    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
-    sp = kvc_think_find("Hello", 5, false, false);
-    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
-    /* longer than "<think>": compared as far as the tag goes (an over-read
-     * of the tag the sanitizer build caught) */
-    sp = kvc_think_find("Hello there, a longer reply", 26, false, false);
-    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
-    sp = kvc_think_find("<think>ab</th", 13, false, false);
-    CHECK(sp.state == KVC_THINK_OPEN && sp.r_begin == 7 && sp.r_end == 9);
-    sp = kvc_think_find("ab</think>\n\nhi", 14, true, false);
-    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_begin == 0 && sp.r_end == 2 && sp.c_begin == 12);
-    sp = kvc_think_find("ab<", 3, true, true);
-    CHECK(sp.state == KVC_THINK_OPEN && sp.r_end == 3);
-    CHECK(kvc_think_prompt_open("<|im_start|>assistant\n<think>\n"));
-    CHECK(!kvc_think_prompt_open("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
-}
-
-static void test_reasoning(void)
-{
-    char tpath[64];
-    snprintf(tpath, sizeof(tpath), "/tmp/kvc_think_%d.jinja", (int)getpid());
-    FILE *f = fopen(tpath, "w");
-    if (f) {
-        fputs(think_template, f);
-        fclose(f);
-    }
-    const char *args[] = { "-m", model_path, "--parallel", "1", "--cache-disk", "0",
-                           "--api-key", KEY, "--chat-template-file", tpath, NULL };
-    http_server s;
-    CHECK(f && http_server_start(&s, bin, args, 60));
-    int port = s.port, st;
-    if (port <= 0)
-        goto done;
-    static const char *const apis[] = { "chat.completions", "responses", "messages" };
-    static const char *const paths[] = { "/v1/chat/completions", "/v1/responses", "/v1/messages" };
-    for (int a = 0; a < 3; a++) {
-        /* whole */
-        char *b = forced(apis[a], "abc</think>\\n\\nhello", "\"temperature\":0");
-        cJSON *j = post_json(port, paths[a], b, &st);
-        const char *r = a == 0 ? str_at(j, "choices.0.message.reasoning_content")
-                      : a == 1 ? str_at(j, "output.0.content.0.text") : str_at(j, "content.0.thinking");
-        const char *c = a == 0 ? str_at(j, "choices.0.message.content")
-                      : a == 1 ? str_at(j, "output.1.content.0.text") : str_at(j, "content.1.text");
-        CHECKF(r && !strcmp(r, "abc") && c && !strcmp(c, "hello"), "%s: reasoning '%s' content '%s'",
-               apis[a], r ? r : "(none)", c ? c : "(none)");
-        if (a == 1)
-            CHECK(str_at(j, "output.0.type") && !strcmp(str_at(j, "output.0.type"), "reasoning"));
-        cJSON_Delete(j);
-        free(b);
-        /* streamed */
-        b = forced(apis[a], "abc</think>\\n\\nhello", "\"temperature\":0,\"stream\":true");
-        http_resp h = post(port, paths[a], b);
-        sse ev;
-        sse_parse(&ev, h.body ? h.body : "");
-        char rs[256], cs[256];
-        streamed_parts(&ev, rs, cs, sizeof(rs));
-        CHECKF(!strcmp(rs, "abc") && !strcmp(cs, "hello"), "%s stream: reasoning '%s' content '%s'",
-               apis[a], rs, cs);
-        sse_free(&ev);
-        http_resp_free(&h);
-        free(b);
-    }
-    /* reasoning_format none: the reply as it came */
-    char *b = forced("chat.completions", "abc</think>\\n\\nhello", "\"reasoning_format\":\"none\"");
-    cJSON *j = post_json(port, "/v1/chat/completions", b, &st);
-    const char *c = str_at(j, "choices.0.message.content");
-    CHECKF(c && !strcmp(c, "abc</think>\n\nhello") &&
-           !at(j, "choices.0.message.reasoning_content"), "reasoning_format none: '%s'", c ? c : "");
-    cJSON_Delete(j);
-    free(b);
-    /* thinking off: the prompt closes the block, the reply is content */
-    b = forced("chat.completions", "hello", "\"reasoning_effort\":\"none\"");
-    j = post_json(port, "/v1/chat/completions", b, &st);
-    c = str_at(j, "choices.0.message.content");
-    CHECKF(c && !strcmp(c, "hello") && !at(j, "choices.0.message.reasoning_content"),
-           "thinking off: '%s'", c ? c : "");
-    cJSON_Delete(j);
-    free(b);
-    /* reasoning sent back reaches the template, from each API */
-    char *p1 = rendered(port, "chat.completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
-                        "\"Q\"},{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":"
-                        "\"R1\"}]}");
-    char *p2 = rendered(port, "responses", "{\"input\":[{\"role\":\"user\",\"content\":\"Q\"},"
-                        "{\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":"
-                        "\"reasoning_text\",\"text\":\"R1\"}]},{\"type\":\"message\",\"role\":"
-                        "\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"A\"}]}]}");
-    char *p3 = rendered(port, "messages", "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\","
-                        "\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":[{\"type\":"
-                        "\"thinking\",\"thinking\":\"R1\",\"signature\":\"\"},{\"type\":\"text\","
-                        "\"text\":\"A\"}]}]}");
-    CHECKF(p1 && strstr(p1, "<think>\nR1\n</think>"), "reasoning not rendered: %s", p1 ? p1 : "");
-    CHECKF(p1 && p2 && p3 && !strcmp(p1, p2) && !strcmp(p1, p3),
-           "reasoning history renders differently:\n%s\n%s\n%s", p1 ? p1 : "", p2 ? p2 : "",
-           p3 ? p3 : "");
-    free(p1);
-    free(p2);
-    free(p3);
-done:
-    http_server_stop(&s);
-    unlink(tpath);
-}
-
-/* A harmony template (gpt-oss's format, cut down): past reasoning as
- * message.thinking in an analysis message, calls as commentary messages
- * addressed to=functions.NAME, the generation prompt "<|start|>assistant". */
-static const char harmony_template[] =
-    "{%- for m in messages -%}"
-    "{%- if m.role == 'tool' -%}<|start|>functions.{{ m.name }} to=assistant<|channel|>commentary"
-    "<|message|>{{ m.content }}<|end|>"
-    "{%- elif m.role == 'assistant' -%}"
-    "{%- if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>"
-    "{%- endif -%}"
-    "{%- if m.tool_calls -%}{%- for c in m.tool_calls -%}<|start|>assistant<|channel|>commentary "
-    "to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments }}"
-    "<|call|>{%- endfor -%}"
-    "{%- else -%}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{%- endif -%}"
-    "{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}"
-    "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}";
-
-static void test_harmony_find(void)
-{
-    const char *full = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant<|channel|>final"
-                       "<|message|>hello";
-    kvc_think_span sp = kvc_think_find(full, strlen(full), KVC_THINK_HARMONY, false);
-    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_begin == 30 && sp.r_end == 33 &&
-          !strcmp(full + sp.c_begin, "hello"));
-    /* a tag cut short holds back; an analysis without its end is open */
-    sp = kvc_think_find(full, 20, KVC_THINK_HARMONY, false);
-    CHECK(sp.state == KVC_THINK_UNDECIDED);
-    sp = kvc_think_find(full, 36, KVC_THINK_HARMONY, false);          /* "abc<|e" */
-    CHECK(sp.state == KVC_THINK_OPEN && sp.r_end == 33 && sp.c_begin == 36);
-    /* the final channel not begun yet: no content */
-    sp = kvc_think_find(full, 70, KVC_THINK_HARMONY, false);
-    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_end == 33 && sp.c_begin == 70);
-    /* straight to the final channel; no channel at all */
-    sp = kvc_think_find("<|channel|>final<|message|>hi", 29, KVC_THINK_HARMONY, true);
-    CHECK(sp.state == KVC_THINK_CLOSED && sp.r_end == sp.r_begin && sp.c_begin == 27);
-    sp = kvc_think_find("plain", 5, KVC_THINK_HARMONY, true);
-    CHECK(sp.state == KVC_THINK_NONE && sp.c_begin == 0);
-}
-
-/* gpt-oss's harmony channels (issue 28): analysis -> reasoning, final ->
- * content, a commentary message to=functions.NAME -> a tool call, through
- * each API, whole and streamed; the reasoning sent back reaches the
- * template as message.thinking. Replies forced by a grammar. */
-static void test_harmony(void)
-{
-    test_harmony_find();
-    forced_max = 200;                          /* the markers are text in this vocabulary */
-    char tpath[64];
-    snprintf(tpath, sizeof(tpath), "/tmp/kvc_harmony_%d.jinja", (int)getpid());
-    FILE *f = fopen(tpath, "w");
-    if (f) {
-        fputs(harmony_template, f);
-        fclose(f);
-    }
-    const char *args[] = { "-m", model_path, "--parallel", "1", "--cache-disk", "0",
-                           "--api-key", KEY, "--chat-template-file", tpath, NULL };
-    http_server s;
-    CHECK(f && http_server_start(&s, bin, args, 60));
-    int port = s.port, st;
-    if (port <= 0)
-        goto done;
-    static const char reply[] = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant"
-                                "<|channel|>final<|message|>hello";
-    static const char *const apis[] = { "chat.completions", "responses", "messages" };
-    static const char *const paths[] = { "/v1/chat/completions", "/v1/responses", "/v1/messages" };
-    for (int a = 0; a < 3; a++) {
-        char *b = forced(apis[a], reply, "\"temperature\":0");
-        cJSON *j = post_json(port, paths[a], b, &st);
-        const char *r = a == 0 ? str_at(j, "choices.0.message.reasoning_content")
-                      : a == 1 ? str_at(j, "output.0.content.0.text") : str_at(j, "content.0.thinking");
-        const char *c = a == 0 ? str_at(j, "choices.0.message.content")
-                      : a == 1 ? str_at(j, "output.1.content.0.text") : str_at(j, "content.1.text");
-        CHECKF(r && !strcmp(r, "abc") && c && !strcmp(c, "hello"), "harmony %s: reasoning '%s' "
-               "content '%s'", apis[a], r ? r : "(none)", c ? c : "(none)");
-        cJSON_Delete(j);
-        free(b);
-        b = forced(apis[a], reply, "\"temperature\":0,\"stream\":true");
-        http_resp h = post(port, paths[a], b);
-        sse ev;
-        sse_parse(&ev, h.body ? h.body : "");
-        char rs[256], cs[256];
-        streamed_parts(&ev, rs, cs, sizeof(rs));
-        CHECKF(!strcmp(rs, "abc") && !strcmp(cs, "hello"), "harmony %s stream: reasoning '%s' "
-               "content '%s'", apis[a], rs, cs);
-        sse_free(&ev);
-        http_resp_free(&h);
-        free(b);
-    }
-    /* a call in a commentary message: tool_calls, no content, finish tool_calls */
-    static const char call[] = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant"
-                               "<|channel|>commentary to=functions.get_weather <|constrain|>json"
-                               "<|message|>{\\\"city\\\": \\\"Paris\\\"}";
-    char extra[1024];
-    snprintf(extra, sizeof(extra), "\"temperature\":0,\"tools\":%s", tools_chat);
-    for (int stream = 0; stream < 2; stream++) {
-        char ex[1100];
-        snprintf(ex, sizeof(ex), "%s%s", extra, stream ? ",\"stream\":true" : "");
-        char *b = forced("chat.completions", call, ex);
-        http_resp h = post(port, "/v1/chat/completions", b);
-        CHECKF(h.status == 200 && h.body && strstr(h.body, "\"name\":\"get_weather\"") &&
-               strstr(h.body, "Paris") && strstr(h.body, "\"finish_reason\":\"tool_calls\"") &&
-               strstr(h.body, stream ? "\"reasoning_content\":\"" : "\"reasoning_content\":\"abc\"") &&
-               !strstr(h.body, "commentary") && !strstr(h.body, "<|"),
-               "harmony call%s: %d %s", stream ? " streamed" : "", h.status, h.body ? h.body : "");
-        http_resp_free(&h);
-        free(b);
-    }
-    /* reasoning sent back renders as the template's thinking */
-    char *p1 = rendered(port, "chat.completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
-                        "\"Q\"},{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":"
-                        "\"R1\"}]}");
-    CHECKF(p1 && strstr(p1, "<|channel|>analysis<|message|>R1<|end|>"), "thinking not rendered: %s",
-           p1 ? p1 : "");
-    free(p1);
-done:
-    forced_max = 40;
-    http_server_stop(&s);
-    unlink(tpath);
-}
-
 /* --strict-fields: a field not used is a 400 again (OpenAI's bookkeeping
  * fields stay accepted). */
 static void test_strict(void)
@@ -924,18 +534,6 @@ static void test_strict(void)
 }
 
 /* ============================================ one conversation, three APIs */
-
-/* The prompt body renders to through `api`'s /apply-template. malloc'd. */
-static char *rendered(int port, const char *api, const char *body)
-{
-    char path[64];
-    int st;
-    snprintf(path, sizeof(path), "/apply-template?api=%s", api);
-    cJSON *j = post_json(port, path, body, &st);
-    char *p = str_at(j, "prompt") ? strdup(str_at(j, "prompt")) : NULL;
-    cJSON_Delete(j);
-    return p;
-}
 
 static void test_same_conversation(int port)
 {
@@ -1016,14 +614,8 @@ static void test_same_conversation(int port)
 
 int main(void)
 {
-    bin = getenv("KVC_BIN");
-    if (!bin || !*bin)
+    if (!dialects_setup(&bin, model_path, sizeof(model_path), "dialects"))
         return TEST_SKIP;
-    kvc_gen_params gp;
-    kvc_gen_preset("tiny", &gp);
-    snprintf(model_path, sizeof(model_path), "/tmp/kvc_dialects_%d.gguf", (int)getpid());
-    char err[256];
-    CHECK(kvc_gen_write(&gp, model_path, err, sizeof(err)) == KVC_OK);
     const char *args[] = { "-m", model_path, "--parallel", "2", "--cache-disk", "0",
                            "--api-key", KEY, NULL };
     http_server s;
@@ -1040,9 +632,6 @@ int main(void)
     }
     http_server_stop(&s);
     test_strict();
-    test_think_find();
-    test_reasoning();
-    test_harmony();
     unlink(model_path);
     return test_done("test_dialects_http");
 }

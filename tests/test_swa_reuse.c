@@ -27,65 +27,8 @@ static const char *bin;
 static void run(const char *path, const char *name, int n_vocab)
 {
     const char *const args[] = { "-m", path, "-t", "1", NULL };
-    const char *const fresh_args[] = { "-m", path, "-t", "1", "--cache-disk", "0", NULL };
-    http_server warm;
-    CHECKF(http_server_start(&warm, bin, args, 30), "%s: warm server", name);
-    if (!warm.pid)
-        return;
-    enum { CAP = 2048 };
-    static int32_t turn[5][CAP];
-    int len[5] = { 0 };
-    reply rep[5] = { { 0 } };
-    for (int k = 0; k < 5; k++) {
-        int32_t *t = turn[k];
-        int n = 0, n_r = 0;
-        int32_t *r = NULL;
-        switch (k) {
-        case 0: n = fill(t, 0, N_T1, 1, n_vocab); break;
-        case 1: case 2:
-            memcpy(t, turn[k - 1], (size_t)len[k - 1] * sizeof(int32_t));
-            n = len[k - 1];
-            r = rep[k - 1].text ? tokenize(warm.port, rep[k - 1].text, &n_r) : NULL;
-            if (r && n + n_r < CAP / 2)
-                memcpy(t + n, r, (size_t)n_r * sizeof(int32_t)), n += n_r;
-            free(r);
-            n = fill(t, n, k == 1 ? N_LONG : 20, 10 + (uint32_t)k, n_vocab);
-            break;
-        case 3:
-            memcpy(t, turn[0], N_T1 * sizeof(int32_t));
-            n = fill(t, N_T1, 60, 30, n_vocab);
-            break;
-        case 4:
-            memcpy(t, turn[0], (N_T1 - 20) * sizeof(int32_t));
-            n = fill(t, N_T1 - 20, 60, 40, n_vocab);
-            break;
-        }
-        len[k] = n;
-        int shared = 0;
-        for (int j = 0; j < k; j++)
-            shared = KVC_MAX(shared, common_prefix(t, n, turn[j], len[j]));
-        rep[k] = complete(warm.port, t, n);
-        http_server fresh;
-        reply f = { 0 };
-        if (http_server_start(&fresh, bin, fresh_args, 30)) {
-            f = complete(fresh.port, t, n);
-            http_server_stop(&fresh);
-        }
-        printf("  %s T%d: %d prompt tokens, %d shared with earlier prompts, %d cached\n", name, k + 1,
-               n, shared, rep[k].cached_tokens);
-        CHECKF(rep[k].prompt_tokens == n, "%s T%d: prompt_tokens %d, sent %d", name, k + 1,
-               rep[k].prompt_tokens, n);
-        CHECKF(rep[k].cached_tokens >= shared && rep[k].cached_tokens < n,
-               "%s T%d: %d tokens cached, %d shared with earlier prompts", name, k + 1,
-               rep[k].cached_tokens, shared);
-        CHECKF(rep[k].text && f.text && strcmp(rep[k].text, f.text) == 0,
-               "%s T%d: warm \"%s\" != fresh process \"%s\"", name, k + 1,
-               rep[k].text ? rep[k].text : "(null)", f.text ? f.text : "(null)");
-        free(f.text);
-    }
-    for (int k = 0; k < 5; k++)
-        free(rep[k].text);
-    http_server_stop(&warm);
+    reuse_five_turns(&(reuse_case){ .bin = bin, .path = path, .warm_args = args, .name = name,
+                                    .n_vocab = n_vocab, .n_t1 = N_T1, .n_long = N_LONG });
 }
 
 int main(void)

@@ -1,5 +1,5 @@
 /* grammar_internal.h - the compiled grammar, shared by the parser (grammar.c)
- * and the matcher (grammar_match.c). Private to src/grammar/.
+ * and the matcher (grammar_match.c, grammar_mask.c). Private to src/grammar/.
  *
  * A grammar is a set of rules; a rule is a list of alternatives; an
  * alternative is a run of elements in elem[] ending with an END element.
@@ -98,6 +98,7 @@ struct kvc_gvocab {
 };
 
 /* ---------------------------------------------------------------- text building
+ * (grammar_text.c)
  *
  * A growable string for the schema compiler's output. A failed allocation
  * sets oom and later appends do nothing, so callers check once at the end. */
@@ -112,6 +113,9 @@ void gsb_puts(gsbuf *b, const char *s);
 void gsb_printf(gsbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A GBNF literal "..." for bytes s[0, n) (UTF-8), escaped. */
 void gsb_literal(gsbuf *b, const char *s, size_t n);
+/* A GBNF expression for every integer in [a, bmax], 0 <= a <= bmax, written
+ * without leading zeros (one digit rule per length). */
+void gsb_uint_range(gsbuf *b, long long a, long long bmax);
 
 /* The characters a JSON string may hold unescaped: the class of the string
  * rule, which a pattern's classes are limited to. */

@@ -126,9 +126,23 @@ static void put(text *t, const char *fmt, ...)
     }
 }
 
-static void metric(text *t, const char *name, const char *type, const char *help, double v)
+/* One metric of one value: its HELP and TYPE lines, then the value. The
+ * functions below list theirs as tables of these rows, in output order. */
+typedef struct mrow {
+    const char *name;
+    const char *type;                        /* "counter" or "gauge" */
+    const char *help;
+    double      v;
+} mrow;
+
+#define COUNTER(name, help, v) { name, "counter", help, (double)(v) }
+#define GAUGE(name, help, v)   { name, "gauge", help, (double)(v) }
+
+static void put_rows(text *t, const mrow *r, size_t n)
 {
-    put(t, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+    for (size_t i = 0; i < n; i++)
+        put(t, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", r[i].name, r[i].help, r[i].name,
+            r[i].type, r[i].name, r[i].v);
 }
 
 static void put_histogram(text *t, const counters *m)
@@ -148,59 +162,60 @@ static void put_histogram(text *t, const counters *m)
 
 static void put_engine(text *t, const kvc_engine_metrics *e)
 {
-    metric(t, "kvchat_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
-           (double)e->prompt_tokens);
-    metric(t, "kvchat_cached_tokens_total", "counter", "Prompt tokens reused from the KV cache.",
-           (double)e->cached_tokens);
-    metric(t, "kvchat_computed_tokens_total", "counter",
-           "Prompt tokens run through the model.", (double)e->computed_tokens);
-    metric(t, "kvchat_output_tokens_total", "counter", "Generated tokens.",
-           (double)e->output_tokens);
-    metric(t, "kvchat_cache_hit_ratio", "gauge", "Cached prompt tokens / prompt tokens.",
-           e->prompt_tokens ? (double)e->cached_tokens / (double)e->prompt_tokens : 0.0);
-    metric(t, "kvchat_kv_blocks_total", "gauge", "KV pool size in blocks.",
-           (double)e->blocks_total);
-    metric(t, "kvchat_kv_blocks_used", "gauge", "KV blocks holding tokens.",
-           (double)e->blocks_used);
-    metric(t, "kvchat_kv_blocks_free", "gauge", "KV blocks free.", (double)e->blocks_free);
-    metric(t, "kvchat_kv_blocks_evicted_total", "counter", "KV blocks evicted (LRU).",
-           (double)e->blocks_evicted);
-    metric(t, "kvchat_kv_block_tokens", "gauge", "Tokens per KV block.",
-           (double)e->block_tokens);
-    metric(t, "kvchat_kv_block_bytes", "gauge",
-           "Bytes of a KV block (every layer but the sliding-window ones).", (double)e->block_bytes);
-    metric(t, "kvchat_kv_window_chunks_total", "gauge",
-           "Window chunks of the sliding-window layers (a block's positions, every such layer).",
-           (double)e->window_chunks_total);
-    metric(t, "kvchat_kv_window_chunks_held", "gauge",
-           "Window chunks held by running requests (their windows).", (double)e->window_chunks_held);
-    metric(t, "kvchat_kv_window_chunk_bytes", "gauge", "Bytes of a window chunk.",
-           (double)e->window_chunk_bytes);
-    metric(t, "kvchat_kv_bytes_held", "gauge",
-           "Bytes the cached K/V take: blocks used and window chunks in use.", (double)e->kv_bytes_held);
-    metric(t, "kvchat_sessions", "gauge", "Keyed sessions held.", (double)e->sessions);
-    metric(t, "kvchat_queue_depth", "gauge", "Requests waiting for the engine.",
-           (double)e->queue_depth);
-    metric(t, "kvchat_requests_running", "gauge", "Requests being computed.",
-           (double)e->running);
-    metric(t, "kvchat_background_pending", "gauge",
-           "Finished replies whose canonical continuation is still to be computed.",
-           (double)e->bg_pending);
-    metric(t, "kvchat_background_jobs_total", "counter",
-           "Finished replies canonicalized (computed, or nothing to compute).",
-           (double)e->bg_jobs);
-    metric(t, "kvchat_background_tokens_total", "counter",
-           "Tokens computed in the background (canonical continuations).", (double)e->bg_tokens);
-    metric(t, "kvchat_background_seconds_total", "counter",
-           "Engine time spent on background work.", (double)e->bg_us / 1e6);
-    metric(t, "kvchat_grammar_masks_total", "counter",
-           "Token masks computed for constrained decoding (response_format, forced tool calls).",
-           (double)e->grammar_masks);
-    metric(t, "kvchat_grammar_mask_seconds_total", "counter",
-           "Time spent computing token masks.", (double)e->grammar_mask_us / 1e6);
-    metric(t, "kvchat_engine_busy_seconds_total", "counter",
-           "Engine time spent in forward passes (requests and background).",
-           (double)e->busy_us / 1e6);
+    const mrow rows[] = {
+        COUNTER("kvchat_prompt_tokens_total", "Prompt tokens of finished requests.",
+                e->prompt_tokens),
+        COUNTER("kvchat_cached_tokens_total", "Prompt tokens reused from the KV cache.",
+                e->cached_tokens),
+        COUNTER("kvchat_computed_tokens_total", "Prompt tokens run through the model.",
+                e->computed_tokens),
+        COUNTER("kvchat_output_tokens_total", "Generated tokens.", e->output_tokens),
+        GAUGE("kvchat_cache_hit_ratio", "Cached prompt tokens / prompt tokens.",
+              e->prompt_tokens ? (double)e->cached_tokens / (double)e->prompt_tokens : 0.0),
+        GAUGE("kvchat_kv_blocks_total", "KV pool size in blocks.", e->blocks_total),
+        GAUGE("kvchat_kv_blocks_used", "KV blocks holding tokens.", e->blocks_used),
+        GAUGE("kvchat_kv_blocks_free", "KV blocks free.", e->blocks_free),
+        COUNTER("kvchat_kv_blocks_evicted_total", "KV blocks evicted (LRU).",
+                e->blocks_evicted),
+        GAUGE("kvchat_kv_block_tokens", "Tokens per KV block.", e->block_tokens),
+        GAUGE("kvchat_kv_block_bytes",
+              "Bytes of a KV block (every layer but the sliding-window ones).",
+              e->block_bytes),
+        GAUGE("kvchat_kv_window_chunks_total",
+              "Window chunks of the sliding-window layers (a block's positions, every such layer).",
+              e->window_chunks_total),
+        GAUGE("kvchat_kv_window_chunks_held",
+              "Window chunks held by running requests (their windows).",
+              e->window_chunks_held),
+        GAUGE("kvchat_kv_window_chunk_bytes", "Bytes of a window chunk.",
+              e->window_chunk_bytes),
+        GAUGE("kvchat_kv_bytes_held",
+              "Bytes the cached K/V take: blocks used and window chunks in use.",
+              e->kv_bytes_held),
+        GAUGE("kvchat_sessions", "Keyed sessions held.", e->sessions),
+        GAUGE("kvchat_queue_depth", "Requests waiting for the engine.", e->queue_depth),
+        GAUGE("kvchat_requests_running", "Requests being computed.", e->running),
+        GAUGE("kvchat_background_pending",
+              "Finished replies whose canonical continuation is still to be computed.",
+              e->bg_pending),
+        COUNTER("kvchat_background_jobs_total",
+                "Finished replies canonicalized (computed, or nothing to compute).",
+                e->bg_jobs),
+        COUNTER("kvchat_background_tokens_total",
+                "Tokens computed in the background (canonical continuations).",
+                e->bg_tokens),
+        COUNTER("kvchat_background_seconds_total", "Engine time spent on background work.",
+                (double)e->bg_us / 1e6),
+        COUNTER("kvchat_grammar_masks_total",
+                "Token masks computed for constrained decoding (response_format, forced tool calls).",
+                e->grammar_masks),
+        COUNTER("kvchat_grammar_mask_seconds_total", "Time spent computing token masks.",
+                (double)e->grammar_mask_us / 1e6),
+        COUNTER("kvchat_engine_busy_seconds_total",
+                "Engine time spent in forward passes (requests and background).",
+                (double)e->busy_us / 1e6),
+    };
+    put_rows(t, rows, KVC_ARRAY_LEN(rows));
 }
 
 /* The tiers (DESIGN.md §5): tokens by tier, the disk's traffic and use. */
@@ -212,69 +227,73 @@ static void put_tiers(text *t, const kvc_engine_metrics *e)
     put(t, "%s{tier=\"ram\"} %llu\n%s{tier=\"disk\"} %llu\n", n,
         (unsigned long long)(e->cached_tokens - e->disk_tokens), n,
         (unsigned long long)e->disk_tokens);
-    metric(t, "kvchat_kv_room_refused_total", "counter",
-           "Asks for KV room that eviction could not meet (nothing was evicted).",
-           (double)e->room_refused);
-    metric(t, "kvchat_preemptions_total", "counter",
-           "Running requests that gave their KV blocks back mid-reply and resumed later.",
-           (double)e->preemptions);
-    metric(t, "kvchat_disk_blocks_read_total", "counter", "KV blocks read from the disk tier.",
-           (double)e->disk_blocks_read);
-    metric(t, "kvchat_disk_blocks_written_total", "counter", "KV blocks written to disk.",
-           (double)e->disk_blocks_written);
-    metric(t, "kvchat_disk_read_bytes_total", "counter", "Bytes read from the disk tier.",
-           (double)e->disk_bytes_read);
-    metric(t, "kvchat_disk_written_bytes_total", "counter", "Bytes written to the disk tier.",
-           (double)e->disk_bytes_written);
-    metric(t, "kvchat_disk_blocks", "gauge", "KV blocks held on disk.", (double)e->disk_blocks);
-    metric(t, "kvchat_disk_used_bytes", "gauge", "Disk tier size in bytes.",
-           (double)e->disk_bytes_used);
-    metric(t, "kvchat_disk_budget_bytes", "gauge", "Disk tier budget in bytes.",
-           (double)e->disk_bytes_budget);
-    metric(t, "kvchat_disk_checksum_failures_total", "counter",
-           "Disk blocks found corrupt: discarded and recomputed, never used.",
-           (double)e->disk_checksum_failures);
-    metric(t, "kvchat_tier_writes_pending", "gauge",
-           "KV blocks queued to be written down (disk, Redis), not yet written.",
-           (double)e->tier_writes_pending);
-    metric(t, "kvchat_disk_writes_dropped_total", "counter",
-           "Write-throughs dropped because the disk writer was behind.",
-           (double)e->disk_writes_dropped);
-    metric(t, "kvchat_tier_write_failures_total", "counter",
-           "KV blocks the tiers below RAM could not write (the medium failed).",
-           (double)e->tier_write_failures);
-    metric(t, "kvchat_tier_fetch_failures_total", "counter",
-           "KV blocks listed below RAM that could not be read back (recomputed).",
-           (double)e->tier_fetch_failures);
-    metric(t, "kvchat_disk_full_total", "counter",
-           "Disk tier writes that found the disk full; the budget was lowered to what fits.",
-           (double)e->disk_full_events);
+    const mrow rows[] = {
+        COUNTER("kvchat_kv_room_refused_total",
+                "Asks for KV room that eviction could not meet (nothing was evicted).",
+                e->room_refused),
+        COUNTER("kvchat_preemptions_total",
+                "Running requests that gave their KV blocks back mid-reply and resumed later.",
+                e->preemptions),
+        COUNTER("kvchat_disk_blocks_read_total", "KV blocks read from the disk tier.",
+                e->disk_blocks_read),
+        COUNTER("kvchat_disk_blocks_written_total", "KV blocks written to disk.",
+                e->disk_blocks_written),
+        COUNTER("kvchat_disk_read_bytes_total", "Bytes read from the disk tier.",
+                e->disk_bytes_read),
+        COUNTER("kvchat_disk_written_bytes_total", "Bytes written to the disk tier.",
+                e->disk_bytes_written),
+        GAUGE("kvchat_disk_blocks", "KV blocks held on disk.", e->disk_blocks),
+        GAUGE("kvchat_disk_used_bytes", "Disk tier size in bytes.", e->disk_bytes_used),
+        GAUGE("kvchat_disk_budget_bytes", "Disk tier budget in bytes.",
+              e->disk_bytes_budget),
+        COUNTER("kvchat_disk_checksum_failures_total",
+                "Disk blocks found corrupt: discarded and recomputed, never used.",
+                e->disk_checksum_failures),
+        GAUGE("kvchat_tier_writes_pending",
+              "KV blocks queued to be written down (disk, Redis), not yet written.",
+              e->tier_writes_pending),
+        COUNTER("kvchat_disk_writes_dropped_total",
+                "Write-throughs dropped because the disk writer was behind.",
+                e->disk_writes_dropped),
+        COUNTER("kvchat_tier_write_failures_total",
+                "KV blocks the tiers below RAM could not write (the medium failed).",
+                e->tier_write_failures),
+        COUNTER("kvchat_tier_fetch_failures_total",
+                "KV blocks listed below RAM that could not be read back (recomputed).",
+                e->tier_fetch_failures),
+        COUNTER("kvchat_disk_full_total",
+                "Disk tier writes that found the disk full; the budget was lowered to what fits.",
+                e->disk_full_events),
+    };
+    put_rows(t, rows, KVC_ARRAY_LEN(rows));
 }
 
 /* The shared tier in Redis (issue 14). */
 static void put_redis(text *t, const kvc_engine_metrics *e)
 {
-    metric(t, "kvchat_redis_up", "gauge", "1 while the Redis tier is connected.",
-           (double)e->redis_up);
-    metric(t, "kvchat_redis_tokens_total", "counter",
-           "Cached tokens served from the Redis tier (verified blocks x block size).",
-           (double)e->redis_blocks_read * (double)e->block_tokens);
-    metric(t, "kvchat_redis_blocks_read_total", "counter", "KV blocks read from Redis.",
-           (double)e->redis_blocks_read);
-    metric(t, "kvchat_redis_blocks_written_total", "counter", "KV blocks written to Redis.",
-           (double)e->redis_blocks_written);
-    metric(t, "kvchat_redis_read_bytes_total", "counter", "Bytes read from Redis.",
-           (double)e->redis_bytes_read);
-    metric(t, "kvchat_redis_written_bytes_total", "counter", "Bytes written to Redis.",
-           (double)e->redis_bytes_written);
-    metric(t, "kvchat_redis_round_trips_total", "counter",
-           "Commands or pipelines sent to Redis.", (double)e->redis_round_trips);
-    metric(t, "kvchat_redis_failures_total", "counter",
-           "Redis calls that failed (down, timed out, garbage): served without the tier.",
-           (double)e->redis_failures);
-    metric(t, "kvchat_redis_checksum_failures_total", "counter",
-           "Redis values found corrupt: deleted and recomputed, never used.",
-           (double)e->redis_checksum_failures);
+    const mrow rows[] = {
+        GAUGE("kvchat_redis_up", "1 while the Redis tier is connected.", e->redis_up),
+        COUNTER("kvchat_redis_tokens_total",
+                "Cached tokens served from the Redis tier (verified blocks x block size).",
+                (double)e->redis_blocks_read * e->block_tokens),
+        COUNTER("kvchat_redis_blocks_read_total", "KV blocks read from Redis.",
+                e->redis_blocks_read),
+        COUNTER("kvchat_redis_blocks_written_total", "KV blocks written to Redis.",
+                e->redis_blocks_written),
+        COUNTER("kvchat_redis_read_bytes_total", "Bytes read from Redis.",
+                e->redis_bytes_read),
+        COUNTER("kvchat_redis_written_bytes_total", "Bytes written to Redis.",
+                e->redis_bytes_written),
+        COUNTER("kvchat_redis_round_trips_total", "Commands or pipelines sent to Redis.",
+                e->redis_round_trips),
+        COUNTER("kvchat_redis_failures_total",
+                "Redis calls that failed (down, timed out, garbage): served without the tier.",
+                e->redis_failures),
+        COUNTER("kvchat_redis_checksum_failures_total",
+                "Redis values found corrupt: deleted and recomputed, never used.",
+                e->redis_checksum_failures),
+    };
+    put_rows(t, rows, KVC_ARRAY_LEN(rows));
 }
 
 char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
@@ -283,15 +302,16 @@ char *srv_metrics_text(srv_metrics *m, const kvc_engine_metrics *e)
     pthread_mutex_lock(&m->mu);
     counters c = m->c;
     pthread_mutex_unlock(&m->mu);
-    metric(&t, "kvchat_requests_total", "counter", "Completion requests received.",
-           (double)c.requests);
-    metric(&t, "kvchat_requests_failed_total", "counter",
-           "Completion requests answered with an error.", (double)c.failed);
-    metric(&t, "kvchat_connections_open", "gauge", "HTTP connections open.",
-           (double)c.conn_open);
-    metric(&t, "kvchat_connections_dropped_total", "counter",
-           "Connections closed because their request did not arrive within the deadline.",
-           (double)c.conn_dropped);
+    const mrow rows[] = {
+        COUNTER("kvchat_requests_total", "Completion requests received.", c.requests),
+        COUNTER("kvchat_requests_failed_total", "Completion requests answered with an error.",
+                c.failed),
+        GAUGE("kvchat_connections_open", "HTTP connections open.", c.conn_open),
+        COUNTER("kvchat_connections_dropped_total",
+                "Connections closed because their request did not arrive within the deadline.",
+                c.conn_dropped),
+    };
+    put_rows(&t, rows, KVC_ARRAY_LEN(rows));
     if (e) {
         put_engine(&t, e);
         put_tiers(&t, e);
