@@ -42,6 +42,25 @@ static bool prefix_of(const char *text, size_t len, const char *tag)
     return !memcmp(text, tag, len < t ? len : t);
 }
 
+static const char *const MARKUP[] = { "<|end|>", "<|start|>", "<|channel|>", "<|message|>",
+                                      "<|constrain|>", "<|return|>", "<|call|>" };
+
+/* Where harmony content from `from` ends: at the first markup, else len (not
+ * final: before a tail that may still become markup). */
+static size_t harmony_content_end(const char *text, size_t from, size_t len, bool final)
+{
+    size_t end = len, hold = 0;
+    for (size_t i = 0; i < sizeof(MARKUP) / sizeof(MARKUP[0]); i++) {
+        size_t at = find_tag(text, from, end, MARKUP[i]);
+        end = at < end ? at : end;
+    }
+    for (size_t i = 0; !final && end == len && i < sizeof(MARKUP) / sizeof(MARKUP[0]); i++) {
+        size_t k = partial_tag(text, from, len, MARKUP[i]);
+        hold = k > hold ? k : hold;
+    }
+    return end - hold;
+}
+
 static kvc_think_span harmony_find(const char *text, size_t len, bool final)
 {
     kvc_think_span s = { 0 };
@@ -56,7 +75,8 @@ static kvc_think_span harmony_find(const char *text, size_t len, bool final)
         return s;
     }
     if (rest < sizeof(CHANNEL) - 1 || memcmp(p, CHANNEL, sizeof(CHANNEL) - 1)) {
-        s.state = KVC_THINK_NONE;              /* no channel: all of it is content */
+        s.state = KVC_THINK_NONE;              /* no channel: content up to any markup */
+        s.c_end = harmony_content_end(text, 0, len, final);
         return s;
     }
     size_t after = at;                         /* where the reasoning ends */
@@ -67,7 +87,7 @@ static kvc_think_span harmony_find(const char *text, size_t len, bool final)
         if (end == len) {
             s.state = KVC_THINK_OPEN;
             s.r_end = final ? len : len - partial_tag(text, s.r_begin, len, END);
-            s.c_begin = len;
+            s.c_begin = s.c_end = len;
             return s;
         }
         s.r_end = end;
@@ -76,6 +96,7 @@ static kvc_think_span harmony_find(const char *text, size_t len, bool final)
     s.state = KVC_THINK_CLOSED;
     size_t f = find_tag(text, after, len, FINAL);
     s.c_begin = f == len ? len : f + sizeof(FINAL) - 1;
+    s.c_end = harmony_content_end(text, s.c_begin, len, final);
     return s;
 }
 
@@ -84,7 +105,7 @@ kvc_think_span kvc_think_find(const char *text, size_t len, int mode, bool final
     if (mode == KVC_THINK_HARMONY)
         return harmony_find(text, len, final);
     bool open = mode == KVC_THINK_INSIDE;
-    kvc_think_span s = { 0 };
+    kvc_think_span s = { .c_end = len };
     size_t at = 0;
     if (!open) {
         while (at < len && space(text[at]))
