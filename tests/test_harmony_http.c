@@ -24,6 +24,7 @@
 #include "common.h"
 #include "gguf.h"
 #include "model_gen.h"
+#include "reasoning.h"
 #include "tokenizer.h"
 
 #include "http_client.h"
@@ -175,6 +176,38 @@ static void test_vocab(const char *path)
     int32_t im_end = kvc_tokenizer_find(t, "<|im_end|>");
     CHECK(im_end >= 0 && !kvc_tokenizer_is_markup(t, im_end) && kvc_tokenizer_is_eog(t, im_end));
     kvc_tokenizer_free(t);
+}
+
+/* ================================================================ parser */
+
+/* Harmony's split as a gpt-oss reply's text shows it: no markup in the
+ * content, a recipient in the role header is a call, not content. */
+static void test_find(void)
+{
+    static const char *const cases[][3] = {   /* reply, reasoning, content */
+        { "<|channel|>analysis<|message|>abc<|end|><|start|>assistant<|channel|>final<|message|>"
+          "hello<|end|><|start|>assistant<|channel|>final<|message|>again", "abc", "hello" },
+        { "<|channel|>final<|message|>hi<|return|>", "", "hi" },
+        { "plain<|end|><|end|>", "", "plain" },
+        { "<|end|>x", "", "" },
+        { " to=functions.f<|channel|>commentary json<|message|>{}", "", "" },
+        { "<|channel|>analysis<|message|>r<|end|><|start|>assistant to=functions.f<|channel|>"
+          "commentary json<|message|>{}", "r", "" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *t = cases[i][0];
+        kvc_think_span sp = kvc_think_find(t, strlen(t), KVC_THINK_HARMONY, true);
+        size_t rl = sp.r_end - sp.r_begin, cl = sp.c_end - sp.c_begin;
+        CHECKF(sp.c_end >= sp.c_begin && rl == strlen(cases[i][1]) &&
+               !memcmp(t + sp.r_begin, cases[i][1], rl) && cl == strlen(cases[i][2]) &&
+               !memcmp(t + sp.c_begin, cases[i][2], cl), "'%s': reasoning '%.*s' content '%.*s'",
+               t, (int)rl, t + sp.r_begin, (int)cl, t + sp.c_begin);
+    }
+    /* while streaming: " t" may be a recipient, "hi<|en" a message's end */
+    kvc_think_span sp = kvc_think_find(" t", 2, KVC_THINK_HARMONY, false);
+    CHECK(sp.state == KVC_THINK_UNDECIDED);
+    sp = kvc_think_find("<|channel|>final<|message|>hi<|en", 33, KVC_THINK_HARMONY, false);
+    CHECK(sp.state == KVC_THINK_CLOSED && sp.c_end == 29);
 }
 
 /* ================================================================ server */
@@ -361,11 +394,20 @@ static const char tools_responses[] =
  * with its JSON arguments, the analysis as reasoning, in every dialect. */
 static void test_tool_call(void)
 {
-    static const char call[] = "<|channel|>analysis<|message|>abc<|end|><|start|>assistant"
-                               "<|channel|>commentary to=functions.get_weather <|constrain|>json"
-                               "<|message|>{\\\"city\\\": \\\"Paris\\\"}";
+    /* the recipient in the channel's header, and in the role's (after the
+     * analysis, or as the reply's first words) */
+    static const char *const calls[] = {
+        "<|channel|>analysis<|message|>abc<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather <|constrain|>json<|message|>{\\\"city\\\": \\\"Paris\\\"}",
+        "<|channel|>analysis<|message|>abc<|end|><|start|>assistant to=functions.get_weather"
+        "<|channel|>commentary json<|message|>{\\\"city\\\": \\\"Paris\\\"}",
+        " to=functions.get_weather<|channel|>commentary json<|message|>{\\\"city\\\": "
+        "\\\"Paris\\\"}",
+    };
+    for (int k = 0; k < 3; k++)
     for (int a = 0; a < 4; a++)
         for (int stream = 0; stream < 2; stream++) {
+            const char *call = calls[k];
             char extra[1024];
             snprintf(extra, sizeof(extra), "\"stream\":%s,\"tools\":%s", stream ? "true" : "false",
                      a == 1 ? tools_responses : a == 2 ? tools_anthropic : tools);
@@ -377,9 +419,10 @@ static void test_tool_call(void)
                              : a == 1 ? "\"type\":\"function_call\""
                              : a == 2 ? "\"stop_reason\":\"tool_use\"" : "\"tool_calls\"";
             CHECKF(h.status == 200 && h.body && strstr(h.body, "get_weather") &&
-                   strstr(h.body, "Paris") && strstr(h.body, done) && !strcmp(r, "abc") && !*c &&
+                   strstr(h.body, "Paris") && strstr(h.body, done) &&
+                   !strcmp(r, k < 2 ? "abc" : "") && !*c &&
                    !strstr(h.body, "<|") && !strstr(h.body, "commentary"),
-                   "%s call%s: %d reasoning '%s' content '%s': %s", apis[a],
+                   "%s call %d%s: %d reasoning '%s' content '%s': %s", apis[a], k,
                    stream ? " streamed" : "", h.status, r, c, h.body ? h.body : "");
             http_resp_free(&h);
             free(b);
@@ -439,6 +482,7 @@ int main(int argc, char **argv)
     if (!make_harmony_model(path))
         return test_done("test_harmony_http");
     test_vocab(path);
+    test_find();
     const char *bin = getenv("KVC_BIN");
     if (bin && *bin) {
         const char *args[] = { "-m", path, "--parallel", "1", "--cache-disk", "0", NULL };

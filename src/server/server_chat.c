@@ -66,7 +66,7 @@ void srv_reply_think(srv_reply *rp, int mode)
         rp->n_reasoning = sp.r_end - sp.r_begin;
     }
     rp->content += sp.c_begin;                  /* harmony: up to the final message's end */
-    rp->n_content = sp.c_end - sp.c_begin;
+    rp->n_content = sp.c_end > sp.c_begin ? sp.c_end - sp.c_begin : 0;
 }
 
 /* ================================================================ pieces */

@@ -33,7 +33,7 @@ static size_t find_tag(const char *text, size_t from, size_t len, const char *ta
 
 static const char CHANNEL[] = "<|channel|>", ANALYSIS[] = "<|channel|>analysis<|message|>",
                   FINAL[] = "<|channel|>final<|message|>", END[] = "<|end|>",
-                  START[] = "<|start|>assistant";
+                  START[] = "<|start|>assistant", RECIPIENT[] = " to=";
 
 /* Whether text[0, len) and tag agree as far as both go. */
 static bool prefix_of(const char *text, size_t len, const char *tag)
@@ -70,8 +70,19 @@ static kvc_think_span harmony_find(const char *text, size_t len, bool final)
     const char *p = text + at;
     size_t rest = len - at;
     if (!final && ((rest < sizeof(ANALYSIS) - 1 && prefix_of(p, rest, ANALYSIS)) ||
-                   (rest < sizeof(FINAL) - 1 && prefix_of(p, rest, FINAL)))) {
-        s.state = KVC_THINK_UNDECIDED;         /* "<|chan", "<|channel|>analy", ... */
+                   (rest < sizeof(FINAL) - 1 && prefix_of(p, rest, FINAL)) ||
+                   (rest < sizeof(RECIPIENT) - 1 && prefix_of(p, rest, RECIPIENT)))) {
+        s.state = KVC_THINK_UNDECIDED;         /* "<|chan", "<|channel|>analy", " t", ... */
+        return s;
+    }
+    if (rest >= sizeof(RECIPIENT) - 1 && !memcmp(p, RECIPIENT, sizeof(RECIPIENT) - 1)) {
+        /* the header names a recipient ("<|start|>assistant to=functions.f
+         * <|channel|>commentary json<|message|>..."): a call, not content */
+        s.state = KVC_THINK_CLOSED;
+        s.r_begin = s.r_end = at;
+        size_t f = find_tag(text, at, len, FINAL);
+        s.c_begin = f == len ? len : f + sizeof(FINAL) - 1;
+        s.c_end = harmony_content_end(text, s.c_begin, len, final);
         return s;
     }
     if (rest < sizeof(CHANNEL) - 1 || memcmp(p, CHANNEL, sizeof(CHANNEL) - 1)) {
