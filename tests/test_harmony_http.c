@@ -429,6 +429,29 @@ static void test_tool_call(void)
         }
 }
 
+/* tool_choice "required" (and a named function): the grammar forces one
+ * commentary message to a function; its arguments follow the schema, and
+ * <|call|> ends it. (No bias on the markup here: inside a JSON string the
+ * grammar allows its text too, and a biased random model would write it.) */
+static void test_forced_call(void)
+{
+    for (int k = 0; k < 2; k++)
+        for (int stream = 0; stream < 2; stream++) {
+            char body[2048];
+            snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                     "\"max_tokens\":60,\"temperature\":0,\"stream\":%s,\"tools\":%s,"
+                     "\"tool_choice\":%s,\"logit_bias\":{\"%d\":100}}", stream ? "true" : "false",
+                     tools, k ? "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}"
+                              : "\"required\"", hid[H_CALL]);
+            http_resp h = post("/v1/chat/completions", body);
+            CHECKF(h.status == 200 && h.body && strstr(h.body, "\"name\":\"get_weather\"") &&
+                   strstr(h.body, "\\\"city\\\"") && strstr(h.body, "\"finish_reason\":\"tool_calls\"")
+                   && !strstr(h.body, "<|"), "forced call %d%s: %d %s", k, stream ? " streamed" : "",
+                   h.status, h.body ? h.body : "");
+            http_resp_free(&h);
+        }
+}
+
 /* The next turn: the template drops the analysis of a past final answer, so
  * the reply's own tokens part from it right after the generation prompt;
  * the background turn computes the canonical ones, and every token before
@@ -542,6 +565,7 @@ int main(int argc, char **argv)
             test_channels();
             test_end_not_stop();
             test_tool_call();
+            test_forced_call();
             test_next_turn();
             test_tool_turn();
         }

@@ -420,6 +420,78 @@ static int call_rules(const cJSON *fn, int i, const char *key, char **out, kvc_e
     return KVC_OK;
 }
 
+/* Harmony: one commentary message addressed to a function, its arguments
+ * the function's parameters as JSON (a call ends the reply at <|call|>, so
+ * there is never more than one):
+ *   root ::= "<|channel|>commentary to=functions.f <|constrain|>json<|message|>" args-1 | ...
+ * The markup is spelled as text: a gpt-oss vocabulary has it as whole
+ * tokens in the grammar's trie (kvc_tokenizer_is_markup). */
+static int harmony_grammar(const cJSON *tools, const char *only, char **out, kvc_err *err)
+{
+    char *g = NULL, *alts = NULL;
+    size_t gl = 0, gc = 0, al = 0, ac = 0;
+    bool oom = false;
+    int rc = KVC_OK, n = 0, i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        i++;
+        if (!cJSON_IsString(name) || (only && strcmp(only, name->valuestring)))
+            continue;
+        if (strspn(name->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                      "0123456789_-.") != strlen(name->valuestring) ||
+            !*name->valuestring) {
+            rc = kvc_fail(err, KVC_ERR_INVALID_ARG, "tools: function name '%.80s' cannot be "
+                          "addressed in harmony (letters, digits, _ - . only)", name->valuestring);
+            break;
+        }
+        char *ptext = params && cJSON_IsObject(params) ? cJSON_PrintUnformatted(params)
+                                                       : strdup("{\"type\":\"object\"}");
+        char root[32], prefix[32], *rules = NULL;
+        snprintf(root, sizeof(root), "args-%d", i);
+        snprintf(prefix, sizeof(prefix), "f%d-", i);
+        kvc_schema_opts o = { .root = root, .prefix = prefix };
+        rc = ptext ? kvc_schema_to_gbnf(ptext, strlen(ptext), &o, &rules, err)
+                   : kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+        free(ptext);
+        if (rc) {
+            char msg[sizeof(err->msg)];
+            memcpy(msg, err->msg, sizeof(msg));
+            rc = kvc_fail(err, rc, "tools: function '%.80s': %.400s", name->valuestring, msg);
+            break;
+        }
+        char alt[256];
+        int k = snprintf(alt, sizeof(alt), "%s\"<|channel|>commentary to=functions.%.120s "
+                         "<|constrain|>json<|message|>\" %s", n ? " | " : "", name->valuestring, root);
+        kvc_text_append(&alts, &al, &ac, &oom, alt, (size_t)k);
+        kvc_text_append(&g, &gl, &gc, &oom, rules, strlen(rules));
+        kvc_text_append(&g, &gl, &gc, &oom, "\n", 1);
+        free(rules);
+        n++;
+    }
+    if (!rc && !n)
+        rc = only ? kvc_fail(err, KVC_ERR_INVALID_ARG, "tool_choice names function '%.80s', "
+                             "which is not in tools", only)
+                  : kvc_fail(err, KVC_ERR_INVALID_ARG, "tools has no function");
+    if (!rc) {
+        char *all = NULL;
+        size_t ll = 0, lc = 0;
+        kvc_text_append(&all, &ll, &lc, &oom, "root ::= ", 9);
+        kvc_text_append(&all, &ll, &lc, &oom, alts, al);
+        kvc_text_append(&all, &ll, &lc, &oom, "\n", 1);
+        kvc_text_append(&all, &ll, &lc, &oom, g, gl);
+        if (oom)
+            free(all), rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+        else
+            *out = all;
+    }
+    free(g);
+    free(alts);
+    return rc;
+}
+
 int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only, bool parallel,
                            char **out, kvc_err *err)
 {
@@ -430,9 +502,9 @@ int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only,
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "tools must be a non-empty array");
     }
     if (format == KVC_TOOLS_HARMONY) {
+        int rc = harmony_grammar(tools, only, out, err);
         cJSON_Delete(tools);
-        return kvc_fail(err, KVC_ERR_INVALID_ARG, "tool_choice: forcing a call is not supported "
-                        "for this template's tool-call format (harmony); use \"auto\"");
+        return rc;
     }
     const char *key = format == KVC_TOOLS_LLAMA3 ? "parameters" : "arguments";
     char *g = NULL, *alts = NULL;

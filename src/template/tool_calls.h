@@ -27,7 +27,7 @@ enum kvc_tool_format {
     KVC_TOOLS_HERMES = 0,    /* also the default when nothing is recognised */
     KVC_TOOLS_LLAMA3 = 1,
     KVC_TOOLS_MISTRAL = 2,
-    KVC_TOOLS_HARMONY = 3,   /* no forcing grammar: tool_choice required is refused */
+    KVC_TOOLS_HARMONY = 3,   /* forcing: one commentary message to=functions.NAME */
 };
 
 /* The format template t renders tool calls in (HERMES when not recognised). */
