@@ -429,6 +429,24 @@ static void test_tool_call(void)
         }
 }
 
+/* A call sent back with its reasoning and a content too (a preamble, or a
+ * client's habit): gpt-oss's template refuses content beside thinking in a
+ * call's message; the content is dropped, as llama-server does. */
+static void test_call_with_content(void)
+{
+    char body[1024];
+    snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},"
+             "{\"role\":\"assistant\",\"content\":\"Let me look.\",\"reasoning_content\":\"R1\","
+             "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+             "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":"
+             "\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}],\"tools\":%s}", tools);
+    http_resp h = post("/apply-template", body);
+    CHECKF(h.status == 200 && h.body && strstr(h.body, "<|channel|>analysis<|message|>R1<|end|>") &&
+           !strstr(h.body, "Let me look"), "call with content and reasoning: %d %s", h.status,
+           h.body ? h.body : "");
+    http_resp_free(&h);
+}
+
 /* tool_choice "required" (and a named function): the grammar forces one
  * commentary message to a function; its arguments follow the schema, and
  * <|call|> ends it. (No bias on the markup here: inside a JSON string the
@@ -566,6 +584,7 @@ int main(int argc, char **argv)
             test_end_not_stop();
             test_tool_call();
             test_forced_call();
+            test_call_with_content();
             test_next_turn();
             test_tool_turn();
         }
