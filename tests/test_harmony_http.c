@@ -429,6 +429,28 @@ static void test_tool_call(void)
         }
 }
 
+/* A final message, then a call: the stream holds back the call's text and
+ * cuts the content at the final message's end, never past what it has. */
+static void test_final_then_call(void)
+{
+    char extra[1024];
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(extra, sizeof(extra), "\"stream\":%s,\"tools\":%s", stream ? "true" : "false",
+                 tools);
+        char *b = forced("chat", "<|channel|>final<|message|>hi<|end|><|start|>assistant to="
+                         "functions.get_weather<|channel|>commentary json<|message|>{\\\"city\\\": "
+                         "\\\"Paris\\\"}", extra);
+        http_resp h = post("/v1/chat/completions", b);
+        char r[512], c[512];
+        parts(h.body, r, c, sizeof(r));
+        CHECKF(h.status == 200 && h.body && strstr(h.body, "get_weather") && !strstr(h.body, "<|") &&
+               (!strcmp(c, "hi") || !*c) && !*r, "final then call%s: %d content '%s': %s",
+               stream ? " streamed" : "", h.status, c, h.body ? h.body : "");
+        http_resp_free(&h);
+        free(b);
+    }
+}
+
 /* A call sent back with its reasoning and a content too (a preamble, or a
  * client's habit): gpt-oss's template refuses content beside thinking in a
  * call's message; the content is dropped, as llama-server does. */
@@ -585,6 +607,7 @@ int main(int argc, char **argv)
             test_tool_call();
             test_forced_call();
             test_call_with_content();
+            test_final_then_call();
             test_next_turn();
             test_tool_turn();
         }

@@ -102,9 +102,11 @@ static bool send_ready(srv_stream_choice *c, srv_buf *out)
     bool ok = true;
     if (c->think && !send_reasoning(c, false, out, &ok))
         return ok;
-    size_t upto = c->think ? KVC_MIN(c->c_end, c->len) : c->len, k = c->lp_sent;
+    size_t upto = c->len, k = c->lp_sent;
     if (c->tools)
         upto -= kvc_tool_calls_holdback(c->tool_format, c->text, c->len);
+    if (c->think)                              /* harmony: the final message's end */
+        upto = KVC_MIN(upto, c->c_end);
     if (c->model) {
         while (k < c->n_lp && c->lp_at[k] <= upto)
             k++;
