@@ -106,12 +106,6 @@ static void test_holdback(void)
     CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_MISTRAL, t, strlen(t)), 6);
     t = "<|channel|>commentary to=func";
     CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_HARMONY, t, strlen(t)), 7);
-    /* forcing a call is not offered for harmony: a clear error */
-    char *g = NULL;
-    kvc_err e = { 0 };
-    CHECK(kvc_tool_calls_grammar(KVC_TOOLS_HARMONY, "[{\"type\":\"function\",\"function\":"
-                                 "{\"name\":\"f\"}}]", NULL, false, &g, &e) == KVC_ERR_INVALID_ARG &&
-          !g && strstr(e.msg, "harmony"));
 }
 
 /* Whether grammar g accepts text whole. */
@@ -122,6 +116,41 @@ static bool accepts(const kvc_grammar *g, const char *text)
               kvc_gmatch_is_complete(m);
     kvc_gmatch_free(m);
     return ok;
+}
+
+/* Forcing a harmony call: one commentary message addressed to a function,
+ * its parameters as the arguments; a name harmony cannot address is a
+ * clear error. */
+static void test_harmony_grammar(void)
+{
+    char *g = NULL;
+    kvc_err e = { 0 };
+    CHECK(kvc_tool_calls_grammar(KVC_TOOLS_HARMONY, "[{\"type\":\"function\",\"function\":"
+                                 "{\"name\":\"a b\"}}]", NULL, false, &g, &e) == KVC_ERR_INVALID_ARG &&
+          !g && strstr(e.msg, "harmony") && strstr(e.msg, "a b"));
+    static const char t[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+        "\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]";
+    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_HARMONY, t, NULL, true, &g, &e) == KVC_OK, "%s", e.msg);
+    kvc_grammar *gr = NULL;
+    CHECKF(g && kvc_grammar_parse(g, strlen(g), &gr, &e) == KVC_OK, "%s: %s", g ? g : "", e.msg);
+    free(g);
+    if (!gr)
+        return;
+    const char *call = "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                       "<|message|>{\"city\": \"Paris\"}";
+    CHECK(accepts(gr, call));
+    CHECK(accepts(gr, "<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{}"));
+    CHECK(!accepts(gr, "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                       "<|message|>{}"));                          /* city is required */
+    CHECK(!accepts(gr, "<|channel|>final<|message|>hi"));
+    char *calls = NULL, *content = NULL;
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_HARMONY, call, strlen(call), 1, 8, &calls, &content) == KVC_OK &&
+          calls && strstr(calls, "get_weather") && strstr(calls, "Paris"));
+    free(calls);
+    free(content);
+    kvc_grammar_free(gr);
 }
 
 static const char tools[] =
@@ -236,6 +265,7 @@ int main(void)
     test_parse();
     test_holdback();
     test_grammar();
+    test_harmony_grammar();
     test_detect();
     return test_done("test_tool_calls");
 }

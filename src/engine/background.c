@@ -46,7 +46,9 @@ static bool append_reply(kvc_request *r, const char *text, const char *tool_call
     if (r->chat.split_reasoning)
         sp = kvc_think_find(text, len, r->chat.reasoning_mode, true);
     bool split = sp.state == KVC_THINK_OPEN || sp.state == KVC_THINK_CLOSED;
-    m->content = strdup(split ? text + sp.c_begin : text);
+    /* the content as the client got it (harmony: without markup) */
+    m->content = r->chat.split_reasoning ? strndup(text + sp.c_begin, sp.c_end - sp.c_begin)
+                                         : strdup(text);
     if (split)
         m->reasoning_content = strndup(text + sp.r_begin, sp.r_end - sp.r_begin);
     if (tool_calls)

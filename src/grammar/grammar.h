@@ -53,8 +53,9 @@
  *                       root ::= "<tool_call>\n" ( call-a | call-b ) "\n</tool_call>"
  *                   (parallel_tool_calls: several, joined by "\n"), and
  *                   kvc_grammar_parse of the whole text. Special tokens such as
- *                   Qwen's <tool_call> (user-defined) are in the trie by their
- *                   text, so the model may use them.
+ *                   Qwen's <tool_call> (user-defined) and harmony's markup
+ *                   (kvc_tokenizer_is_markup) are in the trie by their text,
+ *                   so the model may use them.
  *   admission       kvc_grammar_check_cost(g, vocab, ...) on the worker
  *                   thread: over a cost limit, a 400 with err.msg.
  *   per choice      kvc_gmatch_new(g, vocab); n > 1: kvc_gmatch_clone.

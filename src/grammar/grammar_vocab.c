@@ -86,8 +86,9 @@ static int read_pieces(kvc_gvocab *v, const kvc_tokenizer *tok, kvc_err *err)
             v->eog[v->n_eog++] = id;
             continue;
         }
-        if (type == KVC_TOKEN_CONTROL || type == KVC_TOKEN_UNKNOWN || type == KVC_TOKEN_UNUSED)
-            continue;
+        if ((type == KVC_TOKEN_CONTROL && !kvc_tokenizer_is_markup(tok, id)) ||
+            type == KVC_TOKEN_UNKNOWN || type == KVC_TOKEN_UNUSED)
+            continue;                          /* markup a reply keeps is text (harmony) */
         int n;
         while ((n = kvc_token_to_piece(tok, id, false, v->pieces + len, (int)(cap - len))) > (int)(cap - len)) {
             char *p = realloc(v->pieces, 2 * cap);

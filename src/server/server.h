@@ -662,6 +662,8 @@ typedef struct srv_stream_choice {   /* the fields are private to server_stream.
     int                think_open;     /* ... written so (srv_request's) ... */
     size_t             r_sent;         /* ... text[0, r_sent) looked at for it */
     bool               content_begun;  /* content went out: its start is fixed */
+    size_t             c_end;          /* with think: where the content may go up to
+                                        * (harmony: its final message's end) */
 } srv_stream_choice;
 
 /* Set c up (zeroed first) for the choice head names. */

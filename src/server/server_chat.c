@@ -59,14 +59,14 @@ void srv_reply_only_calls(srv_reply *rp)
 void srv_reply_think(srv_reply *rp, int mode)
 {
     kvc_think_span sp = kvc_think_find(rp->content, rp->n_content, mode, true);
-    if (sp.state != KVC_THINK_OPEN && sp.state != KVC_THINK_CLOSED)
+    if (sp.state != KVC_THINK_OPEN && sp.state != KVC_THINK_CLOSED && mode != KVC_THINK_HARMONY)
         return;
-    if (sp.r_end > sp.r_begin || mode != KVC_THINK_HARMONY) {  /* harmony: an analysis came */
-        rp->reasoning = rp->content + sp.r_begin;
+    if (sp.r_end > sp.r_begin || (mode != KVC_THINK_HARMONY && sp.state != KVC_THINK_NONE)) {
+        rp->reasoning = rp->content + sp.r_begin;   /* harmony: an analysis came */
         rp->n_reasoning = sp.r_end - sp.r_begin;
     }
-    rp->content += sp.c_begin;
-    rp->n_content -= sp.c_begin;
+    rp->content += sp.c_begin;                  /* harmony: up to the final message's end */
+    rp->n_content = sp.c_end > sp.c_begin ? sp.c_end - sp.c_begin : 0;
 }
 
 /* ================================================================ pieces */

@@ -561,7 +561,9 @@ int srv_parse_chat(srv_request *r, void *root_json, const srv_limits *lim, srv_e
     if ((rc = parse_messages(r, root, lim->max_messages, e)) ||
         (rc = parse_common(r, root, lim, e)))
         return rc;
-    r->think = r->think && (lim->think_tags || lim->think_harmony);
+    /* harmony's channels are the reply's structure: always parsed, so that no
+     * markup reaches the content (the analysis goes to the reasoning) */
+    r->think = (r->think && lim->think_tags) || lim->think_harmony;
     return srv_agent_parse(r, root, lim, false, e);
 }
 

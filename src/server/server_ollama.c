@@ -743,7 +743,8 @@ char *srv_ollama_show_json(const srv_model_desc *d, const char *body, size_t len
     cJSON_AddItemToArray(caps, cJSON_CreateString("completion"));
     if (d->chat_template && strstr(d->chat_template, "tools"))
         cJSON_AddItemToArray(caps, cJSON_CreateString("tools"));
-    if (d->chat_template && strstr(d->chat_template, "<think>"))
+    if (d->chat_template && (strstr(d->chat_template, "<think>") ||
+                             strstr(d->chat_template, "<|channel|>")))   /* harmony */
         cJSON_AddItemToArray(caps, cJSON_CreateString("thinking"));
     rfc3339(d->modified, at, sizeof(at));
     cJSON_AddStringToObject(o, "modified_at", at);

@@ -93,6 +93,7 @@ static bool send_reasoning(srv_stream_choice *c, bool final, srv_buf *out, bool 
         return false;
     if (!c->content_begun)
         c->sent = KVC_MAX(c->sent, sp.c_begin);
+    c->c_end = sp.c_end;
     return true;
 }
 
@@ -104,6 +105,8 @@ static bool send_ready(srv_stream_choice *c, srv_buf *out)
     size_t upto = c->len, k = c->lp_sent;
     if (c->tools)
         upto -= kvc_tool_calls_holdback(c->tool_format, c->text, c->len);
+    if (c->think)                              /* harmony: the final message's end */
+        upto = KVC_MIN(upto, c->c_end);
     if (c->model) {
         while (k < c->n_lp && c->lp_at[k] <= upto)
             k++;
@@ -129,15 +132,18 @@ static bool send_end(srv_stream_choice *c, const kvc_event *done, srv_buf *out)
     bool ok = true;
     if (c->forced_calls)
         srv_reply_only_calls(&rp);
+    size_t end = c->len;
     if (c->think) {
         srv_reply_think(&rp, c->think_open);
+        c->c_end = c->len;
         send_reasoning(c, true, out, &ok);
+        end = KVC_MIN(c->c_end, c->len);        /* harmony: the final message's end */
         if (!c->content_begun && !rp.n_content)
             c->sent = c->len;                  /* nothing but reasoning */
     }
-    if (!rp.tool_calls && c->len > c->sent) {
+    if (!rp.tool_calls && end > c->sent) {
         cJSON *lp = logprobs_of(c, c->lp, c->lp_sent, c->n_lp);
-        ok = d->sse_text(&c->em, SRV_CONTENT, c->text + c->sent, c->len - c->sent, lp, out);
+        ok = d->sse_text(&c->em, SRV_CONTENT, c->text + c->sent, end - c->sent, lp, out);
         c->sent = c->len;
         c->lp_sent = c->n_lp;
     }

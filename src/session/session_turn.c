@@ -717,10 +717,13 @@ static int note_token_end(kvc_turn *t)
 }
 
 /* A token that ends the reply: end of generation, or any control token (the
- * template's markup, "<|im_start|>"): its text is not shown in a reply. */
+ * template's markup, "<|im_start|>"): its text is not shown in a reply.
+ * Markup a reply keeps (harmony's channels, kvc_tokenizer_is_markup) goes
+ * on: its text enters the reply for the server's parsers. */
 static bool ends_reply(const kvc_tokenizer *tok, int32_t id)
 {
-    return kvc_tokenizer_is_eog(tok, id) || kvc_tokenizer_token_type(tok, id) == KVC_TOKEN_CONTROL;
+    return kvc_tokenizer_is_eog(tok, id) || (kvc_tokenizer_token_type(tok, id) == KVC_TOKEN_CONTROL &&
+                                             !kvc_tokenizer_is_markup(tok, id));
 }
 
 /* Logits for the next token are here: sample it, stream its text, decide. */

@@ -257,7 +257,10 @@ int kvc_chat_kwargs_merge(const char *defaults, const char *request, char **out,
 }
 
 /* thinking: reasoning_content is also given as "thinking" (harmony templates
- * read that, as llama-server gives it). */
+ * read that, as llama-server gives it); a message with calls and reasoning
+ * then goes without its content, which gpt-oss's template refuses beside
+ * thinking ("Cannot pass both content and thinking"), as llama-server
+ * drops it. */
 static int build_data(const kvc_chat_message *msgs, size_t n, const char *tools_json,
                       const char *kwargs_json, bool thinking, jbuf *b, kvc_err *err)
 {
@@ -282,7 +285,8 @@ static int build_data(const kvc_chat_message *msgs, size_t n, const char *tools_
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "chat message %zu: empty role", i);
         jb_puts(b, i ? ", {\"role\": " : "{\"role\": ");
         jb_string(b, m->role);
-        jb_field(b, "content", m->content ? m->content : "");
+        bool drop = thinking && m->reasoning_content && *m->reasoning_content && m->tool_calls_json;
+        jb_field(b, "content", m->content && !drop ? m->content : "");
         jb_field(b, "name", m->name);
         jb_field(b, "tool_call_id", m->tool_call_id);
         jb_field(b, "reasoning_content", m->reasoning_content);

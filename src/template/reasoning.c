@@ -33,13 +33,32 @@ static size_t find_tag(const char *text, size_t from, size_t len, const char *ta
 
 static const char CHANNEL[] = "<|channel|>", ANALYSIS[] = "<|channel|>analysis<|message|>",
                   FINAL[] = "<|channel|>final<|message|>", END[] = "<|end|>",
-                  START[] = "<|start|>assistant";
+                  START[] = "<|start|>assistant", RECIPIENT[] = " to=";
 
 /* Whether text[0, len) and tag agree as far as both go. */
 static bool prefix_of(const char *text, size_t len, const char *tag)
 {
     size_t t = strlen(tag);
     return !memcmp(text, tag, len < t ? len : t);
+}
+
+static const char *const MARKUP[] = { "<|end|>", "<|start|>", "<|channel|>", "<|message|>",
+                                      "<|constrain|>", "<|return|>", "<|call|>" };
+
+/* Where harmony content from `from` ends: at the first markup, else len (not
+ * final: before a tail that may still become markup). */
+static size_t harmony_content_end(const char *text, size_t from, size_t len, bool final)
+{
+    size_t end = len, hold = 0;
+    for (size_t i = 0; i < sizeof(MARKUP) / sizeof(MARKUP[0]); i++) {
+        size_t at = find_tag(text, from, end, MARKUP[i]);
+        end = at < end ? at : end;
+    }
+    for (size_t i = 0; !final && end == len && i < sizeof(MARKUP) / sizeof(MARKUP[0]); i++) {
+        size_t k = partial_tag(text, from, len, MARKUP[i]);
+        hold = k > hold ? k : hold;
+    }
+    return end - hold;
 }
 
 static kvc_think_span harmony_find(const char *text, size_t len, bool final)
@@ -51,12 +70,24 @@ static kvc_think_span harmony_find(const char *text, size_t len, bool final)
     const char *p = text + at;
     size_t rest = len - at;
     if (!final && ((rest < sizeof(ANALYSIS) - 1 && prefix_of(p, rest, ANALYSIS)) ||
-                   (rest < sizeof(FINAL) - 1 && prefix_of(p, rest, FINAL)))) {
-        s.state = KVC_THINK_UNDECIDED;         /* "<|chan", "<|channel|>analy", ... */
+                   (rest < sizeof(FINAL) - 1 && prefix_of(p, rest, FINAL)) ||
+                   (rest < sizeof(RECIPIENT) - 1 && prefix_of(p, rest, RECIPIENT)))) {
+        s.state = KVC_THINK_UNDECIDED;         /* "<|chan", "<|channel|>analy", " t", ... */
+        return s;
+    }
+    if (rest >= sizeof(RECIPIENT) - 1 && !memcmp(p, RECIPIENT, sizeof(RECIPIENT) - 1)) {
+        /* the header names a recipient ("<|start|>assistant to=functions.f
+         * <|channel|>commentary json<|message|>..."): a call, not content */
+        s.state = KVC_THINK_CLOSED;
+        s.r_begin = s.r_end = at;
+        size_t f = find_tag(text, at, len, FINAL);
+        s.c_begin = f == len ? len : f + sizeof(FINAL) - 1;
+        s.c_end = harmony_content_end(text, s.c_begin, len, final);
         return s;
     }
     if (rest < sizeof(CHANNEL) - 1 || memcmp(p, CHANNEL, sizeof(CHANNEL) - 1)) {
-        s.state = KVC_THINK_NONE;              /* no channel: all of it is content */
+        s.state = KVC_THINK_NONE;              /* no channel: content up to any markup */
+        s.c_end = harmony_content_end(text, 0, len, final);
         return s;
     }
     size_t after = at;                         /* where the reasoning ends */
@@ -67,7 +98,7 @@ static kvc_think_span harmony_find(const char *text, size_t len, bool final)
         if (end == len) {
             s.state = KVC_THINK_OPEN;
             s.r_end = final ? len : len - partial_tag(text, s.r_begin, len, END);
-            s.c_begin = len;
+            s.c_begin = s.c_end = len;
             return s;
         }
         s.r_end = end;
@@ -76,6 +107,7 @@ static kvc_think_span harmony_find(const char *text, size_t len, bool final)
     s.state = KVC_THINK_CLOSED;
     size_t f = find_tag(text, after, len, FINAL);
     s.c_begin = f == len ? len : f + sizeof(FINAL) - 1;
+    s.c_end = harmony_content_end(text, s.c_begin, len, final);
     return s;
 }
 
@@ -84,7 +116,7 @@ kvc_think_span kvc_think_find(const char *text, size_t len, int mode, bool final
     if (mode == KVC_THINK_HARMONY)
         return harmony_find(text, len, final);
     bool open = mode == KVC_THINK_INSIDE;
-    kvc_think_span s = { 0 };
+    kvc_think_span s = { .c_end = len };
     size_t at = 0;
     if (!open) {
         while (at < len && space(text[at]))

@@ -7,9 +7,12 @@
  * "<|start|>assistant") is a run of messages "<|channel|>NAME<|message|>
  * TEXT<|end|><|start|>assistant...". The reasoning is the text of a first
  * "analysis" message, the content the text after "<|channel|>final
- * <|message|>"; anything else (a commentary message that calls a tool:
- * tool_calls.h's HARMONY format) is neither. A reply without a channel is
- * all content.
+ * <|message|>" up to the next markup (<|end|>, <|start|>, ...); anything
+ * else (a commentary message that calls a tool: tool_calls.h's HARMONY
+ * format) is neither. A reply without a channel is content up to its first
+ * markup: no harmony markup is ever part of the reasoning or the content.
+ * With a gpt-oss vocabulary the markup comes as whole tokens
+ * (kvc_tokenizer_is_markup) that the reply's text keeps for this parser.
  *
  * A reply either begins inside the thinking block (the template's
  * generation prompt ended with "<think>": `open`) or may begin with
@@ -45,6 +48,9 @@ typedef struct kvc_think_span {
                                   "</think>") */
     size_t c_begin;            /* NONE or CLOSED: where the content starts (len when
                                   nothing of it came yet) */
+    size_t c_end;              /* where it ends: len, but for harmony the end of the
+                                  final message (the first markup after c_begin), and
+                                  while not final, before what may begin markup */
 } kvc_think_span;
 
 /* The span of text[0, len) written in `mode` (enum kvc_think_mode; a bool

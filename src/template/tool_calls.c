@@ -420,6 +420,38 @@ static int call_rules(const cJSON *fn, int i, const char *key, char **out, kvc_e
     return KVC_OK;
 }
 
+/* Harmony's rules for function fn (the i-th): "args-i", its parameters as
+ * JSON, and in *alt the call's message with them:
+ *   "<|channel|>commentary to=functions.f <|constrain|>json<|message|>" args-i
+ * The markup is spelled as text: a gpt-oss vocabulary has it as whole
+ * tokens in the grammar's trie (kvc_tokenizer_is_markup). */
+static int harmony_rules(const cJSON *fn, int i, char **out, char *alt, size_t cap, kvc_err *err)
+{
+    const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    if (!*name || strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+                      != strlen(name))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "tools: function name '%.80s' cannot be "
+                        "addressed in harmony (letters, digits, _ - . only)", name);
+    char *text = params && cJSON_IsObject(params) ? cJSON_PrintUnformatted(params)
+                                                  : strdup("{\"type\":\"object\"}");
+    char root[32], prefix[32];
+    snprintf(root, sizeof(root), "args-%d", i);
+    snprintf(prefix, sizeof(prefix), "f%d-", i);
+    kvc_schema_opts o = { .root = root, .prefix = prefix };
+    int rc = text ? kvc_schema_to_gbnf(text, strlen(text), &o, out, err)
+                  : kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+    free(text);
+    if (rc) {
+        char msg[sizeof(err->msg)];
+        memcpy(msg, err->msg, sizeof(msg));
+        return kvc_fail(err, rc, "tools: function '%.80s': %.400s", name, msg);
+    }
+    snprintf(alt, cap, "\"<|channel|>commentary to=functions.%.120s <|constrain|>json<|message|>\" %s",
+             name, root);
+    return KVC_OK;
+}
+
 int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only, bool parallel,
                            char **out, kvc_err *err)
 {
@@ -428,11 +460,6 @@ int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only,
     if (!cJSON_IsArray(tools)) {
         cJSON_Delete(tools);
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "tools must be a non-empty array");
-    }
-    if (format == KVC_TOOLS_HARMONY) {
-        cJSON_Delete(tools);
-        return kvc_fail(err, KVC_ERR_INVALID_ARG, "tool_choice: forcing a call is not supported "
-                        "for this template's tool-call format (harmony); use \"auto\"");
     }
     const char *key = format == KVC_TOOLS_LLAMA3 ? "parameters" : "arguments";
     char *g = NULL, *alts = NULL;
@@ -446,11 +473,13 @@ int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only,
         i++;
         if (!cJSON_IsString(name) || (only && strcmp(only, name->valuestring)))
             continue;
-        char *rules = NULL;
-        if ((rc = call_rules(fn, i, key, &rules, err)))
+        char *rules = NULL, ref[256], call[224];
+        if (format == KVC_TOOLS_HARMONY ? (rc = harmony_rules(fn, i, &rules, call, sizeof(call), err))
+                                        : (rc = call_rules(fn, i, key, &rules, err)))
             break;
-        char ref[48];
-        snprintf(ref, sizeof(ref), "%scall-%d", n ? " | " : "", i);
+        if (format != KVC_TOOLS_HARMONY)
+            snprintf(call, sizeof(call), "call-%d", i);
+        snprintf(ref, sizeof(ref), "%s%s", n ? " | " : "", call);
         kvc_text_append(&g, &gl, &gc, &oom, rules, strlen(rules));
         kvc_text_append(&g, &gl, &gc, &oom, "\n", 1);
         kvc_text_append(&alts, &al, &ac, &oom, ref, strlen(ref));
@@ -471,6 +500,8 @@ int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only,
         else if (format == KVC_TOOLS_HERMES)
             snprintf(head, sizeof(head), "root ::= tc ( \"\\n\" tc )%s\n"
                      "tc ::= \"<tool_call>\\n\" calls \"\\n</tool_call>\"\n", rep);
+        else if (format == KVC_TOOLS_HARMONY)   /* one call: <|call|> ends the reply */
+            snprintf(head, sizeof(head), "root ::= calls\n");
         else if (format == KVC_TOOLS_MISTRAL)
             snprintf(head, sizeof(head), "root ::= \"[TOOL_CALLS][\" calls %s%s%s \"]\"\n",
                      parallel ? "( \", \" calls )" : "", rep, "");

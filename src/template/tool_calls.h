@@ -27,7 +27,7 @@ enum kvc_tool_format {
     KVC_TOOLS_HERMES = 0,    /* also the default when nothing is recognised */
     KVC_TOOLS_LLAMA3 = 1,
     KVC_TOOLS_MISTRAL = 2,
-    KVC_TOOLS_HARMONY = 3,   /* no forcing grammar: tool_choice required is refused */
+    KVC_TOOLS_HARMONY = 3,   /* forcing: one commentary message to=functions.NAME */
 };
 
 /* The format template t renders tool calls in (HERMES when not recognised). */
@@ -53,7 +53,8 @@ int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_
 size_t kvc_tool_calls_holdback(int format, const char *text, size_t len);
 
 /* The grammar (grammar.h dialect, start "root") of a reply that is only tool
- * calls in `format`: one call (several when parallel, up to 8) of the
+ * calls in `format`: one call (several when parallel, up to 8; harmony:
+ * always one, a commentary message to=functions.NAME) of the
  * functions of tools_json (the request's tools array) whose name is `only`
  * (NULL = any of them); each call's arguments follow the function's
  * "parameters" schema. *out malloc'd. KVC_ERR_INVALID_ARG naming what is

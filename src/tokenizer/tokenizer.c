@@ -124,6 +124,11 @@ bool kvc_tokenizer_is_eog(const kvc_tokenizer *t, int32_t id)
     return id >= 0 && id < t->n_vocab && (t->attr[id] & TOK_ATTR_EOG);
 }
 
+bool kvc_tokenizer_is_markup(const kvc_tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_vocab && (t->attr[id] & TOK_ATTR_MARKUP);
+}
+
 int kvc_tokenizer_token_type(const kvc_tokenizer *t, int32_t id)
 {
     return id >= 0 && id < t->n_vocab ? t->type[id] : KVC_TOKEN_UNDEFINED;
@@ -320,10 +325,12 @@ int64_t kvc_tokenize_data(const kvc_tokenizer *t, const char *text, size_t len,
 
 /* ================================================================ detokenize */
 
-/* The bytes token id stands for; "" for control/unknown unless render. */
+/* The bytes token id stands for; "" for control/unknown unless render (or
+ * markup a reply keeps). */
 static const char *piece_of(const kvc_tokenizer *t, int32_t id, bool render, size_t *n)
 {
-    if (!render && (t->attr[id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN))) {
+    if (!render && (t->attr[id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)) &&
+        !(t->attr[id] & TOK_ATTR_MARKUP)) {
         *n = 0;
         return "";
     }

@@ -52,6 +52,14 @@ bool    kvc_tokenizer_add_eos(const kvc_tokenizer *t);
  * <end_of_turn>, <|endoftext|>, </s>, <|eom_id|>, <|end_of_text|>, <eos>, ...);
  * like llama.cpp, such a token is made a control token whatever its stored type. */
 bool    kvc_tokenizer_is_eog(const kvc_tokenizer *t, int32_t id);
+/* Markup a reply keeps: a control token that does not end the reply and whose
+ * text is written into it (kvc_token_to_piece renders it whatever
+ * render_special says), for a parser of the template's format to read. Only
+ * o200k_harmony's (gpt-oss) <|channel|> <|message|> <|start|> <|constrain|>
+ * <|end|>, in a vocabulary whose <|return|> and <|call|> end generation; its
+ * <|end|> is then not an end of generation (llama.cpp's rule). Tokenizing
+ * still reads them as control tokens (parse_special only). */
+bool    kvc_tokenizer_is_markup(const kvc_tokenizer *t, int32_t id);
 int     kvc_tokenizer_token_type(const kvc_tokenizer *t, int32_t id); /* after that override */
 /* The token's text as stored in the vocabulary (not decoded); NULL if id is out of range. */
 const char *kvc_tokenizer_token_text(const kvc_tokenizer *t, int32_t id);
@@ -95,7 +103,8 @@ int64_t kvc_tokenize_data(const kvc_tokenizer *t, const char *text, size_t len,
 
 /* The bytes a token stands for: U+2581 -> ' ', <0xXX> -> the byte, byte-level
  * BPE code points -> bytes; unused tokens give "". Control and unknown tokens
- * give "" unless render_special (then their text). No NUL is written.
+ * give "" unless render_special (then their text), except markup a reply
+ * keeps (kvc_tokenizer_is_markup): always its text. No NUL is written.
  * Returns the length; when it exceeds cap nothing is written (call again with
  * a bigger buffer). Negative for an id out of range. */
 int kvc_token_to_piece(const kvc_tokenizer *t, int32_t id, bool render_special,

@@ -26,6 +26,7 @@ enum tok_attr {
     TOK_ATTR_LSTRIP       = 1 << 7,  /* eat whitespace left of the special token */
     TOK_ATTR_RSTRIP       = 1 << 8,  /* eat whitespace right of it */
     TOK_ATTR_EOG          = 1 << 9,  /* ends generation */
+    TOK_ATTR_MARKUP       = 1 << 10, /* a control token a reply keeps as text (harmony) */
 };
 
 /* Open-addressing hash table from a string key to an int32 value. The keys

@@ -205,6 +205,28 @@ static void mark_eog(kvc_tokenizer *t)
             t->attr[ids[i]] |= TOK_ATTR_EOG;
 }
 
+/* o200k_harmony (gpt-oss): a reply is a run of messages, "<|channel|>analysis
+ * <|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...", and
+ * only <|return|> and <|call|> end it. A vocabulary with both (llama.cpp's
+ * test) takes <|end|> off the end-of-generation list, and marks the harmony
+ * markup (<|channel|>, <|message|>, <|start|>, <|constrain|>, <|end|>) as
+ * text a reply keeps: they stay control tokens for tokenizing (caller text
+ * never becomes markup), but are written into the reply, where the harmony
+ * parsers (reasoning.h, tool_calls.h) read them and the client never sees them. */
+static void mark_harmony(kvc_tokenizer *t)
+{
+    static const char *const markup[] = { "<|channel|>", "<|message|>", "<|start|>",
+                                          "<|constrain|>", "<|end|>" };
+    int32_t ret = kvc_tokenizer_find(t, "<|return|>"), call = kvc_tokenizer_find(t, "<|call|>");
+    if (ret < 0 || call < 0 || !(t->attr[ret] & TOK_ATTR_EOG) || !(t->attr[call] & TOK_ATTR_EOG))
+        return;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(markup); i++) {
+        int32_t id = kvc_tokenizer_find(t, markup[i]);
+        if (id >= 0 && (t->attr[id] & TOK_ATTR_CONTROL))
+            t->attr[id] = (uint16_t)((t->attr[id] & ~TOK_ATTR_EOG) | TOK_ATTR_MARKUP);
+    }
+}
+
 static int cmp_special(const void *a, const void *b)
 {
     const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -373,6 +395,7 @@ int kvc_tokenizer_load(const gguf_file *f, kvc_tokenizer **out, kvc_err *err)
         rc = load_flags(t, f, err);
     if (rc == KVC_OK) {
         mark_eog(t);
+        mark_harmony(t);
         rc = collect_specials(t);
         if (rc != KVC_OK)
             kvc_fail(err, rc, "out of memory");
