@@ -307,8 +307,9 @@ static void with_key(const char *src, const char *dst, const char *key, uint32_t
 
 /* Gemma 4 (make-model's tiny-gemma4): the per-layer sliding pattern, each
  * kind's head size, KV heads and rotated dims, K = V on the global layers,
- * the experts beside the dense FFN, proportional rope_freqs; per-layer
- * embeddings and KV-shared layers are refused by name (not run yet). */
+ * the experts beside the dense FFN, proportional rope_freqs, per-layer
+ * embeddings when asked for (a key without its tensors is refused by name);
+ * KV-shared layers are refused by name (not run yet). */
 static void test_gemma4(void)
 {
     char path[sizeof(dir) + 32], bad[sizeof(dir) + 32], msg[512];
@@ -341,11 +342,23 @@ static void test_gemma4(void)
     }
     CHECK(m->rope_freqs && m->rope_freqs[3] == 1.0f && m->rope_freqs[4] > 1e29f);
     CHECK(m->hp.emb_scale == 8.0f && m->hp.logit_softcap == 30.0f);
+    CHECK(!m->ple_embd.data && !m->layers[0].ple_gate.data);
     kvc_model_release(m);
+    p.n_embd_per_layer = 16;
+    CHECKF(kvc_gen_model(&p, bad, &err) == KVC_OK, "%s", err.msg);
+    CHECKF(load(bad, &m, msg, sizeof(msg)) == KVC_OK, "%s", msg);
+    if (m) {
+        CHECK(m->hp.n_embd_per_layer == 16 && m->ple_embd.n_in == 16 * 9 && m->ple_proj.n_out == 16 * 9 &&
+              m->ple_proj_norm);
+        for (int il = 0; il < m->hp.n_layer; il++)
+            CHECK(m->layers[il].ple_gate.n_out == 16 && m->layers[il].ple_out.n_in == 16 &&
+                  m->layers[il].ple_post_norm);
+        kvc_model_release(m);
+    }
 
-    with_key(path, bad, "gemma4.embedding_length_per_layer_input", 16);
-    CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_UNSUPPORTED);
-    CHECKF(strstr(msg, "per-layer embeddings") && strstr(msg, "not supported yet"), "%s", msg);
+    with_key(path, bad, "gemma4.embedding_length_per_layer_input", 16);   /* without its tensors */
+    CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_NOT_FOUND);
+    CHECKF(strstr(msg, "tensor per_layer_token_embd.weight missing"), "%s", msg);
     with_key(path, bad, "gemma4.attention.shared_kv_layers", 3);
     CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_UNSUPPORTED);
     CHECKF(strstr(msg, "KV-shared layers") && strstr(msg, "not supported yet"), "%s", msg);

@@ -219,6 +219,10 @@ static const kvc_arch_tensor t_attn_g4[] = {
     MAT("attn_v.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, OPT, wv),
     MAT("attn_output.weight", KVC_D_Q,    KVC_D_EMBD, KVC_ON_ATTN, 0, wo),
     VEC("layer_output_scale.weight", KVC_D1,         KVC_ON_ALL, OPT, out_scale),
+    /* per-layer embeddings (required with embedding_length_per_layer_input > 0) */
+    MAT("inp_gate.weight",  KVC_D_EMBD, KVC_D_PLE, KVC_ON_ALL, OPT, ple_gate),
+    MAT("proj.weight",      KVC_D_PLE, KVC_D_EMBD, KVC_ON_ALL, OPT, ple_out),
+    VEC("post_norm.weight", KVC_D_EMBD,            KVC_ON_ALL, OPT, ple_post_norm),
     { 0 }
 };
 
@@ -311,6 +315,13 @@ const kvc_arch_tensor kvc_arch_globals[] = {
       offsetof(kvc_model, output_norm) },
     { "output.weight",      { KVC_D_EMBD, KVC_D_VOCAB, KVC_D1 }, KVC_ON_ALL, OPT, 0,
       offsetof(kvc_model, output) },
+    /* Gemma 4's per-layer embeddings (required with embedding_length_per_layer_input > 0) */
+    { "per_layer_token_embd.weight", { KVC_D_PLE_ALL, KVC_D_VOCAB, KVC_D1 }, KVC_ON_ALL, OPT, 0,
+      offsetof(kvc_model, ple_embd) },
+    { "per_layer_model_proj.weight", { KVC_D_EMBD, KVC_D_PLE_ALL, KVC_D1 }, KVC_ON_ALL, OPT, 0,
+      offsetof(kvc_model, ple_proj) },
+    { "per_layer_proj_norm.weight",  { KVC_D_PLE, KVC_D1, KVC_D1 }, KVC_ON_ALL, OPT, 1,
+      offsetof(kvc_model, ple_proj_norm) },
     { 0 }
 };
 

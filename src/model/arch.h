@@ -69,6 +69,8 @@ typedef enum kvc_dim {
     KVC_D_FF_EXP2,           /* 2 * n_ff_exp (fused gate and up) */
     KVC_D_FF_SHEXP,          /* n_ff_shexp (the shared expert's width) */
     KVC_D_Q2,                /* 2 * n_head * head_dim (gated attention: query and gate rows) */
+    KVC_D_PLE,               /* n_embd_per_layer (Gemma 4's per-layer embeddings) */
+    KVC_D_PLE_ALL,           /* n_embd_per_layer * n_layer */
     /* recurrent layers (kvc_hparams' shortconv_l and ssm_*) */
     KVC_D_EMBD3,             /* 3 * n_embd (lfm2's in_proj: b, c, x) */
     KVC_D_CONV_L,            /* shortconv.l_cache (lfm2's kernel width) */

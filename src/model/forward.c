@@ -142,6 +142,10 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the experts' buffers");
     }
+    if (hp->n_embd_per_layer > 0 && kvc_ple_alloc(c) != KVC_OK) {
+        kvc_compute_free(c);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the per-layer embeddings' buffers");
+    }
     if (kvc_gdn_alloc(c) != KVC_OK ||
         (hp->arch->recurrent != KVC_ATTN_FULL && kvc_ssm_alloc(c) != KVC_OK)) {
         kvc_compute_free(c);
@@ -168,6 +172,7 @@ void kvc_compute_free(kvc_compute *c)
             kvc_free_aligned(c->krow[t]);
     }
     kvc_moe_free(c);
+    kvc_ple_free(c);
     kvc_gdn_free(c);
     kvc_ssm_free(c);
     kvc_threadpool_free(c->tp);
@@ -405,14 +410,23 @@ static void residual_add(const kvc_hparams *hp, float *x, float *h, const float 
     add_rows(x, h, hp->n_embd);
 }
 
-/* x += layer L's FFN output h (after its post-norm), then x *= the layer's
- * output scale where it has one (Gemma 4). */
+/* x += layer L's output h (after its post-norm: the FFN's, or with per-layer
+ * embeddings theirs, kvc_ple_step having added the FFN's), then x *= the
+ * layer's output scale where it has one (Gemma 4). */
 static void ffn_residual(const kvc_hparams *hp, const kvc_layer *L, float *x, float *h)
 {
-    residual_add(hp, x, h, NULL, L->post_ffn_norm);
+    residual_add(hp, x, h, NULL, L->ple_gate.data ? L->ple_post_norm : L->post_ffn_norm);
     if (L->out_scale)
         for (int32_t d = 0; d < hp->n_embd; d++)
             x[d] *= L->out_scale[0];
+}
+
+void kvc_fwd_ffn_residual_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const kvc_hparams *hp = &f->c->m->hp;
+    residual_add(hp, f->c->x + i * hp->n_embd, f->c->h + i * hp->n_embd, NULL,
+                 f->c->m->layers[f->layer].post_ffn_norm);
 }
 
 /* Row i: x += the previous layer's FFN output (none before layer 0), then the
@@ -667,6 +681,8 @@ static void layer_forward(fwd *f)
     f->row_bytes = kvc_kv_layer_row_bytes(f->pool, f->layer);   /* head sizes may differ per layer */
     attn_steps[L->attn](f);
     ffn_steps[L->ffn](f);
+    if (L->ple_gate.data)
+        kvc_ple_step(f);
 }
 
 /* Check the batch against the rules of kvc_compute_forward before touching
@@ -742,6 +758,7 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
               kvc_kv_block_tokens(pool), make_tiles(c, items, n), kvc_kv_row_bytes(pool), false };
 
     kvc_threadpool_run(c->tp, n, embed_task, &f);
+    kvc_ple_inputs(&f);
     for (f.layer = 0; f.layer < hp->n_layer && !atomic_load(&f.failed); f.layer++)
         layer_forward(&f);
     if (atomic_load(&f.failed))

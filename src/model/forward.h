@@ -66,6 +66,14 @@ typedef struct kvc_ssm_buf {
     int32_t  n_seq;       /* sequences in the batch */
 } kvc_ssm_buf;
 
+/* The per-layer embeddings' buffers (forward_ple.c), sized at
+ * kvc_compute_new for max_batch tokens (all NULL without them). */
+typedef struct kvc_ple_buf {
+    float   *inp;         /* [n][n_layer][P] each token's input of each layer */
+    float   *row;         /* [n][n_layer * P] the token's per_layer_token_embd row */
+    float   *g;           /* [n][P] gelu(ple_gate x) * the layer's input */
+} kvc_ple_buf;
+
 /* One RoPE rotation, shared by the layers whose kvc_layer.rope names it: pair
  * i < n_rot / 2 turns by pos * freq[i] (base^(-2i/n_rot), with linear or YaRN
  * scaling folded in: the angle stays linear in the position, so a context
@@ -108,6 +116,7 @@ struct kvc_compute {
     kvc_moe_buf moe;      /* the mixture-of-experts step's buffers (forward_moe.c) */
     kvc_gdn_buf gdn;      /* the Gated DeltaNet step's buffers (forward_gdn.c) */
     kvc_ssm_buf ssm;      /* the recurrent steps' buffers (forward_ssm.c) */
+    kvc_ple_buf ple;      /* the per-layer embeddings' buffers (forward_ple.c) */
 };
 
 typedef struct fwd {
@@ -160,6 +169,17 @@ int  kvc_gdn_layers(kvc_model *m, kvc_err *err);
  * split out into c->q; after the attention, att *= sigmoid(gate). */
 void kvc_gated_qkv(fwd *f);
 void kvc_gated_out(fwd *f);
+
+/* Gemma 4's per-layer embeddings (forward_ple.c): each token's input of
+ * every layer, computed once after the embedding (c->x); and the step after a
+ * layer's FFN, which adds the FFN's output to x and leaves the per-layer
+ * embedding's output in h (added by the next residual, after ple_post_norm). */
+void kvc_ple_inputs(fwd *f);
+void kvc_ple_step(fwd *f);
+int  kvc_ple_alloc(kvc_compute *c);      /* KVC_OK, or KVC_ERR_NOMEM */
+void kvc_ple_free(kvc_compute *c);
+/* Row i: x += h after the FFN's post-norm (forward.c's residual add). */
+void kvc_fwd_ffn_residual_task(void *ctx, int64_t i, int thread);
 
 /* The mixture-of-experts FFN steps (forward_moe.c): experts (and a shared
  * expert), or experts beside a dense FFN (Gemma 4); and their buffers. */

@@ -230,10 +230,8 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
         hp->n_rot_swa < 2 || hp->n_rot_swa % 2 != 0 || hp->n_rot_swa > hp->head_dim_swa)
         return kvc_fail(err, KVC_ERR_UNSUPPORTED, "sliding layers' head dimension %d (value %d, rope %d) "
                         "not supported", hp->head_dim_swa, hp->value_dim_swa, hp->n_rot_swa);
-    if (hp->n_embd_per_layer > 0)
-        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "architecture %s: per-layer embeddings "
-                        "(embedding_length_per_layer_input %d) are not supported yet", a->name,
-                        hp->n_embd_per_layer);
+    if (hp->n_embd_per_layer < 0 || hp->n_embd_per_layer > lim / KVC_MAX(hp->n_layer, 1))
+        return kvc_fail(err, KVC_ERR_FORMAT, "bad embedding_length_per_layer_input %d", hp->n_embd_per_layer);
     if (hp->n_kv_shared > 0)
         return kvc_fail(err, KVC_ERR_UNSUPPORTED, "architecture %s: KV-shared layers "
                         "(attention.shared_kv_layers %d) are not supported yet", a->name, hp->n_kv_shared);
@@ -364,6 +362,8 @@ static int64_t dim_of(const kvc_hparams *hp, const kvc_layer *L, uint8_t d)
     case KVC_D_FF_EXP2:  return 2 * (int64_t)hp->n_ff_exp;
     case KVC_D_FF_SHEXP: return hp->n_ff_shexp;
     case KVC_D_Q2:       return 2 * (int64_t)(L ? L->n_head : hp->n_head) * hd;
+    case KVC_D_PLE:      return hp->n_embd_per_layer;
+    case KVC_D_PLE_ALL:  return (int64_t)hp->n_embd_per_layer * hp->n_layer;
     case KVC_D_EMBD3:    return 3 * (int64_t)hp->n_embd;
     case KVC_D_CONV_L:   return hp->shortconv_l;
     case KVC_D_SSM_CONV_K:   return hp->ssm_d_conv;
@@ -448,6 +448,9 @@ static int bind_layer(binder *b, int il)
     if (L->ffn != KVC_FFN_DENSE && !L->gate_up_exps.n && (!L->gate_exps.n || !L->up_exps.n))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
                         L->gate_exps.n ? "ffn_up_exps.weight" : "ffn_gate_exps.weight");
+    if (hp->n_embd_per_layer > 0 && (!L->ple_gate.data || !L->ple_out.data || !L->ple_post_norm))
+        return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
+                        !L->ple_gate.data ? "inp_gate.weight" : !L->ple_out.data ? "proj.weight" : "post_norm.weight");
     if (L->shexp_gate.data && (!L->shexp_up.data || !L->shexp_down.data))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.ffn_%s_shexp.weight missing", il,
                         L->shexp_up.data ? "down" : "up");
@@ -459,7 +462,7 @@ static int bind_layer(binder *b, int il)
 static int64_t owned_floats(const kvc_model *m)
 {
     const kvc_hparams *hp = &m->hp;
-    int64_t n = hp->n_embd;
+    int64_t n = hp->n_embd + hp->n_embd_per_layer;   /* output_norm, per_layer_proj_norm */
     for (int il = 0; il < hp->n_layer; il++)
         for (const kvc_arch_tensor *const *list = hp->arch->tensors; *list; list++)
             for (const kvc_arch_tensor *t = *list; t->name; t++)
@@ -494,6 +497,9 @@ static int bind_tensors(kvc_model *m, kvc_err *err)
         if ((rc = bind_one(&b, t, name, ne, !(t->flags & KVC_T_OPTIONAL), m)))
             return rc;
     }
+    if (hp->n_embd_per_layer > 0 && (!m->ple_embd.data || !m->ple_proj.data || !m->ple_proj_norm))
+        return kvc_fail(err, KVC_ERR_NOT_FOUND, "tensor %s missing", !m->ple_embd.data ? "per_layer_token_embd.weight"
+                        : !m->ple_proj.data ? "per_layer_model_proj.weight" : "per_layer_proj_norm.weight");
     if (!m->output.data) {
         m->output = m->tok_embd;
         m->hp.tied = true;

@@ -41,7 +41,8 @@ typedef struct kvc_hparams {
     int32_t  head_dim_swa;   /* attention.key_length_swa: the sliding layers' head size (0: head_dim) */
     int32_t  value_dim_swa;  /* attention.value_length_swa (must equal head_dim_swa) */
     int32_t  n_rot_swa;      /* rope.dimension_count_swa: the sliding layers' rotated dims (0: n_rot) */
-    int32_t  n_embd_per_layer; /* embedding_length_per_layer_input (Gemma 4 E models; not run yet) */
+    int32_t  n_embd_per_layer; /* embedding_length_per_layer_input: per-layer embeddings' width
+                              * (Gemma 4 E models; 0: none) */
     int32_t  n_kv_shared;    /* attention.shared_kv_layers (Gemma 4 E models; not run yet) */
     float    emb_scale;      /* embeddings x this (0: none) */
     float    logit_softcap;  /* final_logit_softcapping: logits = c tanh(logits / c) (0: none) */
@@ -125,6 +126,11 @@ typedef struct kvc_layer {
                                       * layer (Gemma 4), else NULL */
     bool         v_norm;             /* V rms-normed per head, no weight; V = K (before K's norm)
                                       * when wv is absent (Gemma 4) */
+    /* per-layer embeddings (Gemma 4 E models; empty: none): after the FFN's
+     * residual add, x += rms(ple_out(gelu(ple_gate x) * the layer's input), ple_post_norm) */
+    kvc_weight   ple_gate;           /* blk.N.inp_gate: n_embd -> P */
+    kvc_weight   ple_out;            /* blk.N.proj: P -> n_embd */
+    const float *ple_post_norm;      /* blk.N.post_norm [n_embd] */
     /* dense FFN */
     kvc_weight   w_gate;             /* n_embd -> n_ff */
     kvc_weight   w_up;               /* n_embd -> n_ff */
@@ -187,6 +193,9 @@ typedef struct kvc_model {
     const float   *output_norm;      /* [n_embd] */
     kvc_weight     output;           /* n_embd -> n_vocab (tok_embd when tied) */
     kvc_layer     *layers;           /* n_layer */
+    kvc_weight     ple_embd;         /* per_layer_token_embd: P * n_layer x n_vocab rows, or empty */
+    kvc_weight     ple_proj;         /* per_layer_model_proj: n_embd -> P * n_layer */
+    const float   *ple_proj_norm;    /* per_layer_proj_norm [P] */
     const float   *rope_freqs;       /* rope_freqs.weight: [n_rot / 2] divisors of the pairs'
                                         RoPE frequencies (Llama 3.1+), or NULL */
     float         *owned;            /* 1-D weights converted to f32 */

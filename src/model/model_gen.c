@@ -116,6 +116,7 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.n_ff = moe ? 2112 : 10240, p.n_vocab = 262144, p.n_ctx = moe ? 262144 : 131072;
         p.rope_theta = 1e6f, p.rope_theta_swa = 1e4f, p.logit_softcap = 30.0f;
         p.n_expert = moe ? 128 : 0, p.n_expert_used = moe ? 8 : 0, p.n_ff_exp = 704;
+        p.n_embd_per_layer = moe ? 0 : 256;
     } else if (strcmp(name, "tiny-qwen35") == 0 || strcmp(name, "tiny-qwen35moe") == 0) {
         const bool moe = strcmp(name, "tiny-qwen35moe") == 0;
         p.arch = moe ? "qwen35moe" : "qwen35", p.ftype = "f32", p.vocab = moe ? "spm" : "bpe";
@@ -410,9 +411,11 @@ static int check_gemma4(kvc_gen_params *q, kvc_err *err)
 {
     int rc;
     if (gen_arch(q->arch)->ffn != KVC_FFN_MOE_DENSE)
-        return q->head_dim_swa || q->n_head_kv_swa || q->n_rot_swa
+        return q->head_dim_swa || q->n_head_kv_swa || q->n_rot_swa || q->n_embd_per_layer
              ? kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\" has no sliding layers of their own shape "
                         "(head_dim_swa, n_head_kv_swa, n_rot_swa: gemma4)", q->arch) : KVC_OK;
+    if ((rc = check_dim("n_embd_per_layer", q->n_embd_per_layer, 0, GEN_MAX_DIM / q->n_layer, err)))
+        return rc;
     q->head_dim_swa = q->head_dim_swa ? q->head_dim_swa : q->head_dim;
     q->n_head_kv_swa = q->n_head_kv_swa ? q->n_head_kv_swa : q->n_head_kv;
     if ((rc = check_dim("head_dim_swa", q->head_dim_swa, 2, GEN_MAX_DIM, err)) ||
@@ -673,6 +676,8 @@ static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, int32_t kv, int
     case KVC_D_FF_EXP2:  return 2 * (int64_t)p->n_ff_exp;
     case KVC_D_FF_SHEXP: return p->n_ff_shexp ? p->n_ff_shexp : p->n_ff_exp;
     case KVC_D_Q2:       return 2 * (int64_t)p->n_head * hd;
+    case KVC_D_PLE:      return p->n_embd_per_layer;
+    case KVC_D_PLE_ALL:  return (int64_t)p->n_embd_per_layer * p->n_layer;
     case KVC_D_EMBD3:    return 3 * (int64_t)p->n_embd;
     case KVC_D_CONV_L:   return p->conv_l;
     case KVC_D_SSM_CONV_K: return p->ssm_d_conv;
@@ -700,6 +705,9 @@ static const struct { const char *arch, *name; } gen_optional[] = {
     { "qwen35moe", "ffn_down_shexp.weight" },
     { "gemma4", "layer_output_scale.weight" },
     { "gemma4", "attn_v.weight" },                  /* sliding layers only (gen_writes) */
+    { "gemma4", "inp_gate.weight" },                /* per-layer embeddings: with */
+    { "gemma4", "proj.weight" },                    /* n_embd_per_layer > 0 (gen_writes) */
+    { "gemma4", "post_norm.weight" },
 };
 
 /* Whether table tensor t is written in layer l of kv KV heads (0: recurrent):
@@ -714,7 +722,9 @@ static bool gen_writes(const kvc_gen_params *p, const kvc_arch_tensor *t, int l,
     for (size_t i = 0; !want && i < KVC_ARRAY_LEN(gen_optional); i++)
         want = strcmp(a->name, gen_optional[i].arch) == 0 && strcmp(t->name, gen_optional[i].name) == 0 &&
                (!strstr(t->name, "_shexp") || p->n_ff_shexp > 0) &&
-               (strcmp(t->name, "attn_v.weight") != 0 || gen_slides(p, l));
+               (strcmp(t->name, "attn_v.weight") != 0 || gen_slides(p, l)) &&
+               ((t->ne[0] != KVC_D_PLE && t->ne[1] != KVC_D_PLE && strcmp(t->name, "post_norm.weight") != 0) ||
+                p->n_embd_per_layer > 0);
     if (!want && a->recurrent == KVC_ATTN_MAMBA2)
         want = strcmp(t->name, "ssm_conv1d.bias") == 0 ||
                (p->n_ff_shexp > 0 && strstr(t->name, "_shexp.weight") && !strstr(t->name, "gate_inp"));
@@ -739,7 +749,7 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
     for (const kvc_arch_tensor *const *list = a->tensors; *list; list++)
         for (const kvc_arch_tensor *t = *list; t->name; t++)
             per_layer++;
-    gen_tensor *ts = calloc((size_t)p->n_layer * (size_t)per_layer + 3, sizeof(*ts));
+    gen_tensor *ts = calloc((size_t)p->n_layer * (size_t)per_layer + 7, sizeof(*ts));
     if (!ts)
         return NULL;
     int n = 0;
@@ -780,6 +790,13 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
                     ADD(l, t->name, dims, t->is_float, ne0, ne1, ne2, 0.0f,
                         1.0f / sqrtf((float)ne0), NULL);
             }
+    if (p->n_embd_per_layer > 0) {   /* gemma4's per-layer embeddings */
+        const int64_t all = (int64_t)p->n_embd_per_layer * p->n_layer;
+        ADD(-1, "per_layer_token_embd.weight", 2, false, all, n_vocab, 1, 0.0f,
+            1.0f / sqrtf((float)p->n_embd_per_layer), NULL);
+        ADD(-1, "per_layer_model_proj.weight", 2, false, d, all, 1, 0.0f, 1.0f / sqrtf((float)d), NULL);
+        ADD(-1, "per_layer_proj_norm.weight", 1, true, p->n_embd_per_layer, 1, 1, 1.0f, GEN_NORM_NOISE, NULL);
+    }
     if (a->rope_freqs_global) {   /* proportional RoPE: a quarter of the global pairs rotate */
         const int64_t half = (p->n_rot ? p->n_rot : p->head_dim) / 2;
         ADD(-1, "rope_freqs.weight", 1, true, half, 1, 1, 1.0f, 0.0f, NULL);
@@ -892,7 +909,7 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
         ARCH_U32("attention.key_length_swa", p->head_dim_swa);
         ARCH_U32("attention.value_length_swa", p->head_dim_swa);
         ARCH_U32("rope.dimension_count_swa", p->n_rot_swa ? p->n_rot_swa : p->head_dim_swa);
-        ARCH_U32("embedding_length_per_layer_input", 0);
+        ARCH_U32("embedding_length_per_layer_input", p->n_embd_per_layer);
     } else if (p->swa_pattern > 0) {
         ARCH_U32("attention.sliding_window_pattern", p->swa_pattern);
     }
