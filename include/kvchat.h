@@ -467,6 +467,7 @@ typedef struct kvc_gen_params {
     int32_t     n_head_kv_swa;
     int32_t     n_rot_swa;
     int32_t     n_embd_per_layer; /* gemma4: per-layer embeddings' width (E models; 0: none) */
+    int32_t     n_kv_shared; /* gemma4: the last this many layers reuse earlier layers' K/V */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -500,7 +501,8 @@ kvc_gen_params kvc_gen_default_params(void);
  *   "gemma4-e4b"    Gemma 4 E4B's shapes: 42 layers (cut with n_layer), d 2560, 8 heads,
  *                   sliding 2 KV of 256 (window 512), global 2 KV of 512, pattern 6, ff 10240,
  *                   per-layer embeddings of 256, vocab 262144, ctx 131072, soft-cap 30, tied,
- *                   bpe, q4_k_m; without its KV-shared layers (not run yet)
+ *                   bpe, q4_k_m; without its 18 KV-shared layers (n_kv_shared, which
+ *                   must leave 2 layers: set it after cutting n_layer)
  *   "gemma4-26b-a4b" Gemma 4 26B-A4B's shapes: 30 layers (cut with n_layer), d 2816, 16 heads,
  *                   sliding 8 KV of 256 (window 1024), global 2 KV of 512, pattern 6, ff 2112
  *                   beside 128 experts of 704, top-8, vocab 262144, ctx 262144, soft-cap 30,

@@ -15,7 +15,7 @@
  * experts, window 5 < 7); Gemma 4's per-layer head sizes and KV heads, K = V
  * and experts beside the dense FFN in ../shared's tiny-gemma4 (window 8) and
  * make-model's (Q8_0 weights and KV, heads of 64 and 32, window 5, per-layer
- * embeddings). */
+ * embeddings, KV-shared layers). */
 #include <unistd.h>
 
 #include "forward.h"
@@ -257,9 +257,10 @@ static void check_moe_mixed(const char *ftype)
 }
 
 /* A sliding-window model of make-model's preset with window n_swa (and, for
- * gemma4, global and sliding head sizes hd and hd_swa, 0: the preset's, and
- * per-layer embeddings of width ple, 0: none). */
-static void check_swa_preset(const char *preset, const char *ftype, int n_swa, int hd, int hd_swa, int ple)
+ * gemma4, global and sliding head sizes hd and hd_swa, 0: the preset's,
+ * per-layer embeddings of width ple, 0: none, and `shared` KV-shared layers). */
+static void check_swa_preset(const char *preset, const char *ftype, int n_swa, int hd, int hd_swa, int ple,
+                             int shared)
 {
     char path[512], label[96];
     snprintf(path, sizeof(path), "%s/%s-%s-w%d.gguf", tmpdir, preset, ftype, n_swa);
@@ -271,6 +272,7 @@ static void check_swa_preset(const char *preset, const char *ftype, int n_swa, i
     p.head_dim = hd ? hd : p.head_dim;
     p.head_dim_swa = hd_swa ? hd_swa : p.head_dim_swa;
     p.n_embd_per_layer = ple;
+    p.n_kv_shared = shared;
     p.n_threads = 2;
     char err[512];
     CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "gen %s: %s", label, err);
@@ -294,9 +296,10 @@ int main(void)
     check_moe_mixed("q8_0");
     check_moe_mixed("f32");
     /* sliding windows below a chunk of 7 and above one of 64 (q8_0 weights, MXFP4 experts) */
-    check_swa_preset("tiny-gemma3", "q8_0", 100, 0, 0, 0);
-    check_swa_preset("tiny-gpt-oss", "mxfp4_moe", 5, 0, 0, 0);
-    check_swa_preset("tiny-gemma4", "q8_0", 5, 64, 32, 32);   /* heads of 64 and 32 (Q8_0 KV too), PLE */
+    check_swa_preset("tiny-gemma3", "q8_0", 100, 0, 0, 0, 0);
+    check_swa_preset("tiny-gpt-oss", "mxfp4_moe", 5, 0, 0, 0, 0);
+    /* heads of 64 and 32 (Q8_0 KV too), PLE, the last 3 layers KV-shared */
+    check_swa_preset("tiny-gemma4", "q8_0", 5, 64, 32, 32, 3);
     /* sliding windows (8 and 12) between the chunks of 7 and 64, sinks, YaRN */
     const char *const shared[] = { "tiny-gpt-oss-f32", "tiny-gemma3-f32", "tiny-gemma4-f32" };
     for (size_t i = 0; i < KVC_ARRAY_LEN(shared); i++) {

@@ -308,8 +308,8 @@ static void with_key(const char *src, const char *dst, const char *key, uint32_t
 /* Gemma 4 (make-model's tiny-gemma4): the per-layer sliding pattern, each
  * kind's head size, KV heads and rotated dims, K = V on the global layers,
  * the experts beside the dense FFN, proportional rope_freqs, per-layer
- * embeddings when asked for (a key without its tensors is refused by name);
- * KV-shared layers are refused by name (not run yet). */
+ * embeddings when asked for (a key without its tensors is refused by name),
+ * KV-shared layers reading the last layer of their kind before them. */
 static void test_gemma4(void)
 {
     char path[sizeof(dir) + 32], bad[sizeof(dir) + 32], msg[512];
@@ -359,9 +359,20 @@ static void test_gemma4(void)
     with_key(path, bad, "gemma4.embedding_length_per_layer_input", 16);   /* without its tensors */
     CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_NOT_FOUND);
     CHECKF(strstr(msg, "tensor per_layer_token_embd.weight missing"), "%s", msg);
-    with_key(path, bad, "gemma4.attention.shared_kv_layers", 3);
-    CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_UNSUPPORTED);
-    CHECKF(strstr(msg, "KV-shared layers") && strstr(msg, "not supported yet"), "%s", msg);
+    with_key(path, bad, "gemma4.attention.shared_kv_layers", 8);   /* one layer left with K/V */
+    CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_FORMAT);
+    CHECKF(strstr(msg, "shared_kv_layers 8 of 9 layers"), "%s", msg);
+    /* the last 3 layers (sliding 6, 7; global 8) read layers 4 and 5, and have no K */
+    p.n_embd_per_layer = 0;
+    p.n_kv_shared = 3;
+    CHECKF(kvc_gen_model(&p, bad, &err) == KVC_OK, "%s", err.msg);
+    CHECKF(load(bad, &m, msg, sizeof(msg)) == KVC_OK, "%s", msg);
+    for (int il = 0; m && il < m->hp.n_layer; il++) {
+        const kvc_layer *L = &m->layers[il];
+        CHECK_EQ_INT(L->kv_layer, il < 6 ? il : il == 8 ? 5 : 4);
+        CHECK_EQ_INT(L->wk.data != NULL && L->k_norm != NULL, il < 6);
+    }
+    kvc_model_release(m);
     with_key(path, bad, "gemma4.attention.key_length_swa", 15);
     CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_UNSUPPORTED);
     CHECKF(strstr(msg, "sliding layers' head dimension 15"), "%s", msg);

@@ -215,7 +215,10 @@ static const kvc_arch_tensor t_attn_oai[] = {
 static const kvc_arch_tensor t_attn_g4[] = {
     VEC("attn_norm.weight",   KVC_D_EMBD,            KVC_ON_ALL, 0, attn_norm),
     MAT("attn_q.weight",      KVC_D_EMBD, KVC_D_Q,   KVC_ON_ATTN, 0, wq),
-    MAT("attn_k.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, 0, wk),
+    VEC("attn_q_norm.weight", KVC_D_HEAD,            KVC_ON_ATTN, 0, q_norm),
+    /* K and its norm: absent on KV-shared layers (model.c checks the others') */
+    MAT("attn_k.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, OPT, wk),
+    VEC("attn_k_norm.weight", KVC_D_HEAD,            KVC_ON_ATTN, OPT, k_norm),
     MAT("attn_v.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, OPT, wv),
     MAT("attn_output.weight", KVC_D_Q,    KVC_D_EMBD, KVC_ON_ATTN, 0, wo),
     VEC("layer_output_scale.weight", KVC_D1,         KVC_ON_ALL, OPT, out_scale),
@@ -369,7 +372,7 @@ static const kvc_arch rows[] = {
       .act = KVC_ACT_GELU, .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true,
       .swa_period = 6, .emb_scale_sqrt = true, .attn_scale = 1.0f, .v_norm = true, .rope_freqs_global = true,
       .keys = KEYS(keys_common, keys_dense, keys_gemma4),
-      .tensors = TENSORS(t_attn_g4, t_qk_norm, t_post_norms, t_ffn_norm, t_ffn_dense_all, t_ffn_moe_g4) },
+      .tensors = TENSORS(t_attn_g4, t_post_norms, t_ffn_norm, t_ffn_dense_all, t_ffn_moe_g4) },
 
     /* Qwen3.5 / 3.6: Gated DeltaNet layers with a gated attention layer every
      * full_attention_interval; partial NeoX RoPE (IMRoPE is NeoX for text) */

@@ -493,6 +493,8 @@ static void qkv_task(void *ctx, int64_t i, int thread)
         if (!L->no_rope)
             rope_head(q + h * hd, cs, sn, n_rot, hp->rope_neox);
     }
+    if (L->kv_layer != f->layer)   /* KV-shared: attends to an earlier layer's K/V */
+        return;
     const kvc_batch_item *it = &f->items[i];
     int32_t blk = it->seq->blocks[it->pos / f->B];
     size_t off = (size_t)(it->pos % f->B) * f->row_bytes;
@@ -525,8 +527,9 @@ static float *dequant_kv(fwd *f, const kvc_batch_item *it, int32_t kvh, int64_t 
     float row[1024];
     for (int64_t b = 0; b < nb; b++) {
         int32_t blk = it->seq->blocks[b];
-        const uint8_t *kh = kvc_kv_k(f->pool, blk, f->layer, kvh);
-        const uint8_t *vh = kvc_kv_v(f->pool, blk, f->layer, kvh);
+        const int32_t kl = c->m->layers[f->layer].kv_layer;
+        const uint8_t *kh = kvc_kv_k(f->pool, blk, kl, kvh);
+        const uint8_t *vh = kvc_kv_v(f->pool, blk, kl, kvh);
         float *kb_f = kt + b * B * hd, *vb_f = vt + b * B * hd;
         kb[b] = vb[b] = NULL;
         if (!kh)   /* behind a window group's window: released, not read */
@@ -572,8 +575,8 @@ static void attn_task(void *ctx, int64_t task, int thread)
         }
     } else {
         for (int64_t b = 0; b < nb; b++) {
-            kb[b] = kvc_kv_k(f->pool, it->seq->blocks[b], f->layer, kvh);
-            vb[b] = kvc_kv_v(f->pool, it->seq->blocks[b], f->layer, kvh);
+            kb[b] = kvc_kv_k(f->pool, it->seq->blocks[b], L->kv_layer, kvh);
+            vb[b] = kvc_kv_v(f->pool, it->seq->blocks[b], L->kv_layer, kvh);
         }
     }
     const int64_t ld = (int64_t)L->n_head * hd;
@@ -632,8 +635,8 @@ static void attn_step(fwd *f)
     kvc_threadpool_run(c->tp, n, kvc_fwd_attn_norm_task, f);
     if (L->attn_gated)
         kvc_gated_qkv(f);
-    else   /* without wv, V is K (qkv_task) */
-        kvc_fwd_matmul_n(c, c->h, n, L->wv.data ? 3 : 2, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
+    else   /* without wv, V is K (qkv_task); a KV-shared layer projects only Q */
+        kvc_fwd_matmul_n(c, c->h, n, L->kv_layer != f->layer ? 1 : L->wv.data ? 3 : 2, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
                  (float *[]){ c->q, c->k, c->v }, (const int64_t[]){ nq, nkv, nkv });
     kvc_threadpool_run(c->tp, n, qkv_task, f);
     kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * L->n_head_kv, attn_task, f);
@@ -678,7 +681,7 @@ static const layer_step ffn_steps[] = {
 static void layer_forward(fwd *f)
 {
     const kvc_layer *L = &f->c->m->layers[f->layer];
-    f->row_bytes = kvc_kv_layer_row_bytes(f->pool, f->layer);   /* head sizes may differ per layer */
+    f->row_bytes = kvc_kv_layer_row_bytes(f->pool, L->kv_layer);   /* head sizes may differ per layer */
     attn_steps[L->attn](f);
     ffn_steps[L->ffn](f);
     if (L->ple_gate.data)

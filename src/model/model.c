@@ -232,9 +232,9 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
                         "not supported", hp->head_dim_swa, hp->value_dim_swa, hp->n_rot_swa);
     if (hp->n_embd_per_layer < 0 || hp->n_embd_per_layer > lim / KVC_MAX(hp->n_layer, 1))
         return kvc_fail(err, KVC_ERR_FORMAT, "bad embedding_length_per_layer_input %d", hp->n_embd_per_layer);
-    if (hp->n_kv_shared > 0)
-        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "architecture %s: KV-shared layers "
-                        "(attention.shared_kv_layers %d) are not supported yet", a->name, hp->n_kv_shared);
+    if (hp->n_kv_shared < 0 || (hp->n_kv_shared > 0 && hp->n_kv_shared > hp->n_layer - 2))
+        return kvc_fail(err, KVC_ERR_FORMAT, "attention.shared_kv_layers %d of %d layers: at least 2 must "
+                        "keep their K/V", hp->n_kv_shared, hp->n_layer);
     if (hp->n_swa < 0 || (hp->swa_period < 0 && !hp->swa_layers) || !(hp->rope_theta_swa >= 0.0f) ||
         !(hp->logit_softcap >= 0.0f))
         return kvc_fail(err, KVC_ERR_FORMAT, "bad sliding window %d (pattern %d), rope base %g or soft-cap %g",
@@ -312,6 +312,7 @@ static int layer_hparams(kvc_model *m, kvc_err *err)
         L->attn_scale = hp->attn_scale > 0.0f ? hp->attn_scale
                       : hp->arch->attn_scale > 0.0f ? hp->arch->attn_scale : 1.0f / sqrtf((float)per_head);
         L->v_norm = hp->arch->v_norm;
+        L->kv_layer = il;
         L->no_rope = hp->arch->rope_finetuned_switch && !hp->rope_finetuned;
         if (L->n_head_kv == 0 && hp->arch->recurrent == KVC_ATTN_FULL)
             return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: no KV heads, and %s has no recurrent layers",
@@ -324,6 +325,17 @@ static int layer_hparams(kvc_model *m, kvc_err *err)
             return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: %d KV heads for %d heads", il, L->n_head_kv,
                             L->n_head);
         }
+    }
+    /* KV-shared layers read the last layer of their kind before them (llama.cpp's
+     * reuse rule: the last two layers that keep K/V are a sliding and a full one) */
+    const int32_t first = hp->n_layer - hp->n_kv_shared;
+    for (int il = first; hp->n_kv_shared > 0 && il < hp->n_layer; il++) {
+        kvc_layer *L = &m->layers[il];
+        L->kv_layer = first - (L->attn == KVC_ATTN_WINDOW ? 2 : 1);
+        const kvc_layer *S = &m->layers[L->kv_layer];
+        if (S->attn != L->attn || S->head_dim != L->head_dim || S->n_head_kv != L->n_head_kv)
+            return kvc_fail(err, KVC_ERR_FORMAT, "layer %d shares the K/V of layer %d, of another kind or "
+                            "shape", il, L->kv_layer);
     }
     return KVC_OK;
 }
@@ -448,6 +460,10 @@ static int bind_layer(binder *b, int il)
     if (L->ffn != KVC_FFN_DENSE && !L->gate_up_exps.n && (!L->gate_exps.n || !L->up_exps.n))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
                         L->gate_exps.n ? "ffn_up_exps.weight" : "ffn_gate_exps.weight");
+    if (L->kv_layer == il && (L->attn == KVC_ATTN_FULL || L->attn == KVC_ATTN_WINDOW) &&
+        (!L->wk.data || (hp->arch->v_norm && !L->k_norm)))
+        return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
+                        !L->wk.data ? "attn_k.weight" : "attn_k_norm.weight");
     if (hp->n_embd_per_layer > 0 && (!L->ple_gate.data || !L->ple_out.data || !L->ple_post_norm))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
                         !L->ple_gate.data ? "inp_gate.weight" : !L->ple_out.data ? "proj.weight" : "post_norm.weight");

@@ -43,7 +43,8 @@ typedef struct kvc_hparams {
     int32_t  n_rot_swa;      /* rope.dimension_count_swa: the sliding layers' rotated dims (0: n_rot) */
     int32_t  n_embd_per_layer; /* embedding_length_per_layer_input: per-layer embeddings' width
                               * (Gemma 4 E models; 0: none) */
-    int32_t  n_kv_shared;    /* attention.shared_kv_layers (Gemma 4 E models; not run yet) */
+    int32_t  n_kv_shared;    /* attention.shared_kv_layers: the last this many layers reuse the K/V
+                              * of the last full or sliding layer before them (Gemma 4 E models) */
     float    emb_scale;      /* embeddings x this (0: none) */
     float    logit_softcap;  /* final_logit_softcapping: logits = c tanh(logits / c) (0: none) */
     bool     tied;           /* token_embd is the output projection */
@@ -126,6 +127,8 @@ typedef struct kvc_layer {
                                       * layer (Gemma 4), else NULL */
     bool         v_norm;             /* V rms-normed per head, no weight; V = K (before K's norm)
                                       * when wv is absent (Gemma 4) */
+    int32_t      kv_layer;           /* the layer whose K/V it attends to: itself, or for a KV-shared
+                                      * layer (Gemma 4) an earlier one of its kind (it stores none) */
     /* per-layer embeddings (Gemma 4 E models; empty: none): after the FFN's
      * residual add, x += rms(ple_out(gelu(ple_gate x) * the layer's input), ple_post_norm) */
     kvc_weight   ple_gate;           /* blk.N.inp_gate: n_embd -> P */

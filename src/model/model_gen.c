@@ -266,10 +266,11 @@ static int check_gemma4(kvc_gen_params *q, kvc_err *err)
 {
     int rc;
     if (gen_arch(q->arch)->ffn != KVC_FFN_MOE_DENSE)
-        return q->head_dim_swa || q->n_head_kv_swa || q->n_rot_swa || q->n_embd_per_layer
+        return q->head_dim_swa || q->n_head_kv_swa || q->n_rot_swa || q->n_embd_per_layer || q->n_kv_shared
              ? kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\" has no sliding layers of their own shape "
                         "(head_dim_swa, n_head_kv_swa, n_rot_swa: gemma4)", q->arch) : KVC_OK;
-    if ((rc = check_dim("n_embd_per_layer", q->n_embd_per_layer, 0, GEN_MAX_DIM / q->n_layer, err)))
+    if ((rc = check_dim("n_embd_per_layer", q->n_embd_per_layer, 0, GEN_MAX_DIM / q->n_layer, err)) ||
+        (rc = check_dim("n_kv_shared", q->n_kv_shared, 0, KVC_MAX(0, q->n_layer - 2), err)))
         return rc;
     q->head_dim_swa = q->head_dim_swa ? q->head_dim_swa : q->head_dim;
     q->n_head_kv_swa = q->n_head_kv_swa ? q->n_head_kv_swa : q->n_head_kv;
@@ -560,6 +561,8 @@ static const struct { const char *arch, *name; } gen_optional[] = {
     { "qwen35moe", "ffn_down_shexp.weight" },
     { "gemma4", "layer_output_scale.weight" },
     { "gemma4", "attn_v.weight" },                  /* sliding layers only (gen_writes) */
+    { "gemma4", "attn_k.weight" },                  /* not on KV-shared layers (gen_writes) */
+    { "gemma4", "attn_k_norm.weight" },
     { "gemma4", "inp_gate.weight" },                /* per-layer embeddings: with */
     { "gemma4", "proj.weight" },                    /* n_embd_per_layer > 0 (gen_writes) */
     { "gemma4", "post_norm.weight" },
@@ -578,6 +581,8 @@ static bool gen_writes(const kvc_gen_params *p, const kvc_arch_tensor *t, int l,
         want = strcmp(a->name, gen_optional[i].arch) == 0 && strcmp(t->name, gen_optional[i].name) == 0 &&
                (!strstr(t->name, "_shexp") || p->n_ff_shexp > 0) &&
                (strcmp(t->name, "attn_v.weight") != 0 || gen_slides(p, l)) &&
+               ((!strstr(t->name, "attn_k") && strcmp(t->name, "attn_v.weight") != 0) ||
+                l < p->n_layer - p->n_kv_shared) &&
                ((t->ne[0] != KVC_D_PLE && t->ne[1] != KVC_D_PLE && strcmp(t->name, "post_norm.weight") != 0) ||
                 p->n_embd_per_layer > 0);
     if (!want && a->recurrent == KVC_ATTN_MAMBA2)
@@ -765,6 +770,8 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
         ARCH_U32("attention.value_length_swa", p->head_dim_swa);
         ARCH_U32("rope.dimension_count_swa", p->n_rot_swa ? p->n_rot_swa : p->head_dim_swa);
         ARCH_U32("embedding_length_per_layer_input", p->n_embd_per_layer);
+        if (p->n_kv_shared > 0)
+            ARCH_U32("attention.shared_kv_layers", p->n_kv_shared);
     } else if (p->swa_pattern > 0) {
         ARCH_U32("attention.sliding_window_pattern", p->swa_pattern);
     }
