@@ -461,6 +461,13 @@ typedef struct kvc_gen_params {
                               * n_expert 0: a dense FFN */
     float       embedding_scale, residual_scale, attention_scale, logit_scale;
                              /* granitehybrid's scalars (0: key not written) */
+    /* gemma4: the sliding layers' own attention shape (0: the global layers' head_dim,
+     * n_head_kv, n_rot); the global layers rotate a quarter of their pairs (rope_freqs) */
+    int32_t     head_dim_swa;
+    int32_t     n_head_kv_swa;
+    int32_t     n_rot_swa;
+    int32_t     n_embd_per_layer; /* gemma4: per-layer embeddings' width (E models; 0: none) */
+    int32_t     n_kv_shared; /* gemma4: the last this many layers reuse earlier layers' K/V */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -487,6 +494,19 @@ kvc_gen_params kvc_gen_default_params(void);
  *   "gemma3-4b"     Gemma 3 4B's shapes: 34 layers (cut with n_layer), d 2560, 8/4 heads
  *                   of 256, ff 10240, window 1024, pattern 6, vocab 262144, ctx 131072,
  *                   theta 1e6 (linear x8; sliding 1e4), tied, bpe, q4_k_m
+ *   "tiny-gemma4"   gemma4, d 64, 9 layers (pattern 3: layers 2, 5, 8 global), 4 heads, sliding
+ *                   2 KV of 16, global 1 KV of 32 (K = V, a quarter rotated), window 8, ff 128,
+ *                   beside it 8 experts of 32, top-2, theta 1e6 (sliding 1e4), soft-cap 30,
+ *                   ctx 2048, f32, spm, tied (the shape of ../shared's tiny-gemma4)
+ *   "gemma4-e4b"    Gemma 4 E4B's shapes: 42 layers (cut with n_layer), d 2560, 8 heads,
+ *                   sliding 2 KV of 256 (window 512), global 2 KV of 512, pattern 6, ff 10240,
+ *                   per-layer embeddings of 256, vocab 262144, ctx 131072, soft-cap 30, tied,
+ *                   bpe, q4_k_m; without its 18 KV-shared layers (n_kv_shared, which
+ *                   must leave 2 layers: set it after cutting n_layer)
+ *   "gemma4-26b-a4b" Gemma 4 26B-A4B's shapes: 30 layers (cut with n_layer), d 2816, 16 heads,
+ *                   sliding 8 KV of 256 (window 1024), global 2 KV of 512, pattern 6, ff 2112
+ *                   beside 128 experts of 704, top-8, vocab 262144, ctx 262144, soft-cap 30,
+ *                   tied, bpe, q4_k_m
  *   "tiny-lfm2"     lfm2, d 64, 8 layers (conv, conv, attn 2 KV, conv, attn 1 KV, conv, conv,
  *                   attn 4 KV), 4 heads of 16, ff 128, l_cache 3, ctx 2048, theta 1e6, f32,
  *                   spm, tied (the shape of ../shared's tiny-lfm2)

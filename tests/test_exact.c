@@ -397,6 +397,7 @@ int main(void)
         { "stories260K", NULL, "stories260K.gguf" },
         { "tiny-gemma3-f32 (window 12)", NULL, "tiny-gemma3-f32.gguf" },
         { "tiny-gpt-oss-f32 (window 8, sinks)", NULL, "tiny-gpt-oss-f32.gguf" },
+        { "tiny-gemma4-f32 (window 8, head sizes 16 and 32, experts)", NULL, "tiny-gemma4-f32.gguf" },
     };
     const char *shared = test_shared_dir();
     totals tot = { 0 };

@@ -12,7 +12,10 @@
  * models of ../shared (tiny-gpt-oss: window 8, sinks, YaRN; tiny-gemma3: window
  * 12, pattern 3), whose windows lie between the chunks of 7 and 64, and of
  * make-model's tiny-gemma3 (Q8_0, window 100 > 64) and tiny-gpt-oss (MXFP4
- * experts, window 5 < 7). */
+ * experts, window 5 < 7); Gemma 4's per-layer head sizes and KV heads, K = V
+ * and experts beside the dense FFN in ../shared's tiny-gemma4 (window 8) and
+ * make-model's (Q8_0 weights and KV, heads of 64 and 32, window 5, per-layer
+ * embeddings, KV-shared layers). */
 #include <unistd.h>
 
 #include "forward.h"
@@ -103,7 +106,7 @@ static void check_path(const char *path, const char *label)
         if (kvc_kernels_set_isa((kvc_isa)isa) != KVC_OK)
             continue;
         for (size_t kv = 0; kv < KVC_ARRAY_LEN(kv_types); kv++) {
-            if (kv_types[kv] == KVC_KV_Q8_0 && m->hp.head_dim % 32 != 0)
+            if (kv_types[kv] == KVC_KV_Q8_0 && (m->hp.head_dim % 32 != 0 || m->hp.head_dim_swa % 32 != 0))
                 continue;   /* refused by the pool (tiny-gpt-oss: heads of 16) */
             float *base = logits_of(m, toks, N_TOK, 1, kv_types[kv]);
             for (int threads = 1; base && threads <= 2; threads++)
@@ -149,7 +152,15 @@ static bool run_seqs(kvc_model *m, const int32_t *toks, int n_seq, int n, bool t
                      float *logits, int32_t *sel)
 {
     const kvc_hparams *hp = &m->hp;
-    kvc_kv_pool_params pp = { hp->n_layer, hp->n_head_kv, hp->head_dim, 0, KVC_TYPE_F16, 64 };
+    /* one full group, each layer with its own KV heads and head dim (Gemma 4's differ) */
+    int32_t kvh[64], hd[64];
+    kvc_kv_group groups[KVC_KV_MAX_GROUPS];
+    kvc_kv_layer layers[64];
+    for (int l = 0; l < hp->n_layer && l < 64; l++)
+        kvh[l] = m->layers[l].n_head_kv, hd[l] = m->layers[l].head_dim;
+    const int n_groups = kvc_kv_groups_of_layers(hp->n_layer, NULL, kvh, hd, groups, layers, NULL);
+    kvc_kv_pool_params pp = { hp->n_layer, hp->n_head_kv, hp->head_dim, 0, KVC_TYPE_F16, 64, n_groups,
+                              groups, layers };
     kvc_kv_pool *pool = NULL;
     kvc_compute *c = NULL;
     kvc_err e = { 0 };
@@ -214,14 +225,20 @@ static void check_mixed_path(const char *path, const char *label)
                kvc_isa_name((kvc_isa)isa), label, NS);
         if (m->hp.n_expert == 0)
             continue;
-        /* the conversations' last tokens did not all pick the same experts */
-        int used[256] = { 0 }, distinct = 0;
-        for (int s = 0; s < NS; s++)
-            for (int j = 0; j < m->hp.n_expert_used; j++)
-                used[sel[((size_t)s * NT + NT - 1) * m->hp.n_expert_used + j]]++;
-        for (int x = 0; x < m->hp.n_expert && x < 256; x++)
-            distinct += used[x] > 0;
-        CHECKF(distinct > m->hp.n_expert_used, "%s: %d experts among %d conversations", label, distinct, NS);
+        /* at some position the conversations' tokens (in the last MoE layer) did not
+         * all pick the same experts */
+        int distinct = 0;
+        for (int i = 0; i < NT && distinct <= m->hp.n_expert_used; i++) {
+            int used[256] = { 0 };
+            distinct = 0;
+            for (int s = 0; s < NS; s++)
+                for (int j = 0; j < m->hp.n_expert_used; j++)
+                    used[sel[((size_t)s * NT + i) * m->hp.n_expert_used + j]]++;
+            for (int x = 0; x < m->hp.n_expert && x < 256; x++)
+                distinct += used[x] > 0;
+        }
+        CHECKF(distinct > m->hp.n_expert_used, "%s: the %d conversations' tokens all picked the same "
+               "experts", label, NS);
     }
     kvc_kernels_set_isa(def);
     free(alone);
@@ -239,8 +256,11 @@ static void check_moe_mixed(const char *ftype)
         check_mixed_path(path, label);
 }
 
-/* A sliding-window model of make-model's preset with window n_swa. */
-static void check_swa_preset(const char *preset, const char *ftype, int n_swa)
+/* A sliding-window model of make-model's preset with window n_swa (and, for
+ * gemma4, global and sliding head sizes hd and hd_swa, 0: the preset's,
+ * per-layer embeddings of width ple, 0: none, and `shared` KV-shared layers). */
+static void check_swa_preset(const char *preset, const char *ftype, int n_swa, int hd, int hd_swa, int ple,
+                             int shared)
 {
     char path[512], label[96];
     snprintf(path, sizeof(path), "%s/%s-%s-w%d.gguf", tmpdir, preset, ftype, n_swa);
@@ -249,6 +269,10 @@ static void check_swa_preset(const char *preset, const char *ftype, int n_swa)
     CHECK_EQ_INT(kvc_gen_preset(preset, &p), KVC_OK);
     p.ftype = ftype;
     p.n_swa = n_swa;
+    p.head_dim = hd ? hd : p.head_dim;
+    p.head_dim_swa = hd_swa ? hd_swa : p.head_dim_swa;
+    p.n_embd_per_layer = ple;
+    p.n_kv_shared = shared;
     p.n_threads = 2;
     char err[512];
     CHECKF(kvc_gen_write(&p, path, err, sizeof(err)) == KVC_OK, "gen %s: %s", label, err);
@@ -272,10 +296,12 @@ int main(void)
     check_moe_mixed("q8_0");
     check_moe_mixed("f32");
     /* sliding windows below a chunk of 7 and above one of 64 (q8_0 weights, MXFP4 experts) */
-    check_swa_preset("tiny-gemma3", "q8_0", 100);
-    check_swa_preset("tiny-gpt-oss", "mxfp4_moe", 5);
+    check_swa_preset("tiny-gemma3", "q8_0", 100, 0, 0, 0, 0);
+    check_swa_preset("tiny-gpt-oss", "mxfp4_moe", 5, 0, 0, 0, 0);
+    /* heads of 64 and 32 (Q8_0 KV too), PLE, the last 3 layers KV-shared */
+    check_swa_preset("tiny-gemma4", "q8_0", 5, 64, 32, 32, 3);
     /* sliding windows (8 and 12) between the chunks of 7 and 64, sinks, YaRN */
-    const char *const shared[] = { "tiny-gpt-oss-f32", "tiny-gemma3-f32" };
+    const char *const shared[] = { "tiny-gpt-oss-f32", "tiny-gemma3-f32", "tiny-gemma4-f32" };
     for (size_t i = 0; i < KVC_ARRAY_LEN(shared); i++) {
         char path[4400];
         if (shared_model(shared[i], path, sizeof(path))) {

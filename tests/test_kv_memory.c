@@ -1,5 +1,6 @@
 /* test_kv_memory.c - issue 31's memory figure on the pool of a context for
- * the Gemma-3-4B and gpt-oss-20b shapes (make-model presets, their KV layout
+ * the Gemma-3-4B, gpt-oss-20b and Gemma-4-26B-A4B shapes (make-model presets,
+ * their KV layout
  * kept: KV heads, head dims, windows, pattern; layers cut and everything the
  * KV does not depend on made small). A conversation of 16k tokens goes
  * through the pool as a turn runs it: its prompt reserved at once, written
@@ -33,6 +34,7 @@ static kvc_model *shaped(const char *preset, int32_t n_layer)
     g.n_ff = 64;
     g.n_ff_exp = 64;
     g.n_expert = g.n_expert ? 4 : 0;
+    g.n_expert_used = KVC_MIN(g.n_expert_used, g.n_expert);
     g.n_vocab = 1024;
     g.ftype = "f32";
     g.n_threads = 1;
@@ -165,6 +167,7 @@ int main(void)
         return 1;
     shape("gemma3-4b", 6);      /* 5 sliding layers (window 1024) to 1 global */
     shape("gpt-oss-20b", 4);    /* sliding (window 128) and global alternate */
+    shape("gemma4-26b-a4b", 6); /* 5 sliding (8 KV heads of 256, window 1024) to 1 global (2 of 512) */
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0)

@@ -47,7 +47,7 @@ static void test_refused(void)
 {
     char path[sizeof(dir) + 32], msg[512];
     snprintf(path, sizeof(path), "%s/stub.gguf", dir);
-    static const char *const later[] = { "gemma4", "qwen3next", "lfm2moe", "nemotron_h" };
+    static const char *const later[] = { "gemma3n", "qwen3next", "lfm2moe", "nemotron_h" };
     for (size_t i = 0; i < KVC_ARRAY_LEN(later); i++) {
         write_stub(path, later[i], false);
         kvc_model *m = NULL;
@@ -139,12 +139,14 @@ static void test_rows(void)
             CHECK_EQ_INT(L->bq != NULL, strcmp(a->name, "qwen2") == 0 || strcmp(a->name, "gpt-oss") == 0);
             CHECK_EQ_INT(L->q_norm != NULL, strcmp(a->name, "qwen3") == 0 || strcmp(a->name, "qwen3moe") == 0 ||
                                                 strcmp(a->name, "gemma3") == 0 || gdn ||
+                                                strcmp(a->name, "gemma4") == 0 ||
                                                 strcmp(a->name, "lfm2") == 0);
             CHECK_EQ_INT(L->sinks != NULL, strcmp(a->name, "gpt-oss") == 0);
-            CHECK_EQ_INT(L->post_ffn_norm != NULL, strcmp(a->name, "gemma3") == 0);
-            CHECK_EQ_INT(L->w_gate.data != NULL, a->ffn == KVC_FFN_DENSE);
-            CHECK_EQ_INT(L->router.data != NULL, a->ffn == KVC_FFN_MOE);
-            if (a->ffn == KVC_FFN_MOE) {
+            CHECK_EQ_INT(L->post_ffn_norm != NULL, strcmp(a->name, "gemma3") == 0 ||
+                                                   strcmp(a->name, "gemma4") == 0);
+            CHECK_EQ_INT(L->w_gate.data != NULL, a->ffn != KVC_FFN_MOE);
+            CHECK_EQ_INT(L->router.data != NULL, a->ffn != KVC_FFN_DENSE);
+            if (a->ffn != KVC_FFN_DENSE) {
                 CHECK_EQ_INT(L->gate_exps.n, p.n_expert);
                 CHECK_EQ_INT(L->down_exps.w.n_in, a->ff_exp_is_ff ? p.n_ff : p.n_ff_exp);
                 CHECK_EQ_INT(L->down_exps.w.n_out, p.n_embd);
@@ -161,14 +163,17 @@ static void test_rows(void)
     CHECK(n_rows >= 3);
 }
 
-/* Copy every key of f into w (the types the generator writes). */
-static bool copy_keys(const gguf_file *f, gguf_writer *w)
+/* Copy every key of f but `skip` (NULL: none) into w (the types the
+ * generator writes). */
+static bool copy_keys(const gguf_file *f, gguf_writer *w, const char *skip)
 {
     bool ok = true;
     for (int64_t i = 0; ok && i < gguf_n_kv(f); i++) {
         const gguf_kv *kv = gguf_kv_at(f, i);
         char key[256];
         snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.s);
+        if (skip && strcmp(key, skip) == 0)
+            continue;
         switch (kv->type) {
         case GGUF_TYPE_UINT32:  ok = gguf_writer_set_u32(w, key, (uint32_t)kv->v.u64) == KVC_OK; break;
         case GGUF_TYPE_INT32:   ok = gguf_writer_set_i32(w, key, (int32_t)kv->v.i64) == KVC_OK; break;
@@ -242,7 +247,7 @@ static void test_mixed_expert_types(void)
     if (!f)
         return;
     gguf_writer *w = gguf_writer_new();
-    CHECK(copy_keys(f, w));
+    CHECK(copy_keys(f, w, NULL));
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         char name[128];
@@ -278,6 +283,101 @@ static void test_mixed_expert_types(void)
     kvc_kernels_set_isa(def);
 }
 
+/* A copy of the model at src with key `key` set to the U32 v. */
+static void with_key(const char *src, const char *dst, const char *key, uint32_t v)
+{
+    kvc_err err = { 0 };
+    gguf_file *f = NULL;
+    CHECKF(gguf_open(src, &f, &err) == KVC_OK, "%s", err.msg);
+    if (!f)
+        return;
+    gguf_writer *w = gguf_writer_new();
+    CHECK(copy_keys(f, w, key));
+    CHECK(gguf_writer_set_u32(w, key, v) == KVC_OK);
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.s);
+        CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->size) == KVC_OK);
+    }
+    CHECKF(gguf_writer_write(w, dst, &err) == KVC_OK, "%s", err.msg);
+    gguf_writer_free(w);
+    gguf_close(f);
+}
+
+/* Gemma 4 (make-model's tiny-gemma4): the per-layer sliding pattern, each
+ * kind's head size, KV heads and rotated dims, K = V on the global layers,
+ * the experts beside the dense FFN, proportional rope_freqs, per-layer
+ * embeddings when asked for (a key without its tensors is refused by name),
+ * KV-shared layers reading the last layer of their kind before them. */
+static void test_gemma4(void)
+{
+    char path[sizeof(dir) + 32], bad[sizeof(dir) + 32], msg[512];
+    snprintf(path, sizeof(path), "%s/g4.gguf", dir);
+    snprintf(bad, sizeof(bad), "%s/g4bad.gguf", dir);
+    kvc_gen_params p;
+    CHECK_EQ_INT(kvc_gen_preset("tiny-gemma4", &p), KVC_OK);
+    p.n_threads = 1;
+    kvc_err err = { 0 };
+    CHECKF(kvc_gen_model(&p, path, &err) == KVC_OK, "%s", err.msg);
+    kvc_model *m = NULL;
+    CHECKF(load(path, &m, msg, sizeof(msg)) == KVC_OK, "%s", msg);
+    if (!m)
+        return;
+    CHECK_EQ_INT(m->hp.n_layer, 9);
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const kvc_layer *L = &m->layers[il];
+        const bool slides = il % 3 != 2;
+        CHECK_EQ_INT(L->attn, slides ? KVC_ATTN_WINDOW : KVC_ATTN_FULL);
+        CHECK_EQ_INT(L->window, slides ? 8 : 0);
+        CHECK_EQ_INT(L->head_dim, slides ? 16 : 32);
+        CHECK_EQ_INT(L->n_head_kv, slides ? 2 : 1);
+        CHECK_EQ_INT(L->n_rot, slides ? 16 : 32);
+        CHECK_EQ_INT(L->rope, slides ? 1 : 0);
+        CHECK_EQ_INT(L->wv.data != NULL, slides);
+        CHECK(L->v_norm && L->attn_scale == 1.0f && L->out_scale && L->q_norm && L->k_norm);
+        CHECK_EQ_INT(L->ffn, KVC_FFN_MOE_DENSE);
+        CHECK(L->w_gate.data && L->router.data && L->router_in_scale && L->pre_ffn_norm2 &&
+              L->post_ffn_norm1 && L->post_ffn_norm2 && L->post_ffn_norm && L->down_exps.n == 8);
+    }
+    CHECK(m->rope_freqs && m->rope_freqs[3] == 1.0f && m->rope_freqs[4] > 1e29f);
+    CHECK(m->hp.emb_scale == 8.0f && m->hp.logit_softcap == 30.0f);
+    CHECK(!m->ple_embd.data && !m->layers[0].ple_gate.data);
+    kvc_model_release(m);
+    p.n_embd_per_layer = 16;
+    CHECKF(kvc_gen_model(&p, bad, &err) == KVC_OK, "%s", err.msg);
+    CHECKF(load(bad, &m, msg, sizeof(msg)) == KVC_OK, "%s", msg);
+    if (m) {
+        CHECK(m->hp.n_embd_per_layer == 16 && m->ple_embd.n_in == 16 * 9 && m->ple_proj.n_out == 16 * 9 &&
+              m->ple_proj_norm);
+        for (int il = 0; il < m->hp.n_layer; il++)
+            CHECK(m->layers[il].ple_gate.n_out == 16 && m->layers[il].ple_out.n_in == 16 &&
+                  m->layers[il].ple_post_norm);
+        kvc_model_release(m);
+    }
+
+    with_key(path, bad, "gemma4.embedding_length_per_layer_input", 16);   /* without its tensors */
+    CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_NOT_FOUND);
+    CHECKF(strstr(msg, "tensor per_layer_token_embd.weight missing"), "%s", msg);
+    with_key(path, bad, "gemma4.attention.shared_kv_layers", 8);   /* one layer left with K/V */
+    CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_FORMAT);
+    CHECKF(strstr(msg, "shared_kv_layers 8 of 9 layers"), "%s", msg);
+    /* the last 3 layers (sliding 6, 7; global 8) read layers 4 and 5, and have no K */
+    p.n_embd_per_layer = 0;
+    p.n_kv_shared = 3;
+    CHECKF(kvc_gen_model(&p, bad, &err) == KVC_OK, "%s", err.msg);
+    CHECKF(load(bad, &m, msg, sizeof(msg)) == KVC_OK, "%s", msg);
+    for (int il = 0; m && il < m->hp.n_layer; il++) {
+        const kvc_layer *L = &m->layers[il];
+        CHECK_EQ_INT(L->kv_layer, il < 6 ? il : il == 8 ? 5 : 4);
+        CHECK_EQ_INT(L->wk.data != NULL && L->k_norm != NULL, il < 6);
+    }
+    kvc_model_release(m);
+    with_key(path, bad, "gemma4.attention.key_length_swa", 15);
+    CHECK_EQ_INT(load(bad, &m, msg, sizeof(msg)), KVC_ERR_UNSUPPORTED);
+    CHECKF(strstr(msg, "sliding layers' head dimension 15"), "%s", msg);
+}
+
 /* A copy of the model at src with one more tensor, rope_freqs.weight. */
 static void with_rope_freqs(const char *src, const char *dst, uint32_t type, int64_t n, const float *v)
 {
@@ -287,7 +387,7 @@ static void with_rope_freqs(const char *src, const char *dst, uint32_t type, int
     if (!f)
         return;
     gguf_writer *w = gguf_writer_new();
-    CHECK(copy_keys(f, w));
+    CHECK(copy_keys(f, w, NULL));
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         char name[128];
@@ -363,6 +463,7 @@ int main(void)
     test_rows();
     test_mixed_expert_types();
     test_rope_freqs();
+    test_gemma4();
     char cmd[sizeof(dir) + 16];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

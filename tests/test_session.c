@@ -378,9 +378,10 @@ int main(void)
     kvc_model_free(qwen1);
     kvc_model_free(llama1);
     /* sliding layers: each rotated with its own RoPE (gemma3's sliding base
-     * 1e4 beside the global 1e6, gpt-oss's YaRN); one layer slides alone
-     * (exact), the whole presets mix sliding and global layers */
-    const char *const swa[] = { "tiny-gemma3", "tiny-gpt-oss" };
+     * 1e4 beside the global 1e6, gpt-oss's YaRN, gemma4's head sizes and
+     * proportional RoPE); one layer slides alone (exact), the whole presets
+     * mix sliding and global layers */
+    const char *const swa[] = { "tiny-gemma3", "tiny-gpt-oss", "tiny-gemma4" };
     for (size_t i = 0; i < sizeof(swa) / sizeof(swa[0]); i++) {
         char label[64];
         kvc_model *one = make_model_layers(swa[i], "f32", 1), *all = make_model(swa[i], "f32");

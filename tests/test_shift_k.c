@@ -1,7 +1,8 @@
 /* test_shift_k.c - kvc_compute_shift_k (the context shift's re-rotation of
  * cached keys) on models whose layers rotate differently: gemma3 (sliding
- * layers with base 1e4, global ones with 1e6 and linear scaling) and gpt-oss
- * (YaRN). Tokens computed at positions 0.. and shifted by d must hold the
+ * layers with base 1e4, global ones with 1e6 and linear scaling), gpt-oss
+ * (YaRN) and gemma4 (sliding layers of 16 dims, global ones of 32 with
+ * proportional RoPE: a quarter of the pairs rotate). Tokens computed at positions 0.. and shifted by d must hold the
  * keys of the same tokens computed after d other tokens: on layer 0, whose
  * keys depend only on the token and its position, within 2e-3 of the keys'
  * scale. Layer 0 slides with pattern 3 and is global with pattern 1. A layer
@@ -62,7 +63,11 @@ static void check(const char *preset, int swa_pattern)
     if (!m)
         return;
     const kvc_hparams *hp = &m->hp;
-    kvc_kv_pool_params pp = { hp->n_layer, hp->n_head_kv, hp->head_dim, 0, KVC_TYPE_F32, 16 };
+    kvc_kv_layer layers[64];   /* each layer with its own KV heads and head dim (gemma4's differ) */
+    kvc_kv_group full = { KVC_KV_FULL, 0, 0 };
+    for (int l = 0; l < hp->n_layer && l < 64; l++)
+        layers[l] = (kvc_kv_layer){ 0, m->layers[l].n_head_kv, m->layers[l].head_dim, 0 };
+    kvc_kv_pool_params pp = { hp->n_layer, hp->n_head_kv, hp->head_dim, 0, KVC_TYPE_F32, 16, 1, &full, layers };
     kvc_kv_pool *pool = NULL;
     kvc_compute *c = NULL;
     kvc_err e = { 0 };
@@ -82,8 +87,8 @@ static void check(const char *preset, int swa_pattern)
         for (int l = 0; l < 1; l++) {
             double worst = 0, scale = 0;
             for (int p = 0; p < N; p++)
-                for (int h = 0; h < hp->n_head_kv; h++)
-                    for (int d = 0; d < hp->head_dim; d++) {
+                for (int h = 0; h < m->layers[l].n_head_kv; h++)
+                    for (int d = 0; d < m->layers[l].head_dim; d++) {
                         const float x = key_of(pool, &a, p, l, h, d), y = key_of(pool, &b, p + D, l, h, d);
                         worst = fmax(worst, fabs((double)x - y));
                         scale = fmax(scale, fabs((double)y));
@@ -108,5 +113,7 @@ int main(void)
     check("tiny-gemma3", 3);
     check("tiny-gemma3", 1);
     check("tiny-gpt-oss", 0);
+    check("tiny-gemma4", 3);
+    check("tiny-gemma4", 1);
     return test_done("test_shift_k");
 }

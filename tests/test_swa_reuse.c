@@ -6,7 +6,8 @@
  * T1 400 tokens; T2 = T1 + T1's reply + 300 tokens; T3 = T2 + T2's reply + 20;
  * T4 = T1's 400 + other tokens (diverges right after T1's prompt); T5 = T1's
  * first 380 + other tokens. The conversation outgrows every window (tiny-gemma3
- * 12, tiny-gpt-oss 8; the generated ones of make-model, and ../shared's when
+ * 12, tiny-gpt-oss 8, tiny-gemma4 8 with its global layers' own head size and
+ * KV heads; the generated ones of make-model, and ../shared's when
  * present). Checked: usage.prompt_tokens_details.cached_tokens is at least the
  * longest prefix the turn shares with an earlier prompt (the replies' tokens
  * are not counted: what more the server reuses is a bonus), the reply equals
@@ -42,8 +43,8 @@ int main(void)
     if (!mkdtemp(dir))
         return 1;
     struct { const char *preset, *file; } models[] = {
-        { "tiny-gemma3", NULL }, { "tiny-gpt-oss", NULL },
-        { NULL, "tiny-gemma3-f32.gguf" }, { NULL, "tiny-gpt-oss-f32.gguf" },
+        { "tiny-gemma3", NULL }, { "tiny-gpt-oss", NULL }, { "tiny-gemma4", NULL },
+        { NULL, "tiny-gemma3-f32.gguf" }, { NULL, "tiny-gpt-oss-f32.gguf" }, { NULL, "tiny-gemma4-f32.gguf" },
     };
     const char *shared = test_shared_dir();
     for (size_t k = 0; k < KVC_ARRAY_LEN(models); k++) {

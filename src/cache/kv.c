@@ -264,6 +264,8 @@ int64_t kvc_kv_n_free(const kvc_kv_pool *pool) { return pool->slab[0].n_free; }
 size_t  kvc_kv_block_bytes(const kvc_kv_pool *pool) { return pool->block_bytes; }
 size_t  kvc_kv_row_bytes(const kvc_kv_pool *pool) { return pool->layer[0].row_bytes; }
 size_t  kvc_kv_layer_row_bytes(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].row_bytes; }
+int32_t kvc_kv_layer_n_kv_head(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].n_kv_head; }
+int32_t kvc_kv_layer_head_dim(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].head_dim; }
 int32_t kvc_kv_n_groups(const kvc_kv_pool *pool) { return pool->p.n_groups; }
 const kvc_kv_group *kvc_kv_group_of(const kvc_kv_pool *pool, int32_t g) { return &pool->g_params[g]; }
 int32_t kvc_kv_layer_group(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].group; }

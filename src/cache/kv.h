@@ -107,6 +107,10 @@ int64_t kvc_kv_n_free(const kvc_kv_pool *pool);
 size_t  kvc_kv_block_bytes(const kvc_kv_pool *pool);      /* every group's chunk, all layers, K and V */
 size_t  kvc_kv_row_bytes(const kvc_kv_pool *pool);        /* one head, one position, of layer 0 */
 size_t  kvc_kv_layer_row_bytes(const kvc_kv_pool *pool, int32_t layer);
+/* A layer's KV heads and head dim as laid out (the pool's where its
+ * kvc_kv_layer said 0). */
+int32_t kvc_kv_layer_n_kv_head(const kvc_kv_pool *pool, int32_t layer);
+int32_t kvc_kv_layer_head_dim(const kvc_kv_pool *pool, int32_t layer);
 /* kvc_kv_block_bytes of a pool with these params, before making it, to size a
  * pool for a memory budget; 0 for a bad shape or type. */
 size_t  kvc_kv_block_bytes_for(const kvc_kv_pool_params *p);

@@ -35,9 +35,29 @@ static const kvc_arch_key keys_common[] = {
  * the row's default. */
 static const kvc_arch_key keys_swa[] = {
     KEY("attention.sliding_window",         KVC_KEY_U32, false, n_swa, 0),
-    KEY("attention.sliding_window_pattern", KVC_KEY_U32, false, swa_period, NAN),
+    KEY("attention.sliding_window_pattern", KVC_KEY_SWA_PATTERN, false, swa_period, NAN),
     KEY("rope.freq_base_swa",               KVC_KEY_F32, false, rope_theta_swa, 0),
     KEY("final_logit_softcapping",          KVC_KEY_F32, false, logit_softcap, 0),
+    { 0 }
+};
+
+/* Gemma 4: a sliding-window pattern per layer, the sliding layers' own head
+ * size and rotated dims; per-layer embeddings and KV-shared layers are read
+ * to be refused (model.c) until they run. Experts are optional (E2B/E4B have
+ * none; 26B-A4B puts them beside the dense FFN). */
+static const kvc_arch_key keys_gemma4[] = {
+    KEY("attention.sliding_window",         KVC_KEY_U32, true,  n_swa, 0),
+    KEY("attention.sliding_window_pattern", KVC_KEY_SWA_PATTERN, true, swa_period, 0),
+    KEY("attention.key_length_swa",         KVC_KEY_U32, true,  head_dim_swa, 0),
+    KEY("attention.value_length_swa",       KVC_KEY_U32, true,  value_dim_swa, 0),
+    KEY("rope.dimension_count_swa",         KVC_KEY_U32, false, n_rot_swa, 0),
+    KEY("rope.freq_base_swa",               KVC_KEY_F32, false, rope_theta_swa, 0),
+    KEY("final_logit_softcapping",          KVC_KEY_F32, false, logit_softcap, 0),
+    KEY("embedding_length_per_layer_input", KVC_KEY_U32, true,  n_embd_per_layer, 0),
+    KEY("attention.shared_kv_layers",       KVC_KEY_U32, false, n_kv_shared, 0),
+    KEY("expert_count",                     KVC_KEY_U32, false, n_expert, 0),
+    KEY("expert_used_count",                KVC_KEY_U32, false, n_expert_used, 0),
+    KEY("expert_feed_forward_length",       KVC_KEY_U32, false, n_ff_exp, 0),
     { 0 }
 };
 
@@ -189,6 +209,47 @@ static const kvc_arch_tensor t_attn_oai[] = {
     { 0 }
 };
 
+/* Gemma 4: V may be K (no attn_v), a scalar on the layer's output, the dense
+ * FFN on every layer, and beside it on MoE layers experts with their own
+ * norms, the router's input scale and optional per-expert output scales. */
+static const kvc_arch_tensor t_attn_g4[] = {
+    VEC("attn_norm.weight",   KVC_D_EMBD,            KVC_ON_ALL, 0, attn_norm),
+    MAT("attn_q.weight",      KVC_D_EMBD, KVC_D_Q,   KVC_ON_ATTN, 0, wq),
+    VEC("attn_q_norm.weight", KVC_D_HEAD,            KVC_ON_ATTN, 0, q_norm),
+    /* K and its norm: absent on KV-shared layers (model.c checks the others') */
+    MAT("attn_k.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, OPT, wk),
+    VEC("attn_k_norm.weight", KVC_D_HEAD,            KVC_ON_ATTN, OPT, k_norm),
+    MAT("attn_v.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, OPT, wv),
+    MAT("attn_output.weight", KVC_D_Q,    KVC_D_EMBD, KVC_ON_ATTN, 0, wo),
+    VEC("layer_output_scale.weight", KVC_D1,         KVC_ON_ALL, OPT, out_scale),
+    /* per-layer embeddings (required with embedding_length_per_layer_input > 0) */
+    MAT("inp_gate.weight",  KVC_D_EMBD, KVC_D_PLE, KVC_ON_ALL, OPT, ple_gate),
+    MAT("proj.weight",      KVC_D_PLE, KVC_D_EMBD, KVC_ON_ALL, OPT, ple_out),
+    VEC("post_norm.weight", KVC_D_EMBD,            KVC_ON_ALL, OPT, ple_post_norm),
+    { 0 }
+};
+
+static const kvc_arch_tensor t_ffn_dense_all[] = {
+    MAT("ffn_gate.weight", KVC_D_EMBD, KVC_D_FF, KVC_ON_ALL, 0, w_gate),
+    MAT("ffn_up.weight",   KVC_D_EMBD, KVC_D_FF, KVC_ON_ALL, 0, w_up),
+    MAT("ffn_down.weight", KVC_D_FF, KVC_D_EMBD, KVC_ON_ALL, 0, w_down),
+    { 0 }
+};
+
+static const kvc_arch_tensor t_ffn_moe_g4[] = {
+    MAT("ffn_gate_inp.weight", KVC_D_EMBD, KVC_D_EXP, KVC_ON_MOE, 0, router),
+    VEC("ffn_gate_inp.scale",  KVC_D_EMBD,            KVC_ON_MOE, 0, router_in_scale),
+    VEC("pre_ffw_norm_2.weight",  KVC_D_EMBD,         KVC_ON_MOE, 0, pre_ffn_norm2),
+    VEC("post_ffw_norm_1.weight", KVC_D_EMBD,         KVC_ON_MOE, 0, post_ffn_norm1),
+    VEC("post_ffw_norm_2.weight", KVC_D_EMBD,         KVC_ON_MOE, 0, post_ffn_norm2),
+    EXPS("ffn_gate_exps.weight",    KVC_D_EMBD, KVC_D_FF_EXP,  ALT, gate_exps),
+    EXPS("ffn_up_exps.weight",      KVC_D_EMBD, KVC_D_FF_EXP,  ALT, up_exps),
+    EXPS("ffn_gate_up_exps.weight", KVC_D_EMBD, KVC_D_FF_EXP2, OPT, gate_up_exps),
+    EXPS("ffn_down_exps.weight",    KVC_D_FF_EXP, KVC_D_EMBD,  0, down_exps),
+    VEC("ffn_down_exps.scale", KVC_D_EXP,             KVC_ON_MOE, OPT, down_exps_s),
+    { 0 }
+};
+
 static const kvc_arch_tensor t_ffn_dense[] = {
     MAT("ffn_gate.weight", KVC_D_EMBD, KVC_D_FF, KVC_ON_DENSE, 0, w_gate),
     MAT("ffn_up.weight",   KVC_D_EMBD, KVC_D_FF, KVC_ON_DENSE, 0, w_up),
@@ -257,6 +318,13 @@ const kvc_arch_tensor kvc_arch_globals[] = {
       offsetof(kvc_model, output_norm) },
     { "output.weight",      { KVC_D_EMBD, KVC_D_VOCAB, KVC_D1 }, KVC_ON_ALL, OPT, 0,
       offsetof(kvc_model, output) },
+    /* Gemma 4's per-layer embeddings (required with embedding_length_per_layer_input > 0) */
+    { "per_layer_token_embd.weight", { KVC_D_PLE_ALL, KVC_D_VOCAB, KVC_D1 }, KVC_ON_ALL, OPT, 0,
+      offsetof(kvc_model, ple_embd) },
+    { "per_layer_model_proj.weight", { KVC_D_EMBD, KVC_D_PLE_ALL, KVC_D1 }, KVC_ON_ALL, OPT, 0,
+      offsetof(kvc_model, ple_proj) },
+    { "per_layer_proj_norm.weight",  { KVC_D_PLE, KVC_D1, KVC_D1 }, KVC_ON_ALL, OPT, 1,
+      offsetof(kvc_model, ple_proj_norm) },
     { 0 }
 };
 
@@ -295,6 +363,16 @@ static const kvc_arch rows[] = {
       .swa_period = 2, .swa_rope_as_global = true,
       .keys = KEYS(keys_common, keys_moe, keys_swa),
       .tensors = TENSORS(t_attn, t_qkv_bias, t_attn_oai, t_ffn_norm_oai, t_ffn_moe) },
+    /* Gemma 4: a sliding pattern per layer, the global layers with their own
+     * head size, KV heads, rotated dims and proportional RoPE (rope_freqs),
+     * K = V where attn_v is absent, V-norm, scores unscaled, a scalar on each
+     * layer's output; MoE layers (those with a router) add experts beside the
+     * dense GeGLU FFN */
+    { .name = "gemma4", .rope_neox = true, .ffn = KVC_FFN_MOE_DENSE, .ffn_by_experts = true,
+      .act = KVC_ACT_GELU, .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true,
+      .swa_period = 6, .emb_scale_sqrt = true, .attn_scale = 1.0f, .v_norm = true, .rope_freqs_global = true,
+      .keys = KEYS(keys_common, keys_dense, keys_gemma4),
+      .tensors = TENSORS(t_attn_g4, t_post_norms, t_ffn_norm, t_ffn_dense_all, t_ffn_moe_g4) },
 
     /* Qwen3.5 / 3.6: Gated DeltaNet layers with a gated attention layer every
      * full_attention_interval; partial NeoX RoPE (IMRoPE is NeoX for text) */
@@ -324,7 +402,6 @@ static const kvc_arch rows[] = {
     /* known, not run yet (ARCHITECTURES.md) */
 #define LATER(nm, why) { .name = nm, .unsupported = why }
     LATER("gemma3n",        "per-layer embeddings and AltUp are not supported yet"),
-    LATER("gemma4",         "per-layer head sizes, K = V layers and proportional RoPE are not supported yet"),
     LATER("qwen3next",      "Gated DeltaNet recurrent layers are not supported yet"),
     LATER("lfm2moe",        "short-convolution layers with experts are not supported yet"),
     LATER("nemotron_h",     "Mamba-2 recurrent layers are not supported yet"),

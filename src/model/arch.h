@@ -34,6 +34,8 @@ typedef enum kvc_rope_scaling {
 typedef enum kvc_ffn_kind {
     KVC_FFN_DENSE = 0,       /* down(act(gate x) * up x) */
     KVC_FFN_MOE   = 1,       /* a router picks n_expert_used of n_expert such FFNs */
+    KVC_FFN_MOE_DENSE = 2,   /* experts beside a dense FFN, each with its own norms, summed
+                              * (Gemma 4's MoE layers: forward_moe.c) */
 } kvc_ffn_kind;
 
 /* How the router turns its logits into the selected experts' weights
@@ -67,6 +69,8 @@ typedef enum kvc_dim {
     KVC_D_FF_EXP2,           /* 2 * n_ff_exp (fused gate and up) */
     KVC_D_FF_SHEXP,          /* n_ff_shexp (the shared expert's width) */
     KVC_D_Q2,                /* 2 * n_head * head_dim (gated attention: query and gate rows) */
+    KVC_D_PLE,               /* n_embd_per_layer (Gemma 4's per-layer embeddings) */
+    KVC_D_PLE_ALL,           /* n_embd_per_layer * n_layer */
     /* recurrent layers (kvc_hparams' shortconv_l and ssm_*) */
     KVC_D_EMBD3,             /* 3 * n_embd (lfm2's in_proj: b, c, x) */
     KVC_D_CONV_L,            /* shortconv.l_cache (lfm2's kernel width) */
@@ -85,7 +89,7 @@ typedef enum kvc_dim {
 typedef enum kvc_tensor_when {
     KVC_ON_ALL = 0,
     KVC_ON_DENSE,            /* layers whose FFN is dense */
-    KVC_ON_MOE,              /* layers whose FFN is a mixture of experts */
+    KVC_ON_MOE,              /* layers whose FFN has experts (KVC_FFN_MOE, _MOE_DENSE) */
     KVC_ON_ATTN,             /* layers whose token mixer is attention (full or window) */
     KVC_ON_RECR,             /* layers whose token mixer is recurrent (the row's kind: Gated
                               * DeltaNet, short convolution, Mamba-2) */
@@ -115,7 +119,13 @@ typedef enum kvc_key_type {
     KVC_KEY_U32_LAYERS,      /* a U32, or an array of one per layer: the field gets the largest,
                               * model.c's layer_hparams each layer's (head_count_kv of the hybrids) */
     KVC_KEY_ROPE_SCALING,    /* a string: "none", "linear" or "yarn", into a kvc_rope_scaling */
+    KVC_KEY_SWA_PATTERN,     /* sliding_window_pattern: a U32 period, or an array of one bool (or
+                              * integer) per layer, true = the layer slides (Gemma 4): the field
+                              * (swa_period) then gets KVC_SWA_PER_LAYER, model.c's layer_slides
+                              * reads each layer's */
 } kvc_key_type;
+
+#define KVC_SWA_PER_LAYER (-1)
 
 typedef struct kvc_arch_key {
     const char *suffix;
@@ -159,6 +169,14 @@ typedef struct kvc_arch {
                                               * (Granite 4.0-H is NoPE) */
     const char *output_norm;                 /* the final norm's tensor; NULL: output_norm.weight
                                               * (lfm2: token_embd_norm.weight) */
+    float       attn_scale;                  /* every layer's score factor (Gemma 4: 1, its
+                                              * QK-norms set the scale); 0: 1/sqrt(head_dim) */
+    bool        v_norm;                      /* V rms-normed per head without a weight; a layer
+                                              * without attn_v takes V = K before K's norm
+                                              * (Gemma 4) */
+    bool        rope_freqs_global;           /* rope_freqs.weight divides only the global layers'
+                                              * frequencies (Gemma 4's proportional RoPE); else
+                                              * every layer's (Llama 3.1) */
     const kvc_arch_key    *const *keys;      /* NULL-terminated lists of {0}-terminated keys */
     const kvc_arch_tensor *const *tensors;   /* per layer, NULL-terminated lists */
 } kvc_arch;

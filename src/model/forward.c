@@ -41,9 +41,11 @@ static double yarn_corr_dim(int32_t n_rot, int32_t n_ctx_orig, double beta, doub
  * (Gemma 3's sliding layers), else the file's linear or YaRN scaling; pair
  * i's frequency divided by ff[i] first when the model has factors (Llama
  * 3.1's rope_freqs.weight, as ggml's freq_factors). */
-static void rope_init(kvc_rope *r, const kvc_hparams *hp, double base, bool unscaled, const float *ff)
+static void rope_init(kvc_rope *r, const kvc_hparams *hp, int32_t n_rot, double base, bool unscaled,
+                      const float *ff)
 {
-    const int32_t n = hp->n_rot, half = n / 2;
+    const int32_t n = n_rot, half = n / 2;
+    r->n_rot = n_rot;
     const int scaling = unscaled ? KVC_ROPE_NONE : hp->rope_scaling;
     const double fs = scaling == KVC_ROPE_NONE ? 1.0 : 1.0 / (double)hp->rope_factor;
     double lo = 0, hi = 0;
@@ -80,8 +82,11 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->m = m;
     c->max_batch = max_batch;
     c->max_ctx = max_ctx;
-    size_t B = (size_t)max_batch, hd = (size_t)hp->head_dim;
-    size_t nq = (size_t)hp->n_head * hd, nkv = (size_t)hp->n_head_kv * hd;
+    /* buffers sized by the largest layer (head sizes and KV heads may differ per layer) */
+    size_t B = (size_t)max_batch, hd = (size_t)KVC_MAX(hp->head_dim, hp->head_dim_swa);
+    size_t nq = (size_t)hp->n_head * hd, nkv = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++)
+        nkv = KVC_MAX(nkv, (size_t)m->layers[il].n_head_kv * (size_t)m->layers[il].head_dim);
     c->x = alloc_f(B * hp->n_embd);
     c->h = alloc_f(B * hp->n_embd);
     c->q = alloc_f(B * nq);
@@ -90,7 +95,8 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->att = alloc_f(B * nq);
     c->gate = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));       /* n_ff is 0 in some MoE files */
     c->up = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));
-    const size_t half = (size_t)hp->n_rot / 2;
+    const size_t half = (size_t)KVC_MAX(hp->n_rot, hp->n_rot_swa) / 2;
+    c->rope_half = (int32_t)half;
     c->n_rope = 1;
     for (int32_t il = 0; il < hp->n_layer; il++)
         if (m->layers[il].rope == 1)
@@ -125,7 +131,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     }
     for (int t = 0; ok && t < n_threads; t++) {
         c->mm_scratch[t] = alloc_f(kvc_matmul_scratch_floats(max_in));
-        c->scores[t] = alloc_f(kvc_attn_scratch_floats((int64_t)c->tile_tok * group, (int32_t)hp->head_dim));
+        c->scores[t] = alloc_f(kvc_attn_scratch_floats((int64_t)c->tile_tok * group, (int32_t)hd));
         ok = c->mm_scratch[t] && c->scores[t];
     }
     if (!ok) {
@@ -136,13 +142,18 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the experts' buffers");
     }
+    if (hp->n_embd_per_layer > 0 && kvc_ple_alloc(c) != KVC_OK) {
+        kvc_compute_free(c);
+        return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the per-layer embeddings' buffers");
+    }
     if (kvc_gdn_alloc(c) != KVC_OK ||
         (hp->arch->recurrent != KVC_ATTN_FULL && kvc_ssm_alloc(c) != KVC_OK)) {
         kvc_compute_free(c);
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory allocating the recurrent layers' buffers");
     }
-    rope_init(&c->rope[0], hp, hp->rope_theta, false, m->rope_freqs);
-    rope_init(&c->rope[1], hp, hp->rope_theta_swa, !hp->arch->swa_rope_as_global, m->rope_freqs);
+    rope_init(&c->rope[0], hp, hp->n_rot, hp->rope_theta, false, m->rope_freqs);
+    rope_init(&c->rope[1], hp, hp->n_rot_swa, hp->rope_theta_swa, !hp->arch->swa_rope_as_global,
+              hp->arch->rope_freqs_global ? NULL : m->rope_freqs);
     *out = c;
     return KVC_OK;
 }
@@ -161,6 +172,7 @@ void kvc_compute_free(kvc_compute *c)
             kvc_free_aligned(c->krow[t]);
     }
     kvc_moe_free(c);
+    kvc_ple_free(c);
     kvc_gdn_free(c);
     kvc_ssm_free(c);
     kvc_threadpool_free(c->tp);
@@ -279,8 +291,12 @@ void kvc_fwd_rmsnorm(float *out, const float *x, const float *w, int64_t n, floa
     for (int64_t i = 0; i < n; i++)
         ss += (double)x[i] * (double)x[i];
     float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-    for (int64_t i = 0; i < n; i++)
-        out[i] = (x[i] * scale) * w[i];
+    if (!w)
+        for (int64_t i = 0; i < n; i++)
+            out[i] = x[i] * scale;
+    else
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (x[i] * scale) * w[i];
 }
 
 /* Rotate the first n_rot dims of one head in place: pairs (2i, 2i+1), or
@@ -357,10 +373,9 @@ static void embed_task(void *ctx, int64_t i, int thread)
     if (m->hp.emb_scale != 0.0f)
         for (int32_t d = 0; d < m->hp.n_embd; d++)
             x[d] *= m->hp.emb_scale;
-    const int32_t half = m->hp.n_rot / 2;
     for (int32_t r = 0; r < f->c->n_rope; r++) {
-        const size_t at = ((size_t)i * (size_t)f->c->n_rope + (size_t)r) * (size_t)half;
-        rope_table(f->c->rope[r].freq, half, (double)f->items[i].pos, f->c->rope[r].mscale,
+        const size_t at = ((size_t)i * (size_t)f->c->n_rope + (size_t)r) * (size_t)f->c->rope_half;
+        rope_table(f->c->rope[r].freq, f->c->rope[r].n_rot / 2, (double)f->items[i].pos, f->c->rope[r].mscale,
                    f->c->rope_cos + at, f->c->rope_sin + at);
     }
 }
@@ -395,6 +410,25 @@ static void residual_add(const kvc_hparams *hp, float *x, float *h, const float 
     add_rows(x, h, hp->n_embd);
 }
 
+/* x += layer L's output h (after its post-norm: the FFN's, or with per-layer
+ * embeddings theirs, kvc_ple_step having added the FFN's), then x *= the
+ * layer's output scale where it has one (Gemma 4). */
+static void ffn_residual(const kvc_hparams *hp, const kvc_layer *L, float *x, float *h)
+{
+    residual_add(hp, x, h, NULL, L->ple_gate.data ? L->ple_post_norm : L->post_ffn_norm);
+    if (L->out_scale)
+        for (int32_t d = 0; d < hp->n_embd; d++)
+            x[d] *= L->out_scale[0];
+}
+
+void kvc_fwd_ffn_residual_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const kvc_hparams *hp = &f->c->m->hp;
+    residual_add(hp, f->c->x + i * hp->n_embd, f->c->h + i * hp->n_embd, NULL,
+                 f->c->m->layers[f->layer].post_ffn_norm);
+}
+
 /* Row i: x += the previous layer's FFN output (none before layer 0), then the
  * attention's norm. */
 void kvc_fwd_attn_norm_task(void *ctx, int64_t i, int thread)
@@ -403,7 +437,7 @@ void kvc_fwd_attn_norm_task(void *ctx, int64_t i, int thread)
     const kvc_hparams *hp = &f->c->m->hp;
     float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
     if (f->layer > 0)
-        residual_add(hp, x, h, NULL, f->c->m->layers[f->layer - 1].post_ffn_norm);
+        ffn_residual(hp, &f->c->m->layers[f->layer - 1], x, h);
     kvc_fwd_rmsnorm(h, x, f->c->m->layers[f->layer].attn_norm, hp->n_embd, hp->rms_eps);
 }
 
@@ -432,7 +466,7 @@ static void last_residual_task(void *ctx, int64_t i, int thread)
     fwd *f = ctx;
     const kvc_model *m = f->c->m;
     const int64_t d = m->hp.n_embd;
-    residual_add(&m->hp, f->c->x + i * d, f->c->h + i * d, NULL, m->layers[m->hp.n_layer - 1].post_ffn_norm);
+    ffn_residual(&m->hp, &m->layers[m->hp.n_layer - 1], f->c->x + i * d, f->c->h + i * d);
 }
 
 /* Biases, per-head norms, rope; then K and V of token i go into the pool. */
@@ -442,29 +476,35 @@ static void qkv_task(void *ctx, int64_t i, int thread)
     kvc_compute *c = f->c;
     const kvc_hparams *hp = &c->m->hp;
     const kvc_layer *L = &c->m->layers[f->layer];
-    const int32_t hd = L->head_dim, half = hp->n_rot / 2;
+    const int32_t hd = L->head_dim, n_rot = c->rope[L->rope].n_rot;
     float *q = c->q + i * L->n_head * hd;
     float *k = c->k + i * L->n_head_kv * hd;
     float *v = c->v + i * L->n_head_kv * hd;
     add_bias(q, L->bq, (int64_t)L->n_head * hd);
     add_bias(k, L->bk, (int64_t)L->n_head_kv * hd);
+    if (!L->wv.data)   /* V = K before K's norm and rotation (Gemma 4's global layers) */
+        memcpy(v, k, (size_t)L->n_head_kv * (size_t)hd * sizeof(float));
     add_bias(v, L->bv, (int64_t)L->n_head_kv * hd);
-    const size_t at = ((size_t)i * (size_t)c->n_rope + (size_t)L->rope) * (size_t)half;
+    const size_t at = ((size_t)i * (size_t)c->n_rope + (size_t)L->rope) * (size_t)c->rope_half;
     const float *cs = c->rope_cos + at, *sn = c->rope_sin + at;
     for (int32_t h = 0; h < L->n_head; h++) {
         if (L->q_norm)
             kvc_fwd_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
         if (!L->no_rope)
-            rope_head(q + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
+            rope_head(q + h * hd, cs, sn, n_rot, hp->rope_neox);
     }
+    if (L->kv_layer != f->layer)   /* KV-shared: attends to an earlier layer's K/V */
+        return;
     const kvc_batch_item *it = &f->items[i];
     int32_t blk = it->seq->blocks[it->pos / f->B];
     size_t off = (size_t)(it->pos % f->B) * f->row_bytes;
     for (int32_t h = 0; h < L->n_head_kv; h++) {
         if (L->k_norm)
             kvc_fwd_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
+        if (L->v_norm)
+            kvc_fwd_rmsnorm(v + h * hd, v + h * hd, NULL, hd, hp->rms_eps);
         if (!L->no_rope)
-            rope_head(k + h * hd, cs, sn, hp->n_rot, hp->rope_neox);
+            rope_head(k + h * hd, cs, sn, n_rot, hp->rope_neox);
         store_k(f->kv_type, k + h * hd, kvc_kv_k(f->pool, blk, f->layer, h), it->pos % f->B, f->B,
                 f->row_bytes, hd);
         store_row(f->kv_type, v + h * hd, (uint8_t *)kvc_kv_v(f->pool, blk, f->layer, h) + off, hd);
@@ -477,17 +517,19 @@ static float *dequant_kv(fwd *f, const kvc_batch_item *it, int32_t kvh, int64_t 
                          const void **kb, const void **vb)
 {
     kvc_compute *c = f->c;
-    const int32_t hd = c->m->hp.head_dim, B = f->B;
+    const int32_t hd = c->m->layers[f->layer].head_dim, B = f->B;
+    const size_t hd_max = (size_t)KVC_MAX(c->m->hp.head_dim, c->m->hp.head_dim_swa);
     if (!c->krow[thread] &&
-        !(c->krow[thread] = alloc_f(2 * (size_t)((c->max_ctx + B) / B * B) * (size_t)hd)))
+        !(c->krow[thread] = alloc_f(2 * (size_t)((c->max_ctx + B) / B * B) * hd_max)))
         return NULL;
     float *kt = c->krow[thread], *vt = kt + (size_t)((c->max_ctx + B) / B * B) * hd;
     const int64_t nb = (n_pos + B - 1) / B;
     float row[1024];
     for (int64_t b = 0; b < nb; b++) {
         int32_t blk = it->seq->blocks[b];
-        const uint8_t *kh = kvc_kv_k(f->pool, blk, f->layer, kvh);
-        const uint8_t *vh = kvc_kv_v(f->pool, blk, f->layer, kvh);
+        const int32_t kl = c->m->layers[f->layer].kv_layer;
+        const uint8_t *kh = kvc_kv_k(f->pool, blk, kl, kvh);
+        const uint8_t *vh = kvc_kv_v(f->pool, blk, kl, kvh);
         float *kb_f = kt + b * B * hd, *vb_f = vt + b * B * hd;
         kb[b] = vb[b] = NULL;
         if (!kh)   /* behind a window group's window: released, not read */
@@ -533,8 +575,8 @@ static void attn_task(void *ctx, int64_t task, int thread)
         }
     } else {
         for (int64_t b = 0; b < nb; b++) {
-            kb[b] = kvc_kv_k(f->pool, it->seq->blocks[b], f->layer, kvh);
-            vb[b] = kvc_kv_v(f->pool, it->seq->blocks[b], f->layer, kvh);
+            kb[b] = kvc_kv_k(f->pool, it->seq->blocks[b], L->kv_layer, kvh);
+            vb[b] = kvc_kv_v(f->pool, it->seq->blocks[b], L->kv_layer, kvh);
         }
     }
     const int64_t ld = (int64_t)L->n_head * hd;
@@ -593,8 +635,8 @@ static void attn_step(fwd *f)
     kvc_threadpool_run(c->tp, n, kvc_fwd_attn_norm_task, f);
     if (L->attn_gated)
         kvc_gated_qkv(f);
-    else
-        kvc_fwd_matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
+    else   /* without wv, V is K (qkv_task); a KV-shared layer projects only Q */
+        kvc_fwd_matmul_n(c, c->h, n, L->kv_layer != f->layer ? 1 : L->wv.data ? 3 : 2, (const kvc_weight *[]){ &L->wq, &L->wk, &L->wv },
                  (float *[]){ c->q, c->k, c->v }, (const int64_t[]){ nq, nkv, nkv });
     kvc_threadpool_run(c->tp, n, qkv_task, f);
     kvc_threadpool_run(c->tp, (int64_t)f->n_tiles * L->n_head_kv, attn_task, f);
@@ -603,18 +645,23 @@ static void attn_step(fwd *f)
     matmul(c, &L->wo, c->att, n, c->h, d);
 }
 
-/* The dense gated FFN: down(silu(gate h) * up h). */
-static void ffn_dense_step(fwd *f)
+void kvc_fwd_ffn_dense(fwd *f, float *out)
 {
     kvc_compute *c = f->c;
     const kvc_layer *L = &c->m->layers[f->layer];
     const int64_t n = f->n, d = c->m->hp.n_embd, n_ff = c->m->hp.n_ff;
 
-    kvc_threadpool_run(c->tp, n, kvc_fwd_ffn_norm_task, f);
     kvc_fwd_matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->w_gate, &L->w_up }, (float *[]){ c->gate, c->up },
              (const int64_t[]){ n_ff, n_ff });
     kvc_threadpool_run(c->tp, n, ffn_act_task, f);
-    matmul(c, &L->w_down, c->gate, n, c->h, d);
+    matmul(c, &L->w_down, c->gate, n, out, d);
+}
+
+/* The dense gated FFN: down(act(gate h) * up h). */
+static void ffn_dense_step(fwd *f)
+{
+    kvc_threadpool_run(f->c->tp, f->n, kvc_fwd_ffn_norm_task, f);
+    kvc_fwd_ffn_dense(f, f->c->h);
 }
 
 static const layer_step attn_steps[] = {
@@ -628,13 +675,17 @@ static const layer_step attn_steps[] = {
 static const layer_step ffn_steps[] = {
     [KVC_FFN_DENSE] = ffn_dense_step,
     [KVC_FFN_MOE]   = kvc_moe_step,
+    [KVC_FFN_MOE_DENSE] = kvc_moe_dense_step,
 };
 
 static void layer_forward(fwd *f)
 {
     const kvc_layer *L = &f->c->m->layers[f->layer];
+    f->row_bytes = kvc_kv_layer_row_bytes(f->pool, L->kv_layer);   /* head sizes may differ per layer */
     attn_steps[L->attn](f);
     ffn_steps[L->ffn](f);
+    if (L->ple_gate.data)
+        kvc_ple_step(f);
 }
 
 /* Check the batch against the rules of kvc_compute_forward before touching
@@ -652,6 +703,14 @@ static int check_batch(const kvc_compute *c, const kvc_kv_pool *pool, const kvc_
     const kvc_kv_pool_params *pp = kvc_kv_pool_params_of(pool);
     if (pp->n_layer != hp->n_layer || pp->n_kv_head != hp->n_head_kv || pp->head_dim != hp->head_dim)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool shape does not match the model");
+    for (int32_t l = 0; l < hp->n_layer; l++) {   /* head sizes and KV heads may differ per layer */
+        const kvc_layer *L = &c->m->layers[l];
+        if (L->state_floats == 0 && (kvc_kv_layer_n_kv_head(pool, l) != L->n_head_kv ||
+                                     kvc_kv_layer_head_dim(pool, l) != L->head_dim))
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool layer %d: %d KV heads of %d, the model's "
+                            "%d of %d", l, kvc_kv_layer_n_kv_head(pool, l), kvc_kv_layer_head_dim(pool, l),
+                            L->n_head_kv, L->head_dim);
+    }
     for (int32_t i = 0; i < n; i++) {
         const kvc_batch_item *it = &items[i];
         if (it->token < 0 || it->token >= hp->n_vocab)
@@ -702,6 +761,7 @@ int kvc_compute_forward(kvc_compute *c, kvc_kv_pool *pool, const kvc_batch_item 
               kvc_kv_block_tokens(pool), make_tiles(c, items, n), kvc_kv_row_bytes(pool), false };
 
     kvc_threadpool_run(c->tp, n, embed_task, &f);
+    kvc_ple_inputs(&f);
     for (f.layer = 0; f.layer < hp->n_layer && !atomic_load(&f.failed); f.layer++)
         layer_forward(&f);
     if (atomic_load(&f.failed))
@@ -740,9 +800,8 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
                         int64_t p0, int64_t p1, int64_t delta, kvc_err *err)
 {
     const kvc_hparams *hp = &c->m->hp;
-    const int32_t hd = hp->head_dim, half = hp->n_rot / 2, B = kvc_kv_block_tokens(pool);
+    const int32_t B = kvc_kv_block_tokens(pool);
     const uint32_t type = kvc_kv_pool_params_of(pool)->type;
-    const size_t rb = kvc_kv_row_bytes(pool);
     if (kvc_model_recurrent(c->m))
         return kvc_fail(err, KVC_ERR_UNSUPPORTED, "context shift not supported for %s: its recurrent "
                         "layers' state cannot be moved to other positions", hp->arch_name);
@@ -751,21 +810,24 @@ int kvc_compute_shift_k(kvc_compute *c, kvc_kv_pool *pool, kvc_kv_seq *seq,
                         (long long)p0, (long long)p1, (long long)seq->n_tokens);
     float cs[2][512], sn[2][512], row[1024];
     for (int r = 0; r < c->n_rope; r++)
-        rope_table(c->rope[r].freq, half, (double)delta, 1.0, cs[r], sn[r]);
+        rope_table(c->rope[r].freq, c->rope[r].n_rot / 2, (double)delta, 1.0, cs[r], sn[r]);
     for (int64_t p = p0; p < p1; p++) {
         int32_t blk = seq->blocks[p / B];
         if (kvc_kv_block_refcount(pool, blk) > 1)
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "shift of a shared block");
-        for (int32_t l = 0; l < hp->n_layer; l++)
-            for (int32_t h = 0; h < hp->n_head_kv; h++) {
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            const kvc_layer *L = &c->m->layers[l];
+            const size_t rb = kvc_kv_layer_row_bytes(pool, l);
+            const int r = L->rope;
+            for (int32_t h = 0; h < L->n_head_kv; h++) {
                 void *head = kvc_kv_k(pool, blk, l, h);
-                const int r = c->m->layers[l].rope;
                 if (!head)   /* behind a window group's window: released */
                     continue;
-                load_k(type, head, (int32_t)(p % B), B, rb, hd, row);
-                rope_head(row, cs[r], sn[r], hp->n_rot, hp->rope_neox);
-                store_k(type, row, head, (int32_t)(p % B), B, rb, hd);
+                load_k(type, head, (int32_t)(p % B), B, rb, L->head_dim, row);
+                rope_head(row, cs[r], sn[r], c->rope[r].n_rot, hp->rope_neox);
+                store_k(type, row, head, (int32_t)(p % B), B, rb, L->head_dim);
             }
+        }
     }
     return KVC_OK;
 }
@@ -774,34 +836,37 @@ int kvc_compute_move_kv(kvc_compute *c, kvc_kv_pool *pool, const int32_t *src_bl
                         const int32_t *dst_blocks, int64_t d, int64_t k, kvc_err *err)
 {
     const kvc_hparams *hp = &c->m->hp;
-    const int32_t hd = hp->head_dim, half = hp->n_rot / 2, B = kvc_kv_block_tokens(pool);
+    const int32_t B = kvc_kv_block_tokens(pool);
     const uint32_t type = kvc_kv_pool_params_of(pool)->type;
-    const size_t rb = kvc_kv_row_bytes(pool);
     if (kvc_model_recurrent(c->m))
         return kvc_fail(err, KVC_ERR_UNSUPPORTED, "context shift not supported for %s: its recurrent "
                         "layers' state cannot be moved to other positions", hp->arch_name);
-    if (a < 0 || d < 0 || k < 0 || hd > 1024 || (src_blocks == dst_blocks && d > a))
+    if (a < 0 || d < 0 || k < 0 || KVC_MAX(hp->head_dim, hp->head_dim_swa) > 1024 || (src_blocks == dst_blocks && d > a))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "move of positions [%lld, %lld) to %lld",
                         (long long)a, (long long)(a + k), (long long)d);
     float cs[2][512], sn[2][512], row[1024];
     for (int r = 0; r < c->n_rope; r++)
-        rope_table(c->rope[r].freq, half, (double)(d - a), 1.0, cs[r], sn[r]);
+        rope_table(c->rope[r].freq, c->rope[r].n_rot / 2, (double)(d - a), 1.0, cs[r], sn[r]);
     for (int64_t j = 0; j < k; j++) {
         const int64_t p = a + j, q = d + j;
         const int32_t sb = src_blocks[p / B], db = dst_blocks[q / B];
         const int32_t sr = (int32_t)(p % B), dr = (int32_t)(q % B);
         if (kvc_kv_block_refcount(pool, db) > 1)
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "move into a shared block");
-        for (int32_t l = 0; l < hp->n_layer; l++)
-            for (int32_t h = 0; h < hp->n_head_kv; h++) {
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            const kvc_layer *L = &c->m->layers[l];
+            const size_t rb = kvc_kv_layer_row_bytes(pool, l);
+            const int r = L->rope;
+            for (int32_t h = 0; h < L->n_head_kv; h++) {
                 if (!kvc_kv_k(pool, sb, l, h) || !kvc_kv_k(pool, db, l, h))
                     continue;   /* behind a window group's window: released */
-                load_k(type, kvc_kv_k(pool, sb, l, h), sr, B, rb, hd, row);
-                rope_head(row, cs[c->m->layers[l].rope], sn[c->m->layers[l].rope], hp->n_rot, hp->rope_neox);
-                store_k(type, row, kvc_kv_k(pool, db, l, h), dr, B, rb, hd);
+                load_k(type, kvc_kv_k(pool, sb, l, h), sr, B, rb, L->head_dim, row);
+                rope_head(row, cs[r], sn[r], c->rope[r].n_rot, hp->rope_neox);
+                store_k(type, row, kvc_kv_k(pool, db, l, h), dr, B, rb, L->head_dim);
                 memcpy((uint8_t *)kvc_kv_v(pool, db, l, h) + (size_t)dr * rb,
                        (const uint8_t *)kvc_kv_v(pool, sb, l, h) + (size_t)sr * rb, rb);
             }
+        }
     }
     return KVC_OK;
 }

@@ -27,6 +27,8 @@ typedef struct kvc_moe_buf {
     float   *sh_u;        /* [n][n_ff_shexp] the shared expert's up */
     float   *sh_y;        /* [n][n_embd] the shared expert's output */
     float   *sh_gate;     /* [n] the shared expert's sigmoid gate input */
+    float   *dense;       /* [n][n_embd] the dense FFN's output beside the experts (KVC_FFN_MOE_DENSE) */
+    float   *rin;         /* [n][n_embd] the router's input (KVC_FFN_MOE_DENSE) */
     void    *act;         /* prepared activations (kernels.h): [n] token rows of the
                              input, then [n * k] pair rows of the down input */
     struct moe_task *tasks; /* [max_tasks] (expert, part, rows) of a matmul phase */
@@ -64,6 +66,14 @@ typedef struct kvc_ssm_buf {
     int32_t  n_seq;       /* sequences in the batch */
 } kvc_ssm_buf;
 
+/* The per-layer embeddings' buffers (forward_ple.c), sized at
+ * kvc_compute_new for max_batch tokens (all NULL without them). */
+typedef struct kvc_ple_buf {
+    float   *inp;         /* [n][n_layer][P] each token's input of each layer */
+    float   *row;         /* [n][n_layer * P] the token's per_layer_token_embd row */
+    float   *g;           /* [n][P] gelu(ple_gate x) * the layer's input */
+} kvc_ple_buf;
+
 /* One RoPE rotation, shared by the layers whose kvc_layer.rope names it: pair
  * i < n_rot / 2 turns by pos * freq[i] (base^(-2i/n_rot), with linear or YaRN
  * scaling folded in: the angle stays linear in the position, so a context
@@ -72,6 +82,7 @@ typedef struct kvc_ssm_buf {
 typedef struct kvc_rope {
     double  *freq;        /* [n_rot / 2] */
     double   mscale;
+    int32_t  n_rot;       /* the rotated dims of a head (hparams' n_rot, or n_rot_swa) */
 } kvc_rope;
 
 struct kvc_compute {
@@ -88,8 +99,9 @@ struct kvc_compute {
     float   *att;         /* [n][n_head * hd] attention output */
     float   *gate;        /* [n][n_ff] */
     float   *up;          /* [n][n_ff] */
-    float   *rope_cos;    /* [n][n_rope][n_rot / 2] */
-    float   *rope_sin;    /* [n][n_rope][n_rot / 2] */
+    float   *rope_cos;    /* [n][n_rope][rope_half] (rotation r's first rope[r].n_rot / 2) */
+    float   *rope_sin;    /* [n][n_rope][rope_half] */
+    int32_t  rope_half;   /* the largest n_rot / 2 of the rotations */
     int32_t  n_rope;      /* rotations in use: 1, or 2 when sliding layers rotate their own way */
     kvc_rope rope[2];     /* [0]: the global layers', [1]: the sliding layers' (kvc_layer.rope) */
     int32_t *tiles;       /* [max_batch + 1] first batch index of each attention tile, then n */
@@ -104,6 +116,7 @@ struct kvc_compute {
     kvc_moe_buf moe;      /* the mixture-of-experts step's buffers (forward_moe.c) */
     kvc_gdn_buf gdn;      /* the Gated DeltaNet step's buffers (forward_gdn.c) */
     kvc_ssm_buf ssm;      /* the recurrent steps' buffers (forward_ssm.c) */
+    kvc_ple_buf ple;      /* the per-layer embeddings' buffers (forward_ple.c) */
 };
 
 typedef struct fwd {
@@ -131,7 +144,11 @@ void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread);
 /* Row i: x += the previous layer's FFN output (none before layer 0), then the
  * mixer's norm into h. */
 void kvc_fwd_attn_norm_task(void *ctx, int64_t i, int thread);
-/* out = x / sqrt(mean(x^2) + eps) * w over n elements (out may be x). */
+/* The dense gated FFN of layer f->layer on the n_ff-wide rows of c->h:
+ * down(act(gate h) * up h) into out ([n][n_embd]; may be c->h). */
+void kvc_fwd_ffn_dense(fwd *f, float *out);
+/* out = x / sqrt(mean(x^2) + eps) * w over n elements (out may be x; w NULL:
+ * no weight). */
 void kvc_fwd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 
 /* The recurrent mixers (forward_ssm.c): lfm2's gated short convolution and
@@ -153,8 +170,21 @@ int  kvc_gdn_layers(kvc_model *m, kvc_err *err);
 void kvc_gated_qkv(fwd *f);
 void kvc_gated_out(fwd *f);
 
-/* The mixture-of-experts FFN step (forward_moe.c), and its buffers. */
+/* Gemma 4's per-layer embeddings (forward_ple.c): each token's input of
+ * every layer, computed once after the embedding (c->x); and the step after a
+ * layer's FFN, which adds the FFN's output to x and leaves the per-layer
+ * embedding's output in h (added by the next residual, after ple_post_norm). */
+void kvc_ple_inputs(fwd *f);
+void kvc_ple_step(fwd *f);
+int  kvc_ple_alloc(kvc_compute *c);      /* KVC_OK, or KVC_ERR_NOMEM */
+void kvc_ple_free(kvc_compute *c);
+/* Row i: x += h after the FFN's post-norm (forward.c's residual add). */
+void kvc_fwd_ffn_residual_task(void *ctx, int64_t i, int thread);
+
+/* The mixture-of-experts FFN steps (forward_moe.c): experts (and a shared
+ * expert), or experts beside a dense FFN (Gemma 4); and their buffers. */
 void kvc_moe_step(fwd *f);
+void kvc_moe_dense_step(fwd *f);
 int  kvc_moe_alloc(kvc_compute *c);      /* KVC_OK, or KVC_ERR_NOMEM */
 void kvc_moe_free(kvc_compute *c);
 

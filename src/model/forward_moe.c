@@ -6,8 +6,14 @@
  *   probs  = softmax(logits) | sigmoid(logits) | logits        (gating)
  *   sel    = top-k of probs (+ selection bias), ties to the lower index
  *   w      = probs[sel]; softmax over the k (gpt-oss); / sum (norm_w); * scale
- *   out    = sum_j w_j (down_e(act(gate_e h (+b), up_e h (+b))) (+ b_down))
+ *   out    = sum_j w_j (down_e(act(gate_e h (+b), up_e h (+b))) * s_e (+ b_down))
  *          + sigmoid(w_sg . h) * down_s(act(gate_s h, up_s h))   (shared expert)
+ *
+ * Gemma 4's MoE layers (KVC_FFN_MOE_DENSE, ARCHITECTURES.md §3.7) run the
+ * experts beside the dense FFN, from the same residual stream x:
+ *   out = rms(dense(rms(x) * ffn_norm), post_ffw_norm_1)
+ *       + rms(experts(rms(x) * pre_ffw_norm_2), post_ffw_norm_2)
+ * with the router on rms(x) / sqrt(n_embd) * ffn_gate_inp.scale.
  *
  * Fidelity (DESIGN §3): a token's routing is computed from its own row; each
  * expert's matmuls give every element as a function of its weight row and the
@@ -70,6 +76,8 @@ int kvc_moe_alloc(kvc_compute *c)
     b->sh_u = kvc_alloc_aligned(B * fs * sizeof(float));
     b->sh_y = kvc_alloc_aligned(B * d * sizeof(float));
     b->sh_gate = malloc(B * sizeof(float));
+    b->dense = kvc_alloc_aligned(B * d * sizeof(float));
+    b->rin = kvc_alloc_aligned(B * d * sizeof(float));
     b->max_tasks = (int64_t)(2 * N + 4 * (size_t)nt + 64);
     b->tasks = malloc((size_t)b->max_tasks * sizeof(moe_task));
     /* the token rows of the input, or later the pair rows of the down input */
@@ -77,7 +85,8 @@ int kvc_moe_alloc(kvc_compute *c)
                                      kvc_matmul_act_bytes((int64_t)ff, (int64_t)(B * k)));
     b->act = act_bytes ? kvc_alloc_aligned(act_bytes) : NULL;
     if (!b->logits || !b->sel || !b->w || !b->pair_of || !b->pair_tok || !b->first || !b->fill || !b->x ||
-        !b->gu || !b->y || !b->sh_g || !b->sh_u || !b->sh_y || !b->sh_gate || !b->tasks || (act_bytes && !b->act))
+        !b->gu || !b->y || !b->sh_g || !b->sh_u || !b->sh_y || !b->sh_gate || !b->dense || !b->rin ||
+        !b->tasks || (act_bytes && !b->act))
         return KVC_ERR_NOMEM;
     /* touched now, so that a context's first full batch does not pay the page faults */
     memset(b->x, 0, B * k * d * sizeof(float));
@@ -91,7 +100,7 @@ int kvc_moe_alloc(kvc_compute *c)
 void kvc_moe_free(kvc_compute *c)
 {
     kvc_moe_buf *b = &c->moe;
-    float *al[] = { b->logits, b->x, b->gu, b->y, b->sh_g, b->sh_u, b->sh_y };
+    float *al[] = { b->logits, b->x, b->gu, b->y, b->sh_g, b->sh_u, b->sh_y, b->dense, b->rin };
     for (size_t i = 0; i < KVC_ARRAY_LEN(al); i++)
         kvc_free_aligned(al[i]);
     kvc_free_aligned(b->act);
@@ -330,7 +339,7 @@ static void gate_up_task(void *ctx, int64_t task, int thread)
     }
 }
 
-/* Down rows [r0, r1) of one expert for its pairs, and its bias. */
+/* Down rows [r0, r1) of one expert for its pairs, its output scale and its bias. */
 static void down_task(void *ctx, int64_t task, int thread)
 {
     moe_job *j = ctx;
@@ -342,6 +351,10 @@ static void down_task(void *ctx, int64_t task, int thread)
     const kvc_weight w = kvc_expert(&L->down_exps, e);
     float *y = b->y + p0 * j->d;
     expert_rows(j, &w, b->gu + p0 * 2 * j->ff, 2 * j->ff, e, y, j->d, t->r0, t->r1, thread);
+    if (L->down_exps_s)
+        for (int64_t p = 0; p < n_e; p++)
+            for (int64_t r = t->r0; r < t->r1; r++)
+                y[p * j->d + r] *= L->down_exps_s[e];
     if (L->down_exps_b)
         for (int64_t p = 0; p < n_e; p++)
             for (int64_t r = t->r0; r < t->r1; r++)
@@ -386,6 +399,39 @@ static void combine_task(void *ctx, int64_t t, int thread)
 
 /* ---------------------------------------------------------------- step */
 
+/* The experts of the router logits in b->logits for the input rows in c->h
+ * (n_embd each): routing, the selected experts, and each token's weighted
+ * sum (plus the shared expert's output in b->sh_y, when the layer has one)
+ * into c->h. */
+static void run_experts(moe_job *j)
+{
+    fwd *f = j->f;
+    kvc_compute *c = f->c;
+    const kvc_layer *L = j->L;
+    const int64_t n = f->n;
+
+    kvc_threadpool_run(c->tp, n, route_task, j);
+    group_pairs(j);
+    const int64_t n_pairs = n * j->k, pair_tasks = (n_pairs + MOE_PAIR_TASK - 1) / MOE_PAIR_TASK;
+
+    const bool fused = L->gate_up_exps.n > 0;
+    j->act_tok = true;
+    if ((j->act = uses_act(j, fused ? &L->gate_up_exps.w : &L->gate_exps.w, fused ? NULL : &L->up_exps.w)))
+        kvc_threadpool_run(c->tp, (n + MOE_TOK_TASK - 1) / MOE_TOK_TASK, quant_in_task, j);
+    else
+        kvc_threadpool_run(c->tp, pair_tasks, gather_task, j);
+    plan_rows(j, j->ff);
+    kvc_threadpool_run(c->tp, j->n_tasks, gate_up_task, j);
+
+    j->act_tok = false;
+    if ((j->act = uses_act(j, &L->down_exps.w, NULL)))
+        kvc_threadpool_run(c->tp, pair_tasks, quant_down_task, j);
+    plan_rows(j, j->d);
+    kvc_threadpool_run(c->tp, j->n_tasks, down_task, j);
+
+    kvc_threadpool_run(c->tp, n, combine_task, j);
+}
+
 void kvc_moe_step(fwd *f)
 {
     kvc_compute *c = f->c;
@@ -409,24 +455,54 @@ void kvc_moe_step(fwd *f)
         kvc_fwd_matmul_n(c, b->sh_g, n, 1, (const kvc_weight *[]){ &L->shexp_down },
                          (float *[]){ b->sh_y }, (const int64_t[]){ j.d });
     }
-    kvc_threadpool_run(c->tp, n, route_task, &j);
-    group_pairs(&j);
-    const int64_t n_pairs = n * j.k, pair_tasks = (n_pairs + MOE_PAIR_TASK - 1) / MOE_PAIR_TASK;
+    run_experts(&j);
+}
 
-    const bool fused = L->gate_up_exps.n > 0;
-    j.act_tok = true;
-    if ((j.act = uses_act(&j, fused ? &L->gate_up_exps.w : &L->gate_exps.w, fused ? NULL : &L->up_exps.w)))
-        kvc_threadpool_run(c->tp, (n + MOE_TOK_TASK - 1) / MOE_TOK_TASK, quant_in_task, &j);
-    else
-        kvc_threadpool_run(c->tp, pair_tasks, gather_task, &j);
-    plan_rows(&j, j.ff);
-    kvc_threadpool_run(c->tp, j.n_tasks, gate_up_task, &j);
+/* Row t, after the dense FFN: its output post-normed (post_ffw_norm_1); the
+ * experts' input rms(x) * pre_ffw_norm_2 into h; the router's input
+ * rms(x) / sqrt(n_embd) * ffn_gate_inp.scale, in llama.cpp's order. */
+static void dense_side_task(void *ctx, int64_t t, int thread)
+{
+    moe_job *j = ctx;
+    const kvc_hparams *hp = &j->f->c->m->hp;
+    kvc_moe_buf *b = &j->f->c->moe;
+    const kvc_layer *L = j->L;
+    const float *x = j->f->c->x + t * j->d;
+    float *dn = b->dense + t * j->d, *r = b->rin + t * j->d;
+    kvc_fwd_rmsnorm(dn, dn, L->post_ffn_norm1, j->d, hp->rms_eps);
+    kvc_fwd_rmsnorm(j->f->c->h + t * j->d, x, L->pre_ffn_norm2, j->d, hp->rms_eps);
+    kvc_fwd_rmsnorm(r, x, NULL, j->d, hp->rms_eps);
+    const float inv = 1.0f / sqrtf((float)j->d);
+    for (int64_t i = 0; i < j->d; i++)
+        r[i] = r[i] * inv * L->router_in_scale[i];
+}
 
-    j.act_tok = false;
-    if ((j.act = uses_act(&j, &L->down_exps.w, NULL)))
-        kvc_threadpool_run(c->tp, pair_tasks, quant_down_task, &j);
-    plan_rows(&j, j.d);
-    kvc_threadpool_run(c->tp, j.n_tasks, down_task, &j);
+/* Row t: h = rms(experts' output, post_ffw_norm_2) + the dense side. */
+static void moe_dense_out_task(void *ctx, int64_t t, int thread)
+{
+    moe_job *j = ctx;
+    kvc_moe_buf *b = &j->f->c->moe;
+    float *h = j->f->c->h + t * j->d;
+    const float *dn = b->dense + t * j->d;
+    kvc_fwd_rmsnorm(h, h, j->L->post_ffn_norm2, j->d, j->f->c->m->hp.rms_eps);
+    for (int64_t i = 0; i < j->d; i++)
+        h[i] = dn[i] + h[i];
+}
 
-    kvc_threadpool_run(c->tp, n, combine_task, &j);
+void kvc_moe_dense_step(fwd *f)
+{
+    kvc_compute *c = f->c;
+    const kvc_hparams *hp = &c->m->hp;
+    const kvc_layer *L = &c->m->layers[f->layer];
+    kvc_moe_buf *b = &c->moe;
+    moe_job j = { f, L, f->n, hp->n_expert_used, hp->n_expert, hp->n_embd, hp->n_ff_exp, false, false, 0 };
+    const int64_t n = f->n;
+
+    kvc_threadpool_run(c->tp, n, kvc_fwd_ffn_norm_task, f);   /* x += attention; h = rms(x) * ffn_norm */
+    kvc_fwd_ffn_dense(f, b->dense);
+    kvc_threadpool_run(c->tp, n, dense_side_task, &j);
+    kvc_fwd_matmul_n(c, b->rin, n, 1, (const kvc_weight *[]){ &L->router }, (float *[]){ b->logits },
+                     (const int64_t[]){ j.n_exp });
+    run_experts(&j);
+    kvc_threadpool_run(c->tp, n, moe_dense_out_task, &j);
 }

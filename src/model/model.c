@@ -79,7 +79,18 @@ static int read_key(const gguf_file *f, const char *an, const kvc_arch_key *k, k
     const gguf_kv *kv = gguf_find_kv(f, key);
     if (k->type == KVC_KEY_U32_LAYERS && kv && kv->type == GGUF_TYPE_ARRAY)
         return read_layer_array(kv, key, hp, field, err);
-    int rc = k->type == KVC_KEY_U32 || k->type == KVC_KEY_U32_LAYERS ? gguf_get_u32(f, key, &u, err)
+    if (k->type == KVC_KEY_SWA_PATTERN && kv && kv->type == GGUF_TYPE_ARRAY) {
+        const uint32_t et = kv->v.arr.type;
+        if (et == GGUF_TYPE_FLOAT32 || et == GGUF_TYPE_FLOAT64 || et == GGUF_TYPE_STRING ||
+            kv->v.arr.n != (uint64_t)hp->n_layer)
+            return kvc_fail(err, KVC_ERR_FORMAT, "metadata key %s: expected %d booleans (one per layer), "
+                            "got an array of %llu", key, hp->n_layer, (unsigned long long)kv->v.arr.n);
+        *(int32_t *)field = KVC_SWA_PER_LAYER;
+        hp->swa_layers = true;
+        return KVC_OK;
+    }
+    const bool u32 = k->type == KVC_KEY_U32 || k->type == KVC_KEY_U32_LAYERS || k->type == KVC_KEY_SWA_PATTERN;
+    int rc = u32 ? gguf_get_u32(f, key, &u, err)
            : k->type == KVC_KEY_F32 ? gguf_get_f32(f, key, &x, err)
                                     : gguf_get_bool(f, key, &b, err);
     if (rc == KVC_ERR_NOT_FOUND && k->required)
@@ -209,7 +220,23 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
         hp->rope_scaling = KVC_ROPE_NONE;   /* a factor of 1 (or none) scales nothing */
     if (hp->rope_orig_ctx == 0)
         hp->rope_orig_ctx = hp->n_ctx_train;
-    if (hp->n_swa < 0 || hp->swa_period < 0 || !(hp->rope_theta_swa >= 0.0f) || !(hp->logit_softcap >= 0.0f))
+    if (hp->head_dim_swa == 0)
+        hp->head_dim_swa = hp->head_dim;
+    if (hp->value_dim_swa == 0)
+        hp->value_dim_swa = hp->head_dim_swa;
+    if (hp->n_rot_swa == 0)
+        hp->n_rot_swa = KVC_MIN(hp->n_rot, hp->head_dim_swa);
+    if (hp->head_dim_swa != hp->value_dim_swa || hp->head_dim_swa % 2 != 0 || hp->head_dim_swa > 1024 ||
+        hp->n_rot_swa < 2 || hp->n_rot_swa % 2 != 0 || hp->n_rot_swa > hp->head_dim_swa)
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "sliding layers' head dimension %d (value %d, rope %d) "
+                        "not supported", hp->head_dim_swa, hp->value_dim_swa, hp->n_rot_swa);
+    if (hp->n_embd_per_layer < 0 || hp->n_embd_per_layer > lim / KVC_MAX(hp->n_layer, 1))
+        return kvc_fail(err, KVC_ERR_FORMAT, "bad embedding_length_per_layer_input %d", hp->n_embd_per_layer);
+    if (hp->n_kv_shared < 0 || (hp->n_kv_shared > 0 && hp->n_kv_shared > hp->n_layer - 2))
+        return kvc_fail(err, KVC_ERR_FORMAT, "attention.shared_kv_layers %d of %d layers: at least 2 must "
+                        "keep their K/V", hp->n_kv_shared, hp->n_layer);
+    if (hp->n_swa < 0 || (hp->swa_period < 0 && !hp->swa_layers) || !(hp->rope_theta_swa >= 0.0f) ||
+        !(hp->logit_softcap >= 0.0f))
         return kvc_fail(err, KVC_ERR_FORMAT, "bad sliding window %d (pattern %d), rope base %g or soft-cap %g",
                         hp->n_swa, hp->swa_period, hp->rope_theta_swa, hp->logit_softcap);
     if (hp->rope_theta_swa == 0.0f)
@@ -219,11 +246,34 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
     return check_recurrent(hp, err);
 }
 
-/* Whether layer il slides, by llama.cpp's set_swa_pattern rule. */
-static bool layer_slides(const kvc_hparams *hp, int il)
+/* Whether layer il slides: its entry of a per-layer sliding_window_pattern
+ * (validated by read_key), else llama.cpp's set_swa_pattern rule. */
+static bool layer_slides(const kvc_model *m, int il)
 {
+    const kvc_hparams *hp = &m->hp;
     const int p = hp->swa_period;
+    if (hp->swa_layers) {
+        char key[128];
+        snprintf(key, sizeof(key), "%s.attention.sliding_window_pattern", hp->arch->name);
+        return hp->n_swa > 0 && gguf_arr_i64(gguf_find_kv(m->gguf, key), (uint64_t)il) != 0;
+    }
     return hp->n_swa > 0 && (p == 0 || il % p < p - 1);
+}
+
+/* Layer il's FFN: the row's; with ffn_by_experts, experts when the model has
+ * them (Gemma 4: beside the dense FFN, on the layers that have a router). */
+static kvc_ffn_kind layer_ffn(const kvc_model *m, int il)
+{
+    const kvc_arch *a = m->hp.arch;
+    char name[64];
+    if (!a->ffn_by_experts)
+        return a->ffn;
+    if (m->hp.n_expert == 0)
+        return KVC_FFN_DENSE;
+    if (a->ffn != KVC_FFN_MOE_DENSE)
+        return KVC_FFN_MOE;
+    snprintf(name, sizeof(name), "blk.%d.ffn_gate_inp.weight", il);
+    return gguf_find_tensor(m->gguf, name) ? KVC_FFN_MOE_DENSE : KVC_FFN_DENSE;
 }
 
 /* The floats of one sequence's state in a recurrent layer of kind k (kv.h):
@@ -249,16 +299,20 @@ static int layer_hparams(kvc_model *m, kvc_err *err)
                                                                              : hp->head_dim;
     for (int il = 0; il < hp->n_layer; il++) {
         kvc_layer *L = &m->layers[il];
-        const bool slides = layer_slides(hp, il);
+        const bool slides = layer_slides(m, il);
         L->attn = slides ? KVC_ATTN_WINDOW : KVC_ATTN_FULL;
-        L->ffn = hp->arch->ffn_by_experts ? (hp->n_expert > 0 ? KVC_FFN_MOE : KVC_FFN_DENSE) : hp->arch->ffn;
+        L->ffn = layer_ffn(m, il);
         L->n_head = hp->n_head;
         L->n_head_kv = layer_u32(m, "attention.head_count_kv", il, hp->n_head_kv);
-        L->head_dim = hp->head_dim;
+        L->head_dim = slides ? hp->head_dim_swa : hp->head_dim;
+        L->n_rot = slides ? hp->n_rot_swa : hp->n_rot;
         L->rope_theta = slides ? hp->rope_theta_swa : hp->rope_theta;
         L->window = slides ? hp->n_swa : 0;
         L->rope = slides ? 1 : 0;
-        L->attn_scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)per_head);
+        L->attn_scale = hp->attn_scale > 0.0f ? hp->attn_scale
+                      : hp->arch->attn_scale > 0.0f ? hp->arch->attn_scale : 1.0f / sqrtf((float)per_head);
+        L->v_norm = hp->arch->v_norm;
+        L->kv_layer = il;
         L->no_rope = hp->arch->rope_finetuned_switch && !hp->rope_finetuned;
         if (L->n_head_kv == 0 && hp->arch->recurrent == KVC_ATTN_FULL)
             return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: no KV heads, and %s has no recurrent layers",
@@ -271,6 +325,17 @@ static int layer_hparams(kvc_model *m, kvc_err *err)
             return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: %d KV heads for %d heads", il, L->n_head_kv,
                             L->n_head);
         }
+    }
+    /* KV-shared layers read the last layer of their kind before them (llama.cpp's
+     * reuse rule: the last two layers that keep K/V are a sliding and a full one) */
+    const int32_t first = hp->n_layer - hp->n_kv_shared;
+    for (int il = first; hp->n_kv_shared > 0 && il < hp->n_layer; il++) {
+        kvc_layer *L = &m->layers[il];
+        L->kv_layer = first - (L->attn == KVC_ATTN_WINDOW ? 2 : 1);
+        const kvc_layer *S = &m->layers[L->kv_layer];
+        if (S->attn != L->attn || S->head_dim != L->head_dim || S->n_head_kv != L->n_head_kv)
+            return kvc_fail(err, KVC_ERR_FORMAT, "layer %d shares the K/V of layer %d, of another kind or "
+                            "shape", il, L->kv_layer);
     }
     return KVC_OK;
 }
@@ -309,6 +374,8 @@ static int64_t dim_of(const kvc_hparams *hp, const kvc_layer *L, uint8_t d)
     case KVC_D_FF_EXP2:  return 2 * (int64_t)hp->n_ff_exp;
     case KVC_D_FF_SHEXP: return hp->n_ff_shexp;
     case KVC_D_Q2:       return 2 * (int64_t)(L ? L->n_head : hp->n_head) * hd;
+    case KVC_D_PLE:      return hp->n_embd_per_layer;
+    case KVC_D_PLE_ALL:  return (int64_t)hp->n_embd_per_layer * hp->n_layer;
     case KVC_D_EMBD3:    return 3 * (int64_t)hp->n_embd;
     case KVC_D_CONV_L:   return hp->shortconv_l;
     case KVC_D_SSM_CONV_K:   return hp->ssm_d_conv;
@@ -370,7 +437,7 @@ static bool applies(const kvc_arch_tensor *t, const kvc_layer *L)
 {
     const bool attn = L->attn == KVC_ATTN_FULL || L->attn == KVC_ATTN_WINDOW;
     return t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE && L->ffn == KVC_FFN_DENSE) ||
-           (t->when == KVC_ON_MOE && L->ffn == KVC_FFN_MOE) || (t->when == KVC_ON_ATTN && attn) ||
+           (t->when == KVC_ON_MOE && (L->ffn == KVC_FFN_MOE || L->ffn == KVC_FFN_MOE_DENSE)) || (t->when == KVC_ON_ATTN && attn) ||
            (t->when == KVC_ON_RECR && !attn);
 }
 
@@ -390,9 +457,16 @@ static int bind_layer(binder *b, int il)
             if ((rc = bind_one(b, t, name, ne, !(t->flags & (KVC_T_OPTIONAL | KVC_T_FUSED_ALT)), L)))
                 return rc;
         }
-    if (L->ffn == KVC_FFN_MOE && !L->gate_up_exps.n && (!L->gate_exps.n || !L->up_exps.n))
+    if (L->ffn != KVC_FFN_DENSE && !L->gate_up_exps.n && (!L->gate_exps.n || !L->up_exps.n))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
                         L->gate_exps.n ? "ffn_up_exps.weight" : "ffn_gate_exps.weight");
+    if (L->kv_layer == il && (L->attn == KVC_ATTN_FULL || L->attn == KVC_ATTN_WINDOW) &&
+        (!L->wk.data || (hp->arch->v_norm && !L->k_norm)))
+        return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
+                        !L->wk.data ? "attn_k.weight" : "attn_k_norm.weight");
+    if (hp->n_embd_per_layer > 0 && (!L->ple_gate.data || !L->ple_out.data || !L->ple_post_norm))
+        return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
+                        !L->ple_gate.data ? "inp_gate.weight" : !L->ple_out.data ? "proj.weight" : "post_norm.weight");
     if (L->shexp_gate.data && (!L->shexp_up.data || !L->shexp_down.data))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.ffn_%s_shexp.weight missing", il,
                         L->shexp_up.data ? "down" : "up");
@@ -404,7 +478,7 @@ static int bind_layer(binder *b, int il)
 static int64_t owned_floats(const kvc_model *m)
 {
     const kvc_hparams *hp = &m->hp;
-    int64_t n = hp->n_embd;
+    int64_t n = hp->n_embd + hp->n_embd_per_layer;   /* output_norm, per_layer_proj_norm */
     for (int il = 0; il < hp->n_layer; il++)
         for (const kvc_arch_tensor *const *list = hp->arch->tensors; *list; list++)
             for (const kvc_arch_tensor *t = *list; t->name; t++)
@@ -439,6 +513,9 @@ static int bind_tensors(kvc_model *m, kvc_err *err)
         if ((rc = bind_one(&b, t, name, ne, !(t->flags & KVC_T_OPTIONAL), m)))
             return rc;
     }
+    if (hp->n_embd_per_layer > 0 && (!m->ple_embd.data || !m->ple_proj.data || !m->ple_proj_norm))
+        return kvc_fail(err, KVC_ERR_NOT_FOUND, "tensor %s missing", !m->ple_embd.data ? "per_layer_token_embd.weight"
+                        : !m->ple_proj.data ? "per_layer_model_proj.weight" : "per_layer_proj_norm.weight");
     if (!m->output.data) {
         m->output = m->tok_embd;
         m->hp.tied = true;

@@ -37,6 +37,14 @@ typedef struct kvc_hparams {
     int32_t  n_swa;          /* attention.sliding_window (0: no sliding layers) */
     int32_t  swa_period;     /* attention.sliding_window_pattern (arch.h) */
     float    rope_theta_swa; /* rope.freq_base_swa (0: the row's default) */
+    bool     swa_layers;     /* sliding_window_pattern is per layer (layer_slides reads it) */
+    int32_t  head_dim_swa;   /* attention.key_length_swa: the sliding layers' head size (0: head_dim) */
+    int32_t  value_dim_swa;  /* attention.value_length_swa (must equal head_dim_swa) */
+    int32_t  n_rot_swa;      /* rope.dimension_count_swa: the sliding layers' rotated dims (0: n_rot) */
+    int32_t  n_embd_per_layer; /* embedding_length_per_layer_input: per-layer embeddings' width
+                              * (Gemma 4 E models; 0: none) */
+    int32_t  n_kv_shared;    /* attention.shared_kv_layers: the last this many layers reuse the K/V
+                              * of the last full or sliding layer before them (Gemma 4 E models) */
     float    emb_scale;      /* embeddings x this (0: none) */
     float    logit_softcap;  /* final_logit_softcapping: logits = c tanh(logits / c) (0: none) */
     bool     tied;           /* token_embd is the output projection */
@@ -92,6 +100,7 @@ typedef struct kvc_layer {
     int32_t      n_head;
     int32_t      n_head_kv;
     int32_t      head_dim;
+    int32_t      n_rot;              /* its rotated dims (its rotation's: compute's kvc_rope) */
     float        rope_theta;
     int32_t      window;             /* sliding window in positions; 0 = full */
     int32_t      rope;               /* which of the compute's rotations (0: global, 1: sliding layers) */
@@ -114,6 +123,17 @@ typedef struct kvc_layer {
                                       * residual add (Gemma's sandwich norms), else NULL */
     const float *post_ffn_norm;      /* [n_embd] the same for the FFN's output, else NULL */
     const float *ffn_norm;           /* [n_embd] */
+    const float *out_scale;          /* layer_output_scale [1]: the residual stream x this after the
+                                      * layer (Gemma 4), else NULL */
+    bool         v_norm;             /* V rms-normed per head, no weight; V = K (before K's norm)
+                                      * when wv is absent (Gemma 4) */
+    int32_t      kv_layer;           /* the layer whose K/V it attends to: itself, or for a KV-shared
+                                      * layer (Gemma 4) an earlier one of its kind (it stores none) */
+    /* per-layer embeddings (Gemma 4 E models; empty: none): after the FFN's
+     * residual add, x += rms(ple_out(gelu(ple_gate x) * the layer's input), ple_post_norm) */
+    kvc_weight   ple_gate;           /* blk.N.inp_gate: n_embd -> P */
+    kvc_weight   ple_out;            /* blk.N.proj: P -> n_embd */
+    const float *ple_post_norm;      /* blk.N.post_norm [n_embd] */
     /* dense FFN */
     kvc_weight   w_gate;             /* n_embd -> n_ff */
     kvc_weight   w_up;               /* n_embd -> n_ff */
@@ -129,6 +149,12 @@ typedef struct kvc_layer {
     const float *gate_exps_b;        /* [n][n_ff_exp] or NULL */
     const float *up_exps_b;          /* [n][n_ff_exp] or NULL */
     const float *down_exps_b;        /* [n][n_embd] or NULL */
+    const float *down_exps_s;        /* [n] each expert's output scale, or NULL */
+    /* experts beside a dense FFN (KVC_FFN_MOE_DENSE, Gemma 4) */
+    const float *router_in_scale;    /* ffn_gate_inp.scale [n_embd]: router input rms(x)/sqrt(n_embd) x this */
+    const float *pre_ffn_norm2;      /* [n_embd] the experts' input norm (the dense FFN's: ffn_norm) */
+    const float *post_ffn_norm1;     /* [n_embd] the dense FFN's output norm */
+    const float *post_ffn_norm2;     /* [n_embd] the experts' output norm */
     kvc_weight   shexp_gate_inp;     /* n_embd -> 1: sigmoid gate of the shared expert, or empty */
     kvc_weight   shexp_gate;         /* n_embd -> n_ff_shexp, or empty (no shared expert) */
     kvc_weight   shexp_up;           /* n_embd -> n_ff_shexp */
@@ -170,6 +196,9 @@ typedef struct kvc_model {
     const float   *output_norm;      /* [n_embd] */
     kvc_weight     output;           /* n_embd -> n_vocab (tok_embd when tied) */
     kvc_layer     *layers;           /* n_layer */
+    kvc_weight     ple_embd;         /* per_layer_token_embd: P * n_layer x n_vocab rows, or empty */
+    kvc_weight     ple_proj;         /* per_layer_model_proj: n_embd -> P * n_layer */
+    const float   *ple_proj_norm;    /* per_layer_proj_norm [P] */
     const float   *rope_freqs;       /* rope_freqs.weight: [n_rot / 2] divisors of the pairs'
                                         RoPE frequencies (Llama 3.1+), or NULL */
     float         *owned;            /* 1-D weights converted to f32 */

@@ -1,5 +1,6 @@
-/* model_gen.c - random-weight GGUF models: parameters, presets, weight types,
- * weights, and the file. The vocabulary is in model_gen_vocab.c. */
+/* model_gen.c - random-weight GGUF models: weight types, weights, and the
+ * file. The parameters and presets are in model_gen_preset.c, the vocabulary
+ * in model_gen_vocab.c. */
 #include "model_gen.h"
 
 #include <math.h>
@@ -22,135 +23,6 @@
 #define GEN_MAX_VOCAB    (1 << 22)
 #define GEN_MAX_LAYERS   1024
 #define GEN_PARALLEL_MIN (1 << 18) /* elements; smaller tensors are not worth waking threads */
-
-/* ------------------------------------------------------------------ params */
-
-kvc_gen_params kvc_gen_default_params(void)
-{
-    return (kvc_gen_params){
-        .arch = "qwen2", .ftype = "f16",
-        .n_embd = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .head_dim = 0,
-        .n_ff = 384, .n_ctx = 4096, .n_vocab = 0,
-        .vocab = "bpe", .bpe_pre = NULL, .tied = true, .vocab_only = false,
-        .rope_theta = 10000.0f, .rms_eps = 1e-6f, .seed = 42, .name = NULL, .n_threads = 0,
-        .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64,
-        .full_attn_interval = 4,
-    };
-}
-
-static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-qwen3", "tiny-qwen3moe",
-                                            "qwen2.5-0.5b", "qwen3-30b-a3b", "tiny-gemma3",
-                                            "tiny-gpt-oss", "gemma3-4b", "gpt-oss-20b",
-                                            "tiny-qwen35", "tiny-qwen35moe", "qwen3.5-9b",
-                                            "qwen3.6-35b-a3b", "tiny-lfm2", "tiny-granitehybrid",
-                                            "lfm2-1.2b", "granite-4.0-h-tiny" };
-
-const char *kvc_gen_preset_name(int i)
-{
-    return i >= 0 && i < (int)KVC_ARRAY_LEN(preset_names) ? preset_names[i] : NULL;
-}
-
-int kvc_gen_preset(const char *name, kvc_gen_params *out)
-{
-    kvc_gen_params p = kvc_gen_default_params();
-    if (!name || !out)
-        return KVC_ERR_NOT_FOUND;
-    if (strcmp(name, "demo") == 0) {
-        /* the defaults */
-    } else if (strcmp(name, "tiny") == 0) {
-        p.ftype = "f32";
-        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.n_ff = 128, p.n_ctx = 2048;
-    } else if (strcmp(name, "tiny-llama") == 0) {
-        p.arch = "llama", p.ftype = "f32", p.vocab = "spm", p.tied = false;
-        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.n_ff = 192, p.n_ctx = 2048;
-    } else if (strcmp(name, "tiny-qwen3") == 0) {
-        p.arch = "qwen3", p.ftype = "f32", p.vocab = "spm";
-        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 1, p.head_dim = 32;
-        p.n_ff = 128, p.n_ctx = 2048;
-    } else if (strcmp(name, "tiny-qwen3moe") == 0) {
-        p.arch = "qwen3moe", p.ftype = "f32", p.vocab = "spm", p.tied = false;
-        p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 1, p.head_dim = 32;
-        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f;
-        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 64;
-    } else if (strcmp(name, "qwen3-30b-a3b") == 0) {
-        p.arch = "qwen3moe", p.ftype = "q4_k_m", p.tied = false;
-        p.n_embd = 2048, p.n_layer = 48, p.n_head = 32, p.n_head_kv = 4, p.head_dim = 128;
-        p.n_ff = 6144, p.n_vocab = 151936, p.n_ctx = 40960, p.rope_theta = 1e6f;
-        p.n_expert = 128, p.n_expert_used = 8, p.n_ff_exp = 768;
-    } else if (strcmp(name, "tiny-gemma3") == 0) {
-        p.arch = "gemma3", p.ftype = "f32", p.vocab = "spm";
-        p.n_embd = 64, p.n_layer = 6, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 32;
-        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f, p.rope_theta_swa = 1e4f;
-        p.n_swa = 12, p.swa_pattern = 3;
-    } else if (strcmp(name, "tiny-gpt-oss") == 0) {
-        p.arch = "gpt-oss", p.ftype = "f32", p.tied = false, p.rms_eps = 1e-5f;
-        p.n_embd = 64, p.n_layer = 4, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 32;
-        p.n_ff = 64, p.n_ctx = 2048, p.rope_theta = 150000.0f, p.n_swa = 8;
-        p.rope_scaling = "yarn", p.rope_factor = 4.0f, p.rope_orig_ctx = 512;
-        p.n_expert = 8, p.n_expert_used = 4, p.n_ff_exp = 64;
-    } else if (strcmp(name, "gemma3-4b") == 0) {
-        p.arch = "gemma3", p.ftype = "q4_k_m";
-        p.n_embd = 2560, p.n_layer = 34, p.n_head = 8, p.n_head_kv = 4, p.head_dim = 256;
-        p.n_ff = 10240, p.n_vocab = 262144, p.n_ctx = 131072, p.rope_theta = 1e6f;
-        p.rope_theta_swa = 1e4f, p.rope_scaling = "linear", p.rope_factor = 8.0f;
-        p.n_swa = 1024, p.swa_pattern = 6;
-    } else if (strcmp(name, "gpt-oss-20b") == 0) {
-        p.arch = "gpt-oss", p.ftype = "mxfp4_moe", p.tied = false, p.rms_eps = 1e-5f;
-        p.n_embd = 2880, p.n_layer = 24, p.n_head = 64, p.n_head_kv = 8, p.head_dim = 64;
-        p.n_ff = 2880, p.n_vocab = 201088, p.n_ctx = 131072, p.rope_theta = 150000.0f;
-        p.n_swa = 128, p.rope_scaling = "yarn", p.rope_factor = 32.0f, p.rope_orig_ctx = 4096;
-        p.n_expert = 32, p.n_expert_used = 4, p.n_ff_exp = 2880;
-    } else if (strcmp(name, "tiny-qwen35") == 0 || strcmp(name, "tiny-qwen35moe") == 0) {
-        const bool moe = strcmp(name, "tiny-qwen35moe") == 0;
-        p.arch = moe ? "qwen35moe" : "qwen35", p.ftype = "f32", p.vocab = moe ? "spm" : "bpe";
-        p.tied = !moe;
-        p.n_embd = 64, p.n_layer = 4, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 32, p.n_rot = 8;
-        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e7f;
-        p.ssm_d_conv = 4, p.ssm_d_state = 16, p.ssm_n_group = 2, p.ssm_n_head = moe ? 6 : 4;
-        p.full_attn_interval = 4;
-        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 32, p.n_ff_shexp = moe ? 48 : 0;
-    } else if (strcmp(name, "qwen3.5-9b") == 0 || strcmp(name, "qwen3.6-35b-a3b") == 0) {
-        const bool moe = strcmp(name, "qwen3.6-35b-a3b") == 0;
-        p.arch = moe ? "qwen35moe" : "qwen35", p.ftype = "q4_k_m", p.tied = false;
-        p.n_embd = moe ? 2048 : 4096, p.n_layer = moe ? 40 : 32;
-        p.n_head = 16, p.n_head_kv = moe ? 2 : 4, p.head_dim = 256, p.n_rot = 64;
-        p.n_ff = moe ? 512 : 12288, p.n_vocab = 248320, p.n_ctx = 262144, p.rope_theta = 1e7f;
-        p.ssm_d_conv = 4, p.ssm_d_state = 128, p.ssm_n_group = 16, p.ssm_n_head = 32;
-        p.full_attn_interval = 4;
-        p.n_expert = 256, p.n_expert_used = 8, p.n_ff_exp = 512, p.n_ff_shexp = moe ? 512 : 0;
-    } else if (strcmp(name, "tiny-lfm2") == 0) {
-        p.arch = "lfm2", p.ftype = "f32", p.vocab = "spm", p.rms_eps = 1e-5f;
-        p.n_embd = 64, p.n_layer = 8, p.n_head = 4, p.n_head_kv = 4, p.head_dim = 16;
-        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f, p.kv_heads = "0,0,2,0,1,0,0,4", p.conv_l = 3;
-    } else if (strcmp(name, "tiny-granitehybrid") == 0) {
-        p.arch = "granitehybrid", p.ftype = "f32", p.vocab = "spm", p.tied = false, p.rms_eps = 1e-5f;
-        p.n_embd = 64, p.n_layer = 9, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 16;
-        p.n_ff = 32, p.n_ctx = 2048, p.kv_heads = "0,0,2,0,0,2,0,0,1";
-        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_shexp = 48;
-        p.ssm_d_conv = 4, p.ssm_d_inner = 128, p.ssm_d_state = 16, p.ssm_n_head = 8, p.ssm_n_group = 2;
-        p.embedding_scale = 12.0f, p.residual_scale = 0.5f, p.attention_scale = 0.125f, p.logit_scale = 4.0f;
-    } else if (strcmp(name, "lfm2-1.2b") == 0) {
-        p.arch = "lfm2", p.ftype = "q4_k_m", p.rms_eps = 1e-5f;
-        p.n_embd = 2048, p.n_layer = 16, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 64;
-        p.n_ff = 8192, p.n_vocab = 65536, p.n_ctx = 128000, p.rope_theta = 1e6f, p.conv_l = 3;
-        p.kv_heads = "0,0,8,0,0,8,0,0,8,0,8,0,8,0,8,0";
-    } else if (strcmp(name, "granite-4.0-h-tiny") == 0) {
-        p.arch = "granitehybrid", p.ftype = "q4_k_m", p.tied = false, p.rms_eps = 1e-5f;
-        p.n_embd = 1536, p.n_layer = 40, p.n_head = 12, p.n_head_kv = 4, p.head_dim = 128;
-        p.n_ff = 512, p.n_vocab = 100352, p.n_ctx = 131072, p.kv_heads = "0,0,0,0,0,4,0,0,0,0";
-        p.n_expert = 64, p.n_expert_used = 6, p.n_ff_shexp = 1024;
-        p.ssm_d_conv = 4, p.ssm_d_inner = 3072, p.ssm_d_state = 128, p.ssm_n_head = 48, p.ssm_n_group = 1;
-        p.embedding_scale = 12.0f, p.residual_scale = 0.22f, p.attention_scale = 0.0078125f;
-        p.logit_scale = 6.0f;
-    } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
-        p.n_embd = 896, p.n_layer = 24, p.n_head = 14, p.n_head_kv = 2, p.head_dim = 64;
-        p.n_ff = 4864, p.n_vocab = 151936, p.n_ctx = 32768, p.rope_theta = 1e6f;
-    } else {
-        return KVC_ERR_NOT_FOUND;
-    }
-    *out = p;
-    return KVC_OK;
-}
 
 /* ------------------------------------------------------------ weight types */
 
@@ -292,6 +164,22 @@ static int check_swa(const kvc_gen_params *q, kvc_err *err)
     return KVC_OK;
 }
 
+/* Whether layer l of a gemma4 model slides (written as its
+ * sliding_window_pattern entry): with a window, all but every
+ * swa_pattern-th layer (0: the row's period). */
+static bool gen_slides(const kvc_gen_params *p, int l)
+{
+    const kvc_arch *a = gen_arch(p->arch);
+    const int per = p->swa_pattern ? p->swa_pattern : a->swa_period;
+    return a->ffn == KVC_FFN_MOE_DENSE && p->n_swa > 0 && (per == 0 || l % per < per - 1);
+}
+
+/* The head size of layer l (gemma4's sliding layers have their own). */
+static int32_t gen_head_dim(const kvc_gen_params *p, int l)
+{
+    return gen_slides(p, l) ? p->head_dim_swa : p->head_dim;
+}
+
 /* The KV heads of each layer (kvc_gen_params.kv_heads) into kv[n_layer]:
  * the list repeated over the layers, or the default (even layers recurrent);
  * every layer n_head_kv for a row without recurrent layers. Returns the
@@ -314,6 +202,7 @@ static int layer_kv_heads(const kvc_gen_params *p, int32_t *kv)
         return -1;
     for (int l = 0; l < p->n_layer && l < GEN_MAX_LAYERS; l++)
         kv[l] = a->layers == kvc_gdn_layers   ? ((l + 1) % p->full_attn_interval ? 0 : p->n_head_kv)
+              : gen_slides(p, l)              ? p->n_head_kv_swa
               : a->recurrent == KVC_ATTN_FULL ? p->n_head_kv
               : n > 0                         ? list[l % n]
               : l % 2                         ? p->n_head_kv : 0;
@@ -368,6 +257,32 @@ static int check_hybrid(kvc_gen_params *q, kvc_err *err)
                         "divide the one before", (int)q->ssm_d_inner, (int)q->ssm_n_head, (int)q->ssm_n_group);
     if (a->ff_exp_is_ff)
         q->n_ff_exp = q->n_ff;
+    return KVC_OK;
+}
+
+/* Gemma 4's sliding layers' shape: defaults (the global layers'), valid; the
+ * other rows have none. */
+static int check_gemma4(kvc_gen_params *q, kvc_err *err)
+{
+    int rc;
+    if (gen_arch(q->arch)->ffn != KVC_FFN_MOE_DENSE)
+        return q->head_dim_swa || q->n_head_kv_swa || q->n_rot_swa || q->n_embd_per_layer || q->n_kv_shared
+             ? kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\" has no sliding layers of their own shape "
+                        "(head_dim_swa, n_head_kv_swa, n_rot_swa: gemma4)", q->arch) : KVC_OK;
+    if ((rc = check_dim("n_embd_per_layer", q->n_embd_per_layer, 0, GEN_MAX_DIM / q->n_layer, err)) ||
+        (rc = check_dim("n_kv_shared", q->n_kv_shared, 0, KVC_MAX(0, q->n_layer - 2), err)))
+        return rc;
+    q->head_dim_swa = q->head_dim_swa ? q->head_dim_swa : q->head_dim;
+    q->n_head_kv_swa = q->n_head_kv_swa ? q->n_head_kv_swa : q->n_head_kv;
+    if ((rc = check_dim("head_dim_swa", q->head_dim_swa, 2, GEN_MAX_DIM, err)) ||
+        (rc = check_dim("n_head_kv_swa", q->n_head_kv_swa, 1, q->n_head, err)) ||
+        (rc = check_dim("n_rot_swa", q->n_rot_swa, 0, q->head_dim_swa, err)) ||
+        (rc = check_dim("n_head * head_dim_swa", (int64_t)q->n_head * q->head_dim_swa, 1, GEN_MAX_DIM, err)))
+        return rc;
+    if (q->head_dim_swa % 2 != 0 || q->n_rot_swa % 2 != 0 || q->n_head % q->n_head_kv_swa != 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "head_dim_swa %d and n_rot_swa %d must be even, "
+                        "n_head_kv_swa %d divide n_head %d", (int)q->head_dim_swa, (int)q->n_rot_swa,
+                        (int)q->n_head_kv_swa, (int)q->n_head);
     return KVC_OK;
 }
 
@@ -452,7 +367,7 @@ static int resolve_params(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *e
                         (int)q->head_dim);
     if (!(q->rope_theta > 0.0f) || !(q->rms_eps > 0.0f))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope_theta and rms_eps must be positive");
-    if ((rc = check_swa(q, err)) || (rc = check_hybrid(q, err)))
+    if ((rc = check_swa(q, err)) || (rc = check_hybrid(q, err)) || (rc = check_gemma4(q, err)))
         return rc;
     int32_t natural = kvc_gen_vocab_size(q->vocab);
     if (natural < 0)
@@ -509,6 +424,8 @@ typedef struct gen_tensor {
     uint32_t type;
     float    mean, std;      /* element = mean + std * N(0,1) */
     const uint8_t *quiet;    /* [rows] rows to scale by GEN_QUIET_SCALE, or NULL */
+    int64_t  rope_keep;      /* > 0: rope_freqs of proportional RoPE: elements [0, rope_keep)
+                              * 1 (rotated), the others 1e30 (not) */
 } gen_tensor;
 
 typedef struct gen_job {
@@ -536,7 +453,7 @@ static void gen_rows(void *ctx, int64_t task, int thread)
         }
         for (int64_t k = 0; k < t->ne[0]; k++) {
             s += GOLDEN;
-            row[k] = mean + std * normal_of(mix64(s));
+            row[k] = t->rope_keep > 0 ? (k < t->rope_keep ? 1.0f : 1e30f) : mean + std * normal_of(mix64(s));
         }
         uint8_t *dst = j->out + (size_t)r * j->row_size;
         switch (t->type) {
@@ -597,24 +514,26 @@ static int gen_tensor_add(gguf_writer *w, const gen_tensor *t, uint64_t seed,
 /* ------------------------------------------------------------------ layout */
 
 /* The value of a table dimension (arch.h) for generator parameters p, in a
- * layer of kv KV heads. */
-static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, int32_t kv, uint8_t d)
+ * layer of kv KV heads of hd. */
+static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, int32_t kv, int32_t hd, uint8_t d)
 {
     const int64_t conv = p->ssm_d_inner + 2 * (int64_t)p->ssm_n_group * p->ssm_d_state;
     switch ((kvc_dim)d) {
     case KVC_D1:         return 1;
     case KVC_D_EMBD:     return p->n_embd;
     case KVC_D_VOCAB:    return n_vocab;
-    case KVC_D_Q:        return (int64_t)p->n_head * p->head_dim;
-    case KVC_D_KV:       return (int64_t)kv * p->head_dim;
-    case KVC_D_HEAD:     return p->head_dim;
+    case KVC_D_Q:        return (int64_t)p->n_head * hd;
+    case KVC_D_KV:       return (int64_t)kv * hd;
+    case KVC_D_HEAD:     return hd;
     case KVC_D_HEADS:    return p->n_head;
     case KVC_D_FF:       return p->n_ff;
     case KVC_D_EXP:      return p->n_expert;
     case KVC_D_FF_EXP:   return p->n_ff_exp;
     case KVC_D_FF_EXP2:  return 2 * (int64_t)p->n_ff_exp;
     case KVC_D_FF_SHEXP: return p->n_ff_shexp ? p->n_ff_shexp : p->n_ff_exp;
-    case KVC_D_Q2:       return 2 * (int64_t)p->n_head * p->head_dim;
+    case KVC_D_Q2:       return 2 * (int64_t)p->n_head * hd;
+    case KVC_D_PLE:      return p->n_embd_per_layer;
+    case KVC_D_PLE_ALL:  return (int64_t)p->n_embd_per_layer * p->n_layer;
     case KVC_D_EMBD3:    return 3 * (int64_t)p->n_embd;
     case KVC_D_CONV_L:   return p->conv_l;
     case KVC_D_SSM_CONV_K: return p->ssm_d_conv;
@@ -640,19 +559,32 @@ static const struct { const char *arch, *name; } gen_optional[] = {
     { "qwen35moe", "ffn_gate_shexp.weight" },
     { "qwen35moe", "ffn_up_shexp.weight" },
     { "qwen35moe", "ffn_down_shexp.weight" },
+    { "gemma4", "layer_output_scale.weight" },
+    { "gemma4", "attn_v.weight" },                  /* sliding layers only (gen_writes) */
+    { "gemma4", "attn_k.weight" },                  /* not on KV-shared layers (gen_writes) */
+    { "gemma4", "attn_k_norm.weight" },
+    { "gemma4", "inp_gate.weight" },                /* per-layer embeddings: with */
+    { "gemma4", "proj.weight" },                    /* n_embd_per_layer > 0 (gen_writes) */
+    { "gemma4", "post_norm.weight" },
 };
 
-/* Whether table tensor t is written in a layer of kv KV heads (0: recurrent):
+/* Whether table tensor t is written in layer l of kv KV heads (0: recurrent):
  * the required ones (and the separate gate/up of experts rather than the
  * fused form), the row's gen_optional ones, granitehybrid's shared expert
- * and conv bias, on layers of its kind. */
-static bool gen_writes(const kvc_gen_params *p, const kvc_arch_tensor *t, int32_t kv)
+ * and conv bias, on layers of its kind; gemma4's global layers have no
+ * attn_v (V = K), as released. */
+static bool gen_writes(const kvc_gen_params *p, const kvc_arch_tensor *t, int l, int32_t kv)
 {
     const kvc_arch *a = gen_arch(p->arch);
     bool want = !(t->flags & KVC_T_OPTIONAL);
     for (size_t i = 0; !want && i < KVC_ARRAY_LEN(gen_optional); i++)
         want = strcmp(a->name, gen_optional[i].arch) == 0 && strcmp(t->name, gen_optional[i].name) == 0 &&
-               (!strstr(t->name, "_shexp") || p->n_ff_shexp > 0);
+               (!strstr(t->name, "_shexp") || p->n_ff_shexp > 0) &&
+               (strcmp(t->name, "attn_v.weight") != 0 || gen_slides(p, l)) &&
+               ((!strstr(t->name, "attn_k") && strcmp(t->name, "attn_v.weight") != 0) ||
+                l < p->n_layer - p->n_kv_shared) &&
+               ((t->ne[0] != KVC_D_PLE && t->ne[1] != KVC_D_PLE && strcmp(t->name, "post_norm.weight") != 0) ||
+                p->n_embd_per_layer > 0);
     if (!want && a->recurrent == KVC_ATTN_MAMBA2)
         want = strcmp(t->name, "ssm_conv1d.bias") == 0 ||
                (p->n_ff_shexp > 0 && strstr(t->name, "_shexp.weight") && !strstr(t->name, "gate_inp"));
@@ -677,7 +609,7 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
     for (const kvc_arch_tensor *const *list = a->tensors; *list; list++)
         for (const kvc_arch_tensor *t = *list; t->name; t++)
             per_layer++;
-    gen_tensor *ts = calloc((size_t)p->n_layer * (size_t)per_layer + 3, sizeof(*ts));
+    gen_tensor *ts = calloc((size_t)p->n_layer * (size_t)per_layer + 7, sizeof(*ts));
     if (!ts)
         return NULL;
     int n = 0;
@@ -700,15 +632,17 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
     for (int l = 0; l < p->n_layer; l++)
         for (const kvc_arch_tensor *const *list = a->tensors; *list; list++)
             for (const kvc_arch_tensor *t = *list; t->name; t++) {
-                if (!gen_writes(p, t, kv[l]))
+                if (!gen_writes(p, t, l, kv[l]))
                     continue;
-                const int64_t ne0 = gen_dim(p, n_vocab, kv[l], t->ne[0]),
-                              ne1 = gen_dim(p, n_vocab, kv[l], t->ne[1]),
-                              ne2 = gen_dim(p, n_vocab, kv[l], t->ne[2]);
+                const int32_t hd = gen_head_dim(p, l);
+                const int64_t ne0 = gen_dim(p, n_vocab, kv[l], hd, t->ne[0]),
+                              ne1 = gen_dim(p, n_vocab, kv[l], hd, t->ne[1]),
+                              ne2 = gen_dim(p, n_vocab, kv[l], hd, t->ne[2]);
                 const int dims = t->ne[2] != KVC_D1 ? 3 : t->ne[1] != KVC_D1 || !t->is_float ? 2 : 1;
                 if (strcmp(t->name, "ssm_a") == 0)           /* -exp(A_log): a decay, < 0 */
                     ADD(l, t->name, dims, true, ne0, ne1, ne2, -1.0f, 0.25f, NULL);
-                else if (strstr(t->name, "norm.weight"))     /* norm weights: 1 + noise */
+                else if (strstr(t->name, "norm.weight") || strstr(t->name, "scale"))
+                    /* norm weights and scales (gemma4's router input, layer output): 1 + noise */
                     ADD(l, t->name, dims, true, ne0, ne1, ne2, 1.0f, GEN_NORM_NOISE, NULL);
                 else if (strstr(t->name, ".bias"))
                     ADD(l, t->name, dims, true, ne0, ne1, ne2, 0.0f, GEN_BIAS_STD, NULL);
@@ -716,6 +650,18 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
                     ADD(l, t->name, dims, t->is_float, ne0, ne1, ne2, 0.0f,
                         1.0f / sqrtf((float)ne0), NULL);
             }
+    if (p->n_embd_per_layer > 0) {   /* gemma4's per-layer embeddings */
+        const int64_t all = (int64_t)p->n_embd_per_layer * p->n_layer;
+        ADD(-1, "per_layer_token_embd.weight", 2, false, all, n_vocab, 1, 0.0f,
+            1.0f / sqrtf((float)p->n_embd_per_layer), NULL);
+        ADD(-1, "per_layer_model_proj.weight", 2, false, d, all, 1, 0.0f, 1.0f / sqrtf((float)d), NULL);
+        ADD(-1, "per_layer_proj_norm.weight", 1, true, p->n_embd_per_layer, 1, 1, 1.0f, GEN_NORM_NOISE, NULL);
+    }
+    if (a->rope_freqs_global) {   /* proportional RoPE: a quarter of the global pairs rotate */
+        const int64_t half = (p->n_rot ? p->n_rot : p->head_dim) / 2;
+        ADD(-1, "rope_freqs.weight", 1, true, half, 1, 1, 1.0f, 0.0f, NULL);
+        ts[n - 1].rope_keep = KVC_MAX(1, half / 4);
+    }
     ADD(-1, a->output_norm ? a->output_norm : "output_norm.weight", 1, true, d, 1, 1, GEN_LOGIT_SCALE,
         GEN_LOGIT_SCALE * GEN_NORM_NOISE, NULL);
     if (!p->tied)
@@ -757,7 +703,8 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
     ARCH_U32("block_count", p->n_layer);
     ARCH_U32("feed_forward_length", p->n_ff);
     ARCH_U32("attention.head_count", p->n_head);
-    if (gen_arch(p->arch)->recurrent != KVC_ATTN_FULL) {   /* per layer: 0 = recurrent */
+    const bool g4 = gen_arch(p->arch)->ffn == KVC_FFN_MOE_DENSE;
+    if (gen_arch(p->arch)->recurrent != KVC_ATTN_FULL || g4) {   /* per layer: 0 = recurrent */
         int32_t kv[GEN_MAX_LAYERS];
         layer_kv_heads(p, kv);
         snprintf(key, sizeof(key), "%s.attention.head_count_kv", p->arch);
@@ -810,8 +757,24 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
         ARCH_F32("logit_scale", p->logit_scale);
     if (p->n_swa > 0)
         ARCH_U32("attention.sliding_window", p->n_swa);
-    if (p->swa_pattern > 0)
+    if (g4) {   /* the pattern per layer, the sliding layers' shape, no per-layer embeddings */
+        bool slides[GEN_MAX_LAYERS];
+        for (int l = 0; l < p->n_layer; l++)
+            slides[l] = gen_slides(p, l);
+        snprintf(key, sizeof(key), "%s.attention.sliding_window_pattern", p->arch);
+        if (!rc)
+            rc = gguf_writer_set_arr(w, key, GGUF_TYPE_BOOL, slides, (uint64_t)p->n_layer);
+        if (p->n_swa == 0)
+            ARCH_U32("attention.sliding_window", 0);
+        ARCH_U32("attention.key_length_swa", p->head_dim_swa);
+        ARCH_U32("attention.value_length_swa", p->head_dim_swa);
+        ARCH_U32("rope.dimension_count_swa", p->n_rot_swa ? p->n_rot_swa : p->head_dim_swa);
+        ARCH_U32("embedding_length_per_layer_input", p->n_embd_per_layer);
+        if (p->n_kv_shared > 0)
+            ARCH_U32("attention.shared_kv_layers", p->n_kv_shared);
+    } else if (p->swa_pattern > 0) {
         ARCH_U32("attention.sliding_window_pattern", p->swa_pattern);
+    }
     if (p->rope_theta_swa > 0.0f)
         ARCH_F32("rope.freq_base_swa", p->rope_theta_swa);
     if (p->logit_softcap > 0.0f)
