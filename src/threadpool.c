@@ -13,18 +13,16 @@
  * caller publishes a run without the mutex and takes it to broadcast only
  * when a worker sleeps (`sleeping`; seq_cst on both sides, so either the
  * caller sees the sleeper or the sleeper, under the mutex, sees the run). The
- * caller waiting for tasks claimed by others spins, and after CALLER_SPIN_US
- * yields its core between checks: on a machine with more runnable threads
- * than cores the worker it waits for may be queued behind it. */
+ * caller waiting for tasks claimed by others spins: those tasks run on other
+ * cores, and a yield (tried) gave the core to other processes on a loaded
+ * machine and made decode slower. */
 #include "threadpool.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #define WORKER_SPIN_US 500   /* a worker's spin between runs before it sleeps */
-#define CALLER_SPIN_US 50    /* the caller's spin for others' tasks before it yields */
 #define CLOCK_EVERY    64    /* PAUSEs between clock reads (a clock read costs ~25-100 ns) */
 
 /* A stress test (tests/test_threadpool_race.c) defines this to widen the
@@ -193,18 +191,7 @@ void kvc_threadpool_run(kvc_threadpool *tp, int64_t n_tasks, kvc_task_fn fn, voi
         pthread_mutex_unlock(&tp->mu);
     }
     run_tasks(tp, run, fn, ctx, n_tasks, 0);
-    int spins = 0;
-    int64_t until = 0;
-    while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_tasks) {
-        if (until < 0) {
-            sched_yield();
-            continue;
-        }
+    while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_tasks)
         __builtin_ia32_pause();
-        if (++spins % CLOCK_EVERY == 0) {
-            const int64_t now = kvc_time_us();
-            until = until == 0 ? now + CALLER_SPIN_US : now < until ? until : -1;
-        }
-    }
     KVC_ASSERT(atomic_load(&tp->done) == n_tasks);   /* no task ran twice */
 }
