@@ -3,14 +3,27 @@
  * The counter carries the run's number in its high 32 bits, so a worker that
  * wakes late never claims a task of a run it did not read the parameters of.
  * The caller claims tasks too and waits only for tasks claimed by others to
- * finish: a worker that is slow to wake (a busy machine) costs nothing. */
+ * finish: a worker that is slow to wake (a busy machine) costs nothing.
+ *
+ * Waiting. A decode step is hundreds of runs of a few microseconds each, so
+ * a worker between runs spins (PAUSE) for up to WORKER_SPIN_US of wall time
+ * before it sleeps on the condition variable: bounded in time, not in PAUSE
+ * iterations, whose cost differs ~10x between CPUs (Skylake ~140 cycles, Zen
+ * ~65). An idle pool (a server between requests) is asleep after that. The
+ * caller publishes a run without the mutex and takes it to broadcast only
+ * when a worker sleeps (`sleeping`; seq_cst on both sides, so either the
+ * caller sees the sleeper or the sleeper, under the mutex, sees the run). The
+ * caller waiting for tasks claimed by others spins: those tasks run on other
+ * cores, and a yield (tried) gave the core to other processes on a loaded
+ * machine and made decode slower. */
 #include "threadpool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define SPIN_ITERS 20000
+#define WORKER_SPIN_US 500   /* a worker's spin between runs before it sleeps */
+#define CLOCK_EVERY    64    /* PAUSEs between clock reads (a clock read costs ~25-100 ns) */
 
 /* A stress test (tests/test_threadpool_race.c) defines this to widen the
  * windows between a worker's reads of a run and the next run's writes. */
@@ -25,6 +38,7 @@ struct kvc_threadpool {
     pthread_cond_t   wake;
     atomic_uint      run;            /* number of the current run */
     atomic_int       stop;
+    atomic_int       sleeping;       /* workers in (or entering) pthread_cond_wait */
 
     /* the run in progress, published after `next` is reset and before `run`
      * is bumped; atomic because a worker that wakes late may read them while
@@ -66,16 +80,24 @@ static void *worker_main(void *p)
     for (;;) {
         unsigned run;
         int spins = 0;
+        int64_t until = 0;
         while ((run = atomic_load_explicit(&tp->run, memory_order_acquire)) == seen &&
                !atomic_load(&tp->stop)) {
-            if (++spins < SPIN_ITERS) {
+            if (++spins % CLOCK_EVERY != 0) {
                 __builtin_ia32_pause();
                 continue;
             }
+            const int64_t now = kvc_time_us();
+            if (until == 0)
+                until = now + WORKER_SPIN_US;
+            if (now < until)
+                continue;
+            atomic_fetch_add(&tp->sleeping, 1);          /* seq_cst: see kvc_threadpool_run */
             pthread_mutex_lock(&tp->mu);
             while (atomic_load(&tp->run) == seen && !atomic_load(&tp->stop))
                 pthread_cond_wait(&tp->wake, &tp->mu);
             pthread_mutex_unlock(&tp->mu);
+            atomic_fetch_sub(&tp->sleeping, 1);
         }
         if (atomic_load(&tp->stop))
             return NULL;
@@ -158,10 +180,16 @@ void kvc_threadpool_run(kvc_threadpool *tp, int64_t n_tasks, kvc_task_fn fn, voi
     atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&tp->ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&tp->n_tasks, n_tasks, memory_order_relaxed);
-    pthread_mutex_lock(&tp->mu);
-    atomic_store_explicit(&tp->run, run, memory_order_release);
-    pthread_cond_broadcast(&tp->wake);
-    pthread_mutex_unlock(&tp->mu);
+    /* seq_cst store, then seq_cst load of `sleeping`: a worker that counted
+     * itself after this load reads the new `run` under the mutex and does
+     * not wait; one counted before gets the broadcast (it holds the mutex
+     * from its check of `run` until pthread_cond_wait releases it) */
+    atomic_store(&tp->run, run);
+    if (atomic_load(&tp->sleeping) > 0) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_broadcast(&tp->wake);
+        pthread_mutex_unlock(&tp->mu);
+    }
     run_tasks(tp, run, fn, ctx, n_tasks, 0);
     while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_tasks)
         __builtin_ia32_pause();

@@ -7,8 +7,9 @@
  * what keeps the engine's output independent of the thread count. `thread`
  * (in [0, n_threads)) exists only to pick per-thread scratch memory.
  *
- * Workers spin briefly between loops, because a forward pass runs hundreds of
- * short loops per token, then sleep. One caller at a time. */
+ * Workers spin for up to half a millisecond between loops, because a forward
+ * pass runs hundreds of short loops per token, then sleep: an idle pool uses
+ * no CPU. One caller at a time. */
 #ifndef KVC_THREADPOOL_H
 #define KVC_THREADPOOL_H
 

@@ -13,6 +13,7 @@
  * Build with -DKVC_TSAN=ON to run it under ThreadSanitizer. */
 #include <sched.h>
 #include <stdatomic.h>
+#include <time.h>
 
 static _Thread_local unsigned race_seed = 1;
 
@@ -39,8 +40,64 @@ static void count(void *ctx, int64_t t, int thread)
         atomic_fetch_add(&j->hits[t], 1);
 }
 
+/* A task that waits (up to 2 s) until every thread of the pool has run a
+ * task of this run: it finishes early only if the sleeping workers woke. */
+typedef struct { atomic_int seen; int n_threads; atomic_int timed_out; } gather;
+
+static void meet(void *ctx, int64_t t, int thread)
+{
+    gather *g = ctx;
+    (void)t;
+    atomic_fetch_or(&g->seen, 1 << thread);
+    const int all = (1 << g->n_threads) - 1;
+    const int64_t until = kvc_time_us() + 2000000;
+    while (atomic_load(&g->seen) != all)
+        if (kvc_time_us() > until) {
+            atomic_store(&g->timed_out, 1);
+            return;
+        }
+}
+
+/* Idle workers go to sleep after their bounded spin, use no CPU asleep, and
+ * a run started while they sleep wakes every one of them (a lost wake-up
+ * would leave a worker asleep and the run to the others). */
+static void check_sleep_and_wake(int n_threads)
+{
+    kvc_threadpool *tp = kvc_threadpool_new(n_threads);
+    CHECK(tp != NULL);
+    if (!tp)
+        return;
+    for (int round = 0; round < 20; round++) {
+        const int64_t until = kvc_time_us() + 2000000;
+        while (atomic_load(&tp->sleeping) < n_threads - 1 && kvc_time_us() < until)
+            sched_yield();
+        CHECKF(atomic_load(&tp->sleeping) == n_threads - 1, "round %d: %d of %d idle workers asleep",
+               round, atomic_load(&tp->sleeping), n_threads - 1);
+        if (round == 0) {       /* asleep means not spinning: ~no CPU over 100 ms */
+            struct timespec a, b;
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+            const int64_t t0 = kvc_time_us();
+            while (kvc_time_us() < t0 + 100000)
+                sched_yield(), nanosleep(&(struct timespec){ 0, 5000000 }, NULL);
+            clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+            const double cpu_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+            CHECKF(cpu_ms < 20.0, "an idle pool of %d threads used %.1f ms of CPU in 100 ms", n_threads, cpu_ms);
+        }
+        gather g = { 0, n_threads, 0 };
+        kvc_threadpool_run(tp, n_threads, meet, &g);
+        CHECKF(!atomic_load(&g.timed_out), "round %d: a sleeping worker was not woken", round);
+        /* back to back: the workers spin and take the next run at once */
+        gather g2 = { 0, n_threads, 0 };
+        kvc_threadpool_run(tp, n_threads, meet, &g2);
+        CHECK(!atomic_load(&g2.timed_out));
+    }
+    kvc_threadpool_free(tp);
+}
+
 int main(void)
 {
+    check_sleep_and_wake(2);
+    check_sleep_and_wake(4);
     enum { N_THREADS = 6, RUNS = 40000, BIG = 64 };
     kvc_threadpool *tp = kvc_threadpool_new(N_THREADS);
     CHECK(tp != NULL);
