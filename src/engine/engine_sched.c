@@ -34,6 +34,7 @@
  * least recently used idle sessions let go of their blocks (which then only
  * the tree holds) and eviction goes on. */
 #include "engine.h"
+#include "snapshot.h"
 #include "tool_calls.h"
 
 #include <stdio.h>
@@ -103,6 +104,22 @@ void kvc_engine_update_gauges(kvc_engine *e)
         win_bytes += (n - kvc_kv_group_n_free(pool, g)) * cb;
     }
     e->m.kv_bytes_held = e->m.blocks_used * e->m.block_bytes + win_bytes;
+    if (e->ctx->snaps) {
+        kvc_snaps_stats ss;
+        kvc_snaps_get_stats(e->ctx->snaps, &ss);
+        e->m.snapshots = ss.count;
+        e->m.snapshot_blocks = ss.blocks;
+        e->m.snapshot_bytes = ss.bytes;
+        e->m.snapshots_taken = ss.taken;
+        e->m.snapshots_restored = ss.restored;
+        e->m.snapshots_evicted = ss.evicted + ss.dropped;
+        e->m.snapshots_written = ss.written;
+        e->m.snapshots_fetched = ss.fetched;
+        e->m.live_states = 0;
+        for (int32_t i = 0; i < e->n_slots; i++)
+            e->m.live_states += e->ctx->seqs[i].state != NULL;
+        e->m.live_state_bytes = e->m.live_states * kvc_kv_state_floats(pool) * (int64_t)sizeof(float);
+    }
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -178,6 +178,27 @@ static void put_engine(text *t, const kvc_engine_metrics *e)
            (double)e->window_chunk_bytes);
     metric(t, "kvchat_kv_bytes_held", "gauge",
            "Bytes the cached K/V take: blocks used and window chunks in use.", (double)e->kv_bytes_held);
+    metric(t, "kvchat_snapshots", "gauge", "Recurrent-state snapshots held in RAM.",
+           (double)e->snapshots);
+    metric(t, "kvchat_snapshot_bytes_held", "gauge",
+           "Bytes the snapshots' pool blocks take (within kvchat_kv_bytes_held).",
+           (double)e->snapshot_blocks * (double)e->block_bytes);
+    metric(t, "kvchat_snapshot_payload_bytes", "gauge",
+           "Bytes of the snapshots' states and logits.", (double)e->snapshot_bytes);
+    metric(t, "kvchat_snapshots_taken_total", "counter", "Snapshots taken.",
+           (double)e->snapshots_taken);
+    metric(t, "kvchat_snapshots_restored_total", "counter",
+           "Sequences continued from a snapshot.", (double)e->snapshots_restored);
+    metric(t, "kvchat_snapshots_evicted_total", "counter", "Snapshots evicted or dropped.",
+           (double)e->snapshots_evicted);
+    metric(t, "kvchat_snapshots_written_total", "counter", "Snapshots written to the tiers.",
+           (double)e->snapshots_written);
+    metric(t, "kvchat_snapshots_fetched_total", "counter", "Snapshots read back from the tiers.",
+           (double)e->snapshots_fetched);
+    metric(t, "kvchat_live_states", "gauge", "Sequences holding recurrent states.",
+           (double)e->live_states);
+    metric(t, "kvchat_live_state_bytes", "gauge", "Bytes the live recurrent states take.",
+           (double)e->live_state_bytes);
     metric(t, "kvchat_sessions", "gauge", "Keyed sessions held.", (double)e->sessions);
     metric(t, "kvchat_queue_depth", "gauge", "Requests waiting for the engine.",
            (double)e->queue_depth);
