@@ -248,6 +248,35 @@ static bool make_room(kvc_context *c, int64_t n_free, void *user)
     return true;
 }
 
+/* Recurrent models: a live state (kv.h) is memory beside the pool, so at
+ * most n_parallel sequences hold one (the KV budget keeps room for them:
+ * engine.c); a background turn runs only when no request does. Before
+ * `slot`'s turn makes one, the least recently used idle sessions that hold
+ * one let go of their K/V (which only the tree then holds, with their
+ * snapshots: their next turn continues from one). */
+static void limit_live_states(kvc_engine *e, const session_slot *slot)
+{
+    kvc_context *c = e->ctx;
+    if (!c->snaps)
+        return;
+    for (;;) {
+        int32_t live = 0;
+        session_slot *lru = NULL;
+        for (int32_t i = 0; i < e->n_slots; i++) {
+            session_slot *sl = &e->slots[i];
+            if (sl == slot || !c->seqs[i].state)
+                continue;
+            live++;
+            if (!sl->busy && (!lru || sl->last_used < lru->last_used))
+                lru = sl;
+        }
+        if (live < e->p.n_parallel || !lru)
+            return;
+        kvc_session_spill_tail(lru->s);
+        e->dropped += (uint64_t)kvc_session_drop_kv(lru->s);
+    }
+}
+
 /* ------------------------------------------------------------- requests */
 
 static bool on_text(const char *text, size_t len, const kvc_token_logprob *lp, int32_t n_lp,
@@ -389,8 +418,10 @@ static void admit(kvc_engine *e)
             r = next;
             continue;
         }
-        if (!rc)
+        if (!rc) {
+            limit_live_states(e, r->slot);
             rc = kvc_turn_prepare(r->turn, make_room, e, &err);
+        }
         if (rc == KVC_TURN_WAIT_PREFIX) {
             prev = r;
             r = next;
@@ -542,6 +573,7 @@ static bool bg_start(kvc_engine *e)
             j->toks.n > kvc_session_common(s, j->toks.v, j->toks.n) &&
             !kvc_turn_new(s, j->toks.v, j->toks.n, KVC_TURN_BACKGROUND, &p, NULL, NULL,
                           kvc_time_us(), &t, &err) &&
+            (limit_live_states(e, &e->slots[j->slot]), true) &&
             kvc_turn_prepare(t, evict_only, e, &err) == KVC_OK &&
             kvc_turn_phase(t) != KVC_TURN_DONE) {
             e->bg_job_run = j;
