@@ -253,7 +253,8 @@ static bool make_room(kvc_context *c, int64_t n_free, void *user)
  * engine.c); a background turn runs only when no request does. Before
  * `slot`'s turn makes one, the least recently used idle sessions that hold
  * one let go of their K/V (which only the tree then holds, with their
- * snapshots: their next turn continues from one). */
+ * snapshots: their next turn continues from one) until fewer than
+ * n_parallel others hold or are about to make one (the running ones). */
 static void limit_live_states(kvc_engine *e, const session_slot *slot)
 {
     kvc_context *c = e->ctx;
@@ -264,8 +265,8 @@ static void limit_live_states(kvc_engine *e, const session_slot *slot)
         session_slot *lru = NULL;
         for (int32_t i = 0; i < e->n_slots; i++) {
             session_slot *sl = &e->slots[i];
-            if (sl == slot || !c->seqs[i].state)
-                continue;
+            if (sl == slot || (!c->seqs[i].state && !sl->busy))
+                continue;                    /* a running turn makes its state soon */
             live++;
             if (!sl->busy && (!lru || sl->last_used < lru->last_used))
                 lru = sl;
@@ -572,13 +573,14 @@ static bool bg_start(kvc_engine *e)
         if (!e->slots[j->slot].busy && s->serial == j->serial &&
             j->toks.n > kvc_session_common(s, j->toks.v, j->toks.n) &&
             !kvc_turn_new(s, j->toks.v, j->toks.n, KVC_TURN_BACKGROUND, &p, NULL, NULL,
-                          kvc_time_us(), &t, &err) &&
-            (limit_live_states(e, &e->slots[j->slot]), true) &&
-            kvc_turn_prepare(t, evict_only, e, &err) == KVC_OK &&
-            kvc_turn_phase(t) != KVC_TURN_DONE) {
-            e->bg_job_run = j;
-            e->bg_turn = t;
-            return true;
+                          kvc_time_us(), &t, &err)) {
+            limit_live_states(e, &e->slots[j->slot]);
+            if (kvc_turn_prepare(t, evict_only, e, &err) == KVC_OK &&
+                kvc_turn_phase(t) != KVC_TURN_DONE) {
+                e->bg_job_run = j;
+                e->bg_turn = t;
+                return true;
+            }
         }
         bg_done(e, j, t);                    /* no room, or nothing to do */
     }
