@@ -768,6 +768,15 @@ typedef struct kvc_engine_metrics {
     int64_t  window_chunk_bytes;       /* of all window sizes' chunks of one block */
     int64_t  kv_bytes_held;            /* what the cached tokens take: blocks_used *
                                           block_bytes + the window chunks there */
+    /* recurrent layers (issue 32; all 0 for a model without them) */
+    int64_t  snapshots;                /* recurrent-state snapshots held in RAM */
+    int64_t  snapshot_blocks;          /* the pool blocks they take (within blocks_used) */
+    int64_t  snapshot_bytes;           /* of which states and logits (payload) */
+    uint64_t snapshots_taken, snapshots_restored, snapshots_evicted;
+    uint64_t snapshots_written;        /* to the disk/Redis tier */
+    uint64_t snapshots_fetched;        /* read back from it */
+    int64_t  live_states;              /* sequences holding recurrent states now */
+    int64_t  live_state_bytes;         /* what those states take */
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);

@@ -4,12 +4,18 @@
  * exact length, the fallback to the newest snapshot before, partial tokens
  * verified, logits kept, states and K/V equal after a restore (and after
  * continuing from it), the cost counted in the pool's blocks, LRU eviction,
- * and a node leaving the tree taking its snapshots. */
+ * a node leaving the tree taking its snapshots, and the disk tier: a
+ * snapshot written by the tiers' writer thread reads back whole, a
+ * truncated record (a crash mid-write) is detected and ignored. */
 #include "quant.h"
 #include "snapshot.h"
 #include "test.h"
+#include "tiers.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define B 4
 #define NV 8
@@ -263,10 +269,127 @@ static void test_budget(void)
     kvc_kv_pool_free(pool);
 }
 
+/* The disk tier under dir, the tiers over pool and pc, the store's figures. */
+static kvc_tiers *open_tiers(const char *dir, kvc_kv_pool *pool, kvc_prefix_cache *pc,
+                             kvc_block_store **bs)
+{
+    kvc_disk_store_params dp = { .dir = dir, .budget_bytes = 1 << 20 };
+    kvc_err e = { 0 };
+    kvc_tiers *t = NULL;
+    CHECKF(kvc_disk_store_open(&dp, bs, &e) == KVC_OK, "%s", e.msg);
+    CHECKF(*bs && kvc_tiers_new(pc, pool, *bs, 0, &t, &e) == KVC_OK, "%s", e.msg);
+    return t;
+}
+
+static void truncate_record(const char *dir, uint64_t hash)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%016llx.kvb", dir, (unsigned long long)hash);
+    CHECKF(truncate(path, 100) == 0, "truncate %s", path);   /* the header and a little */
+}
+
+/* A snapshot taken goes down the tiers' queue (the caller only copies it),
+ * the writer thread writes it, and it reads back equal; a record cut short
+ * (a crash mid-write, a power loss) is detected, ignored and recomputed,
+ * whether found at a read or when the store is opened again. */
+static void test_tiers(void)
+{
+    char dir[] = "/tmp/kvc_test_snapshot_XXXXXX";
+    if (!mkdtemp(dir))
+        return;
+    kvc_kv_pool *pool = new_pool(16);
+    kvc_prefix_cache *pc = NULL;
+    kvc_snaps *S = NULL;
+    kvc_err e = { 0 };
+    CHECK(kvc_pc_new(pool, &pc, &e) == KVC_OK);
+    CHECK(kvc_snaps_new(pool, pc, NV, &S, &e) == KVC_OK);
+    kvc_block_store *bs = NULL;
+    kvc_tiers *t = open_tiers(dir, pool, pc, &bs);
+    kvc_snaps_set_tiers(S, t);
+    int32_t T[8] = { 5, 6, 7, 8, 9, 10, 11, 12 };
+    kvc_kv_seq a, b;
+    kvc_kv_seq_init(&a);
+    kvc_kv_seq_init(&b);
+    float lg[NV], lg2[NV];
+    fake_run(pool, &a, T, 6, lg);                          /* a partial block: r = 2 */
+    kvc_pc_node *n = publish(pc, &a, T);
+    CHECK_EQ_INT(kvc_snaps_take(S, 0, n, T, &a, lg, &e), 1);
+    kvc_snap *sn = find(S, pc, T, 8, 6, 6);
+    CHECK(sn != NULL);
+    const uint64_t h = sn ? kvc_snap_hash(S, sn) : 0;
+    CHECK(kvc_tiers_has(t, h));                            /* queued or written: held */
+    kvc_tiers_flush(t);
+    kvc_tiers_stats ts;
+    kvc_tiers_stats_get(t, &ts);
+    CHECK_EQ_INT((int)ts.blocks_written, 1);               /* by the writer thread */
+    CHECK_EQ_INT(ts.writes_pending, 0);
+    kvc_snaps_stats st;
+    kvc_snaps_get_stats(S, &st);
+    CHECK_EQ_INT((int)st.written, 1);
+
+    /* out of RAM, read back whole: states, logits, the partial block's K/V */
+    CHECK(kvc_snaps_evict_one(S) > 0);
+    kvc_pc_match m;
+    kvc_pc_lookup(pc, 0, T, 8, &m);
+    sn = kvc_snaps_fetch(S, 0, m.last, T, 6, 6, 0);
+    CHECK(sn && kvc_snap_pos(sn) == 6 && kvc_snap_has_logits(sn));
+    if (sn) {
+        CHECK(kvc_snaps_restore(S, sn, &b, lg2, &e) == KVC_OK);
+        CHECK(memcmp(kvc_kv_seq_states(pool, &b), kvc_kv_seq_states(pool, &a),
+                     (size_t)kvc_kv_state_floats(pool) * sizeof(float)) == 0);
+        CHECK(memcmp(lg, lg2, sizeof(lg)) == 0);
+        CHECK(memcmp(kvc_kv_block_data(pool, b.blocks[1]), kvc_kv_block_data(pool, a.blocks[1]),
+                     kvc_kv_block_bytes(pool)) == 0);
+    }
+    kvc_kv_seq_release(pool, &b);
+    check_all(S, pc);
+
+    /* cut short while the store is open: the read fails its checks */
+    truncate_record(dir, h);
+    CHECK(kvc_snaps_evict_one(S) > 0);
+    kvc_pc_lookup(pc, 0, T, 8, &m);
+    CHECK(kvc_snaps_fetch(S, 0, m.last, T, 6, 6, 0) == NULL);
+    kvc_bs_stats bst;
+    kvc_tiers_store_stats(t, &bst);
+    CHECK_EQ_INT((int)bst.checksum_failures, 1);
+    CHECK(!kvc_tiers_has(t, h));                           /* discarded */
+
+    /* taken again, written, then cut short behind a closed store: dropped
+     * when the store is opened again */
+    kvc_kv_seq_release(pool, &a);
+    kvc_kv_seq_init(&a);
+    fake_run(pool, &a, T, 6, lg);
+    n = publish(pc, &a, T);
+    CHECK_EQ_INT(kvc_snaps_take(S, 0, n, T, &a, lg, &e), 1);
+    kvc_tiers_free(t);                                     /* writes what is queued */
+    kvc_bs_close(bs);
+    truncate_record(dir, h);
+    t = open_tiers(dir, pool, pc, &bs);
+    kvc_snaps_set_tiers(S, t);
+    kvc_tiers_store_stats(t, &bst);
+    CHECK_EQ_INT((int)bst.discarded_at_load, 1);
+    CHECK(!kvc_tiers_has(t, h));
+    CHECK(kvc_snaps_evict_one(S) > 0);
+    kvc_pc_lookup(pc, 0, T, 8, &m);
+    CHECK(kvc_snaps_fetch(S, 0, m.last, T, 6, 6, 0) == NULL);
+    check_all(S, pc);
+
+    kvc_kv_seq_release(pool, &a);
+    kvc_snaps_free(S);
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+    kvc_pc_free(pc);
+    kvc_kv_pool_free(pool);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     test_assign();
     test_snapshots();
     test_budget();
+    test_tiers();
     return test_done("test_snapshot");
 }

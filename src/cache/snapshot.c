@@ -483,25 +483,26 @@ static void record_desc(const kvc_snaps *S, const kvc_pc_node *node, uint64_t ns
 
 void kvc_snaps_set_tiers(kvc_snaps *S, kvc_tiers *tiers) { S->tiers = tiers; }
 
-/* Write a snapshot through to the tiers (at once: its state is the last
- * that a restart could find). A failure only means a restart recomputes. */
+/* Write a snapshot through to the tiers as soon as it is taken (its state
+ * is the last that a restart could find): the engine thread copies it out
+ * of the pool and queues the copy; the tiers' writer thread checksums and
+ * writes it, off the engine's path. A failure only means a restart
+ * recomputes. */
 static void write_down(kvc_snaps *S, const kvc_snap *sn)
 {
     const size_t bytes = record_bytes(S, sn->has_logits, sn->r);
     const size_t nf = (size_t)S->state_floats + (sn->has_logits ? (size_t)S->n_vocab : 0);
-    char *buf = malloc(bytes);
     int32_t toks[64 + 1];
-    if (!buf || sn->r > 64)
-        goto out;
+    char *buf = sn->r <= 64 ? malloc(bytes) : NULL;
+    if (!buf)
+        return;
     payload_io(S, sn, (float *)buf, 0, nf, false);
     if (sn->r > 0)
         memcpy(buf + nf * sizeof(float), kvc_kv_block_data(S->pool, sn->partial), S->chunk);
     kvc_block_desc d;
     record_desc(S, sn->node, sn->ns, sn->tokens, sn->r, sn->has_logits, toks, &d);
-    if (kvc_tiers_put_record(S->tiers, &d, buf, bytes) == KVC_OK)
+    if (kvc_tiers_queue_record(S->tiers, &d, buf, bytes) == KVC_OK)   /* buf is the tiers' */
         S->st.written++;
-out:
-    free(buf);
 }
 
 kvc_snap *kvc_snaps_fetch(kvc_snaps *S, uint64_t ns, kvc_pc_node *last, const int32_t *tokens,

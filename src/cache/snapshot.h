@@ -91,10 +91,12 @@ uint64_t kvc_snaps_oldest(const kvc_snaps *S);      /* the LRU one's last use; U
 int64_t  kvc_snaps_evict_one(kvc_snaps *S);         /* blocks freed; 0: none to evict */
 
 /* The tiers below RAM (tiers.h; NULL: none): every snapshot taken is
- * written through at once as one record (kvc_snap_hash its key, its node's
- * chain hash its parent, its partial tokens and a tag its tokens;
- * checksummed and all-or-nothing as the store writes any record), so a
- * conversation survives a restart. */
+ * written through as one record (kvc_snap_hash its key, its node's chain
+ * hash its parent, its partial tokens and a tag its tokens; checksummed and
+ * all-or-nothing as the store writes any record), so a conversation
+ * survives a restart. The write is queued (kvc_tiers_queue_record): the
+ * caller's thread only copies the record out of the pool; stats.written
+ * counts those handed over. */
 struct kvc_tiers;
 void kvc_snaps_set_tiers(kvc_snaps *S, struct kvc_tiers *tiers);
 

@@ -21,9 +21,17 @@ typedef struct slot {
     uint64_t hash, parent, ns;
     int32_t  n_tokens;        /* B; fewer for a sequence's tail (kvc_tiers_write_tail) */
     int32_t *tokens;          /* [B] */
-    uint8_t *kv;              /* [max_bytes] */
-    size_t   kv_bytes;        /* its group's chunk bytes */
+    uint8_t *kv;              /* [max_bytes]; NULL in a record's slot */
+    uint8_t *rec;             /* a record's own data (kvc_tiers_queue_record), or NULL */
+    size_t   kv_bytes;        /* its group's chunk bytes, or the record's */
 } slot;
+
+/* What a slot writes: its K/V copy or its record. */
+static const uint8_t *slot_data(const slot *s) { return s->rec ? s->rec : s->kv; }
+
+/* Most bytes of records queued at once; past that a record is written at
+ * once, in the caller's thread. */
+#define MAX_RECORD_BYTES ((size_t)1 << 30)
 
 struct kvc_tiers {
     kvc_prefix_cache *pc;     /* borrowed */
@@ -45,6 +53,7 @@ struct kvc_tiers {
     int32_t           n_slots, max_slots; /* slots that exist; beyond cap they are made
                                              on demand (a long turn written through) and
                                              freed when written, up to max_slots */
+    size_t            rec_bytes;      /* of the records queued (each in a slot of its own) */
     bool              stop;
     bool              started;
     pthread_t         writer;
@@ -58,6 +67,7 @@ static void slot_free(slot *s)
     if (s) {
         free(s->tokens);
         kvc_free_aligned(s->kv);
+        free(s->rec);
         free(s);
     }
 }
@@ -89,7 +99,7 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&t->q_mu);
         kvc_block_desc d = { s->hash, s->parent, s->n_tokens, s->tokens, s->ns };
         pthread_mutex_lock(&t->store_mu);
-        int rc = kvc_bs_put(t->store, &d, s->kv, s->kv_bytes, NULL);
+        int rc = kvc_bs_put(t->store, &d, slot_data(s), s->kv_bytes, NULL);
         pthread_mutex_unlock(&t->store_mu);
         pthread_mutex_lock(&t->q_mu);
         t->st.blocks_written += rc == KVC_OK;
@@ -98,7 +108,10 @@ static void *writer_main(void *arg)
         if (!t->head)
             t->tail = NULL;
         t->count--;
-        if (t->n_slots > t->cap) {                   /* made on demand: let it go */
+        if (s->rec) {                                /* a record's: made for it */
+            t->rec_bytes -= s->kv_bytes;
+            slot_free(s);
+        } else if (t->n_slots > t->cap) {            /* made on demand: let it go */
             t->n_slots--;
             slot_free(s);
         } else {
@@ -111,28 +124,28 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-/* Whether the queue holds `hash`; if so and kv is not NULL, copy its K/V
- * when its parent and tokens are d's. Under q_mu. */
-static bool queued_locked(kvc_tiers *t, const kvc_block_desc *d, void *kv)
+/* Whether the queue holds `hash`; if so and kv is not NULL, copy its data
+ * (kv_bytes) when its parent, tokens and size are d's. Under q_mu. */
+static bool queued_locked(kvc_tiers *t, const kvc_block_desc *d, void *kv, size_t kv_bytes)
 {
     for (const slot *s = t->head; s; s = s->next) {
         if (s->hash != d->hash)
             continue;
         if (!kv)
             return true;
-        if (s->parent != d->parent || s->n_tokens != d->n_tokens ||
+        if (s->parent != d->parent || s->n_tokens != d->n_tokens || s->kv_bytes != kv_bytes ||
             memcmp(s->tokens, d->tokens, (size_t)d->n_tokens * sizeof(int32_t)) != 0)
             return false;
-        memcpy(kv, s->kv, s->kv_bytes);
+        memcpy(kv, slot_data(s), s->kv_bytes);
         return true;
     }
     return false;
 }
 
-static bool queued(kvc_tiers *t, const kvc_block_desc *d, void *kv)
+static bool queued(kvc_tiers *t, const kvc_block_desc *d, void *kv, size_t kv_bytes)
 {
     pthread_mutex_lock(&t->q_mu);
-    bool q = queued_locked(t, d, kv);
+    bool q = queued_locked(t, d, kv, kv_bytes);
     pthread_mutex_unlock(&t->q_mu);
     return q;
 }
@@ -171,7 +184,7 @@ static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *dp, const void *kv, 
 {
     const kvc_block_desc d = *dp;
     pthread_mutex_lock(&t->q_mu);
-    if (queued_locked(t, &d, NULL)) {
+    if (queued_locked(t, &d, NULL, 0)) {
         pthread_mutex_unlock(&t->q_mu);
         return true;
     }
@@ -251,7 +264,7 @@ static void on_evict(void *user, const kvc_pc_node *n)
     kvc_tiers *t = user;
     kvc_block_desc d;
     desc_of(t, n, &d);
-    if (queued(t, &d, NULL) || stored(t, d.hash))
+    if (queued(t, &d, NULL, 0) || stored(t, d.hash))
         return;
     pthread_mutex_lock(&t->q_mu);
     t->st.evictions_written++;
@@ -395,7 +408,7 @@ int64_t kvc_tiers_probe(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
     for (; (i + 1) * t->B <= n; i++, got++) {
         kvc_block_desc d = { kvc_pc_chain_hash(t->pc, h, tokens + i * t->B), h, t->B,
                              tokens + i * t->B, ns };
-        if (!queued(t, &d, NULL) && !stored(t, d.hash))
+        if (!queued(t, &d, NULL, 0) && !stored(t, d.hash))
             break;
         h = d.hash;
     }
@@ -407,7 +420,7 @@ int64_t kvc_tiers_probe(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
 /* Read record d into kv (kv_bytes): from the queue, else from the store. */
 static bool read_one(kvc_tiers *t, const kvc_block_desc *d, void *kv, size_t kv_bytes)
 {
-    if (queued(t, d, kv))
+    if (queued(t, d, kv, kv_bytes))
         return true;
     pthread_mutex_lock(&t->store_mu);
     int rc = kvc_bs_get(t->store, d, kv, kv_bytes, NULL);
@@ -507,7 +520,7 @@ int64_t kvc_tiers_write_path(kvc_tiers *t, const kvc_pc_node *node)
             continue;
         kvc_block_desc d;
         desc_of(t, n, &d);
-        if (queued(t, &d, NULL) || stored(t, d.hash))
+        if (queued(t, &d, NULL, 0) || stored(t, d.hash))
             break;
         path[k++] = n;
     }
@@ -549,7 +562,7 @@ void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int6
         h = kvc_pc_chain_hash(t->pc, h, tokens + i * t->B);
     const int32_t *tt = tokens + n - k;
     kvc_block_desc d = { tail_hash(h, tt, k), h, k, tt, ns };
-    if (queued(t, &d, NULL) || stored(t, d.hash))
+    if (queued(t, &d, NULL, 0) || stored(t, d.hash))
         return;
     pthread_mutex_lock(&t->q_mu);
     t->st.tails_written++;
@@ -574,7 +587,7 @@ int32_t kvc_tiers_probe_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, i
         return 0;
     for (int32_t k = (int32_t)KVC_MIN(t->B - 1, n - (int64_t)m->n_full * t->B); k > min_len; k--) {
         kvc_block_desc d = tail_desc(t, ns, tokens, m, k);
-        if (queued(t, &d, NULL) || stored(t, d.hash))
+        if (queued(t, &d, NULL, 0) || stored(t, d.hash))
             return k;
     }
     return 0;
@@ -605,19 +618,58 @@ bool kvc_tiers_fetch_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens,
 
 bool kvc_tiers_has(kvc_tiers *t, uint64_t hash)
 {
-    return stored(t, hash);
+    const kvc_block_desc d = { .hash = hash };
+    return queued(t, &d, NULL, 0) || stored(t, hash);
 }
 
-int kvc_tiers_put_record(kvc_tiers *t, const kvc_block_desc *d, const void *data, size_t bytes)
+int kvc_tiers_queue_record(kvc_tiers *t, const kvc_block_desc *d, void *data, size_t bytes)
 {
+    slot *s = d->n_tokens >= 1 && d->n_tokens <= t->B ? calloc(1, sizeof(*s)) : NULL;
+    if (s && !(s->tokens = malloc((size_t)t->B * sizeof(int32_t)))) {
+        free(s);
+        s = NULL;
+    }
+    pthread_mutex_lock(&t->q_mu);
+    bool dup = queued_locked(t, d, NULL, 0);
+    bool room = s && !dup && t->rec_bytes + bytes <= MAX_RECORD_BYTES;
+    if (room) {
+        int32_t *toks = s->tokens;
+        *s = (slot){ NULL, d->hash, d->parent, d->ns, d->n_tokens, toks, NULL, data, bytes };
+        memcpy(s->tokens, d->tokens, (size_t)d->n_tokens * sizeof(int32_t));
+        if (t->tail)
+            t->tail->next = s;
+        else
+            t->head = s;
+        t->tail = s;
+        t->count++;
+        t->rec_bytes += bytes;
+        t->st.blocks_queued++;
+        pthread_cond_signal(&t->q_cv);
+    }
+    pthread_mutex_unlock(&t->q_mu);
+    if (room || dup) {
+        if (dup) {
+            slot_free(s);
+            free(data);
+        }
+        return KVC_OK;
+    }
+    slot_free(s);                    /* the queue is full of records: at once */
     pthread_mutex_lock(&t->store_mu);
     int rc = kvc_bs_put(t->store, d, data, bytes, NULL);
     pthread_mutex_unlock(&t->store_mu);
+    free(data);
+    pthread_mutex_lock(&t->q_mu);
+    t->st.blocks_written += rc == KVC_OK;
+    t->st.write_failures += rc != KVC_OK;
+    pthread_mutex_unlock(&t->q_mu);
     return rc;
 }
 
 int kvc_tiers_get_record(kvc_tiers *t, const kvc_block_desc *d, void *data, size_t bytes)
 {
+    if (queued(t, d, data, bytes))
+        return KVC_OK;
     pthread_mutex_lock(&t->store_mu);
     int rc = kvc_bs_get(t->store, d, data, bytes, NULL);
     pthread_mutex_unlock(&t->store_mu);

@@ -12,7 +12,9 @@
  *     slots are kept; more are made while the writer is behind (a turn of
  *     thousands of tokens written through at once), up to 1 GiB of copies.
  *     Past that a write-through is dropped (counted) and an evicted block is
- *     written at once (it would be lost otherwise).
+ *     written at once (it would be lost otherwise). Records of other sizes
+ *     (recurrent snapshots) go down the same queue (kvc_tiers_queue_record),
+ *     up to 1 GiB of them.
  *
  * The chain hashes are the tree's (kvc_pc_node.hash), so the model, KV type,
  * namespace, parent and tokens all name a stored block. The engine thread
@@ -106,11 +108,22 @@ uint64_t kvc_tiers_group_hash(uint64_t h, int32_t g);
 void kvc_tiers_flush(kvc_tiers *t);
 
 /* Records other than the tree's blocks (recurrent snapshots, snapshot.h),
- * written and read at once, in the caller's thread: whether the store lists
- * `hash`; put (KVC_OK or the store's error); get (KVC_OK only for the record
- * d exactly, its checksum holding: kvc_bs_get). */
+ * of any size and up to B tokens (d->n_tokens).
+ *
+ * Whether the queue or the store holds `hash`. */
 bool kvc_tiers_has(kvc_tiers *t, uint64_t hash);
-int  kvc_tiers_put_record(kvc_tiers *t, const kvc_block_desc *d, const void *data, size_t bytes);
+/* Write record d (`data`, `bytes`: malloc'd, taken over and freed by the
+ * tiers whatever happens) in the background, by the writer thread that
+ * writes blocks: the caller's thread only queues it. The store writes it as
+ * any record, checksummed and all-or-nothing. Past 1 GiB of records queued
+ * (or without memory for a queue entry) it is written at once instead.
+ * KVC_OK when queued (or held already, or written at once); the store's
+ * error when written at once and that failed. */
+int  kvc_tiers_queue_record(kvc_tiers *t, const kvc_block_desc *d, void *data, size_t bytes);
+/* Read record d into data (bytes): from the queue while it waits there, else
+ * from the store. KVC_OK only for the record d exactly (hash, parent,
+ * tokens, size), its checksum holding (kvc_bs_get); a corrupt one is
+ * discarded by the store: KVC_ERR_FORMAT. */
 int  kvc_tiers_get_record(kvc_tiers *t, const kvc_block_desc *d, void *data, size_t bytes);
 
 void kvc_tiers_stats_get(kvc_tiers *t, kvc_tiers_stats *st);

@@ -52,9 +52,14 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
      * and a background turn, and as many again for the tree) within it too */
     const int32_t n_run = p.n_parallel + 1;
     int64_t window_blocks = p.kv_window_blocks;
-    int64_t budget = p.kv_budget_mib > 0 && eng->block_bytes
+    /* recurrent layers: the live states of the n_parallel sequences that may
+     * hold one at once (engine_sched.c) come out of the budget too */
+    uint64_t states = 0, budget_bytes = (uint64_t)KVC_MAX(p.kv_budget_mib, 0) << 20;
+    for (int32_t l = 0; l < model->hp.n_layer; l++)
+        states += (uint64_t)model->layers[l].state_floats * sizeof(float) * (uint64_t)p.n_parallel;
+    int64_t budget = p.kv_budget_mib > 0 && eng->block_bytes && budget_bytes > states
                    ? kvc_context_blocks_for(model, p.kv_type, n_run, p.n_batch,
-                                            (uint64_t)p.kv_budget_mib << 20, &window_blocks) : 0;
+                                            budget_bytes - states, &window_blocks) : 0;
     if (p.n_ctx <= 0)   /* the file's, within the budget (or n_parallel contexts in RAM) */
         eng->p.n_ctx = p.n_ctx = kvc_context_fit_n_ctx(model, p.kv_type, budget, p.n_parallel);
     int64_t blocks = (int64_t)p.n_parallel * ((p.n_ctx + B - 1) / B) + 1;
@@ -71,10 +76,11 @@ int kvc_engine_new(kvc_model *model, const kvc_engine_params *params, kvc_engine
         blocks = budget;
         if (blocks < 2)
             rc = kvc_fail(&e, KVC_ERR_INVALID_ARG, "a KV budget of %lld MiB holds %lld blocks "
-                          "of %lld tokens (%zu bytes each, beside the sliding windows' chunks); "
+                          "of %lld tokens (%zu bytes each, beside the sliding windows' chunks "
+                          "and %.1f MiB of recurrent states for %d parallel sequences); "
                           "at least 2 are needed",
                           (long long)p.kv_budget_mib, (long long)blocks, (long long)B,
-                          eng->block_bytes);
+                          eng->block_bytes, (double)states / 1048576.0, p.n_parallel);
     }
     if (!rc) {
         kvc_context_params cp = kvc_context_default_params();

@@ -34,6 +34,7 @@
  * least recently used idle sessions let go of their blocks (which then only
  * the tree holds) and eviction goes on. */
 #include "engine.h"
+#include "snapshot.h"
 #include "tool_calls.h"
 
 #include <stdio.h>
@@ -103,6 +104,22 @@ void kvc_engine_update_gauges(kvc_engine *e)
         win_bytes += (n - kvc_kv_group_n_free(pool, g)) * cb;
     }
     e->m.kv_bytes_held = e->m.blocks_used * e->m.block_bytes + win_bytes;
+    if (e->ctx->snaps) {
+        kvc_snaps_stats ss;
+        kvc_snaps_get_stats(e->ctx->snaps, &ss);
+        e->m.snapshots = ss.count;
+        e->m.snapshot_blocks = ss.blocks;
+        e->m.snapshot_bytes = ss.bytes;
+        e->m.snapshots_taken = ss.taken;
+        e->m.snapshots_restored = ss.restored;
+        e->m.snapshots_evicted = ss.evicted + ss.dropped;
+        e->m.snapshots_written = ss.written;
+        e->m.snapshots_fetched = ss.fetched;
+        e->m.live_states = 0;
+        for (int32_t i = 0; i < e->n_slots; i++)
+            e->m.live_states += e->ctx->seqs[i].state != NULL;
+        e->m.live_state_bytes = e->m.live_states * kvc_kv_state_floats(pool) * (int64_t)sizeof(float);
+    }
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -229,6 +246,36 @@ static bool make_room(kvc_context *c, int64_t n_free, void *user)
         e->dropped += (uint64_t)kvc_session_drop_kv(lru->s);
     }
     return true;
+}
+
+/* Recurrent models: a live state (kv.h) is memory beside the pool, so at
+ * most n_parallel sequences hold one (the KV budget keeps room for them:
+ * engine.c); a background turn runs only when no request does. Before
+ * `slot`'s turn makes one, the least recently used idle sessions that hold
+ * one let go of their K/V (which only the tree then holds, with their
+ * snapshots: their next turn continues from one) until fewer than
+ * n_parallel others hold or are about to make one (the running ones). */
+static void limit_live_states(kvc_engine *e, const session_slot *slot)
+{
+    kvc_context *c = e->ctx;
+    if (!c->snaps)
+        return;
+    for (;;) {
+        int32_t live = 0;
+        session_slot *lru = NULL;
+        for (int32_t i = 0; i < e->n_slots; i++) {
+            session_slot *sl = &e->slots[i];
+            if (sl == slot || (!c->seqs[i].state && !sl->busy))
+                continue;                    /* a running turn makes its state soon */
+            live++;
+            if (!sl->busy && (!lru || sl->last_used < lru->last_used))
+                lru = sl;
+        }
+        if (live < e->p.n_parallel || !lru)
+            return;
+        kvc_session_spill_tail(lru->s);
+        e->dropped += (uint64_t)kvc_session_drop_kv(lru->s);
+    }
 }
 
 /* ------------------------------------------------------------- requests */
@@ -372,8 +419,10 @@ static void admit(kvc_engine *e)
             r = next;
             continue;
         }
-        if (!rc)
+        if (!rc) {
+            limit_live_states(e, r->slot);
             rc = kvc_turn_prepare(r->turn, make_room, e, &err);
+        }
         if (rc == KVC_TURN_WAIT_PREFIX) {
             prev = r;
             r = next;
@@ -524,12 +573,14 @@ static bool bg_start(kvc_engine *e)
         if (!e->slots[j->slot].busy && s->serial == j->serial &&
             j->toks.n > kvc_session_common(s, j->toks.v, j->toks.n) &&
             !kvc_turn_new(s, j->toks.v, j->toks.n, KVC_TURN_BACKGROUND, &p, NULL, NULL,
-                          kvc_time_us(), &t, &err) &&
-            kvc_turn_prepare(t, evict_only, e, &err) == KVC_OK &&
-            kvc_turn_phase(t) != KVC_TURN_DONE) {
-            e->bg_job_run = j;
-            e->bg_turn = t;
-            return true;
+                          kvc_time_us(), &t, &err)) {
+            limit_live_states(e, &e->slots[j->slot]);
+            if (kvc_turn_prepare(t, evict_only, e, &err) == KVC_OK &&
+                kvc_turn_phase(t) != KVC_TURN_DONE) {
+                e->bg_job_run = j;
+                e->bg_turn = t;
+                return true;
+            }
         }
         bg_done(e, j, t);                    /* no room, or nothing to do */
     }

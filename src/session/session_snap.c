@@ -20,7 +20,10 @@ int64_t kvc_session_snap_match(kvc_session *s, const int32_t *tokens, int64_t n,
     *snap = NULL;
     /* the session's own state serves only the length it is at */
     int64_t kept = own == seq->n_tokens && (own < n || !need_logits) ? own : 0;
-    int64_t limit = KVC_MIN(n, KVC_MAX(own, (int64_t)m->n_full * B + m->partial_len));
+    /* a snapshot brings the K/V of its partial block with it (snapshot.h):
+     * one up to B - 1 tokens past the tree's full blocks serves, whether or
+     * not the tree has a partial match there (after a restart it has none) */
+    int64_t limit = KVC_MIN(n, KVC_MAX(own, (int64_t)m->n_full * B + B - 1));
     kvc_snap *sn = limit > kept ? kvc_snaps_find(c->snaps, s->ns, m->last, tokens, limit,
                                                  need_logits ? n : -1) : NULL;
     int64_t best = KVC_MAX(kept, sn ? kvc_snap_pos(sn) : 0);
