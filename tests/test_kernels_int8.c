@@ -35,7 +35,7 @@ static const simd_kernels families[] = {
 
 /* Every weight type of the scheme. */
 static const uint32_t scheme_types[] = { KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_Q5_0, KVC_TYPE_Q4_1, KVC_TYPE_Q5_1,
-                                         KVC_TYPE_Q4_K, KVC_TYPE_Q5_K, KVC_TYPE_Q6_K };
+                                         KVC_TYPE_Q4_K, KVC_TYPE_Q5_K, KVC_TYPE_Q6_K, KVC_TYPE_MXFP4 };
 static const simd_kernels *fam;    /* the one under test */
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
@@ -208,6 +208,17 @@ static void make_weight(wmat *m, uint32_t type, int64_t n_in, int64_t n_out, boo
                 for (int i = 0; i < 32; i++)
                     k->qs[i] = (int8_t)((r + b + i) % 2 ? -128 : 127);
             }
+        else if (extreme && r % 3 == 0 && type == KVC_TYPE_MXFP4)
+            /* values -12 and +12 (codes 15 and 7) under scales from the
+             * subnormal 2^-128 (e = 0, 1) to 2^32; every other such row
+             * has the three smallest scales only, so that theirs show */
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                static const uint8_t es[] = { 0, 1, 2, 100, 127, 160 };
+                block_mxfp4 *k = (block_mxfp4 *)(void *)(m->data + rb * (size_t)r) + b;
+                k->e = es[(r + b) % (r % 2 ? 6 : 3)];
+                for (int i = 0; i < 16; i++)
+                    k->qs[i] = (uint8_t)((r + b + i) % 2 ? 0xff : 0x77);
+            }
         else if (extreme && r % 3 == 0)        /* all-extreme codes: 0 and 15 (31) */
             for (size_t i = 0; i < rb; i++)
                 if (i % kvc_type_info(type)->type_size >= 2)
@@ -347,11 +358,11 @@ static double one_plane(float v, float amax)
     return (double)d * nearbyintf(v / d);
 }
 
-static void check_accuracy(void)
+static void check_accuracy(uint32_t type, int64_t n_in)
 {
-    const int64_t n_in = 4864, n_out = 64, n_tok = 8;
+    const int64_t n_out = 64, n_tok = 8;
     wmat m;
-    make_weight(&m, KVC_TYPE_Q8_0, n_in, n_out, false);
+    make_weight(&m, type, n_in, n_out, false);
     float *x = xalloc(sizeof(float) * (size_t)(n_in * n_tok)), *y = xalloc(sizeof(float) * (size_t)(n_out * n_tok));
     for (int64_t i = 0; i < n_in * n_tok; i++)   /* activations with outliers, as in real models */
         x[i] = rnd_f() * (i % 97 == 0 ? 20.0f : 1.0f);
@@ -386,9 +397,9 @@ static void check_accuracy(void)
             worst2 = fmax(worst2, err / mag);
             worst1 = fmax(worst1, fabs(e1 - exact) / mag);
         }
-    printf("  accuracy, n_in %lld: max |error| / sum|w x|: two planes %.2e, one plane (llama.cpp) %.2e\n",
-           (long long)n_in, worst2, worst1);
-    CHECKF(bad == 0, "two-plane error over its bound in %d elements", bad);
+    printf("  accuracy, %s n_in %lld: max |error| / sum|w x|: two planes %.2e, one plane (llama.cpp) %.2e\n",
+           kvc_type_info(type)->name, (long long)n_in, worst2, worst1);
+    CHECKF(bad == 0, "%s: two-plane error over its bound in %d elements", kvc_type_info(type)->name, bad);
     CHECK(worst2 < worst1 / 50);
     free(x);
     free(y);
@@ -402,7 +413,8 @@ static void check_family(void)
     const int64_t shapes[][3] = { { 32, 9, 1 },     { 32, 40, 17 },   { 896, 37, 1 },   { 896, 37, 3 },
                                   { 896, 33, 16 },  { 896, 100, 37 }, { 4864, 19, 2 },  { 4864, 48, 20 },
                                   { 2048, 67, 130 }, { 896, 64, 512 }, { 128, 64, 1 },  { 128, 2048, 3 },
-                                  { 384, 128, 2 },  { 128, 384, 5 },  { 128, 2048, 1 } };
+                                  { 384, 128, 2 },  { 128, 384, 5 },  { 128, 2048, 1 },
+                                  { 2880, 35, 1 },  { 2880, 40, 9 } };     /* gpt-oss's rows: 90 blocks */
     int n_types = 0;
     for (size_t ti = 0; ti < KVC_ARRAY_LEN(scheme_types); ti++) {
         const uint32_t type = scheme_types[ti];
@@ -422,7 +434,7 @@ static void check_family(void)
         check_matmul(type, bs > 32 ? 768 : 896, 40, 2, true);
         check_matmul(type, 4864, 17, 33, true);
     }
-    CHECK(n_types == (fam->isa == KVC_ISA_AVX2 ? 8 : 5));
+    CHECK(n_types == (fam->isa == KVC_ISA_AVX2 ? 9 : 6));
 }
 
 int main(void)
@@ -446,6 +458,7 @@ int main(void)
         printf("test_kernels_int8: no ISA here uses the scheme, SIMD checks skipped\n");
         return test_failures ? 1 : TEST_SKIP;
     }
-    check_accuracy();
+    check_accuracy(KVC_TYPE_Q8_0, 4864);
+    check_accuracy(KVC_TYPE_MXFP4, 2880);       /* gpt-oss's rows */
     return test_done("test_kernels_int8");
 }

@@ -343,6 +343,60 @@ static void test_k_dynamic_range(void)
     }
 }
 
+/* MXFP4's quantizer picks, for each element, the code whose value is
+ * nearest x / d, the lower code on a tie (ggml's best_index_mxfp4, a search
+ * over all 16): checked against that search, on elements at the values,
+ * at the midpoints between them (ties), just beside them, random ones, and
+ * zeros, subnormals, NaN and infinities. */
+static void test_mxfp4_codes(void)
+{
+    enum { NB = 512 };
+    static float x[NB * 32];
+    static block_mxfp4 q[NB];
+    static const int mag[8] = { 0, 1, 2, 3, 4, 6, 8, 12 };
+    for (int b = 0; b < NB; b++) {
+        const float s = ldexpf(1.0f, b % 40 - 20);           /* the block's scale, d around s / 2 */
+        for (int j = 0; j < 32; j++) {
+            const int k = (b * 7 + j * 3) % 8, sign = (b + j) % 2 ? -1 : 1;
+            float v;
+            switch ((b + j) % 6) {
+            case 0: v = (float)mag[k] * 0.5f * s; break;                                   /* a value */
+            case 1: v = (float)(mag[k] + mag[KVC_MIN(k + 1, 7)]) * 0.25f * s; break;     /* a midpoint */
+            case 2: v = nextafterf((float)(mag[k] + mag[KVC_MIN(k + 1, 7)]) * 0.25f * s, 0.0f); break;
+            case 3: v = nextafterf((float)(mag[k] + mag[KVC_MIN(k + 1, 7)]) * 0.25f * s, INFINITY); break;
+            default: v = rnd_weight() * 8.0f * s; break;
+            }
+            x[32 * b + j] = (float)sign * v;
+        }
+        x[32 * b + (b % 32)] = 7.0f * s;                     /* the block's largest */
+    }
+    const float odd[] = { 0.0f, -0.0f, 1e-45f, -1e-45f, 1e-39f, NAN, INFINITY, -INFINITY };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(odd); i++)
+        x[32 * (NB - 1) + 3 * i + 1] = x[32 * (NB - 2) + 3 * i + 1] = odd[i];
+    for (int j = 0; j < 32; j++)
+        x[32 * (NB - 3) + j] = j % 2 ? 1e-40f : -3e-41f;   /* a subnormal block: e = 0 */
+    kvc_quantize_row_ref(KVC_TYPE_MXFP4, x, q, NB * 32);
+    int bad = 0;
+    for (int b = 0; b < NB; b++) {
+        const float d = kvc_e8m0_half(q[b].e);
+        for (int j = 0; j < 32; j++) {
+            const float v = x[32 * b + j];
+            int best = 0;
+            float best_err = fabsf(v - (float)kvc_mxfp4_values[0] * d);
+            for (int c = 1; c < 16; c++) {
+                const float err = fabsf(v - (float)kvc_mxfp4_values[c] * d);
+                if (err < best_err)
+                    best = c, best_err = err;
+            }
+            const int got = j < 16 ? q[b].qs[j] & 15 : q[b].qs[j - 16] >> 4;
+            if (got != best && bad++ < 3)
+                fprintf(stderr, "mxfp4 block %d [%d]: x %.9g, d %g: code %d, nearest %d\n", b, j, v, d, got, best);
+        }
+    }
+    CHECKF(bad == 0, "mxfp4: %d codes not the nearest (lower on ties)", bad);
+    CHECK_EQ_INT(q[NB - 3].e, 0);
+}
+
 int main(void)
 {
     test_traits();
@@ -351,6 +405,7 @@ int main(void)
     test_blocks_k();
     test_float_rows();
     test_round_trip();
+    test_mxfp4_codes();
     test_k_dynamic_range();
     return test_done("test_quant");
 }

@@ -121,7 +121,7 @@ kvc_isa kvc_kernels_isa(void)
 
 /* Raised whenever a kernel's bits change on some ISA (a new order of
  * operations, another scheme), so that caches written before are not reused. */
-#define KVC_ARITH_VERSION 4
+#define KVC_ARITH_VERSION 5   /* 5: MXFP4 joins the integer scheme */
 
 uint64_t kvc_kernels_arith_id(void)
 {

@@ -11,7 +11,7 @@
  * Activations are float32. On the scalar and avx512 ISAs quantized weights
  * are dequantized exactly (as the GGUF format defines them) to float32 and
  * multiplied in float32. On the avx2 and vnni ISAs the weight types
- * kernels_int8.h's SIMD kernels cover (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K; on avx2
+ * kernels_int8.h's SIMD kernels cover (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, MXFP4; on avx2
  * also Q4_1, Q5_1, Q5_K) use an integer scheme instead: each activation row
  * is quantized to ~16 bits per 32-element block (two int8 planes; results
  * within ~1e-5 of float32), dot products are exact int32, and the per-block

@@ -187,7 +187,8 @@ AI void k_scales(const int kind, const uint8_t *const rows[GR], int n, int64_t s
 }
 
 /* The F16 scale d of block b of up to 8 rows (the blocks of Q8_0, Q4_0,
- * Q5_0, Q4_1 and Q5_1 start with it), row r in lane r, and for Q4_1 and
+ * Q5_0, Q4_1 and Q5_1 start with it; MXFP4's, 2^(e - 128), comes from its
+ * first byte e), row r in lane r, and for Q4_1 and
  * Q5_1 their min as the scheme has it, -m (the F16 after d), in *neg_m;
  * goff: row r's offset from rows[0] (rows past n repeat the last one, whose
  * scales then fill their lanes, unused). */
@@ -195,6 +196,8 @@ AI __m256 block_scales(const int kind, const uint8_t *const rows[GR], __m256i go
 {
     const uint8_t *first = rows[0] + (size_t)b * kvc_i8_block_bytes(kind);
     const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)first, goff, 1);
+    if (kind == I8_MXFP4)
+        return kvc_i8_e8m0_half8(g);
     /* the low halves of the dwords (d) in the low 8 bytes of each lane, the high ones (m) in the others */
     const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
                                            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
@@ -243,7 +246,8 @@ AI int code_offset(const int kind) { return kind == I8_Q4_0 ? 8 : kind == I8_Q5_
  * kvc_i8_block_q's byte form they took twice the instructions. Q5_K and
  * Q6_K (its codes, kvc_i8_k6_codes) are made as bytes first: widened from
  * the bytes, their extra bits made them no faster (Q5_K) or 15% slower
- * (Q6_K). */
+ * (Q6_K). MXFP4's signed values come from a byte shuffle of its codes
+ * (offset 0), then widen. */
 AI void block_w16(const int kind, const uint8_t *row, int64_t b, __m256i *w0, __m256i *w1)
 {
     const __m256i nib = _mm256_set1_epi16(0x0f);
@@ -251,6 +255,12 @@ AI void block_w16(const int kind, const uint8_t *row, int64_t b, __m256i *w0, __
         const uint8_t *qs = row + (size_t)b * sizeof(block_q8_0) + offsetof(block_q8_0, qs);
         *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
         *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+    } else if (kind == I8_MXFP4) {    /* q looked up from the codes, low nibbles then high */
+        const __m128i c = _mm_loadu_si128((const __m128i *)(row + (size_t)b * sizeof(block_mxfp4) +
+                                                             offsetof(block_mxfp4, qs)));
+        const __m128i lut = _mm256_castsi256_si128(kvc_i8_mxfp4_lut()), m4 = _mm_set1_epi8(0x0f);
+        *w0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(lut, _mm_and_si128(c, m4)));
+        *w1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(c, 4), m4)));
     } else if (kind == I8_Q5_K || kind == I8_Q6_K) {
         const __m256i q = kind == I8_Q6_K ? kvc_i8_k6_codes(row, b) : kvc_i8_block_q(kind, row, b);
         *w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
@@ -400,6 +410,7 @@ GROUP_FNS(q6_K_group, I8_Q6_K)
 GROUP_FNS(q4_1_group, I8_Q4_1)
 GROUP_FNS(q5_1_group, I8_Q5_1)
 GROUP_FNS(q5_K_group, I8_Q5_K)
+GROUP_FNS(mxfp4_group, I8_MXFP4)
 
 _Static_assert(TC == 3, "group_fns lists TC functions per kind");
 static const group_fn group_fns[I8_N_KINDS][TC] = {
@@ -407,6 +418,7 @@ static const group_fn group_fns[I8_N_KINDS][TC] = {
     [I8_Q5_0] = { q5_0_group1, q5_0_group2, q5_0_group3 }, [I8_Q4_K] = { q4_K_group1, q4_K_group2, q4_K_group3 },
     [I8_Q6_K] = { q6_K_group1, q6_K_group2, q6_K_group3 }, [I8_Q4_1] = { q4_1_group1, q4_1_group2, q4_1_group3 },
     [I8_Q5_1] = { q5_1_group1, q5_1_group2, q5_1_group3 }, [I8_Q5_K] = { q5_K_group1, q5_K_group2, q5_K_group3 },
+    [I8_MXFP4] = { mxfp4_group1, mxfp4_group2, mxfp4_group3 },
 };
 
 static void decode_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
@@ -612,6 +624,7 @@ PASS_FNS(q6_K_pass, I8_Q6_K)
 PASS_FNS(q4_1_pass, I8_Q4_1)
 PASS_FNS(q5_1_pass, I8_Q5_1)
 PASS_FNS(q5_K_pass, I8_Q5_K)
+PASS_FNS(mxfp4_pass, I8_MXFP4)
 
 _Static_assert(PT == 4, "pass_fns lists PT functions per row");
 static const pass_fn pass_fns[I8_N_KINDS][RV][PT] = {
@@ -623,6 +636,7 @@ static const pass_fn pass_fns[I8_N_KINDS][RV][PT] = {
     [I8_Q4_1] = { PASS_ROW(q4_1_pass, 1), PASS_ROW(q4_1_pass, 2) },
     [I8_Q5_1] = { PASS_ROW(q5_1_pass, 1), PASS_ROW(q5_1_pass, 2) },
     [I8_Q5_K] = { PASS_ROW(q5_K_pass, 1), PASS_ROW(q5_K_pass, 2) },
+    [I8_MXFP4] = { PASS_ROW(mxfp4_pass, 1), PASS_ROW(mxfp4_pass, 2) },
 };
 
 typedef void (*repack_fn)(const kvc_weight *w, int64_t rg, int nr, int nv, __m256i *p, float *d, float *m);
@@ -639,9 +653,11 @@ REPACK_FN(repack_q6_K, I8_Q6_K)
 REPACK_FN(repack_q4_1, I8_Q4_1)
 REPACK_FN(repack_q5_1, I8_Q5_1)
 REPACK_FN(repack_q5_K, I8_Q5_K)
+REPACK_FN(repack_mxfp4, I8_MXFP4)
 static const repack_fn repack_fns[I8_N_KINDS] = {
     [I8_Q8_0] = repack_q8_0, [I8_Q4_0] = repack_q4_0, [I8_Q5_0] = repack_q5_0, [I8_Q4_K] = repack_q4_K,
     [I8_Q6_K] = repack_q6_K, [I8_Q4_1] = repack_q4_1, [I8_Q5_1] = repack_q5_1, [I8_Q5_K] = repack_q5_K,
+    [I8_MXFP4] = repack_mxfp4,
 };
 
 /* Bytes of a repacked group in scratch (the scales follow). */

@@ -12,7 +12,7 @@ bool kvc_i8_type_ok(uint32_t type)
 {
     switch (type) {
     case KVC_TYPE_Q8_0: case KVC_TYPE_Q4_0: case KVC_TYPE_Q5_0: case KVC_TYPE_Q4_1: case KVC_TYPE_Q5_1:
-    case KVC_TYPE_Q4_K: case KVC_TYPE_Q5_K: case KVC_TYPE_Q6_K:
+    case KVC_TYPE_Q4_K: case KVC_TYPE_Q5_K: case KVC_TYPE_Q6_K: case KVC_TYPE_MXFP4:
         return true;
     default:
         return false;
@@ -165,6 +165,15 @@ void kvc_i8_unpack_block_ref(uint32_t type, const void *row, int64_t b, kvc_i8_w
         o->n_sub = 2;
         o->d[0] = d * (float)k->scales[e0 / 16];
         o->d[1] = d * (float)k->scales[e0 / 16 + 1];
+        break;
+    }
+    case KVC_TYPE_MXFP4: {
+        const block_mxfp4 *k = (const block_mxfp4 *)row + b;
+        for (int i = 0; i < 16; i++) {
+            o->q[i] = kvc_mxfp4_values[k->qs[i] & 0x0f];
+            o->q[i + 16] = kvc_mxfp4_values[k->qs[i] >> 4];
+        }
+        o->d[0] = kvc_e8m0_half(k->e);
         break;
     }
     default:

@@ -46,6 +46,8 @@
  *   Q4_K  (sub-block j = b % 8) q = 4-bit code, d0 = d * sc_j, min: m = dmin * m_j
  *   Q5_K  as Q4_K, q = 5-bit code
  *   Q6_K  (two sub-blocks of 16) q = 6-bit code - 32, d0 = d * sc_2j, d1 = d * sc_2j+1
+ *   MXFP4 q = kvc_mxfp4_values[4-bit code] (the E2M1 value doubled: 0, +-1,
+ *         2, 3, 4, 6, 8, 12), d0 = kvc_e8m0_half(e) = 2^(e - 128) (exact)
  * (the products d * sc as quant.c's reference dequantization computes them;
  * Q4_1 and Q5_1 add their m where the K-quants subtract theirs, hence the
  * sign).
@@ -145,8 +147,8 @@ static inline const uint8_t *kvc_i8_tok_row(const uint8_t *act, size_t as, const
 
 /* Types the SIMD kernels of each ISA handle with this scheme; others keep
  * their ISA's float path. The AVX2 kernels take every type of the scheme;
- * the VNNI kernels Q8_0, Q4_0, Q5_0, Q4_K and Q6_K (the first I8_N_VNNI
- * kinds below). */
+ * the VNNI kernels Q8_0, Q4_0, Q5_0, Q4_K, Q6_K and MXFP4 (the first
+ * I8_N_VNNI kinds below). */
 bool kvc_i8_avx2_type_ok(uint32_t type);
 bool kvc_i8_vnni_type_ok(uint32_t type);
 
@@ -180,7 +182,10 @@ size_t kvc_i8_scratch_floats(const kvc_i8_isa *isa, int64_t n_in);
 /* The weight types of the SIMD kernels as kinds, for tables indexed by kind:
  * kvc_i8_vnni_type_ok's types first (I8_N_VNNI of them), then the others of
  * kvc_i8_avx2_type_ok. */
-enum { I8_Q8_0, I8_Q4_0, I8_Q5_0, I8_Q4_K, I8_Q6_K, I8_N_VNNI, I8_Q4_1 = I8_N_VNNI, I8_Q5_1, I8_Q5_K, I8_N_KINDS };
+enum {
+    I8_Q8_0, I8_Q4_0, I8_Q5_0, I8_Q4_K, I8_Q6_K, I8_MXFP4, I8_N_VNNI,
+    I8_Q4_1 = I8_N_VNNI, I8_Q5_1, I8_Q5_K, I8_N_KINDS
+};
 
 static inline int kvc_i8_kind(uint32_t type)
 {
@@ -192,6 +197,7 @@ static inline int kvc_i8_kind(uint32_t type)
     case KVC_TYPE_Q4_1: return I8_Q4_1;
     case KVC_TYPE_Q5_1: return I8_Q5_1;
     case KVC_TYPE_Q5_K: return I8_Q5_K;
+    case KVC_TYPE_MXFP4: return I8_MXFP4;
     default:            return I8_Q6_K;
     }
 }
@@ -214,6 +220,7 @@ static inline size_t kvc_i8_block_bytes(const int kind)
            : kind == I8_Q5_0 ? sizeof(block_q5_0)
            : kind == I8_Q4_1 ? sizeof(block_q4_1)
            : kind == I8_Q5_1 ? sizeof(block_q5_1)
+           : kind == I8_MXFP4 ? sizeof(block_mxfp4)
            : kind == I8_Q4_K ? sizeof(block_q4_K) / 8
            : kind == I8_Q5_K ? sizeof(block_q5_K) / 8
                              : (sizeof(block_q6_K) + 7) / 8;
@@ -261,6 +268,23 @@ static inline __attribute__((always_inline)) __m256i kvc_i8_k6_codes(const uint8
     return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
 }
 
+/* kvc_mxfp4_values in both 128-bit lanes (a byte shuffle's table). */
+static inline __attribute__((always_inline)) __m256i kvc_i8_mxfp4_lut(void)
+{
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)kvc_mxfp4_values));
+}
+
+/* kvc_e8m0_half of the low byte of each dword lane of e (the other bytes
+ * ignored): 2^(e - 128), whose bits are (e - 1) << 23 from e = 2 on and the
+ * subnormals 2^21 << e below. */
+static inline __attribute__((always_inline)) __m256 kvc_i8_e8m0_half8(__m256i e)
+{
+    e = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+
 /* Bit i of m as byte i (0 or 0xff) of a vector. */
 static inline __attribute__((always_inline)) __m256i kvc_i8_bits_to_bytes(uint32_t m)
 {
@@ -292,6 +316,11 @@ static inline __attribute__((always_inline)) __m256i kvc_i8_block_q(const int ki
     const uint8_t *k = row + (size_t)b * kvc_i8_block_bytes(kind);
     if (kind == I8_Q8_0)
         return _mm256_loadu_si256((const __m256i *)(k + 2));
+    if (kind == I8_MXFP4) {      /* the codes looked up in the table of doubled E2M1 values */
+        const __m128i nib = _mm_loadu_si128((const __m128i *)(k + offsetof(block_mxfp4, qs)));
+        const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
+        return _mm256_shuffle_epi8(kvc_i8_mxfp4_lut(), c);
+    }
     const size_t at = kvc_i8_nibbles_at(kind);
     const __m128i nib = _mm_loadu_si128((const __m128i *)(k + at));
     __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));

@@ -124,7 +124,11 @@ AI __m512i reduce_rows(const __m512i z[8])
  *           follows the block's dot product.
  *   I8_Q6_K: unsigned codes c = q + 32, two dot products per block (halves
  *           of 16 with scales of their own), each less 32 H (the half's sum
- *           of a, kernels_int8.h). */
+ *           of a, kernels_int8.h).
+ *   I8_MXFP4: unsigned codes c = q + 12 (0 .. 24), looked up from the
+ *           nibbles in one byte shuffle (the table's 16 entries in every
+ *           128-bit lane), less 12 S as Q4_0's; the scale 2^(e - 128) made
+ *           from the block's first byte (e8m0_half16). */
 /* p[q] lane l = dword q of r[l], for 16 vectors r of 8 dwords: an 8 x 8
  * dword transpose in each 256-bit half (rows l and l + 8 share a vector). */
 AI void transpose_16x8(const __m256i r[GR], __m512i *p)
@@ -189,7 +193,26 @@ AI void k4_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR
     transpose_16x8(r1, (__m512i *)(void *)dm);
 }
 
-AI int code_offset(const int kind) { return kind == I8_Q4_0 ? 8 : kind == I8_Q5_0 ? 16 : 0; }
+AI int code_offset(const int kind)
+{
+    return kind == I8_Q4_0 ? 8 : kind == I8_Q5_0 ? 16 : kind == I8_MXFP4 ? 12 : 0;
+}
+
+/* kvc_e8m0_half of the low byte of each dword lane of e, as kvc_i8_e8m0_half8. */
+AI __m512 e8m0_half16(__m512i e)
+{
+    e = _mm512_and_si512(e, _mm512_set1_epi32(0xff));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_sllv_epi32(normal, small, _mm512_set1_epi32(0x00200000), e));
+}
+
+/* The block's scales, row l in lane l, from the dwords at each row's block
+ * start (h): F16 d in the low half, or MXFP4's exponent byte. */
+AI __m512 block_scales(const int kind, __m512i h)
+{
+    return kind == I8_MXFP4 ? e8m0_half16(h) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+}
 
 /* 16 nibble bytes -> 32 codes (low nibbles, then high), for rows a and b. */
 AI __m512i nibbles2(const uint8_t *qa, const uint8_t *qb)
@@ -212,6 +235,12 @@ AI __m512i load_pair(const int kind, const uint8_t *ba, const uint8_t *bb)
                                   _mm256_loadu_si256((const __m256i *)(bb + 2)), 1);
     if (kind == I8_Q4_0)
         return nibbles2(ba + 2, bb + 2);
+    if (kind == I8_MXFP4) {   /* code -> q + 12: kvc_mxfp4_values + 12 */
+        const __m512i lut =
+            _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+        const size_t qs = offsetof(block_mxfp4, qs);
+        return _mm512_shuffle_epi8(lut, nibbles2(ba + qs, bb + qs));
+    }
     /* Q5_0: d, qh (bit j: 5th bit of element j), qs */
     uint32_t ha, hb;
     memcpy(&ha, ba + 2, 4);
@@ -274,7 +303,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             dw = _mm512_loadu_ps(ks[b % 8]);
             dm = _mm512_loadu_ps(km[b % 8]);
         } else {
-            dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(goff, rows[0] + off, 1)));
+            dw = block_scales(kind, _mm512_i32gather_epi32(goff, rows[0] + off, 1));
         }
         __m512i w[8];
         __mmask64 neg[8];
@@ -348,6 +377,7 @@ GROUP_FNS(q4_0_group, I8_Q4_0)
 GROUP_FNS(q5_0_group, I8_Q5_0)
 GROUP_FNS(q4_K_group, I8_Q4_K)
 GROUP_FNS(q6_K_group, I8_Q6_K)
+GROUP_FNS(mxfp4_group, I8_MXFP4)
 
 static const group_fn group_fns[I8_N_VNNI][TC] = {
     { q8_0_group1, q8_0_group2, q8_0_group3, q8_0_group4 },
@@ -355,6 +385,7 @@ static const group_fn group_fns[I8_N_VNNI][TC] = {
     { q5_0_group1, q5_0_group2, q5_0_group3, q5_0_group4 },
     { q4_K_group1, q4_K_group2, q4_K_group3, q4_K_group4 },
     { q6_K_group1, q6_K_group2, q6_K_group3, q6_K_group4 },
+    { mxfp4_group1, mxfp4_group2, mxfp4_group3, mxfp4_group4 },
 };
 
 static void decode_act(const kvc_weight *w, const uint8_t *act, const int32_t *tok, int64_t n_tok, float *y,
@@ -459,7 +490,7 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
                 continue;
             }
             const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), have, goff, vb + off, 1);
-            _mm512_store_ps(dsc + (b * nv + v) * GR, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+            _mm512_store_ps(dsc + (b * nv + v) * GR, block_scales(kind, h));
         }
     }
 }
@@ -564,6 +595,7 @@ PASS_FNS(q4_0_pass, I8_Q4_0)
 PASS_FNS(q5_0_pass, I8_Q5_0)
 PASS_FNS(q4_K_pass, I8_Q4_K)
 PASS_FNS(q6_K_pass, I8_Q6_K)
+PASS_FNS(mxfp4_pass, I8_MXFP4)
 
 _Static_assert(PT == 6, "pass_fns lists PT functions per row");
 static const pass_fn pass_fns[I8_N_VNNI][RV][PT] = {
@@ -572,6 +604,7 @@ static const pass_fn pass_fns[I8_N_VNNI][RV][PT] = {
     { PASS_ROW(q5_0_pass, 1), PASS_ROW(q5_0_pass, 2) },
     { PASS_ROW(q4_K_pass, 1), PASS_ROW(q4_K_pass, 2) },
     { PASS_ROW(q6_K_pass, 1), PASS_ROW(q6_K_pass, 2) },
+    { PASS_ROW(mxfp4_pass, 1), PASS_ROW(mxfp4_pass, 2) },
 };
 
 typedef void (*repack_fn)(const kvc_weight *w, int64_t rg, int nr, int nv, __m512i *p, float *d, float *m);
@@ -585,7 +618,9 @@ REPACK_FN(repack_q4_0, I8_Q4_0)
 REPACK_FN(repack_q5_0, I8_Q5_0)
 REPACK_FN(repack_q4_K, I8_Q4_K)
 REPACK_FN(repack_q6_K, I8_Q6_K)
-static const repack_fn repack_fns[I8_N_VNNI] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K };
+REPACK_FN(repack_mxfp4, I8_MXFP4)
+static const repack_fn repack_fns[I8_N_VNNI] = { repack_q8_0, repack_q4_0, repack_q5_0, repack_q4_K, repack_q6_K,
+                                                 repack_mxfp4 };
 
 /* Bytes of a repacked group in scratch (the scales follow). */
 static size_t pack_bytes(int64_t n_in) { return (size_t)n_in / 32 * RV * KS * 64; }

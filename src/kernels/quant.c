@@ -425,18 +425,39 @@ static void quant_q8_0(const float *x, block_q8_0 *b, int64_t nb)
     }
 }
 
+/* |x - v d| for the value v of magnitude index k (0-7) on x's side (neg:
+ * x < 0), as best_index_mxfp4 measures it. */
+static inline float mxfp4_err(float x, float d, int k, bool neg)
+{
+    const float v = (float)kvc_mxfp4_values[k] * d;
+    return neg ? fabsf(x + v) : fabsf(x - v);
+}
+
 /* The code of the value nearest x / d (the lower code on a tie), as ggml's
- * best_index_mxfp4. */
+ * best_index_mxfp4, which measures |x - v d| for all 16 codes in order and
+ * keeps the first least. Here only x's side is searched (the other side's
+ * errors are no smaller, and its codes come later, but for value 0, code 0):
+ * from m, the largest magnitude <= |x|, the rounded error does not grow
+ * towards m and does not shrink away from m + 1, so the first least is the
+ * lowest magnitude whose error equals m's (usually m itself; in a block
+ * whose scale dwarfs nothing, e.g. next to an infinity, all are equal), or
+ * m + 1 if strictly less. NaN and infinities get code 0, as there. */
 static uint8_t mxfp4_code(float x, float d)
 {
-    int best = 0;
-    float best_err = fabsf(x - (float)kvc_mxfp4_values[0] * d);
-    for (int q = 1; q < 16; q++) {
-        const float err = fabsf(x - (float)kvc_mxfp4_values[q] * d);
-        if (err < best_err)
-            best = q, best_err = err;
-    }
-    return (uint8_t)best;
+    const float ax = fabsf(x);
+    if (!(ax < INFINITY))
+        return 0;
+    const bool neg = x < 0.0f;
+    int m = 0;
+    while (m < 7 && (float)kvc_mxfp4_values[m + 1] * d <= ax)
+        m++;
+    const float err = mxfp4_err(x, d, m, neg);
+    int k = m;
+    while (k > 0 && mxfp4_err(x, d, k - 1, neg) == err)
+        k--;
+    if (m < 7 && mxfp4_err(x, d, m + 1, neg) < err)
+        k = m + 1;
+    return (uint8_t)(k == 0 ? 0 : neg ? 8 + k : k);
 }
 
 /* The shared exponent puts the block's largest magnitude in [4, 8) times
