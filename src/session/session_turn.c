@@ -918,6 +918,7 @@ static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
  * its last one. */
 static void turn_forwarded(kvc_turn *t, const float *logits)
 {
+    kvc_kv_seq_slide(t->s->ctx->pool, SEQ(t));   /* hold no chunk behind the window now */
     publish(t);
     int64_t done = SEQ(t)->n_tokens;
     kvc_context *c = t->s->ctx;
