@@ -6,7 +6,8 @@
  * of window chunks, in a window slab of just that size, its window's K/V
  * intact; window chunks behind the window stay hittable until evicted; a
  * hit after the window chunks of an old prefix were evicted stops where
- * the window can still be served; truncation keeps less when it must;
+ * the window can still be served; the windows of likely divergence points
+ * (kvc_kv_seq_keep) are evicted last; truncation keeps less when it must;
  * eviction takes a tree leaf that can no longer serve a hit first; a
  * window slab whose every chunk is held refuses cleanly. */
 #include "kv.h"
@@ -222,6 +223,46 @@ static void test_tree_hits(void)
     kvc_kv_pool_free(pool);
 }
 
+static void test_kept_windows(void)
+{
+    /* path A (16 blocks) in the tree, released; a request is likely to
+     * diverge at 100 (kvc_kv_seq_keep): the window chunks a hit there needs
+     * (blocks 3-6: [(96 - W) / B, ceil(100 / B))) are evicted after every
+     * other released chunk, however old */
+    kvc_kv_pool *pool = new_pool(64, 16);
+    kvc_prefix_cache *pc = NULL;
+    kvc_err e = { 0 };
+    CHECK(kvc_pc_new(pool, &pc, &e) == KVC_OK);
+    kvc_kv_seq a, x;
+    kvc_kv_seq_init(&a);
+    kvc_kv_seq_init(&x);
+    run_path(pool, pc, &a, 1, 256);
+    kvc_kv_seq_keep(pool, &a, 100);
+    kvc_kv_seq_release(pool, &a);
+    CHECK_EQ_INT(lookup_full(pc, 1, 110, 100), 100);
+    /* 8 new chunks: the 8 released first but for the kept ones (0-2, 7-11) */
+    CHECK(kvc_kv_seq_reserve(pool, &x, 8 * B, &e) == KVC_OK);
+    CHECK(kvc_kv_seq_window(pool, &x, 8 * B, &e) == KVC_OK);
+    CHECK_EQ_INT(lookup_full(pc, 1, 110, 100), 100);
+    CHECK_EQ_INT(lookup_full(pc, 1, 256, 256), 256);   /* 12-15 are there still */
+    CHECK_EQ_INT(lookup_full(pc, 1, 210, 200), 112);   /* 9-11 are not: the kept 4-6 serve 112 */
+    /* 4 more: the last unkept ones (12-15) go, the kept ones stay */
+    CHECK(kvc_kv_seq_reserve(pool, &x, 12 * B, &e) == KVC_OK);
+    CHECK(kvc_kv_seq_window(pool, &x, 12 * B, &e) == KVC_OK);
+    CHECK_EQ_INT(lookup_full(pc, 1, 256, 256), 112);
+    CHECK_EQ_INT(lookup_full(pc, 1, 110, 100), 100);
+    /* then they go too, the least recently released first */
+    CHECK(kvc_kv_seq_reserve(pool, &x, 13 * B, &e) == KVC_OK);
+    CHECK(kvc_kv_seq_window(pool, &x, 13 * B, &e) == KVC_OK);
+    CHECK_EQ_INT(lookup_full(pc, 1, 110, 100), 0);
+    CHECK(kvc_pc_check(pc, &e) == KVC_OK);
+    kvc_kv_seq_release(pool, &x);
+    kvc_pc_free(pc);
+    CHECK_EQ_INT(kvc_kv_n_free(pool), 64);
+    CHECK_EQ_INT(kvc_kv_group_n_free(pool, 1), 16);
+    kvc_kv_pool_free(pool);
+}
+
 static void test_dead_leaf_first(void)
 {
     /* Q (5 blocks) then P (2 blocks) in the tree, all released; Q used again
@@ -416,6 +457,7 @@ int main(void)
     test_layout();
     test_long_sequence_memory();
     test_tree_hits();
+    test_kept_windows();
     test_dead_leaf_first();
     test_fork_and_append();
     test_append_evicted();

@@ -32,6 +32,72 @@ static void run(const char *path, const char *name, int n_vocab)
                                     .n_vocab = n_vocab, .n_t1 = N_T1, .n_long = N_LONG });
 }
 
+/* Deep divergence (kv.h's kept windows): with a window slab too small for
+ * the whole conversation (--parallel 1: 2 x 2 running windows of chunks,
+ * about 2000 positions of these models), N_DEEP turns of N_LONG tokens and a
+ * reply each, then requests that diverge right after an early turn's prompt
+ * (the first, the third, the fifth): each reuses that whole prompt (its
+ * windows were kept while the later turns slid theirs out), and replies as a
+ * fresh process does. Before the windows of prompt ends and message starts
+ * were kept, the early ones were evicted first and these requests reused
+ * nothing. */
+#define N_DEEP 10
+
+static void run_deep(const char *path, const char *name, int n_vocab)
+{
+    const char *const args[] = { "-m", path, "-t", "1", "--parallel", "1", "-c", "8192",
+                                 "--cache-disk", "0", NULL };
+    const char *const fresh_args[] = { "-m", path, "-t", "1", "-c", "8192", "--cache-disk", "0",
+                                       NULL };
+    http_server warm;
+    CHECKF(http_server_start(&warm, bin, args, 30), "%s: warm server", name);
+    if (!warm.pid)
+        return;
+    enum { CAP = 8192 };
+    static int32_t turn[N_DEEP][CAP], probe[CAP];
+    int len[N_DEEP] = { 0 };
+    for (int k = 0; k < N_DEEP; k++) {
+        int n = 0, n_r = 0;
+        if (k > 0) {
+            memcpy(turn[k], turn[k - 1], (size_t)len[k - 1] * sizeof(int32_t));
+            n = len[k - 1];
+        }
+        reply r = { 0 };
+        if (k > 0) {
+            r = complete(warm.port, turn[k - 1], len[k - 1]);
+            int32_t *rt = r.text ? tokenize(warm.port, r.text, &n_r) : NULL;
+            if (rt && n + n_r + N_LONG + 100 < CAP)
+                memcpy(turn[k] + n, rt, (size_t)n_r * sizeof(int32_t)), n += n_r;
+            free(rt);
+            free(r.text);
+        }
+        len[k] = fill(turn[k], n, k == 0 ? N_T1 : N_LONG, 100 + (uint32_t)k, n_vocab);
+    }
+    reply last = complete(warm.port, turn[N_DEEP - 1], len[N_DEEP - 1]);
+    free(last.text);
+    for (int k = 0; k < 5; k += 2) {
+        memcpy(probe, turn[k], (size_t)len[k] * sizeof(int32_t));
+        const int n = fill(probe, len[k], 60, 200 + (uint32_t)k, n_vocab);
+        reply w = complete(warm.port, probe, n), f = { 0 };
+        http_server fresh;
+        if (http_server_start(&fresh, bin, fresh_args, 30)) {
+            f = complete(fresh.port, probe, n);
+            http_server_stop(&fresh);
+        }
+        printf("  %s deep: diverging after turn %d's prompt (%d of %d tokens, conversation %d): "
+               "%d cached\n", name, k + 1, len[k], n, len[N_DEEP - 1], w.cached_tokens);
+        CHECKF(w.cached_tokens >= len[k] && w.cached_tokens < n,
+               "%s deep: turn %d's prompt of %d tokens, %d cached", name, k + 1, len[k],
+               w.cached_tokens);
+        CHECKF(w.text && f.text && strcmp(w.text, f.text) == 0,
+               "%s deep turn %d: warm \"%s\" != fresh process \"%s\"", name, k + 1,
+               w.text ? w.text : "(null)", f.text ? f.text : "(null)");
+        free(w.text);
+        free(f.text);
+    }
+    http_server_stop(&warm);
+}
+
 int main(void)
 {
     bin = getenv("KVC_BIN");
@@ -71,6 +137,7 @@ int main(void)
         kvc_model_get_info(m, &info);
         kvc_model_free(m);
         run(path, name, info.n_vocab);
+        run_deep(path, name, info.n_vocab);
         if (models[k].preset)
             unlink(path);
     }

@@ -9,7 +9,8 @@
  * positions recomputed from there give the same bits again. And a chat of
  * five turns (T2 and T3 extend, T4 diverges right after T1's prompt, T5 20
  * tokens earlier) reuses every token before each divergence, the window
- * chunks of T1's end long released, with replies equal to a fresh context's. */
+ * chunks of T1's end long released, with replies equal to a fresh context's;
+ * once a prompt has run, the chunks behind its window are no longer held. */
 #include "context.h"
 #include "kv.h"
 #include "session.h"
@@ -85,13 +86,30 @@ static kvc_context *window_ctx(kvc_model *m)
     return c;
 }
 
+/* The window chunks the session's sequence holds when its reply's first
+ * text comes (its prompt just run): -1 before. */
+static int64_t held_first = -1;
+static kvc_context *watched;   /* the context of the session chat() runs on */
+
+static bool on_text(const char *text, size_t len, void *user)
+{
+    (void)text;
+    (void)len;
+    (void)user;
+    if (held_first < 0 && watched)
+        held_first = kvc_kv_group_n_held(watched->pool, 1);
+    return true;
+}
+
 static char *chat(kvc_session *s, const kvc_chat_message *msgs, size_t n, kvc_chat_stats *st)
 {
     kvc_chat_params p = kvc_chat_default_params();
     p.max_tokens = 12;
     p.sampling.temperature = 0.0f;
     char err[512], *reply = NULL;
-    CHECKF(kvc_session_chat(s, msgs, n, &p, NULL, NULL, &reply, st, err, sizeof(err)) == KVC_OK, "%s", err);
+    held_first = -1;
+    CHECKF(kvc_session_chat(s, msgs, n, &p, on_text, NULL, &reply, st, err,
+                           sizeof(err)) == KVC_OK, "%s", err);
     return reply ? reply : strdup("");
 }
 
@@ -124,8 +142,14 @@ static void test_five_turns(kvc_model *m)
         return;
     }
     kvc_chat_message msgs[8] = { { "user", long1 } };
+    watched = c;
     kvc_chat_stats st[6] = { { 0 } };
     char *r1 = chat(s, msgs, 1, &st[1]);
+    /* the prompt ran in one batch: behind its window nothing is held any
+     * more once it has run (W positions: ceil(W / B) + 1 chunks at most) */
+    CHECKF(held_first >= 1 && held_first <= (W + KVC_BLOCK_TOKENS - 1) / KVC_BLOCK_TOKENS + 1,
+           "T1 (%d tokens): %lld window chunks held after its prompt ran", st[1].prompt_tokens,
+           (long long)held_first);
     msgs[1] = (kvc_chat_message){ "assistant", r1 };
     msgs[2] = (kvc_chat_message){ "user", long2 };
     char *r2 = chat(s, msgs, 3, &st[2]);

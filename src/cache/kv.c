@@ -7,7 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { LIST_DEAD = 0, LIST_LIVE = 1, NO_LIST = -1 };   /* untagged blocks' chunks, tagged ones' */
+/* The eviction lists of the chunks no sequence holds, evicted in this
+ * order: untagged blocks' (no hit but their resting sequence's), tagged
+ * ones', tagged kept ones' (kvc_kv_seq_keep: where a request is likely to
+ * diverge). */
+enum { LIST_DEAD = 0, LIST_LIVE = 1, LIST_KEPT = 2, N_LISTS = 3, NO_LIST = -1 };
 
 typedef struct kv_slab {
     kvc_kv_group g;           /* n_blocks resolved */
@@ -22,7 +26,8 @@ typedef struct kv_slab {
     int32_t  *hold;           /* [pool n_blocks] sequences holding the block's chunk */
     int32_t  *prev, *next;    /* [g.n_blocks] the eviction lists, by chunk */
     int8_t   *list;           /* [g.n_blocks] the list a chunk is on, or NO_LIST */
-    int32_t   head[2], tail[2];
+    uint8_t  *kept;           /* [pool n_blocks] 1: its chunk goes on LIST_KEPT (kvc_kv_seq_keep) */
+    int32_t   head[N_LISTS], tail[N_LISTS];
 } kv_slab;
 
 typedef struct kv_layer {
@@ -210,14 +215,16 @@ int kvc_kv_pool_new(const kvc_kv_pool_params *p, kvc_kv_pool **out, kvc_err *err
             s->prev = malloc(nc * sizeof(int32_t));
             s->next = malloc(nc * sizeof(int32_t));
             s->list = malloc(nc);
-            ok = s->chunk && s->hold && s->owner && s->prev && s->next && s->list;
+            s->kept = calloc(nb, 1);
+            ok = s->chunk && s->hold && s->owner && s->prev && s->next && s->list && s->kept;
             if (ok) {
                 for (size_t i = 0; i < nb; i++)
                     s->chunk[i] = -1;
                 for (size_t i = 0; i < nc; i++)
                     s->owner[i] = -1;
                 memset(s->list, NO_LIST, nc);
-                s->head[0] = s->head[1] = s->tail[0] = s->tail[1] = -1;
+                for (int L = 0; L < N_LISTS; L++)
+                    s->head[L] = s->tail[L] = -1;
             }
         }
         if (ok) {   /* lowest ids on top of the stack, so allocation order is predictable */
@@ -249,6 +256,7 @@ void kvc_kv_pool_free(kvc_kv_pool *pool)
         free(s->prev);
         free(s->next);
         free(s->list);
+        free(s->kept);
     }
     free(pool->refcount);
     free(pool->tag);
@@ -318,7 +326,8 @@ static void list_remove(kv_slab *s, int32_t c)
 /* Chunk c (held by no sequence) at the most recent end of its list. */
 static void list_push(kvc_kv_pool *pool, kv_slab *s, int32_t c)
 {
-    const int L = pool->tag[s->owner[c]] ? LIST_LIVE : LIST_DEAD;
+    const int32_t b = s->owner[c];
+    const int L = !pool->tag[b] ? LIST_DEAD : s->kept[b] ? LIST_KEPT : LIST_LIVE;
     s->prev[c] = s->tail[L];
     s->next[c] = -1;
     if (s->tail[L] >= 0)
@@ -341,12 +350,14 @@ static void chunk_free(kv_slab *s, int32_t block)
     s->free_stack[s->n_free++] = c;
 }
 
-/* A chunk of slab s for block: a free one, else the first evictable (dead
- * list first). -1 when every chunk is held. */
+/* A chunk of slab s for block: a free one, else the first evictable (the
+ * lists in order). -1 when every chunk is held. */
 static int32_t chunk_alloc(kvc_kv_pool *pool, kv_slab *s, int32_t block)
 {
     if (s->n_free == 0) {
-        const int32_t c = s->head[LIST_DEAD] >= 0 ? s->head[LIST_DEAD] : s->head[LIST_LIVE];
+        int32_t c = -1;
+        for (int L = 0; L < N_LISTS && c < 0; L++)
+            c = s->head[L];
         if (c < 0)
             return -1;
         const int32_t victim = s->owner[c];
@@ -421,6 +432,7 @@ void kvc_kv_block_unref(kvc_kv_pool *pool, int32_t block)
         for (int32_t g = 1; g < pool->p.n_groups; g++) {
             KVC_ASSERT(pool->slab[g].chunk[block] < 0 || pool->slab[g].hold[block] == 0);
             chunk_free(&pool->slab[g], block);
+            pool->slab[g].kept[block] = 0;
         }
         pool->slab[0].free_stack[pool->slab[0].n_free++] = block;
     } else if (rc == 1 && pool->tag[block]) {
@@ -681,6 +693,27 @@ void kvc_kv_seq_rest(kvc_kv_pool *pool, kvc_kv_seq *seq)
 {
     for (int32_t g = 1; g < pool->p.n_groups; g++)
         seq_hold_from(pool, seq, g, seq->to[g]);
+}
+
+void kvc_kv_seq_keep(kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t q)
+{
+    const int64_t B = pool->p.block_tokens;
+    if (q <= 0)
+        return;
+    const int64_t end = KVC_MIN((q + B - 1) / B, (int64_t)seq->n_blocks);
+    for (int32_t g = 1; g < pool->p.n_groups; g++) {
+        kv_slab *s = &pool->slab[g];
+        for (int64_t i = window_from(q / B * B, pool->g_params[g].window, B); i < end; i++) {
+            const int32_t b = seq->blocks[i], c = s->chunk[b];
+            if (s->kept[b])
+                continue;
+            s->kept[b] = 1;
+            if (c >= 0 && s->list[c] != NO_LIST) {   /* released: onto the kept list */
+                list_remove(s, c);
+                list_push(pool, s, c);
+            }
+        }
+    }
 }
 
 int64_t kvc_kv_seq_reserve_need(const kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t n)

@@ -31,9 +31,12 @@
  * keeps its reference (the full layers need it) but its window chunk is
  * released: evictable, still usable until evicted. A group's chunks run out
  * -> the pool evicts one that no sequence holds, first those of blocks not in
- * the prefix tree (untagged: no future hit can use them), then the least
- * recently released. So a long sequence costs its full layers plus about one
- * window (w positions and a block) per window group.
+ * the prefix tree (untagged: no hit but their own resting sequence's), then
+ * the least recently released, and last those kept for the points where the
+ * next requests are likely to diverge (kvc_kv_seq_keep). So a long sequence
+ * costs its full layers plus about one window (w positions and a block) per
+ * window group, and every message start and prompt end of a conversation
+ * keeps a hit while the window slabs have room for their windows.
  *
  * A sequence is a block table plus a length: position p lives in block
  * blocks[p / B], row p % B. Not thread-safe: one engine thread owns the pool. */
@@ -263,6 +266,16 @@ int  kvc_kv_seq_hold_back(kvc_kv_pool *pool, kvc_kv_seq *seq, int64_t pos, kvc_e
  * (which holds the kept length's window again, or says it keeps less) or
  * calls kvc_kv_seq_window. */
 void kvc_kv_seq_rest(kvc_kv_pool *pool, kvc_kv_seq *seq);
+
+/* A request may diverge at position q of the sequence (a message start, a
+ * prompt's end, the conversation's end: DESIGN.md §2): the window chunks a
+ * hit there needs, those of the sequence's blocks [(q' - w) / B, ceil(q / B))
+ * with q' = q rounded down to a block (so a hit at q or at the block boundary
+ * below it), are KEPT: once released, those of blocks in the prefix tree
+ * (tagged) are evicted after every other chunk no sequence holds, least
+ * recently released first among them. The mark is the block's until it is
+ * freed; chunks already evicted stay gone. */
+void kvc_kv_seq_keep(kvc_kv_pool *pool, const kvc_kv_seq *seq, int64_t q);
 
 /* Keep positions [0, n), drop the rest: blocks wholly past what is kept are
  * released. Returns what it kept: min(n, n_tokens), or less when a window

@@ -412,7 +412,9 @@ static void lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int
         int64_t k = 0;
         while (k < rest && c->tokens[k] == want[k])
             k++;
-        if (k > m->partial_len) {
+        /* of equals, one with every window chunk: a hit can end in it */
+        if (k > m->partial_len || (k > 0 && k == m->partial_len && dead(pc, m->partial) &&
+                                   !dead(pc, c))) {
             m->partial = c;
             m->partial_len = (int32_t)k;
         }

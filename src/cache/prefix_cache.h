@@ -101,7 +101,7 @@ typedef struct kvc_pc_match {
 /* The longest cached prefix of tokens[0, n): the run of ready full blocks,
  * then (unless it stopped at a pending node) the ready child of the last one
  * that shares the most tokens with the rest (a partial block, usable read-only
- * and copied on write); cut back, when the pool has window groups, to the
+ * and copied on write; of several, one whose block has every window chunk); cut back, when the pool has window groups, to the
  * longest length every group can serve (kvc_kv_servable: a block boundary,
  * no partial and no pending then). Marks the matched nodes used (LRU). */
 void kvc_pc_lookup(kvc_prefix_cache *pc, uint64_t ns, const int32_t *tokens, int64_t n,

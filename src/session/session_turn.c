@@ -374,6 +374,21 @@ static int shift_kv(kvc_turn *t, int64_t own, int64_t a, int64_t k, kvc_room_fn 
 
 /* ----------------------------------------------------------------- new */
 
+/* Sliding-window layers: the windows of the points where a later request
+ * is likely to diverge, each message start and the prompt's end, are evicted
+ * last (kvc_kv_seq_keep), so an edit or a branch deep in a long conversation
+ * still hits. */
+static void keep_points(kvc_turn *t)
+{
+    kvc_context *c = t->s->ctx;
+    if (kvc_kv_n_groups(c->pool) == 1)
+        return;
+    for (int64_t i = 0; i < t->marks.n; i++)
+        if (t->marks.v[i] < t->n_prompt)
+            kvc_kv_seq_keep(c->pool, SEQ(t), t->marks.v[i]);
+    kvc_kv_seq_keep(c->pool, SEQ(t), t->n_prompt);
+}
+
 /* Admission, per window group (kv.h): the first group whose chunks held by
  * other sequences leave fewer than a running sequence holds
  * (kvc_kv_window_need), or 0. Chunks no sequence holds are evicted as
@@ -653,6 +668,7 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
     }
     for (int32_t i = t->n_pub; !t->pub_off && i < n / B && enter_block(t, i, true); i++)
         ;
+    keep_points(t);
     update_promise(t);
     if (snap_logits && t->phase == KVC_TURN_DONE) {   /* the whole prompt, with its logits */
         t->t_prompt_done = kvc_time_us();
@@ -905,6 +921,7 @@ static int32_t turn_batch(kvc_turn *t, kvc_batch_item *items, int32_t cap)
  * its last one. */
 static void turn_forwarded(kvc_turn *t, const float *logits)
 {
+    kvc_kv_seq_slide(t->s->ctx->pool, SEQ(t));   /* hold no chunk behind the window now */
     publish(t);
     int64_t done = SEQ(t)->n_tokens;
     kvc_context *c = t->s->ctx;
@@ -1053,6 +1070,7 @@ int kvc_turn_end(kvc_turn *t, char **reply, kvc_chat_stats *stats, kvc_err *err)
             s->toks.v, s->toks.n, t->toks.v, t->toks.n)));
     }
     kvc_kv_seq_truncate(c->pool, seq, seq->n_tokens);   /* blocks reserved, not written */
+    kvc_kv_seq_keep(c->pool, seq, seq->n_tokens);       /* where its next turn goes on */
     kvc_kv_seq_rest(c->pool, seq);           /* its window chunks evictable till its next turn */
     set_promise(t, 0);
     if (ran && !rc && c->tiers && t->anchor)
