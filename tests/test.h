@@ -92,6 +92,39 @@ static inline kvc_context *test_new_context(kvc_model *m, int32_t n_ctx, int32_t
     return c;
 }
 
+/* The logits [n][n_vocab] of toks[0..n) fed to sequence 0 of a fresh context
+ * of params cp in chunks of `chunk` (cp.n_batch is set to it); malloc'd, NULL
+ * (a failed check) on error. */
+static inline float *test_chunked_logits(kvc_model *m, kvc_context_params cp,
+                                         const int32_t *toks, int n, int chunk)
+{
+    kvc_model_info info;
+    kvc_model_get_info(m, &info);
+    cp.n_batch = chunk;
+    kvc_context *ctx = NULL;
+    char err[512];
+    if (kvc_context_new(m, &cp, &ctx, err, sizeof(err)) != KVC_OK) {
+        CHECKF(0, "context: %s", err);
+        return NULL;
+    }
+    float *out = malloc((size_t)n * info.n_vocab * sizeof(float));
+    for (int done = 0; out && done < n;) {
+        const int k = n - done < chunk ? n - done : chunk;
+        if (kvc_context_decode(ctx, 0, toks + done, k, true, err, sizeof(err)) != KVC_OK) {
+            CHECKF(0, "decode: %s", err);
+            free(out);
+            out = NULL;
+            break;
+        }
+        for (int i = 0; i < k; i++)
+            memcpy(out + (size_t)(done + i) * info.n_vocab, kvc_context_logits(ctx, i),
+                   (size_t)info.n_vocab * sizeof(float));
+        done += k;
+    }
+    kvc_context_free(ctx);
+    return out;
+}
+
 /* Generate the model preset `preset` ("tiny", ...) as dir/<preset>.gguf
  * (its path left in path[size]) and load it; NULL (a failed check) on error. */
 static inline kvc_model *test_gen_model(const char *dir, const char *preset, char *path,

@@ -199,33 +199,11 @@ static bool make(const char *arch, const char *ftype, const char *vocab, const c
 static float *engine_logits(kvc_model *m, const int32_t *toks, int n, int chunk, int n_threads,
                             int kv_type)
 {
-    kvc_model_info info;
-    kvc_model_get_info(m, &info);
     kvc_context_params cp = kvc_context_default_params();
     cp.n_ctx = 512;
-    cp.n_batch = chunk;
     cp.n_threads = n_threads;
     cp.kv_type = kv_type;
-    kvc_context *ctx = NULL;
-    char err[512];
-    if (kvc_context_new(m, &cp, &ctx, err, sizeof(err)) != KVC_OK) {
-        CHECKF(0, "context: %s", err);
-        return NULL;
-    }
-    float *out = malloc((size_t)n * info.n_vocab * sizeof(float));
-    for (int done = 0; done < n;) {
-        int k = n - done < chunk ? n - done : chunk;
-        int rc = kvc_context_decode(ctx, 0, toks + done, k, true, err, sizeof(err));
-        CHECKF(rc == KVC_OK, "decode: %s", err);
-        if (rc)
-            break;
-        for (int i = 0; i < k; i++)
-            memcpy(out + (int64_t)(done + i) * info.n_vocab, kvc_context_logits(ctx, i),
-                   (size_t)info.n_vocab * sizeof(float));
-        done += k;
-    }
-    kvc_context_free(ctx);
-    return out;
+    return test_chunked_logits(m, cp, toks, n, chunk);
 }
 
 static int32_t *some_tokens(kvc_model *m, int *n)

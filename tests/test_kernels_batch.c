@@ -52,35 +52,11 @@ static bool make(const char *arch, const char *ftype, const char *path)
 /* All logits [N_TOK][V], fed in chunks of `chunk` with n_threads; NULL on failure. */
 static float *logits_of(kvc_model *m, const int32_t *toks, int chunk, int n_threads, int kv_type)
 {
-    kvc_model_info info;
-    kvc_model_get_info(m, &info);
     kvc_context_params cp = kvc_context_default_params();
     cp.n_ctx = 512;
-    cp.n_batch = chunk;
     cp.n_threads = n_threads;
     cp.kv_type = kv_type;
-    kvc_context *ctx = NULL;
-    char err[512];
-    if (kvc_context_new(m, &cp, &ctx, err, sizeof(err)) != KVC_OK) {
-        CHECKF(0, "context: %s", err);
-        return NULL;
-    }
-    float *out = malloc((size_t)N_TOK * info.n_vocab * sizeof(float));
-    for (int done = 0; out && done < N_TOK;) {
-        int k = KVC_MIN(N_TOK - done, chunk);
-        if (kvc_context_decode(ctx, 0, toks + done, k, true, err, sizeof(err)) != KVC_OK) {
-            CHECKF(0, "decode: %s", err);
-            free(out);
-            out = NULL;
-            break;
-        }
-        for (int i = 0; i < k; i++)
-            memcpy(out + (size_t)(done + i) * info.n_vocab, kvc_context_logits(ctx, i),
-                   (size_t)info.n_vocab * sizeof(float));
-        done += k;
-    }
-    kvc_context_free(ctx);
-    return out;
+    return test_chunked_logits(m, cp, toks, N_TOK, chunk);
 }
 
 /* Every position's logits of the model at path, in one batch and in chunks of
