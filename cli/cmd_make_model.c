@@ -23,10 +23,11 @@ static const cli_option make_model_opts[] = {
       "demo, tiny, tiny-llama, tiny-qwen3, tiny-qwen3moe, qwen2.5-0.5b,\n"
       "qwen3-30b-a3b, tiny-gemma3, tiny-gpt-oss, gemma3-4b, gpt-oss-20b,\n"
       "tiny-qwen35, tiny-qwen35moe, qwen3.5-9b, qwen3.6-35b-a3b,\n"
-      "tiny-lfm2, tiny-granitehybrid, lfm2-1.2b, granite-4.0-h-tiny\n"
-      "(use --n-layer to cut the large ones)" },
+      "tiny-lfm2, tiny-granitehybrid, lfm2-1.2b, granite-4.0-h-tiny,\n"
+      "tiny-gemma4, gemma4-e4b, gemma4-26b-a4b, tiny-qwen3next,\n"
+      "qwen3-next-80b-a3b (use --n-layer to cut the large ones)" },
     { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen35,\n"
-      "qwen35moe, lfm2, granitehybrid" },
+      "qwen35moe, qwen3next, lfm2, granitehybrid, gemma4" },
     { "type", 0, "T", OPT_TYPE, 0,
       "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
       "mxfp4_moe (experts MXFP4, the rest Q8_0)" },

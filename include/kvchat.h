@@ -537,6 +537,15 @@ kvc_gen_params kvc_gen_default_params(void);
  *                   heads of 256 (64 rotated), 256 experts of 512, top-8, a shared expert of
  *                   512, GDN 16 K / 32 V heads of 128, vocab 248320, ctx 262144, theta 1e7,
  *                   untied, bpe, q4_k_m
+ *   "tiny-qwen3next" qwen3next, d 64, 4 layers (3 GDN + 1 gated attention), 4/2 heads of 32
+ *                   (8 rotated), GDN 2 K / 6 V heads of 16 in the fused ssm_in / ssm_ba
+ *                   form, 8 experts of 32, top-2, a shared expert of 48, ctx 2048,
+ *                   theta 1e7, f32, bpe, untied
+ *   "qwen3-next-80b-a3b" Qwen3-Next-80B-A3B's (and Qwen3-Coder-Next's) shapes: 48 layers
+ *                   (cut with n_layer; 3 GDN : 1 attention), d 2048, 16/2 heads of 256 (64
+ *                   rotated), 512 experts of 512, top-10, a shared expert of 512, GDN 16 K /
+ *                   32 V heads of 128 (fused ssm_in / ssm_ba), vocab 151936, ctx 262144,
+ *                   theta 1e7, untied, bpe, q4_k_m
  * Returns KVC_OK, or KVC_ERR_NOT_FOUND for an unknown name (out untouched). */
 int kvc_gen_preset(const char *name, kvc_gen_params *out);
 

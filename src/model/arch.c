@@ -79,7 +79,7 @@ static const kvc_arch_key keys_moe[] = {
     { 0 }
 };
 
-/* Gated DeltaNet hybrids (qwen35, qwen35moe), beside keys_ssm (the same
+/* Gated DeltaNet hybrids (qwen35, qwen35moe, qwen3next), beside keys_ssm (the same
  * ssm.* fields, model.h gives both meanings); attention.recurrent_layers, an
  * array, is read by the row's layer setup (forward_gdn.c). */
 static const kvc_arch_key keys_gdn[] = {
@@ -306,6 +306,24 @@ static const kvc_arch_tensor t_gdn[] = {
     { 0 }
 };
 
+/* qwen3next's Gated DeltaNet layers: q, k, v and z in one projection, grouped
+ * per K head (ssm_in: for each K head its q, k, then its n_v / n_k V heads'
+ * v and z rows), or split as qwen35's (attn_qkv, attn_gate: newer files; one
+ * of the two forms is required, bind_layer); beta and alpha in one, grouped
+ * the same way (ssm_ba: per K head its V heads' beta rows, then alpha rows). */
+static const kvc_arch_tensor t_gdn_next[] = {
+    MAT("ssm_in.weight",     KVC_D_EMBD, KVC_D_SSM_QKVZ,     KVC_ON_RECR, OPT, ssm_in),
+    MAT("attn_qkv.weight",   KVC_D_EMBD, KVC_D_SSM_CONV_DIM, KVC_ON_RECR, OPT, ssm_qkv),
+    MAT("attn_gate.weight",  KVC_D_EMBD, KVC_D_SSM_INNER,    KVC_ON_RECR, OPT, ssm_z),
+    MAT("ssm_ba.weight",     KVC_D_EMBD, KVC_D_SSM_HEADS2,   KVC_ON_RECR, 0, ssm_ba),
+    MAT("ssm_out.weight",    KVC_D_SSM_INNER, KVC_D_EMBD,    KVC_ON_RECR, 0, ssm_out),
+    T("ssm_conv1d.weight", KVC_D_SSM_CONV_K, KVC_D_SSM_CONV_DIM, KVC_D1, KVC_ON_RECR, 0, 1, ssm_conv),
+    VEC("ssm_dt.bias",       KVC_D_SSM_HEADS,                KVC_ON_RECR, 0, ssm_dt_b),
+    VEC("ssm_a",             KVC_D_SSM_HEADS,                KVC_ON_RECR, 0, ssm_a),
+    VEC("ssm_norm.weight",   KVC_D_SSM_STATE,                KVC_ON_RECR, 0, ssm_norm),
+    { 0 }
+};
+
 #undef VEC
 #undef MAT
 #undef EXPS
@@ -383,6 +401,13 @@ static const kvc_arch rows[] = {
       .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true,
       .keys = KEYS(keys_common, keys_moe, keys_ssm, keys_gdn),
       .tensors = TENSORS(t_attn_gated, t_gdn, t_ffn_norm_post, t_ffn_moe) },
+    /* Qwen3-Next: Qwen3.5's predecessor; V heads grouped by K head, fused GDN
+     * projections (t_gdn_next), plain partial NeoX RoPE, experts with a gated
+     * shared expert */
+    { .name = "qwen3next", .rope_neox = true, .ffn = KVC_FFN_MOE, .layers = kvc_gdn_layers,
+      .gating = KVC_GATING_SOFTMAX, .moe_norm_w = true, .gdn_v_grouped = true,
+      .keys = KEYS(keys_common, keys_moe, keys_ssm, keys_gdn),
+      .tensors = TENSORS(t_attn_gated, t_gdn_next, t_ffn_norm_post, t_ffn_moe) },
     /* LFM2: gated short convolutions and attention layers (head_count_kv 0 per
      * layer: a convolution), QK-norm, the final norm named token_embd_norm;
      * with a sliding window every attention layer slides */
@@ -402,7 +427,6 @@ static const kvc_arch rows[] = {
     /* known, not run yet (ARCHITECTURES.md) */
 #define LATER(nm, why) { .name = nm, .unsupported = why }
     LATER("gemma3n",        "per-layer embeddings and AltUp are not supported yet"),
-    LATER("qwen3next",      "Gated DeltaNet recurrent layers are not supported yet"),
     LATER("lfm2moe",        "short-convolution layers with experts are not supported yet"),
     LATER("nemotron_h",     "Mamba-2 recurrent layers are not supported yet"),
     LATER("nemotron_h_moe", "Mamba-2 recurrent layers are not supported yet"),

@@ -83,6 +83,8 @@ typedef enum kvc_dim {
     KVC_D_SSM_STATE,         /* ssm.state_size: d_state (GDN: the head size d_k = d_v) */
     KVC_D_SSM_GROUPS,        /* ssm.group_count */
     KVC_D_SSM_GROUP_W,       /* d_inner / n_group (one group of Mamba-2's gated norm) */
+    KVC_D_SSM_QKVZ,          /* 2 n_k d_k + 2 n_v d_v (qwen3next's fused ssm_in: q, k, v, z) */
+    KVC_D_SSM_HEADS2,        /* 2 n_v (qwen3next's fused ssm_ba: beta, alpha) */
 } kvc_dim;
 
 /* Which layers carry a tensor. */
@@ -174,6 +176,9 @@ typedef struct kvc_arch {
     bool        v_norm;                      /* V rms-normed per head without a weight; a layer
                                               * without attn_v takes V = K before K's norm
                                               * (Gemma 4) */
+    bool        gdn_v_grouped;               /* Gated DeltaNet V head h reads Q/K head h / (n_v / n_k)
+                                              * (qwen3next); else h mod n_k (qwen35, whose converter
+                                              * reorders the V heads) */
     bool        rope_freqs_global;           /* rope_freqs.weight divides only the global layers'
                                               * frequencies (Gemma 4's proportional RoPE); else
                                               * every layer's (Llama 3.1) */

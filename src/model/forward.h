@@ -46,6 +46,9 @@ typedef struct kvc_gdn_buf {
     float   *g;           /* [n][n_v] alpha (the decay: exp(softplus(alpha + dt) * a)) */
     float   *o;           /* [n][n_v * d_v] the recurrence's output, then gated-normalised */
     float   *qg;          /* [n][2 * n_head * hd] gated attention: per head query, then gate */
+    float   *qkvz;        /* [n][conv_dim + n_v * d_v] qwen3next's ssm_in projection (grouped per K
+                           * head), split into qkv and z; NULL for the other rows */
+    float   *ba;          /* [n][2 * n_v] qwen3next's ssm_ba projection, split into beta and g */
     int32_t *order;       /* [n] batch indices grouped by sequence, positions increasing */
     int32_t *run;         /* [n + 1] the groups' starts in order; n_runs groups */
     int32_t  n_runs;

@@ -39,14 +39,23 @@ typedef struct gdn_dims {
     int32_t n_k, n_v, d;  /* Q/K heads, V heads, head size */
     int64_t conv_dim;     /* 2 n_k d + n_v d */
     int64_t inner;        /* n_v d */
+    bool    grouped;      /* V head h reads Q/K head h / (n_v / n_k) (kvc_arch.gdn_v_grouped), else
+                           * h mod n_k */
 } gdn_dims;
 
 static gdn_dims dims_of(const kvc_hparams *hp)
 {
-    gdn_dims g = { hp->ssm_d_conv, hp->ssm_n_group, hp->ssm_n_head, hp->ssm_d_state, 0, 0 };
+    gdn_dims g = { hp->ssm_d_conv, hp->ssm_n_group, hp->ssm_n_head, hp->ssm_d_state, 0, 0,
+                   hp->arch->gdn_v_grouped };
     g.inner = (int64_t)g.n_v * g.d;
     g.conv_dim = 2 * (int64_t)g.n_k * g.d + g.inner;
     return g;
+}
+
+/* The i-th (i < n_v / n_k) of the V heads that read Q/K head hk. */
+static inline int64_t v_head(const gdn_dims *g, int64_t hk, int64_t i)
+{
+    return g->grouped ? hk * (g->n_v / g->n_k) + i : hk + i * g->n_k;
 }
 
 /* Whether the model has GDN or gated attention layers (kvc_gdn_buf's users;
@@ -114,6 +123,12 @@ int kvc_gdn_alloc(kvc_compute *c)
     b->g = alloc_f(B * (size_t)g.n_v);
     b->o = alloc_f(B * (size_t)g.inner);
     b->qg = alloc_f(B * 2 * (size_t)m->hp.n_head * (size_t)m->hp.head_dim);
+    if (g.grouped) {   /* qwen3next's fused projections */
+        b->qkvz = alloc_f(B * (size_t)(g.conv_dim + g.inner));
+        b->ba = alloc_f(B * 2 * (size_t)g.n_v);
+        if (!b->qkvz || !b->ba)
+            return KVC_ERR_NOMEM;
+    }
     b->order = malloc(B * sizeof(int32_t));
     b->run = malloc((B + 1) * sizeof(int32_t));
     b->state = malloc(B * sizeof(float *));
@@ -124,7 +139,7 @@ int kvc_gdn_alloc(kvc_compute *c)
 void kvc_gdn_free(kvc_compute *c)
 {
     kvc_gdn_buf *b = &c->gdn;
-    float *bufs[] = { b->qkv, b->z, b->beta, b->g, b->o, b->qg };
+    float *bufs[] = { b->qkv, b->z, b->beta, b->g, b->o, b->qg, b->qkvz, b->ba };
     for (size_t i = 0; i < KVC_ARRAY_LEN(bufs); i++)
         kvc_free_aligned(bufs[i]);
     free(b->order);
@@ -271,7 +286,8 @@ static void head_task(void *ctx, int64_t task, int thread)
         conv_channels(st, L->ssm_conv, u, cd, K, ((int64_t)n_k + hk) * d, ((int64_t)n_k + hk + 1) * d);
         l2norm(q, d, eps);
         l2norm(k, d, eps);
-        for (int64_t h = hk; h < n_v; h += n_k) {
+        for (int64_t vi = 0; vi < n_v / n_k; vi++) {
+            const int64_t h = v_head(&j->g, hk, vi);
             const int64_t v0 = 2 * (int64_t)n_k * d + h * d;
             conv_channels(st, L->ssm_conv, u, cd, K, v0, v0 + d);
             const float *v = u + v0;
@@ -290,6 +306,57 @@ static void head_task(void *ctx, int64_t task, int thread)
     }
 }
 
+/* Row i of qwen3next's fused projections into the step's layout: qkvz
+ * (when ssm_in; per K head hk: q, k, its V heads' v, then their z) into
+ * qkv (q | k | v) and z, ba (per K head: its V heads' beta, then alpha) into
+ * beta and g. A K head's V heads are consecutive in both (gdn_v_grouped). */
+static void split_fused_task(void *ctx, int64_t i, int thread)
+{
+    const gdn_job *j = ctx;
+    const kvc_gdn_buf *b = &j->f->c->gdn;
+    const int64_t d = j->g.d, n_k = j->g.n_k, r = j->g.n_v / n_k, w = (2 + 2 * r) * d;
+    const bool fused_qkvz = !j->L->ssm_qkv.data;   /* else qkv and z came split */
+    for (int64_t hk = 0; fused_qkvz && hk < n_k; hk++) {
+        const float *src = b->qkvz + i * (j->g.conv_dim + j->g.inner) + hk * w;
+        float *qkv = b->qkv + i * j->g.conv_dim;
+        memcpy(qkv + hk * d, src, (size_t)d * sizeof(float));
+        memcpy(qkv + (n_k + hk) * d, src + d, (size_t)d * sizeof(float));
+        memcpy(qkv + (2 * n_k + hk * r) * d, src + 2 * d, (size_t)(r * d) * sizeof(float));
+        memcpy(b->z + i * j->g.inner + hk * r * d, src + (2 + r) * d, (size_t)(r * d) * sizeof(float));
+    }
+    for (int64_t hk = 0; hk < n_k; hk++) {
+        const float *src = b->ba + i * 2 * j->g.n_v + hk * 2 * r;
+        memcpy(b->beta + i * j->g.n_v + hk * r, src, (size_t)r * sizeof(float));
+        memcpy(b->g + i * j->g.n_v + hk * r, src + r, (size_t)r * sizeof(float));
+    }
+}
+
+/* The layer's input projections of h into qkv, z, beta and g (alpha): four
+ * matrices (qwen35), or qwen3next's fused ones split by rows
+ * (split_fused_task). */
+static void project(const gdn_job *j)
+{
+    kvc_compute *c = j->f->c;
+    kvc_gdn_buf *b = &c->gdn;
+    const kvc_layer *L = j->L;
+    const int64_t n = j->f->n;
+    if (!L->ssm_ba.data) {
+        kvc_fwd_matmul_n(c, c->h, n, 4, (const kvc_weight *[]){ &L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha },
+                         (float *[]){ b->qkv, b->z, b->beta, b->g },
+                         (const int64_t[]){ j->g.conv_dim, j->g.inner, j->g.n_v, j->g.n_v });
+        return;
+    }
+    if (L->ssm_qkv.data)   /* split q | k | v and z, as qwen35's (llama.cpp prefers them too) */
+        kvc_fwd_matmul_n(c, c->h, n, 3, (const kvc_weight *[]){ &L->ssm_qkv, &L->ssm_z, &L->ssm_ba },
+                         (float *[]){ b->qkv, b->z, b->ba },
+                         (const int64_t[]){ j->g.conv_dim, j->g.inner, 2 * j->g.n_v });
+    else
+        kvc_fwd_matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->ssm_in, &L->ssm_ba },
+                         (float *[]){ b->qkvz, b->ba },
+                         (const int64_t[]){ j->g.conv_dim + j->g.inner, 2 * j->g.n_v });
+    kvc_threadpool_run(c->tp, n, split_fused_task, (void *)j);
+}
+
 void kvc_gdn_step(fwd *f)
 {
     kvc_compute *c = f->c;
@@ -306,9 +373,7 @@ void kvc_gdn_step(fwd *f)
             return;
         }
     kvc_threadpool_run(c->tp, n, kvc_fwd_attn_norm_task, f);
-    kvc_fwd_matmul_n(c, c->h, n, 4, (const kvc_weight *[]){ &L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha },
-                     (float *[]){ b->qkv, b->z, b->beta, b->g },
-                     (const int64_t[]){ j.g.conv_dim, j.g.inner, j.g.n_v, j.g.n_v });
+    project(&j);
     kvc_threadpool_run(c->tp, (int64_t)b->n_runs * j.g.n_k, head_task, &j);
     kvc_fwd_matmul_n(c, b->o, n, 1, (const kvc_weight *[]){ &L->ssm_out }, (float *[]){ c->h },
                      (const int64_t[]){ c->m->hp.n_embd });

@@ -387,6 +387,8 @@ static int64_t dim_of(const kvc_hparams *hp, const kvc_layer *L, uint8_t d)
     case KVC_D_SSM_STATE: return hp->ssm_d_state;
     case KVC_D_SSM_GROUPS: return hp->ssm_n_group;
     case KVC_D_SSM_GROUP_W: return hp->ssm_n_group ? hp->ssm_d_inner / hp->ssm_n_group : 0;
+    case KVC_D_SSM_QKVZ: return 2 * (int64_t)hp->ssm_d_inner + 2 * (int64_t)hp->ssm_n_group * hp->ssm_d_state;
+    case KVC_D_SSM_HEADS2: return 2 * (int64_t)hp->ssm_n_head;
     }
     return 0;
 }
@@ -467,6 +469,9 @@ static int bind_layer(binder *b, int il)
     if (hp->n_embd_per_layer > 0 && (!L->ple_gate.data || !L->ple_out.data || !L->ple_post_norm))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
                         !L->ple_gate.data ? "inp_gate.weight" : !L->ple_out.data ? "proj.weight" : "post_norm.weight");
+    if (L->attn == KVC_ATTN_GDN && !L->ssm_in.data && (!L->ssm_qkv.data || !L->ssm_z.data))
+        return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
+                        L->ssm_qkv.data ? "attn_gate.weight" : "attn_qkv.weight (or ssm_in.weight)");
     if (L->shexp_gate.data && (!L->shexp_up.data || !L->shexp_down.data))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.ffn_%s_shexp.weight missing", il,
                         L->shexp_up.data ? "down" : "up");

@@ -167,12 +167,18 @@ typedef struct kvc_layer {
     kvc_weight   ssm_z;              /* attn_gate: n_embd -> n_v d_v (the output gate z) */
     kvc_weight   ssm_beta;           /* n_embd -> n_v */
     kvc_weight   ssm_alpha;          /* n_embd -> n_v */
+    kvc_weight   ssm_ba;             /* qwen3next's fused beta, alpha: n_embd -> 2 n_v, per K head
+                                      * its n_v / n_k beta rows then as many alpha rows (the other
+                                      * GDN fields are then qwen3next's: V heads grouped by K head,
+                                      * kvc_arch.gdn_v_grouped) */
     /* short convolution (lfm2) */
     const float *conv;               /* [n_embd][L] causal kernel per channel */
     kvc_weight   conv_in;            /* n_embd -> 3 n_embd: b, c, x */
     kvc_weight   conv_out;           /* n_embd -> n_embd */
     /* Mamba-2 (granitehybrid); the fields below are shared with GDN where named */
-    kvc_weight   ssm_in;             /* n_embd -> z [d_inner], xBC [d_inner + 2GN], dt [n_head] */
+    kvc_weight   ssm_in;             /* n_embd -> z [d_inner], xBC [d_inner + 2GN], dt [n_head]
+                                      * (GDN, qwen3next: per K head q [d_k], k [d_k], its V heads'
+                                      * v [n_v / n_k d_v] and z [same]; empty when ssm_qkv, ssm_z) */
     const float *ssm_conv;           /* [conv_dim][K] causal kernel per channel (Mamba-2: conv_dim =
                                       * d_inner + 2GN; GDN: 2 n_k d_k + n_v d_v) */
     const float *ssm_conv_b;         /* [d_inner + 2GN] or NULL */

@@ -544,6 +544,8 @@ static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, int32_t kv, int
     case KVC_D_SSM_STATE: return p->ssm_d_state;
     case KVC_D_SSM_GROUPS: return p->ssm_n_group;
     case KVC_D_SSM_GROUP_W: return p->ssm_d_inner / p->ssm_n_group;
+    case KVC_D_SSM_QKVZ: return p->ssm_d_inner + conv;
+    case KVC_D_SSM_HEADS2: return 2 * (int64_t)p->ssm_n_head;
     }
     return 0;
 }
@@ -559,6 +561,11 @@ static const struct { const char *arch, *name; } gen_optional[] = {
     { "qwen35moe", "ffn_gate_shexp.weight" },
     { "qwen35moe", "ffn_up_shexp.weight" },
     { "qwen35moe", "ffn_down_shexp.weight" },
+    { "qwen3next", "ssm_in.weight" },               /* the fused form released files have */
+    { "qwen3next", "ffn_gate_inp_shexp.weight" },
+    { "qwen3next", "ffn_gate_shexp.weight" },
+    { "qwen3next", "ffn_up_shexp.weight" },
+    { "qwen3next", "ffn_down_shexp.weight" },
     { "gemma4", "layer_output_scale.weight" },
     { "gemma4", "attn_v.weight" },                  /* sliding layers only (gen_writes) */
     { "gemma4", "attn_k.weight" },                  /* not on KV-shared layers (gen_writes) */
@@ -726,14 +733,15 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
         if (p->n_ff_shexp > 0)
             ARCH_U32("expert_shared_feed_forward_length", p->n_ff_shexp);
     }
-    if (gen_arch(p->arch)->layers == kvc_gdn_layers) {
+    if (gen_arch(p->arch)->layers == kvc_gdn_layers && !gen_arch(p->arch)->gdn_v_grouped) {
         /* IMRoPE sections (t, h, w, e) of the rotated pairs, as Qwen3.5's [11, 11, 10, 0] */
         const int32_t half = (p->n_rot ? p->n_rot : p->head_dim) / 2;
         const int32_t sec[4] = { (half + 2) / 3, (half + 1) / 3, half / 3, 0 };
         if (!rc) { snprintf(key, sizeof(key), "%s.rope.dimension_sections", p->arch);
                    rc = gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, sec, 4); }
-        ARCH_U32("full_attention_interval", p->full_attn_interval);
     }
+    if (gen_arch(p->arch)->layers == kvc_gdn_layers)
+        ARCH_U32("full_attention_interval", p->full_attn_interval);
     if (gen_arch(p->arch)->recurrent == KVC_ATTN_SHORTCONV)
         ARCH_U32("shortconv.l_cache", p->conv_l);
     if (gen_arch(p->arch)->recurrent == KVC_ATTN_MAMBA2 || gen_arch(p->arch)->layers == kvc_gdn_layers) {

@@ -25,7 +25,8 @@ static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-
                                             "tiny-qwen35", "tiny-qwen35moe", "qwen3.5-9b",
                                             "qwen3.6-35b-a3b", "tiny-lfm2", "tiny-granitehybrid",
                                             "lfm2-1.2b", "granite-4.0-h-tiny", "tiny-gemma4",
-                                            "gemma4-e4b", "gemma4-26b-a4b" };
+                                            "gemma4-e4b", "gemma4-26b-a4b", "tiny-qwen3next",
+                                            "qwen3-next-80b-a3b" };
 
 const char *kvc_gen_preset_name(int i)
 {
@@ -116,6 +117,22 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.ssm_d_conv = 4, p.ssm_d_state = 128, p.ssm_n_group = 16, p.ssm_n_head = 32;
         p.full_attn_interval = 4;
         p.n_expert = 256, p.n_expert_used = 8, p.n_ff_exp = 512, p.n_ff_shexp = moe ? 512 : 0;
+    } else if (strcmp(name, "tiny-qwen3next") == 0) {
+        /* 3 V heads per K head, so that grouped and tiled V heads differ */
+        p.arch = "qwen3next", p.ftype = "f32", p.tied = false;
+        p.n_embd = 64, p.n_layer = 4, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 32, p.n_rot = 8;
+        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e7f;
+        p.ssm_d_conv = 4, p.ssm_d_state = 16, p.ssm_n_group = 2, p.ssm_n_head = 6;
+        p.full_attn_interval = 4;
+        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 32, p.n_ff_shexp = 48;
+    } else if (strcmp(name, "qwen3-next-80b-a3b") == 0) {
+        /* Qwen3-Next-80B-A3B / Qwen3-Coder-Next: 48 layers (36 GDN, 12 gated attention) */
+        p.arch = "qwen3next", p.ftype = "q4_k_m", p.tied = false;
+        p.n_embd = 2048, p.n_layer = 48, p.n_head = 16, p.n_head_kv = 2, p.head_dim = 256, p.n_rot = 64;
+        p.n_ff = 5120, p.n_vocab = 151936, p.n_ctx = 262144, p.rope_theta = 1e7f;
+        p.ssm_d_conv = 4, p.ssm_d_state = 128, p.ssm_n_group = 16, p.ssm_n_head = 32;
+        p.full_attn_interval = 4;
+        p.n_expert = 512, p.n_expert_used = 10, p.n_ff_exp = 512, p.n_ff_shexp = 512;
     } else if (strcmp(name, "tiny-lfm2") == 0) {
         p.arch = "lfm2", p.ftype = "f32", p.vocab = "spm", p.rms_eps = 1e-5f;
         p.n_embd = 64, p.n_layer = 8, p.n_head = 4, p.n_head_kv = 4, p.head_dim = 16;
