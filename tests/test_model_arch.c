@@ -4,6 +4,7 @@
  * error naming them, and a missing required key or tensor is named. Needs
  * nothing from ../shared. */
 #include "test.h"
+#include "gguf_edit.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -165,48 +166,6 @@ static void test_rows(void)
     CHECK(n_rows >= 3);
 }
 
-/* Copy every key of f but `skip` (NULL: none) into w (the types the
- * generator writes). */
-static bool copy_keys(const gguf_file *f, gguf_writer *w, const char *skip)
-{
-    bool ok = true;
-    for (int64_t i = 0; ok && i < gguf_n_kv(f); i++) {
-        const gguf_kv *kv = gguf_kv_at(f, i);
-        char key[256];
-        snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.s);
-        if (skip && strcmp(key, skip) == 0)
-            continue;
-        switch (kv->type) {
-        case GGUF_TYPE_UINT32:  ok = gguf_writer_set_u32(w, key, (uint32_t)kv->v.u64) == KVC_OK; break;
-        case GGUF_TYPE_INT32:   ok = gguf_writer_set_i32(w, key, (int32_t)kv->v.i64) == KVC_OK; break;
-        case GGUF_TYPE_FLOAT32: ok = gguf_writer_set_f32(w, key, (float)kv->v.f64) == KVC_OK; break;
-        case GGUF_TYPE_BOOL:    ok = gguf_writer_set_bool(w, key, kv->v.u64 != 0) == KVC_OK; break;
-        case GGUF_TYPE_STRING: {
-            char *v = strndup(kv->v.str.s, kv->v.str.len);
-            ok = v && gguf_writer_set_str(w, key, v) == KVC_OK;
-            free(v);
-            break;
-        }
-        case GGUF_TYPE_ARRAY:
-            if (kv->v.arr.type == GGUF_TYPE_STRING) {
-                char **v = calloc(kv->v.arr.n + 1, sizeof(char *));
-                for (uint64_t k = 0; v && k < kv->v.arr.n; k++)
-                    v[k] = strndup(kv->v.arr.strs[k].s, kv->v.arr.strs[k].len);
-                ok = v && gguf_writer_set_arr_str(w, key, (const char *const *)v, kv->v.arr.n) == KVC_OK;
-                for (uint64_t k = 0; v && k < kv->v.arr.n; k++)
-                    free(v[k]);
-                free(v);
-            } else {
-                ok = gguf_writer_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n) == KVC_OK;
-            }
-            break;
-        default:
-            ok = false;
-        }
-    }
-    return ok;
-}
-
 /* The logits of a few tokens, one batch, on the current ISA. */
 static float *logits_of(const char *path, int n_tok, int *n_vocab)
 {
@@ -249,7 +208,7 @@ static void test_mixed_expert_types(void)
     if (!f)
         return;
     gguf_writer *w = gguf_writer_new();
-    CHECK(copy_keys(f, w, NULL));
+    CHECK(test_gguf_copy_keys(f, w, NULL));
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         char name[128];
@@ -294,7 +253,7 @@ static void with_key(const char *src, const char *dst, const char *key, uint32_t
     if (!f)
         return;
     gguf_writer *w = gguf_writer_new();
-    CHECK(copy_keys(f, w, key));
+    CHECK(test_gguf_copy_keys(f, w, key));
     CHECK(gguf_writer_set_u32(w, key, v) == KVC_OK);
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
@@ -389,7 +348,7 @@ static void with_rope_freqs(const char *src, const char *dst, uint32_t type, int
     if (!f)
         return;
     gguf_writer *w = gguf_writer_new();
-    CHECK(copy_keys(f, w, NULL));
+    CHECK(test_gguf_copy_keys(f, w, NULL));
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         char name[128];

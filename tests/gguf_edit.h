@@ -1,0 +1,54 @@
+/* gguf_edit.h - for tests that make a variant of a generated GGUF file: its
+ * metadata copied into a writer, the tensors then added as the test wants. */
+#ifndef KVC_TEST_GGUF_EDIT_H
+#define KVC_TEST_GGUF_EDIT_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+
+/* Copy every key of f but `skip` (NULL: none) into w (the types the
+ * generator writes). */
+static inline bool test_gguf_copy_keys(const gguf_file *f, gguf_writer *w, const char *skip)
+{
+    bool ok = true;
+    for (int64_t i = 0; ok && i < gguf_n_kv(f); i++) {
+        const gguf_kv *kv = gguf_kv_at(f, i);
+        char key[256];
+        snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.s);
+        if (skip && strcmp(key, skip) == 0)
+            continue;
+        switch (kv->type) {
+        case GGUF_TYPE_UINT32:  ok = gguf_writer_set_u32(w, key, (uint32_t)kv->v.u64) == KVC_OK; break;
+        case GGUF_TYPE_INT32:   ok = gguf_writer_set_i32(w, key, (int32_t)kv->v.i64) == KVC_OK; break;
+        case GGUF_TYPE_FLOAT32: ok = gguf_writer_set_f32(w, key, (float)kv->v.f64) == KVC_OK; break;
+        case GGUF_TYPE_BOOL:    ok = gguf_writer_set_bool(w, key, kv->v.u64 != 0) == KVC_OK; break;
+        case GGUF_TYPE_STRING: {
+            char *v = strndup(kv->v.str.s, kv->v.str.len);
+            ok = v && gguf_writer_set_str(w, key, v) == KVC_OK;
+            free(v);
+            break;
+        }
+        case GGUF_TYPE_ARRAY:
+            if (kv->v.arr.type == GGUF_TYPE_STRING) {
+                char **v = calloc(kv->v.arr.n + 1, sizeof(char *));
+                for (uint64_t k = 0; v && k < kv->v.arr.n; k++)
+                    v[k] = strndup(kv->v.arr.strs[k].s, kv->v.arr.strs[k].len);
+                ok = v && gguf_writer_set_arr_str(w, key, (const char *const *)v, kv->v.arr.n) == KVC_OK;
+                for (uint64_t k = 0; v && k < kv->v.arr.n; k++)
+                    free(v[k]);
+                free(v);
+            } else {
+                ok = gguf_writer_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n) == KVC_OK;
+            }
+            break;
+        default:
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+#endif
