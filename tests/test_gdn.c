@@ -1,4 +1,5 @@
-/* test_gdn.c - the Gated DeltaNet hybrids (qwen35, qwen35moe; forward_gdn.c).
+/* test_gdn.c - the Gated DeltaNet hybrids (qwen35, qwen35moe, qwen3next;
+ * forward_gdn.c).
  *
  * Bitwise invariance of the recurrence: a prompt of 200 tokens fed in one
  * batch, in chunks of 64, 7 and 1 (token by token), with 1 and 2 threads, on
@@ -7,7 +8,8 @@
  * it; three sequences batched together (their tokens interleaved) give each
  * sequence the logits and states it has alone. Models: make-model's
  * tiny-qwen35 (f32, q8_0: the vnni ISA's integer matmuls) and tiny-qwen35moe
- * (3 V heads per K head, shared expert), and ../shared's tiny-qwen35* when
+ * (3 V heads per K head, shared expert), tiny-qwen3next (f32, f16: V heads
+ * grouped by K head, fused projections), and ../shared's tiny-qwen35* when
  * present. The scalar ISA's logits are the reference the SIMD ISAs stay
  * within 0.1 of (logits of std ~5; the avx2/vnni matmuls' 16-bit activations
  * drift by up to 0.05 over 200 positions of these random models).
@@ -290,6 +292,10 @@ int main(void)
         check_path(path, "tiny-qwen35 q8_0");
     if (make_preset("tiny-qwen35moe", "f32", path, sizeof(path)))
         check_path(path, "tiny-qwen35moe f32");
+    if (make_preset("tiny-qwen3next", "f32", path, sizeof(path)))
+        check_path(path, "tiny-qwen3next f32");
+    if (make_preset("tiny-qwen3next", "f16", path, sizeof(path)))
+        check_path(path, "tiny-qwen3next f16");
     /* every layer gated attention (full_attention_interval 1): no recurrent
      * layer, the gated attention's buffers still there */
     {
