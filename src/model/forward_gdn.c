@@ -1,6 +1,7 @@
 /* forward_gdn.c - Gated DeltaNet, the recurrent token mixer of Qwen3.5 / 3.6
- * (qwen35, qwen35moe), and its gated attention layers (ARCHITECTURES.md §3.4,
- * as llama.cpp's qwen35.cpp and ggml_gated_delta_net compute them).
+ * (qwen35, qwen35moe) and Qwen3-Next (qwen3next), and its gated attention
+ * layers (ARCHITECTURES.md §3.4, as llama.cpp's qwen35.cpp, qwen3next.cpp and
+ * ggml_gated_delta_net compute them).
  *
  * A GDN layer, for each token x (already rms-normed) of a sequence in
  * position order, with n_k Q/K heads and n_v V heads of d = d_k = d_v:
@@ -8,6 +9,7 @@
  *   beta = sigmoid(W_beta x),  g = softplus(W_alpha x + dt) * a   (n_v; a < 0)
  *   c = silu(causal_conv(u))      per channel over the last K inputs (K - 1 kept in the state)
  *   q, k, v = c split; q, k l2-normalised per head; V head h reads Q/K head h mod n_k
+ *   (qwen3next: h / (n_v / n_k), and its projections come fused: project())
  *   per V head h:  S *= exp(g_h);  delta = (v_h - S^T k) beta_h;  S += k delta^T;
  *                  o_h = S^T q / sqrt(d)
  *   o_h = rmsnorm(o_h) * ssm_norm * silu(z_h);  out = W_out o
