@@ -7,7 +7,8 @@
  * T4 = T1's 400 + other tokens (diverges right after T1's prompt); T5 = T1's
  * first 380 + other tokens. The conversation outgrows every window (tiny-gemma3
  * 12, tiny-gpt-oss 8, tiny-gemma4 8 with its global layers' own head size and
- * KV heads; the generated ones of make-model, and ../shared's when
+ * KV heads, and with its last 3 layers KV-shared; the generated ones of
+ * make-model, and ../shared's when
  * present). Checked: usage.prompt_tokens_details.cached_tokens is at least the
  * longest prefix the turn shares with an earlier prompt (the replies' tokens
  * are not counted: what more the server reuses is a bonus), the reply equals
@@ -108,19 +109,24 @@ int main(void)
     char dir[] = "/tmp/kvc_swa_reuse_XXXXXX", path[4200];
     if (!mkdtemp(dir))
         return 1;
-    struct { const char *preset, *file; } models[] = {
-        { "tiny-gemma3", NULL }, { "tiny-gpt-oss", NULL }, { "tiny-gemma4", NULL },
-        { NULL, "tiny-gemma3-f32.gguf" }, { NULL, "tiny-gpt-oss-f32.gguf" }, { NULL, "tiny-gemma4-f32.gguf" },
+    struct { const char *preset, *file; int32_t n_kv_shared; } models[] = {
+        { "tiny-gemma3", NULL, 0 }, { "tiny-gpt-oss", NULL, 0 }, { "tiny-gemma4", NULL, 0 },
+        { "tiny-gemma4", NULL, 3 },   /* the last 3 layers KV-shared: no memory of their own */
+        { NULL, "tiny-gemma3-f32.gguf", 0 }, { NULL, "tiny-gpt-oss-f32.gguf", 0 },
+        { NULL, "tiny-gemma4-f32.gguf", 0 },
     };
     const char *shared = test_shared_dir();
     for (size_t k = 0; k < KVC_ARRAY_LEN(models); k++) {
         char err[512];
-        const char *name = models[k].preset ? models[k].preset : models[k].file;
+        char name[128];
+        snprintf(name, sizeof(name), "%s%s", models[k].preset ? models[k].preset : models[k].file,
+                 models[k].n_kv_shared ? " (KV-shared layers)" : "");
         if (models[k].preset) {
             kvc_gen_params g;
             CHECK_EQ_INT(kvc_gen_preset(models[k].preset, &g), KVC_OK);
             g.n_threads = 2;
-            snprintf(path, sizeof(path), "%s/%s.gguf", dir, models[k].preset);
+            g.n_kv_shared = models[k].n_kv_shared;
+            snprintf(path, sizeof(path), "%s/%s-%d.gguf", dir, models[k].preset, models[k].n_kv_shared);
             CHECKF(kvc_gen_write(&g, path, err, sizeof(err)) == KVC_OK, "%s", err);
         } else {
             snprintf(path, sizeof(path), "%s/models/%s", shared ? shared : "", models[k].file);

@@ -15,6 +15,9 @@
  *          attention.h's [head_dim][B]; Q8_0: B rows of head_dim, store_k in forward.c)
  *       V: [n_kv_head_l][B][head_dim_l]  (kvc_kv_v: B rows of head_dim elements)
  *     each head's part kvc_kv_layer_row_bytes(l) * B bytes
+ *   but for a KV-SHARED layer (Gemma 4's last layers: kvc_kv_layer.shares),
+ *   which attends to the K/V an earlier layer of its group wrote and has no
+ *   bytes of its own in any chunk, record or budget.
  * With one group (every model without windows) a block is exactly the one
  * contiguous chunk it always was (kvc_kv_block_data).
  *
@@ -67,6 +70,9 @@ typedef struct kvc_kv_layer {
     int32_t head_dim;       /* 0: the pool's head_dim */
     int64_t state_floats;   /* > 0: a recurrent layer: no K/V in any chunk, instead a state of
                              * this many floats per sequence (kvc_kv_seq_state) */
+    int32_t shares;         /* 0: keeps its own K/V. d > 0: KV-shared, it reads the K/V of layer
+                             * l - d (earlier, same group, KV heads and head dim, itself not
+                             * shared) and has no bytes of its own (kvc_kv_k is NULL for it) */
 } kvc_kv_layer;
 
 typedef struct kvc_kv_pool_params {
@@ -114,6 +120,9 @@ size_t  kvc_kv_layer_row_bytes(const kvc_kv_pool *pool, int32_t layer);
  * kvc_kv_layer said 0). */
 int32_t kvc_kv_layer_n_kv_head(const kvc_kv_pool *pool, int32_t layer);
 int32_t kvc_kv_layer_head_dim(const kvc_kv_pool *pool, int32_t layer);
+/* The layer whose K/V the layer attends to: itself, or for a KV-shared
+ * layer the earlier one it shares. */
+int32_t kvc_kv_layer_kv_of(const kvc_kv_pool *pool, int32_t layer);
 /* kvc_kv_block_bytes of a pool with these params, before making it, to size a
  * pool for a memory budget; 0 for a bad shape or type. */
 size_t  kvc_kv_block_bytes_for(const kvc_kv_pool_params *p);
@@ -174,7 +183,8 @@ void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g);
 void  kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g);
 
 /* Keys / values of one head of one layer of a block (layout above), or NULL
- * when the block's chunk of the layer's group is gone. */
+ * when the block's chunk of the layer's group is gone or the layer is
+ * KV-shared (it has none: read kvc_kv_layer_kv_of's). */
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
 void *kvc_kv_v(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
 

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define ROOT_MAGIC 0x6b76636861742e32ull  /* "kvchat.2": the version of the chain hash */
+#define ROOT_MAGIC 0x6b76636861742e33ull  /* "kvchat.3": the version of the chain hash */
 
 struct kvc_prefix_cache {
     kvc_kv_pool  *pool;           /* borrowed */
@@ -92,15 +92,33 @@ void kvc_pc_free(kvc_prefix_cache *pc)
     free(pc);
 }
 
+/* The hash of the pool's layout (kv.h): each group's chunk size and window,
+ * each layer's group and the layer whose K/V it reads (a KV-shared layer's
+ * is another's). Two layouts of one model store other records under a hash. */
+static uint64_t layout_hash(const kvc_kv_pool *pool)
+{
+    uint64_t h = 0;
+    for (int32_t g = 0; g < kvc_kv_n_groups(pool); g++) {
+        const uint64_t gv[2] = { kvc_kv_group_chunk_bytes(pool, g), (uint64_t)kvc_kv_group_of(pool, g)->window };
+        h = XXH3_64bits_withSeed(gv, sizeof(gv), h);
+    }
+    for (int32_t l = 0; l < kvc_kv_pool_params_of(pool)->n_layer; l++) {
+        const int32_t lv[2] = { kvc_kv_layer_group(pool, l), kvc_kv_layer_kv_of(pool, l) };
+        h = XXH3_64bits_withSeed(lv, sizeof(lv), h);
+    }
+    return h;
+}
+
 /* The root's hash: what every chain starts from, before the namespace. It
- * covers the arithmetic too (kernels.h): blocks another ISA or another build
- * of the kernels computed hold other bits, and are not found. */
+ * covers the pool's layout and the arithmetic too (kernels.h): blocks
+ * another layout, ISA or build of the kernels computed hold other bits, and
+ * are not found. */
 static void root_hash_update(kvc_prefix_cache *pc)
 {
     const kvc_kv_pool_params *pp = kvc_kv_pool_params_of(pc->pool);
-    uint64_t id[8] = { ROOT_MAGIC, pc->model_id, pp->type, (uint64_t)pp->n_layer,
+    uint64_t id[9] = { ROOT_MAGIC, pc->model_id, pp->type, (uint64_t)pp->n_layer,
                        (uint64_t)pp->n_kv_head, (uint64_t)pp->head_dim,
-                       (uint64_t)pp->block_tokens, kvc_kernels_arith_id() };
+                       (uint64_t)pp->block_tokens, kvc_kernels_arith_id(), layout_hash(pc->pool) };
     pc->root->hash = XXH3_64bits(id, sizeof(id));
 }
 
