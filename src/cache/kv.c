@@ -375,6 +375,8 @@ static int32_t chunk_alloc(kvc_kv_pool *pool, kv_slab *s, int32_t block)
         if (c < 0)
             return -1;
         const int32_t victim = s->owner[c];
+        if (pool->tag[victim])   /* its data still there, to be written down */
+            pool->watch(pool->watch_user, pool->tag[victim], -(int32_t)(s - pool->slab));
         chunk_free(s, victim);
         if (pool->tag[victim])
             pool->watch(pool->watch_user, pool->tag[victim], 0);
@@ -525,6 +527,21 @@ void kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g)
     chunk_free(s, block);
     if (had && pool->tag[block])
         pool->watch(pool->watch_user, pool->tag[block], 0);
+}
+
+void *kvc_kv_block_add_chunk(kvc_kv_pool *pool, int32_t block, int32_t g, bool *fresh)
+{
+    kv_slab *s = &pool->slab[g];
+    KVC_ASSERT(g > 0 && pool->refcount[block] > 0);
+    int32_t c = s->chunk[block];
+    *fresh = c < 0;
+    if (c >= 0 && s->list[c] != NO_LIST) {
+        list_remove(s, c);
+        list_push(pool, s, c);
+    } else if (c < 0) {
+        c = chunk_alloc(pool, s, block);
+    }
+    return c < 0 ? NULL : s->data + (size_t)c * s->chunk_bytes;
 }
 
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head)

@@ -160,8 +160,10 @@ void    kvc_kv_block_copy(kvc_kv_pool *pool, int32_t dst, int32_t src);
  * and a block is evictable only while the tree's is its sole reference. So the
  * pool tells one watcher, in O(1), whenever a tagged block's count moves
  * between 1 and 2: fn(user, tag, 1) after it fell to 1, fn(user, tag, 2) after
- * it rose to 2; and fn(user, tag, 0) after the block lost a window chunk
- * (evicted: no hit can end in it any more). A tag is the watcher's (the tree
+ * it rose to 2; fn(user, tag, -g) just before its chunk of window group g is
+ * evicted (its data still readable, kvc_kv_chunk_data: to write it down a
+ * tier); and fn(user, tag, 0) after the block lost a window chunk (evicted or
+ * dropped: no hit can end in it any more). A tag is the watcher's (the tree
  * node holding the block); a block has at most one. Set the watcher before
  * tagging; tag NULL = untagged. (An untagged block's released window chunks
  * are evicted first.) */
@@ -181,6 +183,13 @@ void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g);
  * tier without its window record), as an eviction would; no sequence may
  * hold it. */
 void  kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g);
+/* Make sure the block has a chunk of window group g > 0, and that it is the
+ * last to be evicted of its list: the one it has (*fresh false; moved to the
+ * most recent end unless a sequence holds it), or a new one (*fresh true,
+ * its contents undefined: fill it, or let it go with
+ * kvc_kv_block_drop_chunk), evicting one no sequence holds when none is
+ * free. Its data, or NULL when every chunk of the group is held. */
+void *kvc_kv_block_add_chunk(kvc_kv_pool *pool, int32_t block, int32_t g, bool *fresh);
 
 /* Keys / values of one head of one layer of a block (layout above), or NULL
  * when the block's chunk of the layer's group is gone or the layer is

@@ -30,6 +30,8 @@ struct kvc_prefix_cache {
     void         *evict_user;
     kvc_pc_evict_fn on_drop;      /* kvc_pc_set_drop_hook */
     void         *drop_user;
+    kvc_pc_chunk_fn on_chunk;     /* kvc_pc_set_chunk_evict_hook */
+    void         *chunk_user;
 };
 
 static void on_refcount(void *user, void *tag, int32_t refcount);
@@ -326,6 +328,9 @@ static void on_refcount(void *user, void *tag, int32_t refcount)
     kvc_pc_node *n = tag;
     if (refcount > 0) {
         refresh(pc, n, ENTER_USED);
+    } else if (refcount < 0) {                     /* about to lose its chunk of group -refcount */
+        if (pc->on_chunk && !n->pending)
+            pc->on_chunk(pc->chunk_user, n, -refcount);
     } else if (n->on_lru && pc->lru_head != n) {   /* lost a window chunk: first to go */
         lru_unlink(pc, n);
         lru_push_head(pc, n);
@@ -352,6 +357,12 @@ void kvc_pc_set_drop_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user)
 {
     pc->on_drop = fn;
     pc->drop_user = user;
+}
+
+void kvc_pc_set_chunk_evict_hook(kvc_prefix_cache *pc, kvc_pc_chunk_fn fn, void *user)
+{
+    pc->on_chunk = fn;
+    pc->chunk_user = user;
 }
 
 uint64_t kvc_pc_tick(kvc_prefix_cache *pc) { return ++pc->tick; }
