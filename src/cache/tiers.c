@@ -181,13 +181,32 @@ static kvc_block_desc group_desc(const kvc_block_desc *d, int32_t g)
     return dg;
 }
 
+/* Give slot s (its data set: kv or rec, kv_bytes) d's key and tokens, put
+ * it at the queue's end and wake the writer. Under q_mu. */
+static void queue_push_locked(kvc_tiers *t, slot *s, const kvc_block_desc *d)
+{
+    s->next = NULL;
+    s->hash = d->hash;
+    s->parent = d->parent;
+    s->ns = d->ns;
+    s->n_tokens = d->n_tokens;
+    memcpy(s->tokens, d->tokens, (size_t)d->n_tokens * sizeof(int32_t));
+    if (t->tail)
+        t->tail->next = s;
+    else
+        t->head = s;
+    t->tail = s;
+    t->count++;
+    t->st.blocks_queued++;
+    pthread_cond_signal(&t->q_cv);
+}
+
 /* Copy record d (K/V: kv_bytes at kv) into a free slot. false when none is
  * left. */
-static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *dp, const void *kv, size_t kv_bytes)
+static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *d, const void *kv, size_t kv_bytes)
 {
-    const kvc_block_desc d = *dp;
     pthread_mutex_lock(&t->q_mu);
-    if (queued_locked(t, &d, NULL, 0)) {
+    if (queued_locked(t, d, NULL, 0)) {
         pthread_mutex_unlock(&t->q_mu);
         return true;
     }
@@ -199,22 +218,9 @@ static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *dp, const void *kv, 
     }
     bool ok = s != NULL;
     if (ok) {
-        s->next = NULL;
-        s->hash = d.hash;
-        s->parent = d.parent;
-        s->ns = d.ns;
-        s->n_tokens = d.n_tokens;
-        memcpy(s->tokens, d.tokens, (size_t)d.n_tokens * sizeof(int32_t));
         memcpy(s->kv, kv, kv_bytes);
         s->kv_bytes = kv_bytes;
-        if (t->tail)
-            t->tail->next = s;
-        else
-            t->head = s;
-        t->tail = s;
-        t->count++;
-        t->st.blocks_queued++;
-        pthread_cond_signal(&t->q_cv);
+        queue_push_locked(t, s, d);
     }
     pthread_mutex_unlock(&t->q_mu);
     return ok;
@@ -747,19 +753,11 @@ int kvc_tiers_queue_record(kvc_tiers *t, const kvc_block_desc *d, void *data, si
     pthread_mutex_lock(&t->q_mu);
     bool dup = queued_locked(t, d, NULL, 0);
     bool room = s && !dup && t->rec_bytes + bytes <= MAX_RECORD_BYTES;
-    if (room) {
-        int32_t *toks = s->tokens;
-        *s = (slot){ NULL, d->hash, d->parent, d->ns, d->n_tokens, toks, NULL, data, bytes };
-        memcpy(s->tokens, d->tokens, (size_t)d->n_tokens * sizeof(int32_t));
-        if (t->tail)
-            t->tail->next = s;
-        else
-            t->head = s;
-        t->tail = s;
-        t->count++;
+    if (room) {                                      /* a slot of its own, no K/V copy */
+        s->rec = data;
+        s->kv_bytes = bytes;
         t->rec_bytes += bytes;
-        t->st.blocks_queued++;
-        pthread_cond_signal(&t->q_cv);
+        queue_push_locked(t, s, d);
     }
     pthread_mutex_unlock(&t->q_mu);
     if (room || dup) {
