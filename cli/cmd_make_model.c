@@ -15,19 +15,19 @@ enum { OPT_PRESET = CLI_OPT_CMD, OPT_ARCH, OPT_TYPE, OPT_N_EMBD, OPT_N_LAYER, OP
        OPT_N_EXPERT, OPT_N_EXPERT_USED, OPT_N_FF_EXP, OPT_SWA, OPT_SWA_PATTERN, OPT_ROPE_THETA_SWA,
        OPT_ROPE_SCALING, OPT_ROPE_FACTOR, OPT_ROPE_ORIG_CTX, OPT_LOGIT_SOFTCAP,
        OPT_KV_HEADS, OPT_CONV_L, OPT_SSM_D_CONV, OPT_SSM_D_INNER, OPT_SSM_D_STATE, OPT_SSM_N_HEAD,
-       OPT_SSM_N_GROUP, OPT_N_FF_SHEXP };
+       OPT_SSM_N_GROUP, OPT_N_FF_SHEXP, OPT_N_KV_SHARED };
 
 static const cli_option make_model_opts[] = {
     { "output", 'o', "FILE", 'o', 0, "where to write (required)" },
     { "preset", 0, "NAME", OPT_PRESET, 0,
       "demo, tiny, tiny-llama, tiny-qwen3, tiny-qwen3moe, qwen2.5-0.5b,\n"
       "qwen3-30b-a3b, tiny-gemma3, tiny-gpt-oss, gemma3-4b, gpt-oss-20b,\n"
+      "tiny-gemma4, gemma4-e4b, gemma4-26b-a4b,\n"
       "tiny-qwen35, tiny-qwen35moe, qwen3.5-9b, qwen3.6-35b-a3b,\n"
       "tiny-lfm2, tiny-granitehybrid, lfm2-1.2b, granite-4.0-h-tiny,\n"
-      "tiny-gemma4, gemma4-e4b, gemma4-26b-a4b, tiny-qwen3next,\n"
-      "qwen3-next-80b-a3b (use --n-layer to cut the large ones)" },
-    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen35,\n"
-      "qwen35moe, qwen3next, lfm2, granitehybrid, gemma4" },
+      "tiny-qwen3next, qwen3-next-80b-a3b (use --n-layer to cut the large ones)" },
+    { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, qwen35,\n"
+      "qwen35moe, qwen3next, lfm2, granitehybrid" },
     { "type", 0, "T", OPT_TYPE, 0,
       "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
       "mxfp4_moe (experts MXFP4, the rest Q8_0)" },
@@ -47,6 +47,9 @@ static const cli_option make_model_opts[] = {
     { "rope-factor", 0, "X", OPT_ROPE_FACTOR, 0, "RoPE scaling factor" },
     { "rope-orig-ctx", 0, "N", OPT_ROPE_ORIG_CTX, 0, "YaRN's original context length" },
     { "logit-softcap", 0, "X", OPT_LOGIT_SOFTCAP, 0, "final logit soft-capping" },
+    { "n-kv-shared", 0, "N", OPT_N_KV_SHARED, 0,
+      "the last N layers attend to the K/V of the last earlier layer\n"
+      "of their kind (gemma4's KV-shared layers; at most n_layer - 2)" },
     { "kv-heads", 0, "LIST", OPT_KV_HEADS, 0,
       "KV heads per layer, comma-separated, repeated over the layers;\n"
       "0 = a recurrent layer (lfm2, granitehybrid)" },
@@ -130,6 +133,7 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
     case OPT_SSM_N_HEAD: ip = &p->ssm_n_head; break;
     case OPT_SSM_N_GROUP: ip = &p->ssm_n_group; break;
     case OPT_N_FF_SHEXP: ip = &p->n_ff_shexp; break;
+    case OPT_N_KV_SHARED: ip = &p->n_kv_shared; break;
     default: return true;
     }
     char opt[64];

@@ -116,7 +116,8 @@ int32_t kvc_context_fit_n_ctx(const kvc_model *model, int32_t kv_type, int64_t k
  * (layers unused). A model kv.h cannot group (no full layer, too many
  * windows) keeps every layer in one full group: its attention is windowed
  * all the same, without the memory saving. Recurrent layers keep their
- * state_floats (kv.h's recurrent layers) in group 0. */
+ * state_floats (kv.h's recurrent layers) in group 0; KV-shared layers
+ * (Gemma 4's) say which layer they share, and take no memory. */
 static int model_groups(const kvc_model *model, kvc_kv_group *groups, kvc_kv_layer *layers,
                         kvc_err *err)
 {
@@ -128,16 +129,18 @@ static int model_groups(const kvc_model *model, kvc_kv_group *groups, kvc_kv_lay
         win[l] = L->window;
         kvh[l] = L->n_head_kv;
         hd[l] = L->head_dim;
-        plain = plain && !L->window && !L->state_floats && L->n_head_kv == hp->n_head_kv &&
-                L->head_dim == hp->head_dim;
+        plain = plain && !L->window && !L->state_floats && L->kv_layer == l &&
+                L->n_head_kv == hp->n_head_kv && L->head_dim == hp->head_dim;
     }
     if (plain)
         return 0;
     int n = kvc_kv_groups_of_layers(hp->n_layer, win, kvh, hd, groups, layers, NULL);
     if (n <= 0)
         n = kvc_kv_groups_of_layers(hp->n_layer, NULL, kvh, hd, groups, layers, err);
-    for (int32_t l = 0; n > 0 && l < hp->n_layer; l++)   /* recurrent: a state, no K/V */
+    for (int32_t l = 0; n > 0 && l < hp->n_layer; l++) {   /* recurrent: a state, no K/V */
         layers[l].state_floats = model->layers[l].state_floats;
+        layers[l].shares = l - model->layers[l].kv_layer;
+    }
     return n;
 }
 

@@ -43,19 +43,30 @@ static reply post_reply(int port, const char *path, const char *body)
     return out;
 }
 
-/* POST /v1/completions of the token ids, greedy, N_GEN tokens. */
-static reply complete(int port, const int32_t *toks, int n)
+/* POST /v1/completions of the token ids, greedy, N_GEN tokens, in session
+ * `key` (NULL: none), cached or not (cache_prompt false: a cold run). */
+static reply complete_ex(int port, const int32_t *toks, int n, const char *key, bool cache)
 {
     cJSON *body = cJSON_CreateObject(), *p = cJSON_AddArrayToObject(body, "prompt");
     for (int i = 0; i < n; i++)
         cJSON_AddItemToArray(p, cJSON_CreateNumber(toks[i]));
     cJSON_AddNumberToObject(body, "max_tokens", N_GEN);
     cJSON_AddNumberToObject(body, "temperature", 0);
+    if (key)
+        cJSON_AddStringToObject(body, "prompt_cache_key", key);
+    if (!cache)
+        cJSON_AddBoolToObject(body, "cache_prompt", false);
     char *text = cJSON_PrintUnformatted(body);
     cJSON_Delete(body);
     reply out = post_reply(port, "/v1/completions", text);
     free(text);
     return out;
+}
+
+/* The same, in no session, cached. */
+static reply complete(int port, const int32_t *toks, int n)
+{
+    return complete_ex(port, toks, n, NULL, true);
 }
 
 /* The token ids of text by POST /tokenize, special tokens added and parsed
@@ -125,7 +136,7 @@ typedef struct reuse_case {
  * least the longest prefix shared with an earlier prompt (less t5_slack on
  * T5) and below the prompt's length (or equal, with may_hit_all), and that
  * the reply equals that of a fresh process with no disk tier. */
-static void reuse_five_turns(const reuse_case *c)
+static inline void reuse_five_turns(const reuse_case *c)
 {
     const char *const fresh_args[] = { "-m", c->path, "-t", "1", "--cache-disk", "0", NULL };
     const char *name = c->name;

@@ -15,7 +15,8 @@
  * experts, window 5 < 7); Gemma 4's per-layer head sizes and KV heads, K = V
  * and experts beside the dense FFN in ../shared's tiny-gemma4 (window 8) and
  * make-model's (Q8_0 weights and KV, heads of 64 and 32, window 5, per-layer
- * embeddings, KV-shared layers). */
+ * embeddings, KV-shared layers, whose logits are those of a pool giving the
+ * shared layers K/V of their own). */
 #include <unistd.h>
 
 #include "forward.h"
@@ -217,6 +218,18 @@ static void check_mixed_path(const char *path, const char *label)
                "experts", label, NS);
     }
     kvc_kernels_set_isa(def);
+    /* KV-shared layers (Gemma 4): a context's pool gives them no memory of
+     * their own (kv.h's shares), run_seqs' keeps theirs, never read */
+    const int32_t last = m->hp.n_layer - 1;
+    if (m->layers[last].kv_layer != last && run_seqs(m, toks, 1, NT, false, alone, NULL)) {
+        kvc_context_params cp = kvc_context_default_params();
+        cp.n_ctx = 2 * NT;
+        cp.n_threads = 2;
+        float *shared = test_chunked_logits(m, cp, toks, NT, 7);
+        CHECKF(shared && memcmp(shared, alone, (size_t)NT * m->hp.n_vocab * sizeof(float)) == 0,
+               "%s: KV-shared layers without memory of their own change the logits", label);
+        free(shared);
+    }
     free(alone);
     free(mixed);
     free(sel);

@@ -451,9 +451,79 @@ static void test_groups_of_layers(void)
     CHECK(kvc_kv_groups_of_layers(5, many, NULL, NULL, g, l, &e) == KVC_ERR_INVALID_ARG);
 }
 
+/* KV-shared layers (Gemma 4's last layers) take no bytes: a layout of
+ * window, window, full, then a window layer sharing layer 1 and a full one
+ * sharing layer 2 has the chunks of the first three alone, the shared
+ * layers read through their sources, and layouts a shared layer cannot
+ * have are refused, named; the chain hashes tell the layout from one
+ * where each layer keeps its own. */
+static void test_shared_layers(void)
+{
+    const kvc_kv_group groups[2] = { { KVC_KV_FULL, 0, 0 }, { KVC_KV_WINDOW, W, 0 } };
+    kvc_kv_layer ls[5] = { { 1, 2, 32 }, { 1, 2, 32 }, { 0, 1, 64 }, { 1, 2, 32, 0, 2 }, { 0, 1, 64, 0, 2 } };
+    kvc_kv_pool_params p = { 5, 2, 32, 0, KVC_TYPE_F32, 8, 2, groups, ls };
+    const size_t win = 2 * 2 * 2 * B * 32 * 4, full = 2 * 1 * B * 64 * 4;
+    kvc_kv_pool *pool = NULL;
+    kvc_err e = { 0 };
+    CHECKF(kvc_kv_pool_new(&p, &pool, &e) == KVC_OK, "%s", e.msg);
+    if (!pool)
+        return;
+    CHECK_EQ_INT(kvc_kv_group_chunk_bytes(pool, 1), win);
+    CHECK_EQ_INT(kvc_kv_group_chunk_bytes(pool, 0), full);
+    CHECK_EQ_INT(kvc_kv_block_bytes(pool), win + full);
+    CHECK_EQ_INT(kvc_kv_block_bytes_for(&p), win + full);
+    CHECK_EQ_INT(kvc_kv_group_bytes_for(&p, 0), full);
+    CHECK_EQ_INT(kvc_kv_layer_kv_of(pool, 3), 1);
+    CHECK_EQ_INT(kvc_kv_layer_kv_of(pool, 4), 2);
+    CHECK_EQ_INT(kvc_kv_layer_kv_of(pool, 2), 2);
+    CHECK_EQ_INT(kvc_kv_pool_params_of(pool)->layers[4].shares, 2);
+    CHECK_EQ_INT(kvc_kv_layer_window(pool, 3), W);
+    CHECK_EQ_INT(kvc_kv_layer_head_dim(pool, 4), 64);
+    const int32_t b = kvc_kv_block_alloc(pool);
+    CHECK(kvc_kv_k(pool, b, 3, 0) == NULL && kvc_kv_v(pool, b, 4, 0) == NULL);
+    CHECK(kvc_kv_k(pool, b, 1, 1) != NULL && kvc_kv_k(pool, b, 2, 0) == kvc_kv_block_data(pool, b));
+    kvc_kv_block_unref(pool, b);
+    /* its records are another layout's than those of the pool where each
+     * layer keeps its own: the chain hashes differ from the root on */
+    kvc_kv_layer mine[5];
+    memcpy(mine, ls, sizeof(mine));
+    mine[3].shares = mine[4].shares = 0;
+    kvc_kv_pool_params po = p;
+    po.layers = mine;
+    kvc_kv_pool *own = NULL;
+    kvc_prefix_cache *pc = NULL, *pc_own = NULL;
+    CHECK(kvc_kv_pool_new(&po, &own, &e) == KVC_OK && kvc_pc_new(pool, &pc, &e) == KVC_OK &&
+          kvc_pc_new(own, &pc_own, &e) == KVC_OK);
+    CHECK(pc && pc_own && kvc_pc_root(pc)->hash != kvc_pc_root(pc_own)->hash);
+    kvc_pc_free(pc);
+    kvc_pc_free(pc_own);
+    kvc_kv_pool_free(own);
+    kvc_kv_pool_free(pool);
+    /* shares another group's layer, a shared one, one of another shape, a later one, itself */
+    const struct { int32_t layer, shares, group, head_dim; } bad[] = {
+        { 3, 1, 0, 32 }, { 4, 1, 0, 64 }, { 4, 2, 0, 32 }, { 1, -1, 1, 32 }, { 3, 4, 1, 32 },
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bad); i++) {
+        kvc_kv_layer q[5];
+        memcpy(q, ls, sizeof(q));
+        q[bad[i].layer].shares = bad[i].shares;
+        q[bad[i].layer].group = bad[i].group;
+        q[bad[i].layer].head_dim = bad[i].head_dim;
+        if (i == 1)   /* layer 4 shares layer 3, itself shared */
+            q[4] = (kvc_kv_layer){ 1, 2, 32, 0, 1 };
+        kvc_kv_pool_params pq = p;
+        pq.layers = q;
+        kvc_kv_pool *no = NULL;
+        const int rc = kvc_kv_pool_new(&pq, &no, &e);
+        CHECKF(rc == KVC_ERR_INVALID_ARG && strstr(e.msg, "shares"), "bad layout %zu: rc %d, %s", i, rc, e.msg);
+        kvc_kv_pool_free(no);
+    }
+}
+
 int main(void)
 {
     test_groups_of_layers();
+    test_shared_layers();
     test_layout();
     test_long_sequence_memory();
     test_tree_hits();

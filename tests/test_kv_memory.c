@@ -12,7 +12,8 @@
  * next turn keeps the whole conversation. Printed: what it holds with memory
  * groups and with every block keeping its window part (--swa-full), and the
  * pool each takes. A window slab smaller than the running sequences need is
- * refused. The forward pass is not run (its writes are the pool's
+ * refused. Gemma 4 E4B's KV-shared layers take no bytes of a block, a
+ * chunk or the budget. The forward pass is not run (its writes are the pool's
  * layout: test_window and test_kernels_batch cover them). */
 #include "context.h"
 #include "kv.h"
@@ -23,13 +24,15 @@ enum { N_CONV = 16000, N_DEC = 100, BATCH = 512 };
 
 static char tmpdir[64];
 
-/* The preset's model with its KV layout, n_layer layers, small elsewhere. */
-static kvc_model *shaped(const char *preset, int32_t n_layer)
+/* The preset's model with its KV layout, n_layer layers (the last n_shared
+ * of them KV-shared), small elsewhere. */
+static kvc_model *shaped(const char *preset, int32_t n_layer, int32_t n_shared)
 {
     kvc_gen_params g;
     char path[256], err[512];
     CHECK(kvc_gen_preset(preset, &g) == KVC_OK);
     g.n_layer = n_layer;
+    g.n_kv_shared = n_shared;
     g.n_embd = 64;
     g.n_ff = 64;
     g.n_ff_exp = 64;
@@ -131,7 +134,7 @@ static double converse(kvc_model *m, const char *label, int64_t window_blocks, d
 
 static void shape(const char *preset, int32_t n_layer)
 {
-    kvc_model *m = shaped(preset, n_layer);
+    kvc_model *m = shaped(preset, n_layer, 0);
     if (!m)
         return;
     char label[96];
@@ -160,6 +163,68 @@ static void shape(const char *preset, int32_t n_layer)
     kvc_model_release(m);
 }
 
+/* Gemma 4 E4B's shape (42 layers, the last 18 KV-shared): a shared layer
+ * holds no bytes in any group's chunk (what blocks, window chunks, records
+ * and the budget are made of), against a layout where each kept its own;
+ * the conversation above runs in it as in any. */
+static void shared_shape(void)
+{
+    enum { N_LAYER = 42, N_SHARED = 18 };
+    kvc_model *m = shaped("gemma4-e4b", N_LAYER, N_SHARED);
+    if (!m)
+        return;
+    kvc_context_params cp = kvc_context_default_params();
+    cp.n_ctx = 4096;
+    cp.n_threads = 1;
+    kvc_context *c = NULL;
+    char err[512];
+    CHECKF(kvc_context_new(m, &cp, &c, err, sizeof(err)) == KVC_OK, "%s", err);
+    if (!c) {
+        kvc_model_release(m);
+        return;
+    }
+    /* each group's chunk: 2 (K, V) x B x KV heads x head dim x 2 bytes (F16)
+     * per layer that keeps its own K/V, from the model's layers */
+    const kvc_kv_pool *pool = c->pool;
+    size_t want[KVC_KV_MAX_GROUPS] = { 0 }, own[KVC_KV_MAX_GROUPS] = { 0 };
+    int32_t n_shared = 0;
+    for (int32_t l = 0; l < N_LAYER; l++) {
+        const kvc_layer *L = &m->layers[l];
+        const size_t bytes = 2 * KVC_BLOCK_TOKENS * (size_t)L->n_head_kv * (size_t)L->head_dim * 2;
+        const int32_t g = kvc_kv_layer_group(pool, l);
+        want[g] += L->kv_layer == l ? bytes : 0;
+        own[g] += bytes;
+        n_shared += L->kv_layer != l;
+        CHECK_EQ_INT(kvc_kv_layer_kv_of(pool, l), L->kv_layer);
+    }
+    CHECK_EQ_INT(n_shared, N_SHARED);
+    size_t block = 0, block_own = 0;
+    for (int32_t g = 0; g < kvc_kv_n_groups(pool); g++) {
+        CHECKF(kvc_kv_group_chunk_bytes(pool, g) == want[g], "group %d: a chunk of %zu bytes, its "
+               "layers that keep their K/V take %zu", g, kvc_kv_group_chunk_bytes(pool, g), want[g]);
+        block += want[g];
+        block_own += own[g];
+    }
+    CHECK_EQ_INT(kvc_context_block_bytes(m, KVC_KV_F16), want[0]);
+    /* tokens a budget of 1 GiB holds, with the running windows of 1 sequence */
+    int64_t wb = 0, wb_all = -1;
+    const int64_t blocks = kvc_context_blocks_for(m, KVC_KV_F16, 1, 512, 1ull << 30, &wb);
+    const int64_t blocks_all = kvc_context_blocks_for(m, KVC_KV_F16, 1, 512, 1ull << 30, &wb_all);
+    const int64_t own_blocks = (int64_t)((1ull << 30) / block_own);
+    CHECK(blocks_all == (int64_t)((1ull << 30) / block));
+    printf("  gemma4-e4b (%d layers, %d KV-shared): a block of %d tokens takes %.1f KiB of full "
+           "layers (%.1f KiB if the shared layers kept K/V of their own), %.1f KiB with its window "
+           "parts (%.1f KiB); a budget of 1 GiB holds %lld tokens, %lld with every block's window "
+           "part (%lld)\n", N_LAYER, N_SHARED, KVC_BLOCK_TOKENS, (double)want[0] / 1024,
+           (double)own[0] / 1024, (double)block / 1024, (double)block_own / 1024,
+           (long long)(blocks * KVC_BLOCK_TOKENS), (long long)(blocks_all * KVC_BLOCK_TOKENS),
+           (long long)(own_blocks * KVC_BLOCK_TOKENS));
+    kvc_context_free(c);
+    double held = 0, pool_b = 0;
+    CHECK(converse(m, "gemma4-e4b, 18 of 42 layers KV-shared", 0, &held, &pool_b) > 0);
+    kvc_model_release(m);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvc_kv_memory_XXXXXX");
@@ -168,6 +233,7 @@ int main(void)
     shape("gemma3-4b", 6);      /* 5 sliding layers (window 1024) to 1 global */
     shape("gpt-oss-20b", 4);    /* sliding (window 128) and global alternate */
     shape("gemma4-26b-a4b", 6); /* 5 sliding (8 KV heads of 256, window 1024) to 1 global (2 of 512) */
+    shared_shape();
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0)

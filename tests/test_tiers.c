@@ -298,6 +298,73 @@ static void test_window_records(kvc_model *m)
     kvc_context_free(cold);
 }
 
+/* Window chunks evicted from RAM go down the tier (tiny-gemma3, window 12,
+ * a window slab of 6 chunks): a conversation computed 16 tokens at a time
+ * and entered in the tree, then another that takes the slab's chunks. The
+ * first one's evicted window chunks were written (a record each), their
+ * blocks stay in RAM without them, so a lookup stops short; read back
+ * (kvc_tiers_fetch_windows), the whole path serves again and computing on
+ * from it gives a cold run's logits. Before, the chunks were dropped: the
+ * lookup stayed short and the rest was computed again. */
+static void test_window_chunks_down(kvc_model *m)
+{
+    int32_t toks[N_TOK], other[N_TOK], win[64];
+    for (int i = 0; i < N_TOK; i++) {
+        toks[i] = (int32_t)((i * 7919 + 11) % m->hp.n_vocab);
+        other[i] = (int32_t)((i * 104729 + 5) % m->hp.n_vocab);
+    }
+    for (int32_t l = 0; l < m->hp.n_layer && l < 64; l++)
+        win[l] = m->layers[l].window;
+    kvc_context *c = test_new_context(m, 256, 16, 1, 40), *cold = new_ctx(m, 42);
+    kvc_block_store *bs = open_store("chunks");
+    kvc_err e = { 0 };
+    char err[512];
+    if (!c || !cold || !bs)
+        return;
+    CHECKF(kvc_context_set_windows(c, win, 6, &e) == KVC_OK && kvc_pc_set_model(c->pc, 42, &e) == KVC_OK,
+           "%s", e.msg);
+    kvc_tiers *t = new_tiers(c, bs, 0);
+    if (!t)
+        return;
+    CHECK_EQ_INT(kvc_kv_group_of(c->pool, 1)->n_blocks, 6);
+    const int32_t *const convs[2] = { toks, other };
+    for (int k = 0; k < 2; k++) {
+        kvc_context_seq_truncate(c, 0, 0);
+        kvc_pc_node *node = kvc_pc_root(c->pc);
+        for (int p = 0; p < N_TOK; p += 16) {   /* each block in the tree once written */
+            CHECKF(kvc_context_decode(c, 0, convs[k] + p, KVC_MIN(16, N_TOK - p), false, err, sizeof(err)) == KVC_OK,
+                   "%s", err);
+            if (p + 16 <= N_TOK)
+                CHECK(kvc_pc_insert(c->pc, 0, node, convs[k] + p, c->seqs[0].blocks[p / 16], false, &node, &e) >= 0);
+        }
+    }
+    kvc_context_seq_truncate(c, 0, 0);
+    kvc_tiers_flush(t);
+    kvc_tiers_stats st;
+    kvc_tiers_stats_get(t, &st);
+    CHECKF(st.chunks_written >= 5, "%llu window chunks written", (unsigned long long)st.chunks_written);
+    kvc_pc_match mt;
+    kvc_pc_lookup(c->pc, 0, toks, N_TOK, &mt);
+    CHECKF(mt.n_full < 5, "matched %d blocks with their window chunks evicted", mt.n_full);
+    CHECK(kvc_tiers_fetch_windows(t, 0, toks, N_TOK, &mt) > 0);
+    kvc_pc_lookup(c->pc, 0, toks, N_TOK, &mt);
+    CHECK_EQ_INT(mt.n_full, 6);
+    kvc_tiers_stats_get(t, &st);
+    CHECK(st.chunks_fetched > 0 && st.fetch_failures == 0);
+    int32_t blocks[6];
+    for (kvc_pc_node *n = mt.last; n != kvc_pc_root(c->pc); n = n->parent)
+        blocks[n->depth] = n->block;
+    CHECK(mt.n_full == 6 && kvc_kv_seq_append_blocks(c->pool, &c->seqs[0], blocks, 6, &e) == KVC_OK);
+    CHECK(kvc_context_decode(c, 0, toks + 96, N_TOK - 96, false, err, sizeof(err)) == KVC_OK);
+    CHECK(kvc_context_decode(cold, 0, toks, N_TOK, false, err, sizeof(err)) == KVC_OK);
+    CHECK(memcmp(kvc_context_logits(c, -1), kvc_context_logits(cold, -1),
+                 (size_t)m->hp.n_vocab * sizeof(float)) == 0);
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+    kvc_context_free(c);
+    kvc_context_free(cold);
+}
+
 /* Written through, then evicted before (or after) the writer got to them:
  * nothing is sent twice, and the fetch finds every block, in the queue or on
  * disk, equal to a cold run's. */
@@ -687,8 +754,10 @@ int main(void)
     const char *const swa[] = { "tiny-gemma3", "tiny-gpt-oss" };
     for (size_t i = 0; i < KVC_ARRAY_LEN(swa); i++) {
         kvc_model *w = test_gen_model(tmpdir, swa[i], model_path, sizeof(model_path));
-        if (w && i == 0)
+        if (w && i == 0) {
             test_window_records(w);
+            test_window_chunks_down(w);
+        }
         if (w)
             test_engine_restart(w, model_path, swa[i]);
         kvc_model_free(w);

@@ -32,6 +32,7 @@ typedef struct kv_slab {
 
 typedef struct kv_layer {
     int32_t group, n_kv_head, head_dim;
+    int32_t kv_of;            /* the layer whose K/V it reads: itself, or the one it shares */
     size_t  row_bytes;        /* one head, one position */
     size_t  off;              /* of its K in its group's chunk; V follows n_kv_head * row_bytes * B later */
     int64_t state_floats;     /* recurrent: its state's floats (no K/V), else 0 */
@@ -92,7 +93,7 @@ static int resolve(const kvc_kv_pool_params *p, kvc_kv_pool_params *q, kvc_kv_gr
     }
     int64_t state_floats = 0;
     for (int32_t l = 0; l < q->n_layer; l++) {
-        const kvc_kv_layer in = q->layers ? q->layers[l] : (kvc_kv_layer){ 0, 0, 0, 0 };
+        const kvc_kv_layer in = q->layers ? q->layers[l] : (kvc_kv_layer){ 0, 0, 0, 0, 0 };
         kv_layer *L = &ls[l];
         L->group = in.group;
         L->state_floats = in.state_floats > 0 ? in.state_floats : 0;
@@ -107,6 +108,17 @@ static int resolve(const kvc_kv_pool_params *p, kvc_kv_pool_params *q, kvc_kv_gr
         if (L->row_bytes == 0)
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool: layer %d: head dim %d is not a multiple of the %s block",
                             l, L->head_dim, kvc_type_info(q->type)->name);
+        L->kv_of = l - in.shares;
+        if (in.shares != 0) {   /* KV-shared: the source's place in the chunk, no bytes */
+            const kv_layer *S = in.shares > 0 && in.shares <= l ? &ls[L->kv_of] : NULL;
+            if (!S || S->kv_of != L->kv_of || S->group != L->group || S->n_kv_head != L->n_kv_head ||
+                S->head_dim != L->head_dim || S->state_floats || L->state_floats)
+                return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool: layer %d shares the K/V of layer "
+                                "%d: not an earlier layer of its group and shape that keeps its own",
+                                l, L->kv_of);
+            L->off = S->off;
+            continue;
+        }
         L->off = bytes[L->group];
         if (L->state_floats == 0)
             bytes[L->group] += L->row_bytes * (size_t)q->block_tokens * (size_t)L->n_kv_head * 2;
@@ -137,7 +149,7 @@ int kvc_kv_groups_of_layers(int32_t n_layer, const int32_t *window, const int32_
             }
         }
         n_full += g == 0;
-        layers[l] = (kvc_kv_layer){ g, n_kv_head ? n_kv_head[l] : 0, head_dim ? head_dim[l] : 0, 0 };
+        layers[l] = (kvc_kv_layer){ g, n_kv_head ? n_kv_head[l] : 0, head_dim ? head_dim[l] : 0, 0, 0 };
     }
     if (n_full == 0)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool: no full-attention layer for memory group 0");
@@ -189,7 +201,8 @@ int kvc_kv_pool_new(const kvc_kv_pool_params *p, kvc_kv_pool **out, kvc_err *err
     kvc_kv_pool_params *q = &pool->p;
     for (int32_t l = 0; l < q->n_layer; l++) {
         const kv_layer *L = &pool->layer[l];
-        pool->l_params[l] = (kvc_kv_layer){ L->group, L->n_kv_head, L->head_dim, L->state_floats };
+        pool->l_params[l] = (kvc_kv_layer){ L->group, L->n_kv_head, L->head_dim, L->state_floats,
+                                            l - L->kv_of };
         pool->state_floats += L->state_floats;
     }
     q->groups = pool->g_params;
@@ -274,6 +287,7 @@ size_t  kvc_kv_row_bytes(const kvc_kv_pool *pool) { return pool->layer[0].row_by
 size_t  kvc_kv_layer_row_bytes(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].row_bytes; }
 int32_t kvc_kv_layer_n_kv_head(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].n_kv_head; }
 int32_t kvc_kv_layer_head_dim(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].head_dim; }
+int32_t kvc_kv_layer_kv_of(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].kv_of; }
 int32_t kvc_kv_n_groups(const kvc_kv_pool *pool) { return pool->p.n_groups; }
 const kvc_kv_group *kvc_kv_group_of(const kvc_kv_pool *pool, int32_t g) { return &pool->g_params[g]; }
 int32_t kvc_kv_layer_group(const kvc_kv_pool *pool, int32_t layer) { return pool->layer[layer].group; }
@@ -361,6 +375,8 @@ static int32_t chunk_alloc(kvc_kv_pool *pool, kv_slab *s, int32_t block)
         if (c < 0)
             return -1;
         const int32_t victim = s->owner[c];
+        if (pool->tag[victim])   /* its data still there, to be written down */
+            pool->watch(pool->watch_user, pool->tag[victim], -(int32_t)(s - pool->slab));
         chunk_free(s, victim);
         if (pool->tag[victim])
             pool->watch(pool->watch_user, pool->tag[victim], 0);
@@ -485,7 +501,7 @@ static uint8_t *head_ptr(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_
     const kv_layer *L = &pool->layer[layer];
     const kv_slab *s = &pool->slab[L->group];
     const int32_t c = chunk_of(pool, block, L->group);
-    if (c < 0)
+    if (c < 0 || L->kv_of != layer)
         return NULL;
     const size_t head_bytes = L->row_bytes * (size_t)pool->p.block_tokens;
     return s->data + (size_t)c * s->chunk_bytes + L->off +
@@ -511,6 +527,21 @@ void kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g)
     chunk_free(s, block);
     if (had && pool->tag[block])
         pool->watch(pool->watch_user, pool->tag[block], 0);
+}
+
+void *kvc_kv_block_add_chunk(kvc_kv_pool *pool, int32_t block, int32_t g, bool *fresh)
+{
+    kv_slab *s = &pool->slab[g];
+    KVC_ASSERT(g > 0 && pool->refcount[block] > 0);
+    int32_t c = s->chunk[block];
+    *fresh = c < 0;
+    if (c >= 0 && s->list[c] != NO_LIST) {
+        list_remove(s, c);
+        list_push(pool, s, c);
+    } else if (c < 0) {
+        c = chunk_alloc(pool, s, block);
+    }
+    return c < 0 ? NULL : s->data + (size_t)c * s->chunk_bytes;
 }
 
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head)

@@ -15,6 +15,9 @@
  *          attention.h's [head_dim][B]; Q8_0: B rows of head_dim, store_k in forward.c)
  *       V: [n_kv_head_l][B][head_dim_l]  (kvc_kv_v: B rows of head_dim elements)
  *     each head's part kvc_kv_layer_row_bytes(l) * B bytes
+ *   but for a KV-SHARED layer (Gemma 4's last layers: kvc_kv_layer.shares),
+ *   which attends to the K/V an earlier layer of its group wrote and has no
+ *   bytes of its own in any chunk, record or budget.
  * With one group (every model without windows) a block is exactly the one
  * contiguous chunk it always was (kvc_kv_block_data).
  *
@@ -67,6 +70,9 @@ typedef struct kvc_kv_layer {
     int32_t head_dim;       /* 0: the pool's head_dim */
     int64_t state_floats;   /* > 0: a recurrent layer: no K/V in any chunk, instead a state of
                              * this many floats per sequence (kvc_kv_seq_state) */
+    int32_t shares;         /* 0: keeps its own K/V. d > 0: KV-shared, it reads the K/V of layer
+                             * l - d (earlier, same group, KV heads and head dim, itself not
+                             * shared) and has no bytes of its own (kvc_kv_k is NULL for it) */
 } kvc_kv_layer;
 
 typedef struct kvc_kv_pool_params {
@@ -114,6 +120,9 @@ size_t  kvc_kv_layer_row_bytes(const kvc_kv_pool *pool, int32_t layer);
  * kvc_kv_layer said 0). */
 int32_t kvc_kv_layer_n_kv_head(const kvc_kv_pool *pool, int32_t layer);
 int32_t kvc_kv_layer_head_dim(const kvc_kv_pool *pool, int32_t layer);
+/* The layer whose K/V the layer attends to: itself, or for a KV-shared
+ * layer the earlier one it shares. */
+int32_t kvc_kv_layer_kv_of(const kvc_kv_pool *pool, int32_t layer);
 /* kvc_kv_block_bytes of a pool with these params, before making it, to size a
  * pool for a memory budget; 0 for a bad shape or type. */
 size_t  kvc_kv_block_bytes_for(const kvc_kv_pool_params *p);
@@ -151,8 +160,10 @@ void    kvc_kv_block_copy(kvc_kv_pool *pool, int32_t dst, int32_t src);
  * and a block is evictable only while the tree's is its sole reference. So the
  * pool tells one watcher, in O(1), whenever a tagged block's count moves
  * between 1 and 2: fn(user, tag, 1) after it fell to 1, fn(user, tag, 2) after
- * it rose to 2; and fn(user, tag, 0) after the block lost a window chunk
- * (evicted: no hit can end in it any more). A tag is the watcher's (the tree
+ * it rose to 2; fn(user, tag, -g) just before its chunk of window group g is
+ * evicted (its data still readable, kvc_kv_chunk_data: to write it down a
+ * tier); and fn(user, tag, 0) after the block lost a window chunk (evicted or
+ * dropped: no hit can end in it any more). A tag is the watcher's (the tree
  * node holding the block); a block has at most one. Set the watcher before
  * tagging; tag NULL = untagged. (An untagged block's released window chunks
  * are evicted first.) */
@@ -172,9 +183,17 @@ void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g);
  * tier without its window record), as an eviction would; no sequence may
  * hold it. */
 void  kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g);
+/* Make sure the block has a chunk of window group g > 0, and that it is the
+ * last to be evicted of its list: the one it has (*fresh false; moved to the
+ * most recent end unless a sequence holds it), or a new one (*fresh true,
+ * its contents undefined: fill it, or let it go with
+ * kvc_kv_block_drop_chunk), evicting one no sequence holds when none is
+ * free. Its data, or NULL when every chunk of the group is held. */
+void *kvc_kv_block_add_chunk(kvc_kv_pool *pool, int32_t block, int32_t g, bool *fresh);
 
 /* Keys / values of one head of one layer of a block (layout above), or NULL
- * when the block's chunk of the layer's group is gone. */
+ * when the block's chunk of the layer's group is gone or the layer is
+ * KV-shared (it has none: read kvc_kv_layer_kv_of's). */
 void *kvc_kv_k(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
 void *kvc_kv_v(kvc_kv_pool *pool, int32_t block, int32_t layer, int32_t head);
 

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define ROOT_MAGIC 0x6b76636861742e32ull  /* "kvchat.2": the version of the chain hash */
+#define ROOT_MAGIC 0x6b76636861742e33ull  /* "kvchat.3": the version of the chain hash */
 
 struct kvc_prefix_cache {
     kvc_kv_pool  *pool;           /* borrowed */
@@ -30,6 +30,8 @@ struct kvc_prefix_cache {
     void         *evict_user;
     kvc_pc_evict_fn on_drop;      /* kvc_pc_set_drop_hook */
     void         *drop_user;
+    kvc_pc_chunk_fn on_chunk;     /* kvc_pc_set_chunk_evict_hook */
+    void         *chunk_user;
 };
 
 static void on_refcount(void *user, void *tag, int32_t refcount);
@@ -92,15 +94,33 @@ void kvc_pc_free(kvc_prefix_cache *pc)
     free(pc);
 }
 
+/* The hash of the pool's layout (kv.h): each group's chunk size and window,
+ * each layer's group and the layer whose K/V it reads (a KV-shared layer's
+ * is another's). Two layouts of one model store other records under a hash. */
+static uint64_t layout_hash(const kvc_kv_pool *pool)
+{
+    uint64_t h = 0;
+    for (int32_t g = 0; g < kvc_kv_n_groups(pool); g++) {
+        const uint64_t gv[2] = { kvc_kv_group_chunk_bytes(pool, g), (uint64_t)kvc_kv_group_of(pool, g)->window };
+        h = XXH3_64bits_withSeed(gv, sizeof(gv), h);
+    }
+    for (int32_t l = 0; l < kvc_kv_pool_params_of(pool)->n_layer; l++) {
+        const int32_t lv[2] = { kvc_kv_layer_group(pool, l), kvc_kv_layer_kv_of(pool, l) };
+        h = XXH3_64bits_withSeed(lv, sizeof(lv), h);
+    }
+    return h;
+}
+
 /* The root's hash: what every chain starts from, before the namespace. It
- * covers the arithmetic too (kernels.h): blocks another ISA or another build
- * of the kernels computed hold other bits, and are not found. */
+ * covers the pool's layout and the arithmetic too (kernels.h): blocks
+ * another layout, ISA or build of the kernels computed hold other bits, and
+ * are not found. */
 static void root_hash_update(kvc_prefix_cache *pc)
 {
     const kvc_kv_pool_params *pp = kvc_kv_pool_params_of(pc->pool);
-    uint64_t id[8] = { ROOT_MAGIC, pc->model_id, pp->type, (uint64_t)pp->n_layer,
+    uint64_t id[9] = { ROOT_MAGIC, pc->model_id, pp->type, (uint64_t)pp->n_layer,
                        (uint64_t)pp->n_kv_head, (uint64_t)pp->head_dim,
-                       (uint64_t)pp->block_tokens, kvc_kernels_arith_id() };
+                       (uint64_t)pp->block_tokens, kvc_kernels_arith_id(), layout_hash(pc->pool) };
     pc->root->hash = XXH3_64bits(id, sizeof(id));
 }
 
@@ -308,6 +328,9 @@ static void on_refcount(void *user, void *tag, int32_t refcount)
     kvc_pc_node *n = tag;
     if (refcount > 0) {
         refresh(pc, n, ENTER_USED);
+    } else if (refcount < 0) {                     /* about to lose its chunk of group -refcount */
+        if (pc->on_chunk && !n->pending)
+            pc->on_chunk(pc->chunk_user, n, -refcount);
     } else if (n->on_lru && pc->lru_head != n) {   /* lost a window chunk: first to go */
         lru_unlink(pc, n);
         lru_push_head(pc, n);
@@ -334,6 +357,12 @@ void kvc_pc_set_drop_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user)
 {
     pc->on_drop = fn;
     pc->drop_user = user;
+}
+
+void kvc_pc_set_chunk_evict_hook(kvc_prefix_cache *pc, kvc_pc_chunk_fn fn, void *user)
+{
+    pc->on_chunk = fn;
+    pc->chunk_user = user;
 }
 
 uint64_t kvc_pc_tick(kvc_prefix_cache *pc) { return ++pc->tick; }

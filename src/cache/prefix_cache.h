@@ -160,6 +160,12 @@ void kvc_pc_set_evict_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user)
  * what hangs off it (recurrent snapshots, snapshot.h). NULL fn = none. */
 void kvc_pc_set_drop_hook(kvc_prefix_cache *pc, kvc_pc_evict_fn fn, void *user);
 
+/* Called with a ready node whose block is about to lose its chunk of window
+ * group g (evicted from RAM, kv.h), the chunk still readable
+ * (kvc_kv_chunk_data): to write it down a tier. NULL fn = none. */
+typedef void (*kvc_pc_chunk_fn)(void *user, const kvc_pc_node *node, int32_t g);
+void kvc_pc_set_chunk_evict_hook(kvc_prefix_cache *pc, kvc_pc_chunk_fn fn, void *user);
+
 /* Advance the tree's LRU clock and return it: a tick to compare with
  * nodes' last_used, for entries evicted together with the tree's leaves. */
 uint64_t kvc_pc_tick(kvc_prefix_cache *pc);

@@ -7,7 +7,10 @@
  * is still stored for its full layers; read back, a window record that is
  * missing or corrupt leaves the block without that chunk (kvc_kv_servable
  * then decides how much of the path serves), each record all-or-nothing and
- * checksummed by the store. */
+ * checksummed by the store. A window chunk the pool evicts (its window slab
+ * short) goes down first, as an evicted block does, and a block still in
+ * RAM without it gets it back for a hit that needs it
+ * (kvc_tiers_fetch_windows). */
 #include "tiers.h"
 
 #include <pthread.h>
@@ -178,13 +181,32 @@ static kvc_block_desc group_desc(const kvc_block_desc *d, int32_t g)
     return dg;
 }
 
+/* Give slot s (its data set: kv or rec, kv_bytes) d's key and tokens, put
+ * it at the queue's end and wake the writer. Under q_mu. */
+static void queue_push_locked(kvc_tiers *t, slot *s, const kvc_block_desc *d)
+{
+    s->next = NULL;
+    s->hash = d->hash;
+    s->parent = d->parent;
+    s->ns = d->ns;
+    s->n_tokens = d->n_tokens;
+    memcpy(s->tokens, d->tokens, (size_t)d->n_tokens * sizeof(int32_t));
+    if (t->tail)
+        t->tail->next = s;
+    else
+        t->head = s;
+    t->tail = s;
+    t->count++;
+    t->st.blocks_queued++;
+    pthread_cond_signal(&t->q_cv);
+}
+
 /* Copy record d (K/V: kv_bytes at kv) into a free slot. false when none is
  * left. */
-static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *dp, const void *kv, size_t kv_bytes)
+static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *d, const void *kv, size_t kv_bytes)
 {
-    const kvc_block_desc d = *dp;
     pthread_mutex_lock(&t->q_mu);
-    if (queued_locked(t, &d, NULL, 0)) {
+    if (queued_locked(t, d, NULL, 0)) {
         pthread_mutex_unlock(&t->q_mu);
         return true;
     }
@@ -196,22 +218,9 @@ static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *dp, const void *kv, 
     }
     bool ok = s != NULL;
     if (ok) {
-        s->next = NULL;
-        s->hash = d.hash;
-        s->parent = d.parent;
-        s->ns = d.ns;
-        s->n_tokens = d.n_tokens;
-        memcpy(s->tokens, d.tokens, (size_t)d.n_tokens * sizeof(int32_t));
         memcpy(s->kv, kv, kv_bytes);
         s->kv_bytes = kv_bytes;
-        if (t->tail)
-            t->tail->next = s;
-        else
-            t->head = s;
-        t->tail = s;
-        t->count++;
-        t->st.blocks_queued++;
-        pthread_cond_signal(&t->q_cv);
+        queue_push_locked(t, s, d);
     }
     pthread_mutex_unlock(&t->q_mu);
     return ok;
@@ -238,39 +247,69 @@ static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
     return enqueue_desc(t, &d, n->block);
 }
 
-/* Write d at once, every chunk (the queue is full and it would be lost
- * otherwise). */
+/* Write record d (kv_bytes at kv) at once (the queue is full and it would
+ * be lost otherwise). */
+static void put_one_now(kvc_tiers *t, const kvc_block_desc *d, const void *kv, size_t kv_bytes)
+{
+    pthread_mutex_lock(&t->store_mu);
+    int rc = kvc_bs_put(t->store, d, kv, kv_bytes, NULL);
+    pthread_mutex_unlock(&t->store_mu);
+    pthread_mutex_lock(&t->q_mu);
+    t->st.blocks_written += rc == KVC_OK;
+    t->st.write_failures += rc != KVC_OK;
+    pthread_mutex_unlock(&t->q_mu);
+}
+
+/* Write d at once, every chunk. */
 static void put_now(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
 {
     for (int32_t g = 0; g < t->n_groups; g++) {
         const void *kv = kvc_kv_chunk_data(t->pool, block, g);
         const kvc_block_desc dg = group_desc(d, g);
-        if (!kv)
-            continue;
-        pthread_mutex_lock(&t->store_mu);
-        int rc = kvc_bs_put(t->store, &dg, kv, t->chunk_bytes[g], NULL);
-        pthread_mutex_unlock(&t->store_mu);
-        pthread_mutex_lock(&t->q_mu);
-        t->st.blocks_written += rc == KVC_OK;
-        t->st.write_failures += rc != KVC_OK;
-        pthread_mutex_unlock(&t->q_mu);
+        if (kv)
+            put_one_now(t, &dg, kv, t->chunk_bytes[g]);
     }
 }
 
-/* The tree evicts n: send it down unless the store has it; at once when the
- * queue is full (it would be lost). */
+/* Send node n's record of group g down, unless the queue or the store has
+ * it: queued (a copy), or at once when the queue is full (the chunk is
+ * about to go). Whether it was sent. */
+static bool send_down(kvc_tiers *t, const kvc_pc_node *n, int32_t g)
+{
+    const void *kv = kvc_kv_chunk_data(t->pool, n->block, g);
+    kvc_block_desc d;
+    desc_of(t, n, &d);
+    const kvc_block_desc dg = group_desc(&d, g);
+    if (!kv || queued(t, &dg, NULL, 0) || stored(t, dg.hash))
+        return false;
+    if (!enqueue_one(t, &dg, kv, t->chunk_bytes[g]))
+        put_one_now(t, &dg, kv, t->chunk_bytes[g]);
+    return true;
+}
+
+/* The tree evicts n: send each record of it down that the store lacks (a
+ * window group's may have gone down already, when its chunk was evicted). */
 static void on_evict(void *user, const kvc_pc_node *n)
 {
     kvc_tiers *t = user;
-    kvc_block_desc d;
-    desc_of(t, n, &d);
-    if (queued(t, &d, NULL, 0) || stored(t, d.hash))
-        return;
+    bool sent = false;
+    for (int32_t g = 0; g < t->n_groups; g++)
+        sent = send_down(t, n, g) || sent;
     pthread_mutex_lock(&t->q_mu);
-    t->st.evictions_written++;
+    t->st.evictions_written += sent;
     pthread_mutex_unlock(&t->q_mu);
-    if (!enqueue(t, n))
-        put_now(t, &d, n->block);
+}
+
+/* The pool evicts n's chunk of window group g (kv.h): its record goes down
+ * as the tree's evicted blocks do, so that a hit there later reads it back
+ * (kvc_tiers_fetch_windows) instead of computing the window again. */
+static void on_chunk_evict(void *user, const kvc_pc_node *n, int32_t g)
+{
+    kvc_tiers *t = user;
+    const bool sent = send_down(t, n, g);
+    pthread_mutex_lock(&t->q_mu);
+    t->st.chunks_written += sent;
+    pthread_mutex_unlock(&t->q_mu);
 }
 
 /* -------------------------------------------------------------- lifetime */
@@ -318,6 +357,7 @@ int kvc_tiers_new(kvc_prefix_cache *pc, kvc_kv_pool *pool, kvc_block_store *stor
                         "of %zu bytes, or start its thread", queue_blocks, t->block_bytes);
     }
     kvc_pc_set_evict_hook(pc, on_evict, t);
+    kvc_pc_set_chunk_evict_hook(pc, t->n_groups > 1 ? on_chunk_evict : NULL, t);
     *out = t;
     return KVC_OK;
 }
@@ -328,6 +368,7 @@ void kvc_tiers_free(kvc_tiers *t)
         return;
     if (t->started) {
         kvc_pc_set_evict_hook(t->pc, NULL, NULL);
+        kvc_pc_set_chunk_evict_hook(t->pc, NULL, NULL);
         pthread_mutex_lock(&t->q_mu);
         t->stop = true;
         pthread_cond_signal(&t->q_cv);
@@ -482,6 +523,86 @@ int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
     return got;
 }
 
+/* ---------------------------------------------------------- window chunks */
+
+/* Whether the queue or the store holds node x's record of group g. */
+static bool has_record(kvc_tiers *t, const kvc_pc_node *x, int32_t g)
+{
+    kvc_block_desc d;
+    desc_of(t, x, &d);
+    const kvc_block_desc dg = group_desc(&d, g);
+    return queued(t, &dg, NULL, 0) || stored(t, dg.hash);
+}
+
+/* Whether a hit after path[0, end) has every window chunk it needs (kv.h's
+ * kvc_kv_servable) in RAM, the queue or the store. */
+static bool window_there(kvc_tiers *t, kvc_pc_node *const *path, int64_t end)
+{
+    for (int32_t g = 1; g < t->n_groups; g++) {
+        const int64_t w = kvc_kv_group_of(t->pool, g)->window, L = end * t->B;
+        for (int64_t i = L > w ? (L - w) / t->B : 0; i < end; i++)
+            if (!kvc_kv_block_has(t->pool, path[i]->block, g) && !has_record(t, path[i], g))
+                return false;
+    }
+    return true;
+}
+
+/* Give the blocks of that window their missing chunks, read from the tiers
+ * (a record that does not read leaves its chunk out); the number read. */
+static int64_t read_window(kvc_tiers *t, kvc_pc_node *const *path, int64_t end)
+{
+    int64_t got = 0;
+    for (int32_t g = 1; g < t->n_groups; g++) {
+        const int64_t w = kvc_kv_group_of(t->pool, g)->window, L = end * t->B;
+        for (int64_t i = L > w ? (L - w) / t->B : 0; i < end; i++) {
+            bool fresh = false;
+            void *kv = kvc_kv_block_add_chunk(t->pool, path[i]->block, g, &fresh);
+            if (!kv)
+                return got;                          /* every chunk held: no room */
+            if (!fresh)
+                continue;
+            kvc_block_desc d;
+            desc_of(t, path[i], &d);
+            const kvc_block_desc dg = group_desc(&d, g);
+            if (read_one(t, &dg, kv, t->chunk_bytes[g]))
+                got++;
+            else
+                kvc_kv_block_drop_chunk(t->pool, path[i]->block, g);
+        }
+    }
+    return got;
+}
+
+int64_t kvc_tiers_fetch_windows(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                                const kvc_pc_match *m)
+{
+    const int64_t cap = n / t->B;
+    if (t->n_groups == 1 || m->pending || cap <= m->n_full)
+        return 0;
+    kvc_pc_node **path = malloc((size_t)cap * sizeof(*path));
+    if (!path)
+        return 0;
+    const kvc_pc_node *root = kvc_pc_root(t->pc);
+    for (kvc_pc_node *x = m->last; x != root; x = x->parent)
+        path[x->depth] = x;
+    int64_t end = m->n_full;
+    for (kvc_pc_node *x = m->last; end < cap; end++) {   /* the tree's path past the match */
+        x = kvc_pc_find(t->pc, ns, x, tokens + end * t->B);
+        if (!x || x->pending)
+            break;
+        path[end] = x;
+    }
+    int64_t got = 0;
+    for (; end > m->n_full && !got; end--)    /* the deepest hit the tiers complete */
+        if (window_there(t, path, end))
+            got = read_window(t, path, end);
+    free(path);
+    pthread_mutex_lock(&t->q_mu);
+    t->st.chunks_fetched += (uint64_t)got;
+    pthread_mutex_unlock(&t->q_mu);
+    return got;
+}
+
 /* A store with a tier that loses blocks behind its back (a shared Redis
  * flushed or restarted) is told of the whole chain above node (depth blocks),
  * root first, up to its first pending block: it puts back in the background
@@ -632,19 +753,11 @@ int kvc_tiers_queue_record(kvc_tiers *t, const kvc_block_desc *d, void *data, si
     pthread_mutex_lock(&t->q_mu);
     bool dup = queued_locked(t, d, NULL, 0);
     bool room = s && !dup && t->rec_bytes + bytes <= MAX_RECORD_BYTES;
-    if (room) {
-        int32_t *toks = s->tokens;
-        *s = (slot){ NULL, d->hash, d->parent, d->ns, d->n_tokens, toks, NULL, data, bytes };
-        memcpy(s->tokens, d->tokens, (size_t)d->n_tokens * sizeof(int32_t));
-        if (t->tail)
-            t->tail->next = s;
-        else
-            t->head = s;
-        t->tail = s;
-        t->count++;
+    if (room) {                                      /* a slot of its own, no K/V copy */
+        s->rec = data;
+        s->kv_bytes = bytes;
         t->rec_bytes += bytes;
-        t->st.blocks_queued++;
-        pthread_cond_signal(&t->q_cv);
+        queue_push_locked(t, s, d);
     }
     pthread_mutex_unlock(&t->q_mu);
     if (room || dup) {

@@ -35,6 +35,8 @@ typedef struct kvc_tiers_stats {
     uint64_t blocks_queued;        /* copies handed to the writer */
     uint64_t writes_dropped;       /* write-throughs dropped: the queue was full */
     uint64_t evictions_written;    /* evicted blocks sent down */
+    uint64_t chunks_written;       /* evicted window chunks sent down (kv.h) */
+    uint64_t chunks_fetched;       /* and read back into a block in RAM (kvc_tiers_fetch_windows) */
     uint64_t fetch_failures;       /* blocks the store listed but could not give */
     uint64_t write_failures;       /* puts that failed (the medium) */
     uint64_t tails_written;        /* sequences' tails sent down (kvc_tiers_write_tail) */
@@ -65,6 +67,22 @@ int64_t kvc_tiers_probe(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_
  * free. Returns the number of blocks entered. */
 int64_t kvc_tiers_fetch(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
                         kvc_pc_match *m, int64_t max);
+
+/* Window chunks (kv.h). The pool evicts a window group's chunk that no
+ * sequence holds when the group runs short; the tiers write its record
+ * first (the tree's chunk evict hook), as they write an evicted block. A
+ * block still in RAM without that chunk cuts a match short
+ * (kvc_kv_servable): read back the chunks the deepest hit needs.
+ *
+ * The tree's ready path for tokens[0, n) may go on past the match m (a
+ * lookup in namespace ns that did not stop at a pending node), cut where a
+ * window group lacked chunks. Find the deepest block boundary on it for
+ * which RAM, the queue and the store hold every window chunk a hit there
+ * needs, and read those RAM lacks into their blocks (kvc_kv_block_add_chunk:
+ * each may evict another chunk, written down first). Returns the number of
+ * chunks read: when > 0, look up again for the match they serve. */
+int64_t kvc_tiers_fetch_windows(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
+                                const kvc_pc_match *m);
 
 /* Write `node` and its ancestors through to the store in the background, up
  * to the first one the store holds already. Ready nodes only; a pending node

@@ -248,31 +248,47 @@ static bool make_room(kvc_context *c, int64_t n_free, void *user)
     return true;
 }
 
+/* Whether slot's turn runs (admitted; not waiting for a prefix, memory
+ * or a state). */
+static bool slot_running(const kvc_engine *e, const session_slot *slot)
+{
+    for (int32_t i = 0; i < e->n_running; i++)
+        if (e->running[i]->slot == slot)
+            return true;
+    return false;
+}
+
 /* Recurrent models: a live state (kv.h) is memory beside the pool, so at
  * most n_parallel sequences hold one (the KV budget keeps room for them:
  * engine.c); a background turn runs only when no request does. Before
  * `slot`'s turn makes one, the least recently used idle sessions that hold
  * one let go of their K/V (which only the tree then holds, with their
  * snapshots: their next turn continues from one) until fewer than
- * n_parallel others hold or are about to make one (the running ones). */
-static void limit_live_states(kvc_engine *e, const session_slot *slot)
+ * n_parallel others hold or are about to make one (the running ones).
+ * A turn waiting for a prefix keeps its session's state (nothing of its
+ * session changes before it runs), and counts. Returns whether slot's turn
+ * may go on: false when the others are n_parallel even so, while a turn
+ * runs (it waits for one to end). */
+static bool limit_live_states(kvc_engine *e, const session_slot *slot)
 {
     kvc_context *c = e->ctx;
     if (!c->snaps)
-        return;
+        return true;
     for (;;) {
         int32_t live = 0;
         session_slot *lru = NULL;
         for (int32_t i = 0; i < e->n_slots; i++) {
             session_slot *sl = &e->slots[i];
-            if (sl == slot || (!c->seqs[i].state && !sl->busy))
+            if (sl == slot || (!c->seqs[i].state && !(sl->busy && slot_running(e, sl))))
                 continue;                    /* a running turn makes its state soon */
             live++;
             if (!sl->busy && (!lru || sl->last_used < lru->last_used))
                 lru = sl;
         }
-        if (live < e->p.n_parallel || !lru)
-            return;
+        if (live < e->p.n_parallel)
+            return true;
+        if (!lru)
+            return e->n_running == 0;        /* nothing to wait for: go on */
         kvc_session_spill_tail(lru->s);
         e->dropped += (uint64_t)kvc_session_drop_kv(lru->s);
     }
@@ -419,10 +435,13 @@ static void admit(kvc_engine *e)
             r = next;
             continue;
         }
-        if (!rc) {
-            limit_live_states(e, r->slot);
-            rc = kvc_turn_prepare(r->turn, make_room, e, &err);
+        if (!rc && !limit_live_states(e, r->slot)) {   /* it waits for a state to be let go */
+            prev = r;
+            r = next;
+            continue;
         }
+        if (!rc)
+            rc = kvc_turn_prepare(r->turn, make_room, e, &err);
         if (rc == KVC_TURN_WAIT_PREFIX) {
             prev = r;
             r = next;
@@ -574,8 +593,8 @@ static bool bg_start(kvc_engine *e)
             j->toks.n > kvc_session_common(s, j->toks.v, j->toks.n) &&
             !kvc_turn_new(s, j->toks.v, j->toks.n, KVC_TURN_BACKGROUND, &p, NULL, NULL,
                           kvc_time_us(), &t, &err)) {
-            limit_live_states(e, &e->slots[j->slot]);
-            if (kvc_turn_prepare(t, evict_only, e, &err) == KVC_OK &&
+            if (limit_live_states(e, &e->slots[j->slot]) &&
+                kvc_turn_prepare(t, evict_only, e, &err) == KVC_OK &&
                 kvc_turn_phase(t) != KVC_TURN_DONE) {
                 e->bg_job_run = j;
                 e->bg_turn = t;

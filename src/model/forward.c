@@ -710,6 +710,10 @@ static int check_batch(const kvc_compute *c, const kvc_kv_pool *pool, const kvc_
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool layer %d: %d KV heads of %d, the model's "
                             "%d of %d", l, kvc_kv_layer_n_kv_head(pool, l), kvc_kv_layer_head_dim(pool, l),
                             L->n_head_kv, L->head_dim);
+        const int32_t kv_of = kvc_kv_layer_kv_of(pool, l);   /* a pool may give a KV-shared layer its own */
+        if (kv_of != l && kv_of != L->kv_layer)
+            return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool layer %d shares layer %d's K/V, the "
+                            "model's layer %d's", l, kv_of, L->kv_layer);
     }
     for (int32_t i = 0; i < n; i++) {
         const kvc_batch_item *it = &items[i];

@@ -1,6 +1,7 @@
 /* session_fetch.c - the prepare step's reads from the tiers below RAM
  * (session.h, DESIGN.md §5): a prompt's match in the prefix tree continued
- * with the full blocks the disk tier holds, and the conversation's last,
+ * with the window chunks of its blocks in RAM and the full blocks the disk
+ * tier holds, and the conversation's last,
  * partial block read back where it went down with its session's K/V. Each
  * probes the store first (reading nothing), makes room in the pool for what
  * it would read, and only then reads. */
@@ -26,6 +27,9 @@ int64_t kvc_session_fetch_disk(kvc_session *s, const int32_t *tokens, int64_t n,
 {
     kvc_context *c = s->ctx;
     const int64_t B = kvc_kv_block_tokens(c->pool);
+    /* blocks in RAM past the match whose window chunks went down a tier */
+    if (kvc_kv_n_groups(c->pool) > 1 && kvc_tiers_fetch_windows(c->tiers, s->ns, tokens, n, m) > 0)
+        kvc_pc_lookup(c->pc, s->ns, tokens, n, m);
     int64_t k = kvc_tiers_probe(c->tiers, s->ns, tokens, n, m);
     if (k == 0 || (m->n_full + k) * B <= own)
         return 0;
