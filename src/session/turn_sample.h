@@ -2,7 +2,7 @@
  * (issue 13): constrained decoding (a grammar's token mask every step),
  * logit_bias, and the log-probabilities of the reply's tokens.
  *
- * A turn (session_turn.c) owns one turn_sample: made with the turn, asked
+ * A turn (turn.h) owns one turn_sample: made with the turn, asked
  * for each reply token (turn_sample_pick), told which token was kept
  * (turn_sample_accept), freed with the turn. One thread: the context's. */
 #ifndef KVC_TURN_SAMPLE_H
