@@ -111,6 +111,28 @@ tok_bigram kvc_tok_heap_pop(tok_heap *h)
     return top;
 }
 
+int kvc_tok_merge(tok_heap *heap, tok_sym *sym, int32_t count, tok_pair_fn pair, void *ctx)
+{
+    heap->n = 0;
+    for (int32_t i = 1; i < count; i++)
+        if (pair(ctx, i - 1, i) != KVC_OK)
+            return KVC_ERR_NOMEM;
+    while (heap->n > 0) {
+        tok_bigram b = kvc_tok_heap_pop(heap);
+        tok_sym *L = &sym[b.left], *R = &sym[b.right];
+        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size)
+            continue;            /* stale: one side has merged since */
+        L->n += R->n;
+        R->n = 0;
+        L->next = R->next;
+        if (R->next >= 0)
+            sym[R->next].prev = b.left;
+        if (pair(ctx, L->prev, b.left) != KVC_OK || pair(ctx, b.left, L->next) != KVC_OK)
+            return KVC_ERR_NOMEM;
+    }
+    return KVC_OK;
+}
+
 /* ================================================================ accessors */
 
 int32_t kvc_tokenizer_n_vocab(const kvc_tokenizer *t) { return t->n_vocab; }
