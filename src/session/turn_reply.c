@@ -3,6 +3,7 @@
  * its text appended, stop strings found, and the text streamed in pieces cut
  * between whole characters (and, with logprobs, whole tokens), so that the
  * pieces repaired one by one are the whole reply repaired. */
+#include "chat_template.h"
 #include "tokenizer.h"
 #include "turn.h"
 #include "unicode.h"
@@ -74,22 +75,12 @@ static bool stream_repaired(kvc_turn *t, const char *text, size_t len,
 
 /* ------------------------------------------------------- the reply's text */
 
+/* Append a token's text piece[0, n) to the reply's text (NUL-terminated). */
 static int gen_append(kvc_turn *t, const char *piece, int n)
 {
-    if (t->gen_len + (size_t)n + 1 > t->gen_cap) {
-        size_t cap = t->gen_cap ? t->gen_cap * 2 : 1024;
-        while (cap < t->gen_len + (size_t)n + 1)
-            cap *= 2;
-        char *g = realloc(t->gen, cap);
-        if (!g)
-            return kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
-        t->gen = g;
-        t->gen_cap = cap;
-    }
-    memcpy(t->gen + t->gen_len, piece, (size_t)n);
-    t->gen_len += (size_t)n;
-    t->gen[t->gen_len] = 0;
-    return KVC_OK;
+    bool oom = false;
+    kvc_text_append(&t->gen, &t->gen_len, &t->gen_cap, &oom, piece, (size_t)n);
+    return oom ? kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory") : KVC_OK;
 }
 
 /* With logprobs, a piece carries the logprobs of the tokens whose text it
