@@ -122,15 +122,247 @@ static int32_t window_short(const kvc_context *c, const kvc_kv_seq *seq)
     return 0;
 }
 
+/* --------------------------------------------------------------- the match */
+
+/* What kvc_turn_prepare found cached for the turn's tokens [0, n), step by
+ * step, and what it holds meanwhile (match_release gives it back). */
+typedef struct match {
+    kvc_pc_match     m;           /* the tree's blocks (and those the disk tier added) */
+    int64_t          kv_len;      /* tokens of the session's that its sequence holds */
+    int64_t          own;         /* of them, those the prompt starts with */
+    int64_t          tree;        /* tokens the tree, the tail or a snapshot serve */
+    int64_t          matched;     /* where the turn goes on from */
+    int64_t          ram_end;     /* tokens of the tree's full blocks found in RAM */
+    int64_t          disk;        /* blocks read from the disk tier */
+    int32_t          tail;        /* a tail block read back (a reference we hold), -1 */
+    int32_t          tail_len;    /* its tokens */
+    struct kvc_snap *snap;        /* recurrent layers: the snapshot to restore (pinned) */
+    float           *snap_logits; /* its logits when it serves the whole prompt (owned) */
+    int64_t          moved;       /* tokens a context shift moved into place (0: none) */
+} match;
+
+/* The longest prefix of the turn's tokens that is cached (cache: the turn
+ * may use the cache at all): the session's own K/V, the tree's blocks with
+ * those the disk tier holds after them and the conversation's tail, or, for
+ * recurrent layers, a state kept at exactly that length. KVC_OK;
+ * KVC_TURN_WAIT_PREFIX when another turn is computing a block of the prompt;
+ * KVC_ERR_NOMEM (t->err). Nothing is held but on KVC_OK. */
+static int find_match(kvc_turn *t, bool cache, kvc_room_fn room, void *user, match *mt)
+{
+    kvc_session *s = t->s;
+    kvc_context *c = s->ctx;
+    kvc_kv_seq *seq = SEQ(t);
+    const int64_t B = kvc_kv_block_tokens(c->pool), n = t->n_fill;
+    *mt = (match){ .m = { .last = kvc_pc_root(c->pc) }, .tail = -1 };
+    /* what is cached: the session's own tokens (as far as its sequence holds
+     * them), and the tree's blocks, whoever computed them */
+    mt->kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
+    mt->own = cache ? kvc_tokens_common(t->toks.v, n, s->toks.v, mt->kv_len) : 0;
+    if (kvc_kv_n_groups(c->pool) > 1)        /* its window may be evicted (kv.h) */
+        mt->own = kvc_kv_servable(c->pool, seq->blocks, mt->own);
+    if (cache) {
+        kvc_pc_lookup(c->pc, s->ns, t->toks.v, n, &mt->m);
+        /* a block of the prompt in the works: wait for it, so that the tree
+         * never has another turn's pending block on a running turn's path */
+        if (mt->m.pending)
+            return KVC_TURN_WAIT_PREFIX;
+    }
+    s->cold = !cache;                        /* what it will hold is not to be spilled */
+    mt->ram_end = (int64_t)mt->m.n_full * B;
+    if (cache && c->tiers) {
+        mt->disk = kvc_session_fetch_disk(s, t->toks.v, n, &mt->m, mt->own, room, user);
+        if (!c->snaps)                       /* a snapshot carries its own partial block */
+            mt->tail_len = kvc_session_fetch_tail(s, t->toks.v, n, &mt->m, mt->own, room, user,
+                                                  &mt->tail);
+    }
+    mt->tree = (int64_t)mt->m.n_full * B + KVC_MAX(mt->m.partial_len, mt->tail_len);
+    mt->matched = KVC_MAX(mt->own, mt->tree);
+    if (mt->matched >= n && t->kind != KVC_TURN_BACKGROUND)
+        mt->matched = n - 1;                 /* logits are needed: run the last token again */
+    mt->matched = KVC_MIN(mt->matched, n);
+    /* recurrent layers: only where a state is kept (the session's own, or a
+     * snapshot; with its logits, a whole prompt is served) */
+    if (c->snaps && cache) {
+        const bool logits = t->kind != KVC_TURN_BACKGROUND;
+        mt->matched = kvc_session_snap_match(s, t->toks.v, n, mt->own, &mt->m, logits, &mt->snap);
+        mt->own = mt->snap ? 0 : mt->matched;
+        mt->tree = mt->snap ? mt->matched : 0;
+        if (mt->matched == n && logits &&
+            !(mt->snap_logits = malloc((size_t)c->model->hp.n_vocab * sizeof(float)))) {
+            if (mt->snap)
+                kvc_snaps_unpin(c->snaps, mt->snap);
+            mt->snap = NULL;
+            return kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
+        }
+    }
+    return KVC_OK;
+}
+
+/* A context shift dropped turns (t->dropped): the kept ones are further on
+ * in the session's cache; move their K/V into place (re-rotating K) rather
+ * than compute them again, when that serves more than the match. Then
+ * mt->moved is set, the match ends after them, and the tree's partial block
+ * and the tail are of no use (let go); else nothing changes. */
+static void shift_match(kvc_turn *t, match *mt, kvc_room_fn room, void *user)
+{
+    kvc_session *s = t->s;
+    kvc_context *c = s->ctx;
+    const int64_t n = t->n_fill, own = mt->own;
+    int64_t k;
+    const int64_t a = kvc_session_find_moved(t->toks.v, n, s->toks.v, mt->kv_len, own, &k);
+    k = KVC_MIN(k, n - 1 - own);
+    if (a < 0 || k < 1 || own + k <= mt->matched)
+        return;
+    kvc_pc_pin(mt->m.last);                  /* kept through the room shift_kv may make */
+    kvc_pc_pin(mt->m.partial);
+    kvc_err e2 = { 0 };
+    const int rc = shift_kv(t, own, a, k, room, user, &e2);
+    kvc_pc_unpin(mt->m.last);
+    kvc_pc_unpin(mt->m.partial);
+    if (rc)
+        return;                              /* no room to copy a shared block: compute */
+    mt->moved = k;
+    mt->matched = own + k;
+    mt->m.partial = NULL;                    /* the tree's partial block is of no use now */
+    mt->m.partial_len = 0;
+    if (mt->tail >= 0)                       /* nor the tail */
+        kvc_kv_block_unref(c->pool, mt->tail);
+    mt->tail = -1;
+    mt->tail_len = 0;
+    /* what was shifted differs from a cold run: kept from the tree */
+    s->shifted = s->shifted >= 0 && s->shifted < own ? s->shifted : own;
+}
+
+/* What the session holds past its match is of no use to this conversation:
+ * cut it (after a shift, the sequence was cut where the moved turns end).
+ * The pool may keep less than asked (a recurrent state cannot be cut back):
+ * the match shrinks to what is kept. */
+static void cut_to_match(kvc_turn *t, match *mt)
+{
+    kvc_session *s = t->s;
+    kvc_kv_seq *seq = SEQ(t);
+    if (!mt->moved) {
+        const int64_t kept = kvc_kv_seq_truncate(s->ctx->pool, seq, mt->own);
+        if (kept < mt->own) {
+            mt->own = kept;
+            mt->matched = KVC_MIN(mt->matched, KVC_MAX(mt->own, mt->tree));
+        }
+    }
+    if (s->shifted >= seq->n_tokens)         /* shifted positions are kept only where held */
+        s->shifted = -1;
+}
+
+/* Give back what a match holds that the turn did not take (the tail, the
+ * snapshot's pin, its logits). */
+static void match_release(kvc_context *c, match *mt)
+{
+    if (mt->tail >= 0)
+        kvc_kv_block_unref(c->pool, mt->tail);
+    mt->tail = -1;
+    if (mt->snap)
+        kvc_snaps_unpin(c->snaps, mt->snap);
+    mt->snap = NULL;
+    free(mt->snap_logits);
+    mt->snap_logits = NULL;
+}
+
+/* Room for the blocks the turn still has to allocate (a partial block
+ * matched may need a copy; a shifted sequence owns all of its blocks), and
+ * for the running replies' next ones (ctx->growth_reserve), asking room
+ * first (the match's tree nodes pinned meanwhile: they stay pinned on
+ * success). Without it: false, with err saying what is short, and the match
+ * given back (a shift undone: the session's tokens do not say shifted). */
+static bool room_for(kvc_turn *t, match *mt, kvc_room_fn room, void *user, kvc_err *err)
+{
+    kvc_session *s = t->s;
+    kvc_context *c = s->ctx;
+    kvc_kv_seq *seq = SEQ(t);
+    const int64_t B = kvc_kv_block_tokens(c->pool), n = t->n_fill;
+    const int64_t fill_blocks = (n + B - 1) / B;
+    int64_t need = mt->moved ? fill_blocks - seq->n_blocks
+                             : fill_blocks - (mt->matched + B - 1) / B + (mt->matched % B != 0);
+    need += c->growth_reserve;
+    kvc_pc_pin(mt->m.last);
+    kvc_pc_pin(mt->m.partial);
+    if (kvc_kv_n_free(c->pool) - c->promised < need && room)
+        room(c, c->promised + need, user);
+    const int32_t win_short = window_short(c, seq);
+    if (kvc_kv_n_free(c->pool) - c->promised >= need && !win_short)
+        return true;
+    kvc_pc_unpin(mt->m.last);
+    kvc_pc_unpin(mt->m.partial);
+    if (mt->moved) {
+        kvc_kv_seq_truncate(c->pool, seq, mt->own);
+        if (s->shifted >= mt->own)
+            s->shifted = -1;
+    }
+    match_release(c, mt);                    /* the tail is still in the store for the next try */
+    if (win_short)
+        kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: the window chunks of memory group %d "
+                 "are held by running requests", win_short);
+    else
+        kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: this request needs %lld more blocks of "
+                 "%lld tokens; %lld are free, %lld promised to running requests",
+                 (long long)need, (long long)B, (long long)kvc_kv_n_free(c->pool),
+                 (long long)c->promised);
+    return false;
+}
+
+/* Make the session's sequence the match: the moved K/V, the snapshot
+ * restored, the tree's blocks attached, or its own cut to the match; the
+ * tree's path up to it becomes the turn's anchor (m.last's pin passes to
+ * it) and the turn's match figures are set. Returns the status of the
+ * restore or attach (t->err); the match's holds are given back. */
+static int take_match(kvc_turn *t, match *mt)
+{
+    kvc_session *s = t->s;
+    kvc_context *c = s->ctx;
+    kvc_kv_seq *seq = SEQ(t);
+    const int64_t B = kvc_kv_block_tokens(c->pool);
+    int rc = KVC_OK;
+    int64_t kept_own;                        /* positions still the session's own K/V */
+    if (mt->moved) {
+        t->moved = mt->moved;
+        kept_own = seq->n_tokens;
+    } else if (mt->snap) {
+        rc = kvc_snaps_restore(c->snaps, mt->snap, seq, mt->snap_logits, &t->err);
+        kept_own = 0;
+    } else if (mt->tree > mt->own) {
+        rc = attach_tree(t, &mt->m, mt->tail, mt->own, mt->matched, &t->err);
+        kept_own = KVC_MIN(mt->own, (int64_t)mt->m.n_full * B) / B * B;
+    } else {
+        kvc_kv_seq_truncate(c->pool, seq, mt->matched);
+        kept_own = mt->matched;
+    }
+    if (mt->tail >= 0)                       /* the sequence holds it now, or let it go */
+        kvc_kv_block_unref(c->pool, mt->tail);
+    mt->tail = -1;
+    if (mt->snap)
+        kvc_snaps_unpin(c->snaps, mt->snap);
+    mt->snap = NULL;
+    if (s->shifted >= kept_own)
+        s->shifted = -1;
+    if (s->shifted >= 0)
+        t->pub_lim = (int32_t)(s->shifted / B);
+    kvc_pc_unpin(mt->m.partial);
+    t->anchor = mt->m.last == kvc_pc_root(c->pc) ? NULL : mt->m.last;   /* keeps its pin */
+    t->n_pub = mt->m.n_full;
+    if (t->n_preempted == 0)                 /* a resumed turn's stats are its first match's */
+        t->matched = mt->matched;
+    /* what of the match the disk gave: past the session's own and RAM's */
+    if ((mt->disk > 0 || mt->tail_len > 0) && !mt->moved && t->n_preempted == 0)
+        t->from_disk = KVC_MAX(0, KVC_MIN(mt->matched, (int64_t)mt->m.n_full * B + mt->tail_len) -
+                                  KVC_MAX(mt->own, mt->ram_end));
+    return rc;
+}
+
 /* ------------------------------------------------------------- prepare */
 
 int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
 {
     if (t->phase != KVC_TURN_NEW)
         return KVC_OK;
-    kvc_session *s = t->s;
-    kvc_context *c = s->ctx;
-    kvc_kv_seq *seq = SEQ(t);
+    kvc_context *c = t->s->ctx;
     const int64_t B = kvc_kv_block_tokens(c->pool), n = t->n_fill;
     /* no_cache: a cold run, sharing nothing with the warm path: it neither
      * reuses nor publishes a block */
@@ -143,169 +375,31 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         *err = t->err;
         return turn_fail(t, KVC_ERR_CONTEXT_LENGTH);
     }
-
-    /* what is cached: the session's own tokens (as far as its sequence holds
-     * them), and the tree's blocks, whoever computed them */
-    int64_t kv_len = KVC_MIN(seq->n_tokens, s->toks.n);
-    int64_t own = cache ? kvc_tokens_common(t->toks.v, n, s->toks.v, kv_len) : 0;
-    if (kvc_kv_n_groups(c->pool) > 1)        /* its window may be evicted (kv.h) */
-        own = kvc_kv_servable(c->pool, seq->blocks, own);
-    kvc_pc_match m = { .last = kvc_pc_root(c->pc) };
-    if (cache) {
-        kvc_pc_lookup(c->pc, t->s->ns, t->toks.v, n, &m);
-        /* a block of the prompt in the works: wait for it, so that the tree
-         * never has another turn's pending block on a running turn's path */
-        if (m.pending)
-            return KVC_TURN_WAIT_PREFIX;
-    }
-    s->cold = !cache;                        /* what it will hold is not to be spilled */
-    int64_t ram_end = (int64_t)m.n_full * B, disk = 0;
-    int32_t tail = -1, tail_len = 0;
-    if (cache && c->tiers) {
-        disk = kvc_session_fetch_disk(s, t->toks.v, n, &m, own, room, user);
-        if (!c->snaps)                       /* a snapshot carries its own partial block */
-            tail_len = kvc_session_fetch_tail(s, t->toks.v, n, &m, own, room, user, &tail);
-    }
-    int64_t tree = (int64_t)m.n_full * B + KVC_MAX(m.partial_len, tail_len);
-    int64_t matched = KVC_MAX(own, tree);
-    if (matched >= n && t->kind != KVC_TURN_BACKGROUND)
-        matched = n - 1;                     /* logits are needed: run the last token again */
-    matched = KVC_MIN(matched, n);
-    /* recurrent layers: only where a state is kept (the session's own, or a
-     * snapshot; with its logits, a whole prompt is served) */
-    struct kvc_snap *snap = NULL;
-    float *snap_logits = NULL;
-    if (c->snaps && cache) {
-        const bool logits = t->kind != KVC_TURN_BACKGROUND;
-        matched = kvc_session_snap_match(s, t->toks.v, n, own, &m, logits, &snap);
-        own = snap ? 0 : matched;
-        tree = snap ? matched : 0;
-        if (matched == n && logits &&
-            !(snap_logits = malloc((size_t)c->model->hp.n_vocab * sizeof(float)))) {
-            if (snap)
-                kvc_snaps_unpin(c->snaps, snap);
-            kvc_fail(&t->err, KVC_ERR_NOMEM, "out of memory");
-            *err = t->err;
-            return turn_fail(t, KVC_ERR_NOMEM);
-        }
-    }
-
-    /* a context shift: the kept turns are further on in the session's cache;
-     * move them (re-rotating K) rather than compute them again */
-    int64_t sh_a = -1, sh_k = 0;
-    if (cache && t->dropped > 0 && t->p.overflow == KVC_OVERFLOW_SHIFT && own < n - 1) {
-        sh_a = kvc_session_find_moved(t->toks.v, n, s->toks.v, kv_len, own, &sh_k);
-        sh_k = KVC_MIN(sh_k, n - 1 - own);
-        if (sh_a < 0 || sh_k < 1 || own + sh_k <= matched)
-            sh_k = 0;
-        else {
-            kvc_pc_pin(m.last);              /* kept through the room shift_kv may make */
-            kvc_pc_pin(m.partial);
-            kvc_err e2 = { 0 };
-            if (shift_kv(t, own, sh_a, sh_k, room, user, &e2))
-                sh_k = 0;                    /* no room to copy a shared block: compute */
-            kvc_pc_unpin(m.last);
-            kvc_pc_unpin(m.partial);
-        }
-        if (sh_k) {
-            matched = own + sh_k;
-            m.partial = NULL;                /* the tree's partial block is of no use now */
-            m.partial_len = 0;
-            if (tail >= 0)                   /* nor the tail */
-                kvc_kv_block_unref(c->pool, tail);
-            tail = -1;
-            tail_len = 0;
-            /* what was shifted differs from a cold run: kept from the tree */
-            s->shifted = s->shifted >= 0 && s->shifted < own ? s->shifted : own;
-        }
-    }
-    /* what the session holds past its match is of no use to this conversation;
-     * the pool may keep less than asked (a recurrent state cannot be cut back) */
-    if (!sh_k) {
-        const int64_t kept = kvc_kv_seq_truncate(c->pool, seq, own);
-        if (kept < own) {
-            own = kept;
-            matched = KVC_MIN(matched, KVC_MAX(own, tree));
-        }
-    }
-    if (s->shifted >= seq->n_tokens)         /* shifted positions are kept only where held */
-        s->shifted = -1;
-    /* blocks still to allocate (a partial block matched may need a copy; the
-     * shifted sequence owns all of its blocks) */
-    const int64_t fill_blocks = (n + B - 1) / B;
-    int64_t need = sh_k ? fill_blocks - seq->n_blocks
-                        : fill_blocks - (matched + B - 1) / B + (matched % B != 0);
-    need += c->growth_reserve;               /* running replies' next blocks stay free */
-    kvc_pc_pin(m.last);
-    kvc_pc_pin(m.partial);
-    if (kvc_kv_n_free(c->pool) - c->promised < need && room)
-        room(c, c->promised + need, user);
-    const int32_t win_short = window_short(c, seq);
-    if (kvc_kv_n_free(c->pool) - c->promised < need || win_short) {
-        kvc_pc_unpin(m.last);
-        kvc_pc_unpin(m.partial);
-        if (sh_k) {                          /* the session's tokens do not say shifted */
-            kvc_kv_seq_truncate(c->pool, seq, own);
-            if (s->shifted >= own)
-                s->shifted = -1;
-        }
-        if (tail >= 0)                       /* still in the store for the next try */
-            kvc_kv_block_unref(c->pool, tail);
-        if (snap)
-            kvc_snaps_unpin(c->snaps, snap);
-        free(snap_logits);
-        if (win_short)
-            kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: the window chunks of memory group %d "
-                     "are held by running requests", win_short);
-        else
-            kvc_fail(err, KVC_ERR_KV_FULL, "KV cache full: this request needs %lld more blocks of "
-                     "%lld tokens; %lld are free, %lld promised to running requests",
-                     (long long)need, (long long)B, (long long)kvc_kv_n_free(c->pool),
-                     (long long)c->promised);
-        return KVC_TURN_WAIT_MEMORY;
-    }
-    int rc = KVC_OK;
-    int64_t kept_own;                        /* positions still the session's own K/V */
-    if (sh_k) {
-        t->moved = sh_k;
-        kept_own = seq->n_tokens;
-    } else if (snap) {
-        rc = kvc_snaps_restore(c->snaps, snap, seq, snap_logits, &t->err);
-        kvc_snaps_unpin(c->snaps, snap);
-        kept_own = 0;
-    } else if (tree > own) {
-        rc = attach_tree(t, &m, tail, own, matched, &t->err);
-        kept_own = KVC_MIN(own, (int64_t)m.n_full * B) / B * B;
-    } else {
-        kvc_kv_seq_truncate(c->pool, seq, matched);
-        kept_own = matched;
-    }
-    if (tail >= 0)                           /* the sequence holds it now, or let it go */
-        kvc_kv_block_unref(c->pool, tail);
-    if (s->shifted >= kept_own)
-        s->shifted = -1;
-    if (s->shifted >= 0)
-        t->pub_lim = (int32_t)(s->shifted / B);
-    kvc_pc_unpin(m.partial);
-    t->anchor = m.last == kvc_pc_root(c->pc) ? NULL : m.last;   /* keeps its pin */
-    t->n_pub = m.n_full;
-    if (t->n_preempted == 0)                 /* a resumed turn's stats are its first match's */
-        t->matched = matched;
-    /* what of the match the disk gave: past the session's own and RAM's */
-    if ((disk > 0 || tail_len > 0) && !sh_k && t->n_preempted == 0)
-        t->from_disk = KVC_MAX(0, KVC_MIN(matched, (int64_t)m.n_full * B + tail_len) -
-                                  KVC_MAX(own, ram_end));
-    t->pub_off = !cache;
-    t->phase = matched < n ? KVC_TURN_PREFILL : KVC_TURN_DONE;   /* DONE: a background
-                                                                  turn with nothing to do */
-    if (!t->t_prefill)
-        t->t_prefill = kvc_time_us();
+    match mt;
+    int rc = find_match(t, cache, room, user, &mt);
+    if (rc == KVC_TURN_WAIT_PREFIX)
+        return rc;
     if (rc) {
         *err = t->err;
         return turn_fail(t, rc);
     }
-    turn_publish(t);                         /* the session's own full blocks */
-    if ((rc = kvc_kv_seq_reserve(c->pool, seq, n, &t->err))) {
+    if (cache && t->dropped > 0 && t->p.overflow == KVC_OVERFLOW_SHIFT && mt.own < n - 1)
+        shift_match(t, &mt, room, user);
+    cut_to_match(t, &mt);
+    if (!room_for(t, &mt, room, user, err))
+        return KVC_TURN_WAIT_MEMORY;
+    rc = take_match(t, &mt);
+    t->pub_off = !cache;
+    t->phase = mt.matched < n ? KVC_TURN_PREFILL : KVC_TURN_DONE;   /* DONE: a background
+                                                                     turn with nothing to do */
+    if (!t->t_prefill)
+        t->t_prefill = kvc_time_us();
+    if (!rc) {
+        turn_publish(t);                     /* the session's own full blocks */
+        rc = kvc_kv_seq_reserve(c->pool, SEQ(t), n, &t->err);
+    }
+    if (rc) {
+        match_release(c, &mt);
         *err = t->err;
         return turn_fail(t, rc);
     }
@@ -313,11 +407,11 @@ int kvc_turn_prepare(kvc_turn *t, kvc_room_fn room, void *user, kvc_err *err)
         ;
     keep_points(t);
     turn_update_promise(t);
-    if (snap_logits && t->phase == KVC_TURN_DONE) {   /* the whole prompt, with its logits */
+    if (mt.snap_logits && t->phase == KVC_TURN_DONE) {   /* the whole prompt, with its logits */
         t->t_prompt_done = kvc_time_us();
-        turn_on_logits(t, snap_logits);
+        turn_on_logits(t, mt.snap_logits);
     }
-    free(snap_logits);
+    match_release(c, &mt);
     if (t->phase == KVC_TURN_DONE)
         turn_set_promise(t, 0);
     return KVC_OK;
