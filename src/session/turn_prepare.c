@@ -252,9 +252,9 @@ static void cut_to_match(kvc_turn *t, match *mt)
         s->shifted = -1;
 }
 
-/* Give back what a match holds that the turn did not take (the tail, the
- * snapshot's pin, its logits). */
-static void match_release(kvc_context *c, match *mt)
+/* Let go of the tail block's reference and the snapshot's pin the match
+ * holds (the sequence holds what it took of them). */
+static void match_let_go(kvc_context *c, match *mt)
 {
     if (mt->tail >= 0)
         kvc_kv_block_unref(c->pool, mt->tail);
@@ -262,6 +262,12 @@ static void match_release(kvc_context *c, match *mt)
     if (mt->snap)
         kvc_snaps_unpin(c->snaps, mt->snap);
     mt->snap = NULL;
+}
+
+/* Give back all the match holds: match_let_go, and the logits freed. */
+static void match_release(kvc_context *c, match *mt)
+{
+    match_let_go(c, mt);
     free(mt->snap_logits);
     mt->snap_logits = NULL;
 }
@@ -334,12 +340,7 @@ static int take_match(kvc_turn *t, match *mt)
         kvc_kv_seq_truncate(c->pool, seq, mt->matched);
         kept_own = mt->matched;
     }
-    if (mt->tail >= 0)                       /* the sequence holds it now, or let it go */
-        kvc_kv_block_unref(c->pool, mt->tail);
-    mt->tail = -1;
-    if (mt->snap)
-        kvc_snaps_unpin(c->snaps, mt->snap);
-    mt->snap = NULL;
+    match_let_go(c, mt);                     /* the sequence holds the tail now, or not */
     if (s->shifted >= kept_own)
         s->shifted = -1;
     if (s->shifted >= 0)

@@ -13,22 +13,24 @@
 
 /* ---------------------------------------------------------- stop strings */
 
+/* Stop string i of list `pass` (0: the template's, 1: the request's); NULL
+ * past the list's end. */
+static const char *stop_word(const stops *st, int pass, int32_t i)
+{
+    return pass == 0 ? st->tmpl[i] : i < st->n_extra ? st->extra[i] : NULL;
+}
+
 /* The first position in text[0, len) where a stop string starts, or -1. */
 static int64_t find_stop(const stops *st, const char *text, size_t len)
 {
     int64_t best = -1;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int32_t i = 0;; i++) {
-            const char *w = pass == 0 ? st->tmpl[i] : (i < st->n_extra ? st->extra[i] : NULL);
-            if (!w)
-                break;
-            if (!*w)
-                continue;
-            const char *hit = memmem(text, len, w, strlen(w));
+    const char *w;
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0; (w = stop_word(st, pass, i)); i++) {
+            const char *hit = *w ? memmem(text, len, w, strlen(w)) : NULL;
             if (hit && (best < 0 || hit - text < best))
                 best = hit - text;
         }
-    }
     return best;
 }
 
@@ -36,11 +38,9 @@ static int64_t find_stop(const stops *st, const char *text, size_t len)
 static size_t stop_holdback(const stops *st, const char *text, size_t len)
 {
     size_t hold = 0;
+    const char *w;
     for (int pass = 0; pass < 2; pass++)
-        for (int32_t i = 0;; i++) {
-            const char *w = pass == 0 ? st->tmpl[i] : (i < st->n_extra ? st->extra[i] : NULL);
-            if (!w)
-                break;
+        for (int32_t i = 0; (w = stop_word(st, pass, i)); i++) {
             size_t wl = strlen(w);
             for (size_t k = KVC_MIN(wl - (wl > 0), len); k > hold; k--)
                 if (memcmp(text + len - k, w, k) == 0) {
