@@ -24,6 +24,7 @@
 #include "chat_template.h"
 #include "common.h"
 #include "server.h"
+#include "tool_calls.h"
 
 #define BAD(e, param, ...) srv_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
@@ -170,14 +171,8 @@ static int assistant_turn(cJSON *msgs, const cJSON *c, const char *param, srv_er
                 break;
             }
             char *args = in ? cJSON_PrintUnformatted(in) : strdup("{}");
-            cJSON *x = cJSON_CreateObject(), *f;
-            cJSON_AddStringToObject(x, "id", id->valuestring);
-            cJSON_AddStringToObject(x, "type", "function");
-            f = cJSON_AddObjectToObject(x, "function");
-            cJSON_AddStringToObject(f, "name", name->valuestring);
-            cJSON_AddStringToObject(f, "arguments", args ? args : "{}");
+            kvc_tool_call_add(calls, id->valuestring, name->valuestring, args ? args : "{}");
             free(args);
-            cJSON_AddItemToArray(calls, x);
         } else {
             const cJSON *t = srv_json_get(b, "type");
             rc = BAD(e, p, "%s.type '%.40s' is not supported in an assistant turn (text, "

@@ -49,6 +49,7 @@
 
 #include "common.h"
 #include "server.h"
+#include "tool_calls.h"
 
 #define BAD(e, param, ...) srv_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
@@ -242,14 +243,8 @@ static cJSON *tool_calls(const cJSON *calls, int i, srv_error *e)
         char id[48], *text = cJSON_IsString(args) ? strdup(args->valuestring)
                            : args ? cJSON_PrintUnformatted(args) : strdup("{}");
         snprintf(id, sizeof(id), "call_%d_%d", i, k++);
-        cJSON *x = cJSON_CreateObject(), *fx;
-        cJSON_AddStringToObject(x, "id", id);
-        cJSON_AddStringToObject(x, "type", "function");
-        fx = cJSON_AddObjectToObject(x, "function");
-        cJSON_AddStringToObject(fx, "name", name->valuestring);
-        cJSON_AddStringToObject(fx, "arguments", text ? text : "{}");
+        kvc_tool_call_add(out, id, name->valuestring, text ? text : "{}");
         free(text);
-        cJSON_AddItemToArray(out, x);
     }
     return out;
 }

@@ -22,6 +22,7 @@
 #include "chat_template.h"
 #include "common.h"
 #include "server.h"
+#include "tool_calls.h"
 
 #define BAD(e, param, ...) srv_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
@@ -124,13 +125,7 @@ static int call_item(xlate *x, const cJSON *it, const char *param, srv_error *e)
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (!calls)
         calls = cJSON_AddArrayToObject(m, "tool_calls");
-    cJSON *c = cJSON_CreateObject(), *f;
-    cJSON_AddStringToObject(c, "id", id->valuestring);
-    cJSON_AddStringToObject(c, "type", "function");
-    f = cJSON_AddObjectToObject(c, "function");
-    cJSON_AddStringToObject(f, "name", name->valuestring);
-    cJSON_AddStringToObject(f, "arguments", args->valuestring);
-    cJSON_AddItemToArray(calls, c);
+    kvc_tool_call_add(calls, id->valuestring, name->valuestring, args->valuestring);
     return 0;
 }
 
