@@ -19,7 +19,8 @@ typedef struct turn_sample {
     int32_t            n_mask;     /* the vocabulary's size */
     int32_t            top;        /* logprobs: -1 = none, else the top count */
     kvc_token_logprob *lp;         /* one per reply token kept (n_lp of cap_lp) */
-    int32_t            n_lp, cap_lp;
+    int32_t            n_lp;
+    size_t             cap_lp;
 } turn_sample;
 
 /* Set up ts for params p on context c: the grammar parsed (c->gvocab made on

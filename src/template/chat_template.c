@@ -221,15 +221,9 @@ static void sb_mark(sbuf *b, size_t off, size_t n)
         b->sp[b->nsp - 1].len += n;
         return;
     }
-    if (b->nsp == b->capsp) {
-        size_t cap = b->capsp ? 2 * b->capsp : 16;
-        kvc_text_span *sp = realloc(b->sp, cap * sizeof(*sp));
-        if (!sp) {
-            b->oom = true;
-            return;
-        }
-        b->sp = sp;
-        b->capsp = cap;
+    if (!kvc_grow((void **)&b->sp, &b->capsp, b->nsp, sizeof(*b->sp))) {
+        b->oom = true;
+        return;
     }
     b->sp[b->nsp++] = (kvc_text_span){ off, n };
 }
