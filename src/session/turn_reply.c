@@ -3,7 +3,6 @@
  * its text appended, stop strings found, and the text streamed in pieces cut
  * between whole characters (and, with logprobs, whole tokens), so that the
  * pieces repaired one by one are the whole reply repaired. */
-#include "chat_template.h"
 #include "tokenizer.h"
 #include "turn.h"
 #include "unicode.h"

@@ -164,27 +164,6 @@ typedef struct sbuf {
     size_t nsp, capsp;
 } sbuf;
 
-void kvc_text_append(char **p, size_t *len, size_t *cap, bool *oom, const char *s, size_t n)
-{
-    if (*oom)
-        return;
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *np = realloc(*p, c);
-        if (!np) {
-            *oom = true;
-            return;
-        }
-        *p = np;
-        *cap = c;
-    }
-    memcpy(*p + *len, s, n);
-    *len += n;
-    (*p)[*len] = 0;
-}
-
 static void sb_addn(sbuf *b, const char *s, size_t n)
 {
     kvc_text_append(&b->p, &b->len, &b->cap, &b->oom, s, n);
