@@ -1,7 +1,7 @@
 /* test_snapshot_session.c - a turn's use of recurrent snapshots (session_snap.c,
- * the hooks in session_turn.c), in process, on a generated attention model
- * whose pool is given one more, recurrent, layer the forward pass never
- * touches: the pool then has states, so every cached length must be one a
+ * the hooks in session_turn.c and turn_prepare.c), in process, on a
+ * generated attention model whose pool is given one more, recurrent, layer
+ * the forward pass never touches: the pool then has states, so every cached length must be one a
  * snapshot (or the session's own state) serves, while the replies can be
  * checked against a context without it. The five-turn scenario of issue 32
  * with S = 64: T1 400 tokens; T2 = T1 + its reply + 300; T3 = T2 + its reply

@@ -1,6 +1,6 @@
 /* session.c - one conversation's state: its tokens, the sequence holding
  * their K/V, and the serial number that tells its states apart. The turn's
- * steps (session_turn.c) and the single-session driver (session_chat.c) build
+ * steps (turn.h) and the single-session driver (session_chat.c) build
  * on it. */
 #include "chat_template.h"
 #include "sampler.h"
