@@ -21,6 +21,7 @@
 #include "grammar.h"
 #include "model_gen.h"
 #include "tokenizer.h"
+#include "../tests/schema_cases.h"   /* anyof_schema, as the grammar tests have it */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,22 +50,6 @@ static struct { const char *name, *schema; } schemas[] = {
 static const char *only;          /* -s: one schema by name */
 static int n_walks = 5, n_steps = 400;   /* -w, -t */
 static const char *prefix = "";   /* -p: text each walk starts after */
-
-/* anyOf of n objects {a: string, bI: integer}, both required, I = 0..n-1:
- * every object is a candidate until the second key's name is written. */
-static char *anyof_schema(int n)
-{
-    size_t cap = 200 + (size_t)n * 160, len = 0;
-    char *s = malloc(cap);
-    len += (size_t)snprintf(s + len, cap - len, "{\"anyOf\":[");
-    for (int i = 0; i < n; i++)
-        len += (size_t)snprintf(s + len, cap - len,
-                                "%s{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},"
-                                "\"b%d\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b%d\"]}",
-                                i ? "," : "", i, i);
-    snprintf(s + len, cap - len, "]}");
-    return s;
-}
 
 static uint64_t rng = 88172645463325252ull;
 

@@ -185,6 +185,15 @@ typedef struct cli_serve_info {
  * template, the disk tier (directory, size, budget), Redis, API keys. */
 void cli_serve_summary(FILE *out, const cli_serve_info *s);
 
+/* ------------------------------------------------------------ benchmarks */
+
+/* Seconds on the monotonic clock. */
+double cli_now_s(void);
+
+/* The plain words the benchmarks build their texts of (cli_n_words). */
+extern const char *const cli_words[];
+extern const size_t cli_n_words;
+
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

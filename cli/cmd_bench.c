@@ -29,13 +29,6 @@ static const cli_option *const groups[] = {
     cli_help_opts, cli_model_opts, bench_opts, cli_context_opts, NULL
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* n synthetic tokens, the first being number `first` of the series; NULL when
  * out of memory. The caller frees. */
 static int32_t *synthetic_tokens(const kvc_model_info *info, int32_t first, int32_t n)
@@ -82,13 +75,13 @@ static double run_once(kvc_context *ctx, const kvc_model_info *info, int32_t dep
         *ok = false;
         return 0;
     }
-    double t0 = now_s();
+    double t0 = cli_now_s();
     if (!gen)
         rc = kvc_context_decode(ctx, 0, toks, n, false, err, sizeof(err));
     else
         for (int32_t i = 0; i < n && rc == KVC_OK; i++)
             rc = kvc_context_decode(ctx, 0, &toks[i], 1, false, err, sizeof(err));
-    double dt = now_s() - t0;
+    double dt = cli_now_s() - t0;
     free(toks);
     if (rc != KVC_OK) {
         fprintf(stderr, "kvchat bench: %s\n", err);

@@ -38,13 +38,6 @@ static const cli_option *const groups[] = {
     cli_help_opts, cli_model_opts, bench_chat_opts, cli_context_opts, NULL
 };
 
-static const char *const words[] = {
-    "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
-    "children", "watched", "from", "bridges", "and", "merchants", "counted", "their", "coins",
-    "under", "bright", "summer", "skies", "near", "quiet", "gardens", "full", "of", "roses",
-};
-#define N_WORDS (sizeof(words) / sizeof(words[0]))
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -108,14 +101,14 @@ static char *user_message(kvc_model *m, const char *label, int turn, uint32_t se
     while (kvc_model_tokenize(m, s, len, false, false, ids, 4096) < n && len + 20 < cap) {
         x = x * 1664525u + 1013904223u;
         last = len;
-        len += (size_t)snprintf(s + len, cap - len, "%s ", words[(x >> 8) % N_WORDS]);
+        len += (size_t)snprintf(s + len, cap - len, "%s ", cli_words[(x >> 8) % cli_n_words]);
     }
     s[len - 1] = '.';
     if (exact && last && n_tokens(m, s) != n) {
         /* the last word again from the list: one that gives n tokens, else the first that gives more */
         int pick = -1;
-        for (size_t w = 0; w < N_WORDS; w++) {
-            snprintf(s + last, cap - last, "%s.", words[w]);
+        for (size_t w = 0; w < cli_n_words; w++) {
+            snprintf(s + last, cap - last, "%s.", cli_words[w]);
             const int k = n_tokens(m, s);
             if (k == n) {
                 pick = (int)w;
@@ -125,7 +118,7 @@ static char *user_message(kvc_model *m, const char *label, int turn, uint32_t se
                 pick = (int)w;
         }
         if (pick >= 0)
-            snprintf(s + last, cap - last, "%s.", words[pick]);
+            snprintf(s + last, cap - last, "%s.", cli_words[pick]);
     }
     return s;
 }
@@ -161,7 +154,7 @@ static int paired(const cli_common *c, kvc_model *m, kvc_session *warm, kvc_chat
         /* messages as long as the turns' own that no other begins with, so
          * that turn N computes what the conversation's turn N did and turn 1
          * all of its prompt (both printed below) */
-        const char *label = words[(size_t)i % N_WORDS];
+        const char *label = cli_words[(size_t)i % cli_n_words];
         char *first = user_message(m, label, 1, 1000u * (uint32_t)(i + 1) + 1, n1, true);
         char *edit = user_message(m, label, (int)turns, 1000u * (uint32_t)(i + 1) + (uint32_t)turns, nn, true);
         kvc_context *ctx = cli_new_context(c, m, 1);

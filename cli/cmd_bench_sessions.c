@@ -48,19 +48,6 @@ static const cli_option *const groups[] = {
     cli_help_opts, cli_model_opts, bench_sessions_opts, cli_context_opts, NULL
 };
 
-static const char *const words[] = {
-    "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
-    "children", "watched", "from", "bridges", "and", "merchants", "counted", "their", "coins",
-    "under", "bright", "summer", "skies", "near", "quiet", "gardens", "full", "of", "roses",
-};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Text of about n tokens (measured with the model's tokenizer), varied by seed. */
 static char *text_of(kvc_model *m, int64_t n, uint32_t seed)
 {
@@ -77,7 +64,7 @@ static char *text_of(kvc_model *m, int64_t n, uint32_t seed)
     for (int k = 1; len + 20 < cap; k++) {
         x = x * 1664525u + 1013904223u;
         len += (size_t)snprintf(s + len, cap - len, "%s ",
-                                words[(x >> 8) % (sizeof(words) / sizeof(words[0]))]);
+                                cli_words[(x >> 8) % cli_n_words]);
         if (k % 4 == 0 && kvc_model_tokenize(m, s, len, false, false, ids, n + 64) >= n)
             break;
     }
@@ -199,7 +186,7 @@ static run_result run(const workload *w, const cli_common *c, int32_t n_parallel
     pthread_t *th = calloc((size_t)w->n_conv, sizeof(*th));
     res.replies = calloc((size_t)total, sizeof(char *));
     double *ttft = calloc((size_t)total, sizeof(double));
-    double t0 = now_s();
+    double t0 = cli_now_s();
     for (int32_t i = 0; i < w->n_conv; i++) {
         cr[i] = (conv_run){ .w = w, .e = e, .index = i, .replies = res.replies + i * w->turns,
                             .ttft_ms = ttft + i * w->turns };
@@ -217,7 +204,7 @@ static run_result run(const workload *w, const cli_common *c, int32_t n_parallel
         res.computed += cr[i].computed;
         res.output += cr[i].output;
     }
-    res.wall_s = now_s() - t0;
+    res.wall_s = cli_now_s() - t0;
     kvc_engine_metrics m;
     kvc_engine_get_metrics(e, &m);
     res.steps = m.steps;

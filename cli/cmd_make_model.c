@@ -77,13 +77,17 @@ static const cli_option make_model_opts[] = {
 
 static const cli_option *const groups[] = { cli_help_opts, make_model_opts, NULL };
 
-/* Apply option id (not --preset), named name ("n-embd"), to p. false after
- * printing a bad value. */
+/* Apply option id (not --preset), named name ("n-embd"), to p: a text, a
+ * flag, or a number into the field the option names (an int32 in [0, 2^24],
+ * a float). false after printing a bad value (naming the option). */
 static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, const char **out,
                   bool *tied_set)
 {
     int64_t n;
     int32_t *ip = NULL;
+    float *fp = NULL;
+    char opt[64];
+    snprintf(opt, sizeof(opt), "--%s", name);
     switch (id) {
     case 'o': *out = v; return true;
     case OPT_ARCH: p->arch = v; return true;
@@ -100,15 +104,10 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
         *tied_set = true;
         p->tied = id == OPT_TIED;
         return true;
-    case OPT_ROPE_THETA: return cli_float("--rope-theta", v, &p->rope_theta);
-    case OPT_RMS_EPS: return cli_float("--rms-eps", v, &p->rms_eps);
-    case OPT_ROPE_THETA_SWA: return cli_float("--rope-theta-swa", v, &p->rope_theta_swa);
-    case OPT_ROPE_FACTOR: return cli_float("--rope-factor", v, &p->rope_factor);
-    case OPT_LOGIT_SOFTCAP: return cli_float("--logit-softcap", v, &p->logit_softcap);
     case OPT_ROPE_SCALING: p->rope_scaling = v; return true;
     case OPT_KV_HEADS: p->kv_heads = v; return true;
     case OPT_SEED:
-        if (!cli_int("--seed", v, 0, INT64_MAX, &n))
+        if (!cli_int(opt, v, 0, INT64_MAX, &n))
             return false;
         p->seed = (uint64_t)n;
         return true;
@@ -134,10 +133,15 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
     case OPT_SSM_N_GROUP: ip = &p->ssm_n_group; break;
     case OPT_N_FF_SHEXP: ip = &p->n_ff_shexp; break;
     case OPT_N_KV_SHARED: ip = &p->n_kv_shared; break;
+    case OPT_ROPE_THETA: fp = &p->rope_theta; break;
+    case OPT_RMS_EPS: fp = &p->rms_eps; break;
+    case OPT_ROPE_THETA_SWA: fp = &p->rope_theta_swa; break;
+    case OPT_ROPE_FACTOR: fp = &p->rope_factor; break;
+    case OPT_LOGIT_SOFTCAP: fp = &p->logit_softcap; break;
     default: return true;
     }
-    char opt[64];
-    snprintf(opt, sizeof(opt), "--%s", name);
+    if (fp)
+        return cli_float(opt, v, fp);
     if (!cli_int(opt, v, 0, 1 << 24, &n))
         return false;
     *ip = (int32_t)n;

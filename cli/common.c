@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -162,3 +163,19 @@ void cli_note_n_ctx(const kvc_model *m, int32_t asked, int32_t used)
                 "what the KV cache can hold (set --kv-budget or -c to choose)\n",
                 info.n_ctx_train, used);
 }
+
+/* ------------------------------------------------------------ benchmarks */
+
+double cli_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+const char *const cli_words[] = {
+    "the", "river", "carried", "small", "boats", "past", "old", "stone", "houses", "while",
+    "children", "watched", "from", "bridges", "and", "merchants", "counted", "their", "coins",
+    "under", "bright", "summer", "skies", "near", "quiet", "gardens", "full", "of", "roses",
+};
+const size_t cli_n_words = sizeof(cli_words) / sizeof(cli_words[0]);

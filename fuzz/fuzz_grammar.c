@@ -1,9 +1,8 @@
 /* fuzz_grammar.c - libFuzzer target for the schema compiler, the grammar
  * parser and the matcher.
  *
- * Input: a first byte choosing the mode (even: the text is a JSON schema;
- * odd: grammar text), then the text up to a NUL, then bytes that drive a walk
- * over the built-in demo vocabulary (generated once, vocabulary only).
+ * Input: fuzz_grammar_input.h's (a mode byte, a schema or grammar text, the
+ * bytes that drive a walk over the demo vocabulary, generated once).
  *
  * Properties checked (abort on violation):
  *   - whatever compiles, every rule can finish: from the start and after each
@@ -16,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_grammar_input.h"
 #include "grammar.h"
 #include "model_gen.h"
 #include "tokenizer.h"
@@ -96,17 +96,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    bool schema = (data[0] & 1) == 0;
-    const uint8_t *text = data + 1;
-    const uint8_t *nul = memchr(text, 0, size - 1);
-    size_t len = nul ? (size_t)(nul - text) : size - 1;
-    const uint8_t *drive = nul ? nul + 1 : data + size;
+    grammar_input in = grammar_input_split(data, size);
     kvc_grammar *g = NULL;
     kvc_err err = { 0 };
-    int rc = schema ? kvc_grammar_from_schema((const char *)text, len, &g, &err)
-                    : kvc_grammar_parse((const char *)text, len, &g, &err);
+    int rc = grammar_input_compile(&in, &g, &err);
     if (rc == KVC_OK) {
-        walk(g, drive, (size_t)(data + size - drive));
+        walk(g, in.drive, in.n_drive);
         kvc_grammar_free(g);
     } else if (err.msg[0] == 0 || g != NULL) {
         abort();                                    /* a failure must say why */

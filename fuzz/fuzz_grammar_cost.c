@@ -2,9 +2,8 @@
  * decoding (issue 30): no schema or grammar may make the matcher's work
  * unbounded, on the engine thread or at admission.
  *
- * Input: a first byte choosing the mode (even: the text is a JSON schema;
- * odd: grammar text), then the text up to a NUL, then bytes that drive a walk
- * over the built-in demo vocabulary (generated once, vocabulary only).
+ * Input: fuzz_grammar_input.h's (a mode byte, a schema or grammar text, the
+ * bytes that drive a walk over the demo vocabulary, generated once).
  *
  * What is run, as the server and engine run it, with a small budget (BUDGET
  * units per call, so that a run stays fast):
@@ -30,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fuzz_grammar_input.h"
 #include "grammar.h"
 #include "model_gen.h"
 #include "tokenizer.h"
@@ -161,26 +161,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    bool schema = (data[0] & 1) == 0;
-    const uint8_t *text = data + 1;
-    const uint8_t *nul = memchr(text, 0, size - 1);
-    size_t len = nul ? (size_t)(nul - text) : size - 1;
-    const uint8_t *drive = nul ? nul + 1 : data + size;
+    grammar_input in = grammar_input_split(data, size);
     kvc_grammar *g = NULL;
     kvc_err err = { 0 };
     double t = cpu_ms();
-    int rc = schema ? kvc_grammar_from_schema((const char *)text, len, &g, &err)
-                    : kvc_grammar_parse((const char *)text, len, &g, &err);
+    int rc = grammar_input_compile(&in, &g, &err);
     /* the compilers are linear in their input (and in {m,n}'s counts, up to
      * 10000): a looser limit, but one still */
-    over(schema ? "kvc_grammar_from_schema" : "kvc_grammar_parse", cpu_ms() - t, 5 * LIMIT_MS);
+    over(in.schema ? "kvc_grammar_from_schema" : "kvc_grammar_parse", cpu_ms() - t, 5 * LIMIT_MS);
     if (rc != KVC_OK)
         return 0;
     t = cpu_ms();
     rc = kvc_grammar_check_cost(g, vocab, ADMIT, BUDGET, &err);
     over("admission", cpu_ms() - t, (ADMIT + 2) * LIMIT_MS);
     if (rc == KVC_OK)
-        generate(g, drive, (size_t)(data + size - drive));
+        generate(g, in.drive, in.n_drive);
     else if (rc != KVC_ERR_UNSUPPORTED && rc != KVC_ERR_NOMEM)
         abort();
     else if (rc == KVC_ERR_UNSUPPORTED && !err.msg[0])

@@ -67,6 +67,27 @@ bool kvc_grow(void **arr, size_t *cap, size_t n, size_t elsize)
     return true;
 }
 
+void kvc_text_append(char **p, size_t *len, size_t *cap, bool *oom, const char *s, size_t n)
+{
+    if (*oom)
+        return;
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *np = realloc(*p, c);
+        if (!np) {
+            *oom = true;
+            return;
+        }
+        *p = np;
+        *cap = c;
+    }
+    memcpy(*p + *len, s, n);
+    *len += n;
+    (*p)[*len] = 0;
+}
+
 _Noreturn void kvc_assert_fail(const char *file, int line, const char *cond)
 {
     fprintf(stderr, "%s:%d: KVC_ASSERT(%s) failed\n", file, line, cond);

@@ -50,6 +50,12 @@ _Noreturn void kvc_assert_fail(const char *file, int line, const char *cond);
  * first). false (nothing changed) when memory runs out. */
 bool kvc_grow(void **arr, size_t *cap, size_t n, size_t elsize);
 
+/* Append s[0, n) to a malloc'd NUL-terminated text *p of *len bytes in *cap,
+ * growing it by doubling (256 at first); on allocation failure sets *oom and
+ * leaves the text as it was (later appends do nothing). The string builders
+ * of the template, grammar and server parts are made of it. */
+void kvc_text_append(char **p, size_t *len, size_t *cap, bool *oom, const char *s, size_t n);
+
 /* A range [off, off + len) of a text: the template's provenance spans (which
  * bytes came from the caller) that the tokenizer keeps from markup. */
 typedef struct kvc_text_span { size_t off, len; } kvc_text_span;

@@ -24,7 +24,7 @@ struct kvc_context {
     int32_t      n_logits;      /* rows held by the last decode */
     kvc_prefix_cache *pc;       /* full blocks entered by the sessions' turns */
     int64_t      promised;      /* blocks running turns may still allocate: kept
-                                   free (session_turn.c) */
+                                   free (turn_kv.c) */
     struct kvc_chat_template *chat_tmpl; /* compiled once for the sessions (session.c) */
     char        *chat_tmpl_key; /* the template_name it was made for; NULL = the model's */
     struct kvc_gvocab *gvocab;  /* the vocabulary trie of constrained decoding (grammar.h),

@@ -125,6 +125,18 @@ static inline int sse_find(const sse *s, const char *name, int from)
     return -1;
 }
 
+/* Check that the events named order[0, n) come in that order (others may
+ * come between them). */
+static inline void sse_check_order(const sse *s, const char *const *order, size_t n)
+{
+    int k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int f = sse_find(s, order[i], k);
+        CHECKF(f >= k, "event %s missing or out of order", order[i]);
+        k = f >= 0 ? f : k;
+    }
+}
+
 /* ============================================================ prompts */
 
 /* The prompt body renders to through `api`'s /apply-template. malloc'd. */

@@ -195,4 +195,20 @@ static inline double http_prom(const char *text, const char *name)
     return -1;
 }
 
+/* Wait until the server on port has no background work left
+ * (kvchat_background_pending 0; polled every 50 ms, at most 20 s). */
+static inline bool http_wait_background(int port)
+{
+    for (int i = 0; i < 400; i++) {
+        http_resp r = http_request(port, "GET", "/metrics", NULL, 10);
+        double pending = r.body ? http_prom(r.body, "kvchat_background_pending") : -1;
+        http_resp_free(&r);
+        if (pending == 0)
+            return true;
+        struct timespec nap = { 0, 50 * 1000 * 1000 };
+        nanosleep(&nap, NULL);
+    }
+    return false;
+}
+
 #endif

@@ -151,6 +151,10 @@ int main(void)
     expect_error("bad thread count", "--threads", "%s generate -m x.gguf --threads %s", "zero");
     expect_error("bad option", "unknown option '--frob'", "%s generate --frob%s", "");
     expect_error("bad kv type", "--kv-type", "%s generate --kv-type %s", "q3");
+    expect_error("bad make-model float", "--rope-theta needs a number",
+                 "%s make-model -o /nonexistent/x.gguf --rope-theta %s", "abc");
+    expect_error("bad make-model int", "--n-layer needs an integer",
+                 "%s make-model -o /nonexistent/x.gguf --n-layer %s", "-3");
     expect_error("bad token list", "bad token list", "%s eval --tokens 1,x,3 -m %s", model);
     expect_error("eval token out of range", "out of range", "%s eval --json --tokens 1,999999 -m %s", model);
     char long_prompt[9000] = "";

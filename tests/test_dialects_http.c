@@ -73,12 +73,7 @@ static void test_responses_stream(int port)
         "response.content_part.added", "response.output_text.delta", "response.output_text.done",
         "response.content_part.done", "response.output_item.done", "response.incomplete",
     };
-    int k = 0;
-    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
-        int f = sse_find(&s, order[i], k);
-        CHECKF(f >= k, "event %s missing or out of order", order[i]);
-        k = f >= 0 ? f : k;
-    }
+    sse_check_order(&s, order, KVC_ARRAY_LEN(order));
     char text[4096] = "";
     for (int i = 0; i < s.n; i++) {
         CHECKF(num_at(s.data[i], "sequence_number") == i, "event %d: sequence_number %g", i,
@@ -291,12 +286,7 @@ static void test_messages_plain(int port)
         "message_start", "ping", "content_block_start", "content_block_delta",
         "content_block_stop", "message_delta", "message_stop",
     };
-    int k = 0;
-    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
-        int f = sse_find(&s, order[i], k);
-        CHECKF(f >= k, "event %s missing or out of order", order[i]);
-        k = f >= 0 ? f : k;
-    }
+    sse_check_order(&s, order, KVC_ARRAY_LEN(order));
     char streamed[4096] = "";
     for (int i = 0; i < s.n; i++)
         if (s.name[i] && !strcmp(s.name[i], "content_block_delta"))

@@ -80,10 +80,7 @@ static int64_t new_tokens(const kvc_model *m, const kvc_chat_template *tmpl, con
 {
     kvc_tokbuf now = tokens_of(m, tmpl, c->m, c->n, true);
     kvc_tokbuf before = tokens_of(m, tmpl, c->m, c->n - 1, false);
-    int64_t k = 0;
-    while (k < now.n && k < before.n && now.v[k] == before.v[k])
-        k++;
-    int64_t r = now.n - k;
+    int64_t r = now.n - kvc_tokens_common(now.v, now.n, before.v, before.n);
     kvc_tokbuf_free(&now);
     kvc_tokbuf_free(&before);
     return r;

@@ -19,6 +19,7 @@
 #include "http_client.h"
 #include "model.h"
 #include "prompt.h"
+#include "session.h"
 #include "unicode.h"
 
 #include <cjson/cJSON.h>
@@ -128,21 +129,6 @@ static reply chat(int port, cJSON *body, bool stream)
     return out;
 }
 
-/* Wait until the warm server has no background work left (at most 20 s). */
-static bool wait_background(int port)
-{
-    for (int i = 0; i < 400; i++) {
-        http_resp r = http_request(port, "GET", "/metrics", NULL, 10);
-        double pending = r.body ? http_prom(r.body, "kvchat_background_pending") : -1;
-        http_resp_free(&r);
-        if (pending == 0)
-            return true;
-        struct timespec nap = { 0, 50 * 1000 * 1000 };
-        nanosleep(&nap, NULL);
-    }
-    return false;
-}
-
 /* Tokens of the conversation in body (its messages; gen: the generation
  * prompt) as a cold run has them. */
 /* The template the servers run: NULL = the model's, else Jinja source
@@ -176,10 +162,7 @@ static int64_t new_tokens(const kvc_model *m, cJSON *msgs)
 {
     int n = cJSON_GetArraySize(msgs);
     kvc_tokbuf now = tokens_of(m, msgs, n, true), before = tokens_of(m, msgs, n - 1, false);
-    int64_t k = 0;
-    while (k < now.n && k < before.n && now.v[k] == before.v[k])
-        k++;
-    int64_t r = now.n - k;
+    int64_t r = now.n - kvc_tokens_common(now.v, now.n, before.v, before.n);
     kvc_tokbuf_free(&now);
     kvc_tokbuf_free(&before);
     return r;
@@ -237,7 +220,7 @@ static void run(const kvc_model *m, const char *path, const char *name, bool sam
             t->bodies_ok += w.body_ok;
             CHECKF(w.content && w.body_ok, "%s conv %d turn %d: warm body not valid", name, i,
                    turn);
-            CHECKF(wait_background(warm.port), "%s: background work never finished", name);
+            CHECKF(http_wait_background(warm.port), "%s: background work never finished", name);
             if (turn > 0) {
                 int64_t ideal = new_tokens(m, msgs);
                 int computed = w.prompt_tokens - w.cached_tokens;

@@ -8,6 +8,7 @@
 
 #include "grammar.h"
 #include "model_gen.h"
+#include "schema_cases.h"
 #include "tokenizer.h"
 
 static kvc_grammar *parse(const char *text)
@@ -261,22 +262,6 @@ static void test_nullable_loops(void)
         }
         kvc_grammar_free(p);
     }
-}
-
-/* anyOf of n objects {a: string, bI: integer}, both required (issue 30's
- * reproducer: every object stays a candidate inside "a"'s string). */
-static char *anyof_schema(int n)
-{
-    size_t cap = 64 + (size_t)n * 160, len = 0;
-    char *s = malloc(cap);
-    len += (size_t)snprintf(s + len, cap - len, "{\"anyOf\":[");
-    for (int i = 0; i < n; i++)
-        len += (size_t)snprintf(s + len, cap - len,
-                                "%s{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},"
-                                "\"b%d\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b%d\"]}",
-                                i ? "," : "", i, i);
-    snprintf(s + len, cap - len, "]}");
-    return s;
 }
 
 /* The cost limits: a state with too many parses and a call over its budget

@@ -22,6 +22,7 @@
 #include "http_client.h"
 #include "kvchat.h"
 #include "model_gen.h"
+#include "schema_cases.h"
 #include "test.h"
 
 static const char *chat = "/v1/chat/completions";
@@ -43,21 +44,6 @@ static char *schema_request(const char *schema, int max_tokens, bool stream)
              "\"json_schema\",\"json_schema\":{\"name\":\"f\",\"schema\":%s}}}",
              max_tokens, stream ? "true" : "false", schema);
     return b;
-}
-
-/* anyOf of n objects {a: string, bI: integer}, both required. */
-static char *anyof_schema(int n)
-{
-    size_t cap = 64 + (size_t)n * 160, len = 0;
-    char *s = malloc(cap);
-    len += (size_t)snprintf(s + len, cap - len, "{\"anyOf\":[");
-    for (int i = 0; i < n; i++)
-        len += (size_t)snprintf(s + len, cap - len,
-                                "%s{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},"
-                                "\"b%d\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b%d\"]}",
-                                i ? "," : "", i, i);
-    snprintf(s + len, cap - len, "]}");
-    return s;
 }
 
 typedef struct bg_req {

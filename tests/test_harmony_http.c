@@ -492,6 +492,40 @@ static void test_forced_call(void)
         }
 }
 
+/* How many tokens /tokenize makes of text (JSON-escaped), special tokens
+ * parsed; 0 when it fails. */
+static int n_tokens(const char *text)
+{
+    char body[1024];
+    snprintf(body, sizeof(body), "{\"content\":\"%s\",\"parse_special\":true}", text);
+    http_resp tk = post("/tokenize", body);
+    cJSON *tj = tk.body ? cJSON_Parse(tk.body) : NULL;
+    int n = cJSON_GetArraySize(at(tj, "tokens"));
+    cJSON_Delete(tj);
+    http_resp_free(&tk);
+    return n;
+}
+
+/* Post the chat request body until all but its last n_new prompt tokens are
+ * cached (the background turn that canonicalizes the previous reply runs
+ * when the server is idle), 50 tries 100 ms apart; the last answer's
+ * prompt_tokens and cached_tokens in *prompt and *cached. */
+static void post_until_cached(const char *body, int n_new, double *prompt, double *cached)
+{
+    *prompt = *cached = 0;
+    for (int tries = 0; tries < 50; tries++) {
+        usleep(100 * 1000);
+        http_resp h = post("/v1/chat/completions", body);
+        cJSON *j = h.body ? cJSON_Parse(h.body) : NULL;
+        *prompt = cJSON_GetNumberValue(at(j, "usage.prompt_tokens"));
+        *cached = cJSON_GetNumberValue(at(j, "usage.prompt_tokens_details.cached_tokens"));
+        cJSON_Delete(j);
+        http_resp_free(&h);
+        if (*cached >= *prompt - n_new)
+            break;
+    }
+}
+
 /* The next turn: the template drops the analysis of a past final answer, so
  * the reply's own tokens part from it right after the generation prompt;
  * the background turn computes the canonical ones, and every token before
@@ -512,24 +546,9 @@ static void test_next_turn(void)
         "{\"role\":\"user\",\"content\":\"more\"}],\"max_tokens\":4,\"temperature\":0,"
         "\"user\":\"harmony-turns\"}";
     /* what the new message adds: its tokens after the previous turn's end */
-    http_resp tk = post("/tokenize", "{\"content\":\"<|start|>user<|message|>more<|end|>"
-                        "<|start|>assistant\",\"parse_special\":true}");
-    cJSON *tj = tk.body ? cJSON_Parse(tk.body) : NULL;
-    int n_new = cJSON_GetArraySize(at(tj, "tokens"));
-    cJSON_Delete(tj);
-    http_resp_free(&tk);
-    double p2 = 0, cached = 0;
-    for (int tries = 0; tries < 50; tries++) {   /* the background turn runs when idle */
-        usleep(100 * 1000);
-        h = post("/v1/chat/completions", t2);
-        j = h.body ? cJSON_Parse(h.body) : NULL;
-        p2 = cJSON_GetNumberValue(at(j, "usage.prompt_tokens"));
-        cached = cJSON_GetNumberValue(at(j, "usage.prompt_tokens_details.cached_tokens"));
-        cJSON_Delete(j);
-        http_resp_free(&h);
-        if (cached >= p2 - n_new)
-            break;
-    }
+    int n_new = n_tokens("<|start|>user<|message|>more<|end|><|start|>assistant");
+    double p2, cached;
+    post_until_cached(t2, n_new, &p2, &cached);
     printf("next turn: turn 1 %g prompt tokens; turn 2 %g, %g cached, the new message %d\n", p1, p2,
            cached, n_new);
     CHECKF(n_new > 4 && p2 > p1 && cached >= p2 - n_new, "turn 2: %g of %g cached, want all but "
@@ -562,24 +581,9 @@ static void test_tool_turn(void)
              "\"user\":\"harmony-tools\",\"tools\":%s}", args ? args : "\"\"", tools);
     free(args);
     /* the result's text on: "sunny" (as tojson writes it), <|end|>, the prompt */
-    http_resp tk = post("/tokenize", "{\"content\":\"\\\"sunny\\\"<|end|><|start|>assistant\","
-                        "\"parse_special\":true}");
-    cJSON *tj = tk.body ? cJSON_Parse(tk.body) : NULL;
-    int n_new = cJSON_GetArraySize(at(tj, "tokens"));
-    cJSON_Delete(tj);
-    http_resp_free(&tk);
-    double p2 = 0, cached = 0;
-    for (int tries = 0; tries < 50; tries++) {
-        usleep(100 * 1000);
-        h = post("/v1/chat/completions", t2);
-        j = h.body ? cJSON_Parse(h.body) : NULL;
-        p2 = cJSON_GetNumberValue(at(j, "usage.prompt_tokens"));
-        cached = cJSON_GetNumberValue(at(j, "usage.prompt_tokens_details.cached_tokens"));
-        cJSON_Delete(j);
-        http_resp_free(&h);
-        if (cached >= p2 - n_new)
-            break;
-    }
+    int n_new = n_tokens("\\\"sunny\\\"<|end|><|start|>assistant");
+    double p2, cached;
+    post_until_cached(t2, n_new, &p2, &cached);
     printf("tool turn: %g prompt tokens, %g cached, the result's text %d\n", p2, cached, n_new);
     CHECKF(n_new > 4 && cached >= p2 - n_new, "tool turn: %g of %g cached, want all but the %d of "
            "the result", cached, p2, n_new);

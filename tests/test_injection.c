@@ -108,13 +108,7 @@ int main(void)
         return 1;
     const char *presets[] = { "tiny", "tiny-llama", "tiny-qwen3" };
     for (size_t k = 0; k < KVC_ARRAY_LEN(presets); k++) {
-        kvc_gen_params g;
-        char err[512];
-        kvc_gen_preset(presets[k], &g);
-        snprintf(path, sizeof(path), "%s/%s.gguf", dir, presets[k]);
-        CHECKF(kvc_gen_write(&g, path, err, sizeof(err)) == KVC_OK, "%s", err);
-        kvc_model *m = NULL;
-        CHECKF(kvc_model_load(path, NULL, &m, err, sizeof(err)) == KVC_OK, "%s", err);
+        kvc_model *m = test_gen_model(dir, presets[k], path, sizeof(path));
         unlink(path);
         if (m)
             check_model(m, presets[k]);

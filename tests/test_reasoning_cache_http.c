@@ -119,20 +119,6 @@ static int ideal_new_tokens(int port, cJSON *msgs, bool tools)
     return n - k;
 }
 
-static bool wait_background(int port)
-{
-    for (int i = 0; i < 400; i++) {
-        http_resp r = http_request(port, "GET", "/metrics", NULL, 10);
-        double pending = r.body ? http_prom(r.body, "kvchat_background_pending") : -1;
-        http_resp_free(&r);
-        if (pending == 0)
-            return true;
-        struct timespec nap = { 0, 50 * 1000 * 1000 };
-        nanosleep(&nap, NULL);
-    }
-    return false;
-}
-
 /* What a reply says, for comparing two processes: reasoning, content and the
  * calls' names and arguments (their ids are random). malloc'd. */
 static char *reply_text(const cJSON *msg)
@@ -185,7 +171,7 @@ static void run(const char *tmpl_path, bool open, enum mode mode, totals *t, con
         if (mode == TOOLS)
             cJSON_AddItemToObject(body, "tools", cJSON_Parse(TOOLS_JSON));
         cJSON *w = post_json(warm.port, "/v1/chat/completions", body);
-        CHECKF(wait_background(warm.port), "background work never finished");
+        CHECKF(http_wait_background(warm.port), "background work never finished");
         cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(w, "choices"), 0),
                                          "message");
         const char *reasoning = cJSON_GetStringValue(cJSON_GetObjectItem(msg, "reasoning_content"));

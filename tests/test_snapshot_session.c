@@ -1,16 +1,16 @@
-/* test_snapshot_session.c - a turn's use of recurrent snapshots (session_snap.c,
- * the hooks in session_turn.c), in process, on a generated attention model
- * whose pool is given one more, recurrent, layer the forward pass never
- * touches: the pool then has states, so every cached length must be one a
- * snapshot (or the session's own state) serves, while the replies can be
- * checked against a context without it. The five-turn scenario of issue 32
- * with S = 64: T1 400 tokens; T2 = T1 + its reply + 300; T3 = T2 + its reply
- * + 20; T4 diverges right after T1's prompt; T5 20 tokens earlier; T6 is T1
- * again, T7 T3 again (each served whole from a snapshot's logits, nothing
- * run; T3 ends inside a block). Checked: the
- * tokens cached (every one before the divergence, T5 at least 380 - S), the
- * replies equal a cold context's (greedy and seeded), the store's and the
- * tree's invariants; a context shift refused. */
+/* test_snapshot_session.c - a turn's use of recurrent snapshots
+ * (session_snap.c, the hooks in session_turn.c and turn_prepare.c), in
+ * process, on a generated attention model whose pool is given one more,
+ * recurrent, layer the forward pass never touches: the pool then has states,
+ * so every cached length must be one a snapshot (or the session's own state)
+ * serves, while the replies can be checked against a context without it. The
+ * five-turn scenario of issue 32 with S = 64: T1 400 tokens; T2 = T1 + its
+ * reply + 300; T3 = T2 + its reply + 20; T4 diverges right after T1's
+ * prompt; T5 20 tokens earlier; T6 is T1 again, T7 T3 again (each served
+ * whole from a snapshot's logits, nothing run; T3 ends inside a block).
+ * Checked: the tokens cached (every one before the divergence, T5 at least
+ * 380 - S), the replies equal a cold context's (greedy and seeded), the
+ * store's and the tree's invariants; a context shift refused. */
 #include "context.h"
 #include "session.h"
 #include "snapshot.h"

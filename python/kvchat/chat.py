@@ -27,6 +27,23 @@ def _text(v):
         p.get("text", "") for p in v if isinstance(p, dict) and p.get("type", "text") == "text")
 
 
+class _Closing:
+    """close() on leaving a with-block, and on collection (errors ignored
+    then): the base of the classes that hold library handles."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class _Messages:
     """OpenAI-style message dicts as a kvc_chat_message array; the C strings
     live as long as this object."""
@@ -96,7 +113,7 @@ def stats_dict(st):
     }
 
 
-class ChatSession:
+class ChatSession(_Closing):
     """One conversation on sequence `seq` of model's context (a Model makes
     them: Model.chat_session()). send() appends a user message and the reply
     to .messages; chat() answers any message list: an edit, a regeneration or
@@ -182,18 +199,6 @@ class ChatSession:
                 lib.kvc_session_free(self._s)
             self._s = None
             self.model._release_seq(self.seq)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # ------------------------------------------------------------ running
 

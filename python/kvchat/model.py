@@ -7,7 +7,7 @@ import uuid
 import weakref
 
 from ._lib import ffi, lib
-from .chat import ChatSession, KvchatError, check
+from .chat import ChatSession, KvchatError, _Closing, check
 
 _KV_TYPES = {"f16": 0, "f32": 1, "q8_0": 2}
 _SEQ_COMPLETION = 0   # create_chat_completion's session
@@ -34,7 +34,7 @@ def make_model(path, preset="demo", **shape):
     return path
 
 
-class Model:
+class Model(_Closing):
     """A GGUF model loaded with one context of n_seq sequences sharing a KV
     pool (and its prefix tree: a prefix any sequence computed is reused by the
     others). Sequence 0 serves create_chat_completion, 1 generate(), the rest
@@ -293,18 +293,6 @@ class Model:
         if getattr(self, "_model", None) is not None:
             lib.kvc_model_free(self._model)
             self._model = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _usage(st):

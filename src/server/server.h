@@ -471,6 +471,17 @@ typedef int (*srv_translate_fn)(srv_request *r, struct cJSON *chat, const struct
 int srv_parse_translated(srv_request *r, void *root_json, srv_translate_fn translate,
                          const srv_limits *lim, srv_error *e);
 
+/* The member `name` of object o, NULL when absent or JSON null. */
+const struct cJSON *srv_json_get(const struct cJSON *o, const char *name);
+/* Copy from_obj's member `from` (a deep copy; nothing when absent or null)
+ * into to_obj as `to`. */
+void srv_json_copy_as(struct cJSON *to_obj, const struct cJSON *from_obj, const char *from,
+                      const char *to);
+/* Append to the array tools the function tool t ({name, description?,
+ * <params>?}, t's member `params` its JSON schema) in chat's shape:
+ * {"type": "function", "function": {name, description, parameters}}. */
+void srv_json_add_function(struct cJSON *tools, const struct cJSON *t, const char *params);
+
 /* Print and free a cJSON tree (NULL ok): valid UTF-8 JSON text whatever its
  * strings held, malloc'd; NULL when o is NULL or memory ran out. */
 char *srv_json_print(void *cjson);

@@ -19,13 +19,6 @@
 #define OOM(e) srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory")
 #define MAX_BIAS 1024
 
-/* The member `name` of o, NULL when absent or null. */
-static const cJSON *get(const cJSON *o, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 static int32_t vocab_size(const kvc_model *m)
 {
     kvc_model_info info;
@@ -38,10 +31,10 @@ static int32_t vocab_size(const kvc_model *m)
 /* response_format: text, json_object, json_schema {schema, strict, name}. */
 static int parse_response_format(srv_request *r, const cJSON *root, srv_error *e)
 {
-    const cJSON *rf = get(root, "response_format"), *type;
+    const cJSON *rf = srv_json_get(root, "response_format"), *type;
     if (!rf)
         return 0;
-    if (!cJSON_IsObject(rf) || !cJSON_IsString(type = get(rf, "type")))
+    if (!cJSON_IsObject(rf) || !cJSON_IsString(type = srv_json_get(rf, "type")))
         return BAD(e, "response_format", "response_format must be an object with a \"type\"");
     const char *t = type->valuestring;
     if (!strcmp(t, "text"))
@@ -51,14 +44,14 @@ static int parse_response_format(srv_request *r, const cJSON *root, srv_error *e
     if (!strcmp(t, "json_object")) {
         schema = "{\"type\":\"object\",\"additionalProperties\":true}";
     } else if (!strcmp(t, "json_schema")) {
-        const cJSON *js = get(rf, "json_schema"), *sc, *strict;
+        const cJSON *js = srv_json_get(rf, "json_schema"), *sc, *strict;
         if (!cJSON_IsObject(js))
             return BAD(e, "response_format.json_schema",
                        "response_format.json_schema must be an object with a \"schema\"");
-        if ((strict = get(js, "strict")) && !cJSON_IsBool(strict))
+        if ((strict = srv_json_get(js, "strict")) && !cJSON_IsBool(strict))
             return BAD(e, "response_format.json_schema.strict",
                        "response_format.json_schema.strict must be a boolean");
-        sc = get(js, "schema");
+        sc = srv_json_get(js, "schema");
         if (sc && !cJSON_IsObject(sc))
             return BAD(e, "response_format.json_schema.schema",
                        "response_format.json_schema.schema must be an object");
@@ -89,7 +82,7 @@ static int parse_grammar_fields(srv_request *r, const cJSON *root, const char **
 {
     static const char *const names[] = { "grammar", "json_schema", "guided_json" };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        const cJSON *v = get(root, names[i]);
+        const cJSON *v = srv_json_get(root, names[i]);
         if (!v)
             continue;
         if (r->grammar)
@@ -125,15 +118,17 @@ static int check_tools(const cJSON *tools, srv_error *e)
     int i = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
-        const cJSON *type = get(t, "type"), *fn = get(t, "function"), *name, *params;
+        const cJSON *type = srv_json_get(t, "type"), *fn = srv_json_get(t, "function"), *name,
+                    *params;
         char param[48];
         snprintf(param, sizeof(param), "tools[%d]", i);
         if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function"))
             return BAD(e, param, "tools[%d] must be {\"type\": \"function\", \"function\": "
                        "{...}} (only function tools are supported)", i);
-        if (!cJSON_IsObject(fn) || !cJSON_IsString(name = get(fn, "name")) || !*name->valuestring)
+        if (!cJSON_IsObject(fn) || !cJSON_IsString(name = srv_json_get(fn, "name")) ||
+            !*name->valuestring)
             return BAD(e, param, "tools[%d].function must be an object with a \"name\"", i);
-        if ((params = get(fn, "parameters")) && !cJSON_IsObject(params))
+        if ((params = srv_json_get(fn, "parameters")) && !cJSON_IsObject(params))
             return BAD(e, param, "tools[%d].function.parameters must be an object", i);
         i++;
     }
@@ -143,8 +138,8 @@ static int check_tools(const cJSON *tools, srv_error *e)
 /* tools, tool_choice, parallel_tool_calls: a forcing grammar when required. */
 static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim, srv_error *e)
 {
-    const cJSON *tools = get(root, "tools"), *tc = get(root, "tool_choice");
-    const cJSON *par = get(root, "parallel_tool_calls");
+    const cJSON *tools = srv_json_get(root, "tools"), *tc = srv_json_get(root, "tool_choice");
+    const cJSON *par = srv_json_get(root, "parallel_tool_calls");
     int rc;
     if (par && !cJSON_IsBool(par))
         return BAD(e, "parallel_tool_calls", "parallel_tool_calls must be a boolean");
@@ -162,7 +157,8 @@ static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim,
         if (!strcmp(s, "none"))
             have = false;                      /* tools are shown, calls are not parsed */
     } else if (tc) {
-        const cJSON *fn = get(tc, "function"), *name = get(fn, "name"), *type = get(tc, "type");
+        const cJSON *fn = srv_json_get(tc, "function"), *name = srv_json_get(fn, "name"),
+                    *type = srv_json_get(tc, "type");
         if (!cJSON_IsObject(tc) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
             !cJSON_IsString(name))
             return BAD(e, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" "
@@ -184,7 +180,7 @@ static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim,
      * given as such would go unused: refused */
     static const char *const gbnf[] = { "grammar", "json_schema", "guided_json" };
     for (size_t i = 0; r->grammar && i < sizeof(gbnf) / sizeof(gbnf[0]); i++)
-        if (get(root, gbnf[i]))
+        if (srv_json_get(root, gbnf[i]))
             return BAD(e, "tool_choice", "%s and a forced tool_choice cannot be combined",
                        gbnf[i]);
     free(r->grammar);
@@ -201,7 +197,7 @@ static int parse_tools(srv_request *r, const cJSON *root, const srv_limits *lim,
 
 static int parse_bias(srv_request *r, const cJSON *root, const srv_limits *lim, srv_error *e)
 {
-    const cJSON *lb = get(root, "logit_bias"), *v;
+    const cJSON *lb = srv_json_get(root, "logit_bias"), *v;
     if (!lb)
         return 0;
     int n = cJSON_GetArraySize(lb);
@@ -234,7 +230,7 @@ static int parse_bias(srv_request *r, const cJSON *root, const srv_limits *lim, 
 /* chat: logprobs (bool), top_logprobs (0-20); completions: logprobs (0-20). */
 static int parse_logprobs(srv_request *r, const cJSON *root, bool completion, srv_error *e)
 {
-    const cJSON *lp = get(root, "logprobs"), *top = get(root, "top_logprobs");
+    const cJSON *lp = srv_json_get(root, "logprobs"), *top = srv_json_get(root, "top_logprobs");
     r->logprobs = -1;
     if (!completion) {
         if (lp && !cJSON_IsBool(lp))
@@ -284,7 +280,7 @@ static int token_list(srv_request *r, const cJSON *a, int i, const srv_limits *l
 /* prompt: a string, a list of strings, a list of token ids, a list of such lists. */
 static int parse_prompts(srv_request *r, const cJSON *root, const srv_limits *lim, srv_error *e)
 {
-    const cJSON *p = get(root, "prompt");
+    const cJSON *p = srv_json_get(root, "prompt");
     if (!p)
         return BAD(e, "prompt", "prompt is required");
     bool ids = cJSON_IsArray(p) && cJSON_IsNumber(p->child);
@@ -387,7 +383,7 @@ static int admit_grammar(srv_request *r, const char *param, const srv_limits *li
 int srv_agent_parse(srv_request *r, const void *root_json, const srv_limits *lim, bool completion,
                     srv_error *e)
 {
-    const cJSON *root = root_json, *nv = get(root, "n");
+    const cJSON *root = root_json, *nv = srv_json_get(root, "n");
     int rc;
     r->n = 1;
     r->n_prompts = 1;
@@ -527,8 +523,9 @@ char *srv_tokenize(const kvc_model *model, const char *body, size_t len, srv_err
     cJSON *root = parse_body(body, len, e);
     if (!root)
         return NULL;
-    const cJSON *c = get(root, "content"), *as = get(root, "add_special"), *wp = get(root, "with_pieces");
-    const cJSON *ps = get(root, "parse_special");
+    const cJSON *c = srv_json_get(root, "content"), *as = srv_json_get(root, "add_special"),
+                *wp = srv_json_get(root, "with_pieces");
+    const cJSON *ps = srv_json_get(root, "parse_special");
     char *out = NULL;
     if (!cJSON_IsString(c))
         BAD(e, "content", "content must be a string");
@@ -570,7 +567,7 @@ char *srv_detokenize(const kvc_model *model, const char *body, size_t len, srv_e
     cJSON *root = parse_body(body, len, e);
     if (!root)
         return NULL;
-    const cJSON *t = get(root, "tokens"), *v;
+    const cJSON *t = srv_json_get(root, "tokens"), *v;
     int32_t n_vocab = vocab_size(model);
     char *text = NULL, *out = NULL;
     size_t tl = 0, tc = 0;

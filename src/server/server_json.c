@@ -80,18 +80,35 @@ static int bad(srv_error *e, const char *param, const char *fmt, ...)
 
 /* ========================================================== field access */
 
-/* The member `name` of object o, NULL when absent or JSON null. */
-static const cJSON *field(const cJSON *o, const char *name)
+const cJSON *srv_json_get(const cJSON *o, const char *name)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+void srv_json_copy_as(cJSON *to_obj, const cJSON *from_obj, const char *from, const char *to)
+{
+    const cJSON *v = srv_json_get(from_obj, from);
+    if (v)
+        cJSON_AddItemToObject(to_obj, to, cJSON_Duplicate(v, true));
+}
+
+void srv_json_add_function(cJSON *tools, const cJSON *t, const char *params)
+{
+    cJSON *x = cJSON_CreateObject(), *f;
+    cJSON_AddStringToObject(x, "type", "function");
+    f = cJSON_AddObjectToObject(x, "function");
+    srv_json_copy_as(f, t, "name", "name");
+    srv_json_copy_as(f, t, "description", "description");
+    srv_json_copy_as(f, t, params, "parameters");
+    cJSON_AddItemToArray(tools, x);
 }
 
 /* A number in [lo, hi] into *out (left alone when absent). 0 or 400. */
 static int num_field(const cJSON *o, const char *name, double lo, double hi, float *out,
                      srv_error *e)
 {
-    const cJSON *v = field(o, name);
+    const cJSON *v = srv_json_get(o, name);
     if (!v)
         return 0;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo ||
@@ -105,7 +122,7 @@ static int num_field(const cJSON *o, const char *name, double lo, double hi, flo
 static int int_field(const cJSON *o, const char *name, double lo, double hi, int64_t *out,
                      bool *present, srv_error *e)
 {
-    const cJSON *v = field(o, name);
+    const cJSON *v = srv_json_get(o, name);
     if (present)
         *present = v != NULL;
     if (!v)
@@ -121,7 +138,7 @@ static int int_field(const cJSON *o, const char *name, double lo, double hi, int
  * KVC_SEED_RANDOM, as llama.cpp's -1). Left alone when absent. */
 static int seed_field(const cJSON *o, uint64_t *out, bool *present, srv_error *e)
 {
-    const cJSON *v = field(o, "seed");
+    const cJSON *v = srv_json_get(o, "seed");
     *present = v != NULL;
     if (!v)
         return 0;
@@ -135,7 +152,7 @@ static int seed_field(const cJSON *o, uint64_t *out, bool *present, srv_error *e
 
 static int bool_field(const cJSON *o, const char *name, bool *out, srv_error *e)
 {
-    const cJSON *v = field(o, name);
+    const cJSON *v = srv_json_get(o, name);
     if (!v)
         return 0;
     if (!cJSON_IsBool(v))
@@ -148,7 +165,7 @@ static int bool_field(const cJSON *o, const char *name, bool *out, srv_error *e)
 static int str_field(const cJSON *o, const char *name, size_t max_len, const char **out,
                      srv_error *e)
 {
-    const cJSON *v = field(o, name);
+    const cJSON *v = srv_json_get(o, name);
     *out = NULL;
     if (!v)
         return 0;
@@ -230,7 +247,7 @@ static int parse_parts(srv_request *r, const cJSON *parts, int i, const char **o
 /* An optional string field of messages[i] into *out (NULL when absent). */
 static int opt_string(const cJSON *m, const char *name, int i, const char **out, srv_error *e)
 {
-    const cJSON *v = field(m, name);
+    const cJSON *v = srv_json_get(m, name);
     *out = NULL;
     if (!v)
         return 0;
@@ -262,7 +279,7 @@ static int parse_message_extras(srv_request *r, const cJSON *m, int i, srv_error
         (rc = opt_string(m, "tool_call_id", i, &msg->tool_call_id, e)) ||
         (rc = opt_string(m, "reasoning_content", i, &msg->reasoning_content, e)))
         return rc;
-    const cJSON *tc = field(m, "tool_calls");
+    const cJSON *tc = srv_json_get(m, "tool_calls");
     if (!tc)
         return 0;
     char param[64];
@@ -300,7 +317,7 @@ static int parse_message(srv_request *r, const cJSON *m, int i, srv_error *e)
     const char *rs = role->valuestring;
     r->msgs[i].role = !strcmp(rs, "developer") ? "system" : rs;
 
-    const cJSON *c = field(m, "content");
+    const cJSON *c = srv_json_get(m, "content");
     snprintf(param, sizeof(param), "messages[%d].content", i);
     if (!c) {
         if (strcmp(rs, "assistant") != 0)
@@ -327,7 +344,8 @@ static int parse_message(srv_request *r, const cJSON *m, int i, srv_error *e)
 static int parse_thinking(srv_request *r, const cJSON *root, const cJSON *kw, srv_error *e)
 {
     static const char *const efforts[] = { "none", "minimal", "low", "medium", "high", "xhigh" };
-    const cJSON *eff = field(root, "reasoning_effort"), *on = field(root, "enable_thinking");
+    const cJSON *eff = srv_json_get(root, "reasoning_effort"),
+                *on = srv_json_get(root, "enable_thinking");
     if (eff) {
         size_t i = 0;
         while (cJSON_IsString(eff) && i < KVC_ARRAY_LEN(efforts) && strcmp(eff->valuestring, efforts[i]))
@@ -338,7 +356,7 @@ static int parse_thinking(srv_request *r, const cJSON *root, const cJSON *kw, sr
     }
     if (on && !cJSON_IsBool(on))
         return bad(e, "enable_thinking", "enable_thinking must be a boolean");
-    const cJSON *rf = field(root, "reasoning_format");
+    const cJSON *rf = srv_json_get(root, "reasoning_format");
     const char *f = cJSON_IsString(rf) ? rf->valuestring : rf ? "?" : "auto";
     if (strcmp(f, "none") && strcmp(f, "auto") && strcmp(f, "deepseek") &&
         strcmp(f, "deepseek-legacy"))
@@ -361,7 +379,7 @@ static int parse_thinking(srv_request *r, const cJSON *root, const cJSON *kw, sr
 
 static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error *e)
 {
-    const cJSON *ms = field(root, "messages");
+    const cJSON *ms = srv_json_get(root, "messages");
     if (!ms)
         return bad(e, "messages", "messages is required");
     if (!cJSON_IsArray(ms))
@@ -382,7 +400,8 @@ static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error 
     r->params.messages = r->msgs;
     r->params.n_messages = (size_t)n;
     /* tools and chat_template_kwargs go to the chat template */
-    const cJSON *tools = field(root, "tools"), *kw = field(root, "chat_template_kwargs");
+    const cJSON *tools = srv_json_get(root, "tools"),
+                *kw = srv_json_get(root, "chat_template_kwargs");
     if (tools && !cJSON_IsArray(tools))
         return bad(e, "tools", "tools must be an array");
     if (kw && !cJSON_IsObject(kw))
@@ -396,7 +415,7 @@ static int parse_messages(srv_request *r, const cJSON *root, int max, srv_error 
 
 static int parse_stop(srv_request *r, const cJSON *root, srv_error *e)
 {
-    const cJSON *s = field(root, "stop"), *v;
+    const cJSON *s = srv_json_get(root, "stop"), *v;
     int n = 0;
     if (!s)
         return 0;
@@ -460,7 +479,7 @@ static int parse_lengths(srv_request *r, const cJSON *root, srv_error *e)
     int64_t v = 0;
     int rc;
     for (size_t i = 0; i < KVC_ARRAY_LEN(names); i++) {
-        const cJSON *f = field(root, names[i]);
+        const cJSON *f = srv_json_get(root, names[i]);
         if (cJSON_IsNumber(f) && f->valuedouble == -1)   /* llama.cpp's "no limit" */
             v = 0;
         else if ((rc = int_field(root, names[i], 1, INT32_MAX, &v, NULL, e)))
@@ -476,7 +495,7 @@ static int parse_stream(srv_request *r, const cJSON *root, srv_error *e)
     int rc = bool_field(root, "stream", &r->stream, e);
     if (rc)
         return rc;
-    const cJSON *so = field(root, "stream_options");
+    const cJSON *so = srv_json_get(root, "stream_options");
     if (!so)
         return 0;
     if (!cJSON_IsObject(so))

@@ -24,25 +24,13 @@
 #include "chat_template.h"
 #include "common.h"
 #include "server.h"
+#include "tool_calls.h"
 
 #define BAD(e, param, ...) srv_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
-static const cJSON *get(const cJSON *o, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-static void copy_as(cJSON *chat, const cJSON *root, const char *from, const char *to)
-{
-    const cJSON *v = get(root, from);
-    if (v)
-        cJSON_AddItemToObject(chat, to, cJSON_Duplicate(v, true));
-}
-
 static bool is_type(const cJSON *block, const char *type)
 {
-    const cJSON *t = get(block, "type");
+    const cJSON *t = srv_json_get(block, "type");
     return cJSON_IsString(t) && !strcmp(t->valuestring, type);
 }
 
@@ -76,7 +64,7 @@ static cJSON *text_blocks(const cJSON *c, const char *param, srv_error *e)
     const cJSON *b;
     int j = 0;
     cJSON_ArrayForEach(b, c) {
-        const cJSON *t = get(b, "text");
+        const cJSON *t = srv_json_get(b, "text");
         if (!is_type(b, "text") || !cJSON_IsString(t)) {
             cJSON_Delete(parts);
             BAD(e, param, "%s[%d] must be a text block {\"type\": \"text\", \"text\": ...}",
@@ -122,7 +110,7 @@ static int user_turn(cJSON *msgs, const cJSON *c, const char *param, srv_error *
         char p[64];
         snprintf(p, sizeof(p), "%s[%d]", param, j++);
         if (is_type(b, "tool_result")) {
-            const cJSON *id = get(b, "tool_use_id"), *rc = get(b, "content");
+            const cJSON *id = srv_json_get(b, "tool_use_id"), *rc = srv_json_get(b, "content");
             cJSON *content = rc ? text_blocks(rc, p, e) : cJSON_CreateString("");
             if (!cJSON_IsString(id) || !content) {
                 cJSON_Delete(content);
@@ -134,7 +122,7 @@ static int user_turn(cJSON *msgs, const cJSON *c, const char *param, srv_error *
         } else if (is_type(b, "text")) {
             cJSON_AddItemToArray(texts, cJSON_Duplicate(b, true));
         } else {
-            const cJSON *t = get(b, "type");
+            const cJSON *t = srv_json_get(b, "type");
             cJSON_Delete(texts);
             return BAD(e, p, "%s.type '%.40s' is not supported in a user turn (text, "
                        "tool_result; kvchat's models read text only)", p,
@@ -171,27 +159,22 @@ static int assistant_turn(cJSON *msgs, const cJSON *c, const char *param, srv_er
         if (is_type(b, "text")) {
             cJSON_AddItemToArray(texts, cJSON_Duplicate(b, true));
         } else if (is_type(b, "thinking")) {
-            const cJSON *t = get(b, "thinking");
+            const cJSON *t = srv_json_get(b, "thinking");
             thinking = cJSON_IsString(t) ? t->valuestring : thinking;
         } else if (is_type(b, "redacted_thinking")) {
             continue;                       /* another model's: nothing to show ours */
         } else if (is_type(b, "tool_use")) {
-            const cJSON *id = get(b, "id"), *name = get(b, "name"), *in = get(b, "input");
+            const cJSON *id = srv_json_get(b, "id"), *name = srv_json_get(b, "name"),
+                        *in = srv_json_get(b, "input");
             if (!cJSON_IsString(id) || !cJSON_IsString(name)) {
                 rc = BAD(e, p, "%s: a tool_use needs string id and name", p);
                 break;
             }
             char *args = in ? cJSON_PrintUnformatted(in) : strdup("{}");
-            cJSON *x = cJSON_CreateObject(), *f;
-            cJSON_AddStringToObject(x, "id", id->valuestring);
-            cJSON_AddStringToObject(x, "type", "function");
-            f = cJSON_AddObjectToObject(x, "function");
-            cJSON_AddStringToObject(f, "name", name->valuestring);
-            cJSON_AddStringToObject(f, "arguments", args ? args : "{}");
+            kvc_tool_call_add(calls, id->valuestring, name->valuestring, args ? args : "{}");
             free(args);
-            cJSON_AddItemToArray(calls, x);
         } else {
-            const cJSON *t = get(b, "type");
+            const cJSON *t = srv_json_get(b, "type");
             rc = BAD(e, p, "%s.type '%.40s' is not supported in an assistant turn (text, "
                      "thinking, tool_use)", p, cJSON_IsString(t) ? t->valuestring : "");
             break;
@@ -219,7 +202,7 @@ static int assistant_turn(cJSON *msgs, const cJSON *c, const char *param, srv_er
 
 static int translate_messages(cJSON *chat, const cJSON *root, srv_error *e)
 {
-    const cJSON *sys = get(root, "system"), *ms = get(root, "messages"), *m;
+    const cJSON *sys = srv_json_get(root, "system"), *ms = srv_json_get(root, "messages"), *m;
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
     if (sys) {
         cJSON *content = text_blocks(sys, "system", e);
@@ -233,7 +216,7 @@ static int translate_messages(cJSON *chat, const cJSON *root, srv_error *e)
     cJSON_ArrayForEach(m, ms) {
         char p[48];
         snprintf(p, sizeof(p), "messages[%d].content", i);
-        const cJSON *role = get(m, "role"), *c = get(m, "content");
+        const cJSON *role = srv_json_get(m, "role"), *c = srv_json_get(m, "content");
         if (!cJSON_IsString(role) || !c || !(cJSON_IsString(c) || cJSON_IsArray(c)))
             return BAD(e, p, "messages[%d] must have a role and a content (a string or an "
                        "array of content blocks)", i);
@@ -261,7 +244,7 @@ static int translate_tools(srv_request *r, cJSON *chat, const cJSON *tools, srv_
     const cJSON *t;
     int i = 0;
     cJSON_ArrayForEach(t, tools) {
-        const cJSON *type = get(t, "type");
+        const cJSON *type = srv_json_get(t, "type");
         char note[64];
         i++;
         if (type && !is_type(t, "custom")) {
@@ -270,13 +253,7 @@ static int translate_tools(srv_request *r, cJSON *chat, const cJSON *tools, srv_
             srv_note_ignored(r, note);
             continue;
         }
-        cJSON *x = cJSON_CreateObject(), *f;
-        cJSON_AddStringToObject(x, "type", "function");
-        f = cJSON_AddObjectToObject(x, "function");
-        copy_as(f, t, "name", "name");
-        copy_as(f, t, "description", "description");
-        copy_as(f, t, "input_schema", "parameters");
-        cJSON_AddItemToArray(out, x);
+        srv_json_add_function(out, t, "input_schema");
     }
     if (cJSON_GetArraySize(out) == 0)
         cJSON_DeleteItemFromObject(chat, "tools");
@@ -286,9 +263,10 @@ static int translate_tools(srv_request *r, cJSON *chat, const cJSON *tools, srv_
 /* tool_choice {type: auto | any | tool (name) | none, disable_parallel_tool_use?} */
 static int translate_tool_choice(cJSON *chat, const cJSON *tc, srv_error *e)
 {
-    const cJSON *name = get(tc, "name"), *dp = get(tc, "disable_parallel_tool_use");
+    const cJSON *name = srv_json_get(tc, "name"),
+                *dp = srv_json_get(tc, "disable_parallel_tool_use");
     if (is_type(tc, "auto") || is_type(tc, "none")) {
-        cJSON_AddStringToObject(chat, "tool_choice", get(tc, "type")->valuestring);
+        cJSON_AddStringToObject(chat, "tool_choice", srv_json_get(tc, "type")->valuestring);
     } else if (is_type(tc, "any")) {
         cJSON_AddStringToObject(chat, "tool_choice", "required");
     } else if (is_type(tc, "tool") && cJSON_IsString(name)) {
@@ -314,22 +292,22 @@ static int translate(srv_request *r, cJSON *chat, const cJSON *root, srv_error *
         "model", "max_tokens", "temperature", "top_p", "stream", "presence_penalty",
         "frequency_penalty",
     };
-    if ((v = get(root, "temperature")) && cJSON_IsNumber(v) && v->valuedouble > 1)
+    if ((v = srv_json_get(root, "temperature")) && cJSON_IsNumber(v) && v->valuedouble > 1)
         return BAD(e, "temperature", "temperature must be a number between 0 and 1");
     for (size_t i = 0; i < KVC_ARRAY_LEN(same); i++)
-        copy_as(chat, root, same[i], same[i]);
+        srv_json_copy_as(chat, root, same[i], same[i]);
     cJSON_ArrayForEach(v, root)        /* the extensions every route honours */
         if (srv_field_use(NULL, v->string) == SRV_FIELD_USED && !cJSON_IsNull(v) &&
             strcmp(v->string, "user"))
             cJSON_AddItemToObject(chat, v->string, cJSON_Duplicate(v, true));
-    copy_as(chat, root, "stop_sequences", "stop");
+    srv_json_copy_as(chat, root, "stop_sequences", "stop");
     if ((rc = translate_messages(chat, root, e)))
         return rc;
-    if ((v = get(root, "tools")) && (rc = translate_tools(r, chat, v, e)))
+    if ((v = srv_json_get(root, "tools")) && (rc = translate_tools(r, chat, v, e)))
         return rc;
-    if ((v = get(root, "tool_choice")) && (rc = translate_tool_choice(chat, v, e)))
+    if ((v = srv_json_get(root, "tool_choice")) && (rc = translate_tool_choice(chat, v, e)))
         return rc;
-    const cJSON *th = get(root, "thinking"), *md = get(root, "metadata");
+    const cJSON *th = srv_json_get(root, "thinking"), *md = srv_json_get(root, "metadata");
     if (th && !(is_type(th, "enabled") || is_type(th, "disabled") || is_type(th, "adaptive")))
         return BAD(e, "thinking", "thinking must be {\"type\": \"enabled\" | \"disabled\" | "
                    "\"adaptive\"}");
@@ -337,8 +315,8 @@ static int translate(srv_request *r, cJSON *chat, const cJSON *root, srv_error *
         cJSON_AddBoolToObject(chat, "enable_thinking", !is_type(th, "disabled"));
     if (md && !cJSON_IsObject(md))
         return BAD(e, "metadata", "metadata must be an object");
-    if (cJSON_IsString(get(md, "user_id")) && !get(root, "prompt_cache_key"))
-        copy_as(chat, md, "user_id", "user");
+    if (cJSON_IsString(srv_json_get(md, "user_id")) && !srv_json_get(root, "prompt_cache_key"))
+        srv_json_copy_as(chat, md, "user_id", "user");
     return 0;
 }
 
@@ -381,11 +359,11 @@ static cJSON *usage_object(const kvc_chat_stats *st)
 /* A tool_use block of a chat tool call (input: its arguments parsed). */
 static cJSON *tool_use_block(const cJSON *call, bool with_input)
 {
-    const cJSON *f = get(call, "function"), *args = get(f, "arguments");
+    const cJSON *f = srv_json_get(call, "function"), *args = srv_json_get(f, "arguments");
     cJSON *b = cJSON_CreateObject();
     cJSON_AddStringToObject(b, "type", "tool_use");
-    copy_as(b, call, "id", "id");
-    copy_as(b, f, "name", "name");
+    srv_json_copy_as(b, call, "id", "id");
+    srv_json_copy_as(b, f, "name", "name");
     cJSON *in = with_input && cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
     cJSON_AddItemToObject(b, "input", in ? in : cJSON_CreateObject());
     return b;
@@ -543,7 +521,7 @@ static bool msg_finish(srv_emit *h, const srv_reply *rp, void *logprobs, srv_buf
         cJSON *o = indexed(i);
         cJSON_AddItemToObject(o, "content_block", tool_use_block(c, false));
         ok = event("content_block_start", o, out) && ok;
-        const cJSON *args = get(get(c, "function"), "arguments");
+        const cJSON *args = srv_json_get(srv_json_get(c, "function"), "arguments");
         o = indexed(i);
         cJSON *d = cJSON_AddObjectToObject(o, "delta");
         cJSON_AddStringToObject(d, "type", "input_json_delta");

@@ -49,25 +49,13 @@
 
 #include "common.h"
 #include "server.h"
+#include "tool_calls.h"
 
 #define BAD(e, param, ...) srv_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
 /* The version of Ollama's API this dialect follows, told by /api/version:
  * clients compare it to decide what they may send (tools, think). */
 #define OLLAMA_API_VERSION "0.12.0"
-
-static const cJSON *get(const cJSON *o, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-static void copy_as(cJSON *to_obj, const cJSON *from_obj, const char *from, const char *to)
-{
-    const cJSON *v = get(from_obj, from);
-    if (v)
-        cJSON_AddItemToObject(to_obj, to, cJSON_Duplicate(v, true));
-}
 
 /* Whether v is absent or empty: null, "", [], {}. */
 static bool empty(const cJSON *v)
@@ -131,7 +119,7 @@ static bool in(const char *const *list, size_t n, const char *name)
  * a 400. 0 or the HTTP status. */
 static int check_options(srv_request *r, const cJSON *root, const srv_limits *lim, srv_error *e)
 {
-    const cJSON *opts = get(root, "options"), *v;
+    const cJSON *opts = srv_json_get(root, "options"), *v;
     if (!opts)
         return 0;
     if (!cJSON_IsObject(opts))
@@ -176,9 +164,9 @@ static int check_options(srv_request *r, const cJSON *root, const srv_limits *li
 /* The options that are the chat request's fields, into chat. */
 static int map_options(cJSON *chat, const cJSON *root, srv_error *e)
 {
-    const cJSON *opts = get(root, "options"), *np = get(opts, "num_predict");
+    const cJSON *opts = srv_json_get(root, "options"), *np = srv_json_get(opts, "num_predict");
     for (size_t i = 0; i < KVC_ARRAY_LEN(same_options); i++)
-        copy_as(chat, opts, same_options[i], same_options[i]);
+        srv_json_copy_as(chat, opts, same_options[i], same_options[i]);
     if (np && !cJSON_IsNumber(np))
         return BAD(e, "options.num_predict", "options.num_predict must be an integer");
     if (np && np->valuedouble > 0)               /* -1, -2, 0: no limit (the context's) */
@@ -190,8 +178,8 @@ static int map_options(cJSON *chat, const cJSON *root, srv_error *e)
  * thinking switch; stream (true when absent); model (required). */
 static int map_common(cJSON *chat, const cJSON *root, srv_error *e)
 {
-    const cJSON *model = get(root, "model"), *fmt = get(root, "format"),
-                *think = get(root, "think"), *stream = get(root, "stream");
+    const cJSON *model = srv_json_get(root, "model"), *fmt = srv_json_get(root, "format"),
+                *think = srv_json_get(root, "think"), *stream = srv_json_get(root, "stream");
     if (!cJSON_IsString(model) || !*model->valuestring)
         return BAD(e, "model", "model is required");
     cJSON_AddStringToObject(chat, "model", model->valuestring);
@@ -199,8 +187,8 @@ static int map_common(cJSON *chat, const cJSON *root, srv_error *e)
     cJSON_ArrayForEach(v, root)        /* the extensions every route honours (cache_salt, ...) */
         if (srv_field_use(NULL, v->string) == SRV_FIELD_USED && !cJSON_IsNull(v))
             cJSON_AddItemToObject(chat, v->string, cJSON_Duplicate(v, true));
-    copy_as(chat, root, "logprobs", "logprobs");          /* chat's, checked there */
-    copy_as(chat, root, "top_logprobs", "top_logprobs");
+    srv_json_copy_as(chat, root, "logprobs", "logprobs");          /* chat's, checked there */
+    srv_json_copy_as(chat, root, "top_logprobs", "top_logprobs");
     if (stream && !cJSON_IsBool(stream))
         return BAD(e, "stream", "stream must be a boolean");
     cJSON_AddBoolToObject(chat, "stream", !stream || cJSON_IsTrue(stream));
@@ -245,7 +233,8 @@ static cJSON *tool_calls(const cJSON *calls, int i, srv_error *e)
     const cJSON *c;
     int k = 0;
     cJSON_ArrayForEach(c, calls) {
-        const cJSON *f = get(c, "function"), *name = get(f, "name"), *args = get(f, "arguments");
+        const cJSON *f = srv_json_get(c, "function"), *name = srv_json_get(f, "name"),
+                    *args = srv_json_get(f, "arguments");
         if (!cJSON_IsString(name)) {
             cJSON_Delete(out);
             BAD(e, p, "%s[%d] must be {\"function\": {\"name\", \"arguments\"}}", p, k);
@@ -254,14 +243,8 @@ static cJSON *tool_calls(const cJSON *calls, int i, srv_error *e)
         char id[48], *text = cJSON_IsString(args) ? strdup(args->valuestring)
                            : args ? cJSON_PrintUnformatted(args) : strdup("{}");
         snprintf(id, sizeof(id), "call_%d_%d", i, k++);
-        cJSON *x = cJSON_CreateObject(), *fx;
-        cJSON_AddStringToObject(x, "id", id);
-        cJSON_AddStringToObject(x, "type", "function");
-        fx = cJSON_AddObjectToObject(x, "function");
-        cJSON_AddStringToObject(fx, "name", name->valuestring);
-        cJSON_AddStringToObject(fx, "arguments", text ? text : "{}");
+        kvc_tool_call_add(out, id, name->valuestring, text ? text : "{}");
         free(text);
-        cJSON_AddItemToArray(out, x);
     }
     return out;
 }
@@ -272,9 +255,10 @@ static const char *answered_call(cJSON *pending, const char *name)
 {
     cJSON *c, *pick = NULL;
     cJSON_ArrayForEach(c, pending) {
-        const char *n = cJSON_GetStringValue(get(get(c, "function"), "name"));
+        const char *n = cJSON_GetStringValue(srv_json_get(srv_json_get(c, "function"), "name"));
         if (!pick || (name && n && !strcmp(n, name) &&
-                      strcmp(cJSON_GetStringValue(get(get(pick, "function"), "name")), name))) {
+                      strcmp(cJSON_GetStringValue(
+                                 srv_json_get(srv_json_get(pick, "function"), "name")), name))) {
             pick = c;
             if (!name || (n && !strcmp(n, name)))
                 break;
@@ -283,7 +267,7 @@ static const char *answered_call(cJSON *pending, const char *name)
     if (!pick)
         return NULL;
     static _Thread_local char id[48];
-    snprintf(id, sizeof(id), "%s", cJSON_GetStringValue(get(pick, "id")));
+    snprintf(id, sizeof(id), "%s", cJSON_GetStringValue(srv_json_get(pick, "id")));
     cJSON_Delete(cJSON_DetachItemViaPointer(pending, pick));
     return id;
 }
@@ -298,12 +282,12 @@ static int translate_messages(cJSON *chat, const cJSON *ms, srv_error *e)
     cJSON_ArrayForEach(m, ms) {
         char p[48];
         snprintf(p, sizeof(p), "messages[%d]", i);
-        const cJSON *role = get(m, "role"), *content = get(m, "content"), *calls;
+        const cJSON *role = srv_json_get(m, "role"), *content = srv_json_get(m, "content"), *calls;
         if (!cJSON_IsObject(m) || !cJSON_IsString(role) || (content && !cJSON_IsString(content))) {
             rc = BAD(e, p, "%s must have a string role and a string content", p);
             break;
         }
-        if (!empty(get(m, "images"))) {
+        if (!empty(srv_json_get(m, "images"))) {
             char q[64];
             snprintf(q, sizeof(q), "%s.images", p);
             rc = BAD(e, q, "%s is not supported: kvchat's models read text only", q);
@@ -312,8 +296,8 @@ static int translate_messages(cJSON *chat, const cJSON *ms, srv_error *e)
         cJSON *x = cJSON_CreateObject();
         cJSON_AddStringToObject(x, "role", role->valuestring);
         cJSON_AddStringToObject(x, "content", content ? content->valuestring : "");
-        copy_as(x, m, "thinking", "reasoning_content");
-        if ((calls = get(m, "tool_calls"))) {
+        srv_json_copy_as(x, m, "thinking", "reasoning_content");
+        if ((calls = srv_json_get(m, "tool_calls"))) {
             cJSON *tc = tool_calls(calls, i, e);
             if (!tc) {
                 cJSON_Delete(x);
@@ -325,7 +309,7 @@ static int translate_messages(cJSON *chat, const cJSON *ms, srv_error *e)
             cJSON_AddItemToObject(x, "tool_calls", tc);
         }
         if (!strcmp(role->valuestring, "tool")) {
-            const cJSON *name = get(m, "tool_name");
+            const cJSON *name = srv_json_get(m, "tool_name");
             const char *id = answered_call(pending, cJSON_GetStringValue(name));
             if (id)
                 cJSON_AddStringToObject(x, "tool_call_id", id);
@@ -345,9 +329,9 @@ static int chat_translate(srv_request *r, cJSON *chat, const cJSON *root, srv_er
 {
     int rc;
     if ((rc = map_common(chat, root, e)) || (rc = map_options(chat, root, e)) ||
-        (rc = translate_messages(chat, get(root, "messages"), e)))
+        (rc = translate_messages(chat, srv_json_get(root, "messages"), e)))
         return rc;
-    copy_as(chat, root, "tools", "tools");
+    srv_json_copy_as(chat, root, "tools", "tools");
     return 0;
 }
 
@@ -362,10 +346,10 @@ static int generate_translate(srv_request *r, cJSON *chat, const cJSON *root, sr
                      "reuses what it computed, so resending costs nothing" },
     };
     for (size_t i = 0; i < KVC_ARRAY_LEN(refused); i++)
-        if (!empty(get(root, refused[i][0])))
+        if (!empty(srv_json_get(root, refused[i][0])))
             return BAD(e, refused[i][0], "%s is not supported: %s", refused[i][0], refused[i][1]);
-    const cJSON *prompt = get(root, "prompt"), *system = get(root, "system"),
-                *raw = get(root, "raw");
+    const cJSON *prompt = srv_json_get(root, "prompt"), *system = srv_json_get(root, "system"),
+                *raw = srv_json_get(root, "raw");
     if (prompt && !cJSON_IsString(prompt))
         return BAD(e, "prompt", "prompt must be a string");
     if (system && !cJSON_IsString(system))
@@ -398,7 +382,7 @@ static int generate_translate(srv_request *r, cJSON *chat, const cJSON *root, sr
  * model. The request keeps only its model name. */
 static int load_only(srv_request *r, const cJSON *root, srv_error *e)
 {
-    const cJSON *model = get(root, "model");
+    const cJSON *model = srv_json_get(root, "model");
     if (!cJSON_IsString(model) || !*model->valuestring)
         return BAD(e, "model", "model is required");
     r->model = model->valuestring;
@@ -413,7 +397,7 @@ static int ollama_chat_parse(srv_request *r, void *root_json, const srv_limits *
     int rc = check_options(r, root, lim, e);
     if (rc)
         return rc;
-    const cJSON *ms = get(root, "messages");
+    const cJSON *ms = srv_json_get(root, "messages");
     if (!ms || (cJSON_IsArray(ms) && !ms->child))
         return load_only(r, root, e);
     return srv_parse_translated(r, root_json, chat_translate, lim, e);
@@ -422,11 +406,11 @@ static int ollama_chat_parse(srv_request *r, void *root_json, const srv_limits *
 static int ollama_generate_parse(srv_request *r, void *root_json, const srv_limits *lim,
                                  srv_error *e)
 {
-    const cJSON *root = root_json, *prompt = get(root, "prompt");
+    const cJSON *root = root_json, *prompt = srv_json_get(root, "prompt");
     int rc = check_options(r, root, lim, e);
     if (rc)
         return rc;
-    if (empty(prompt) && empty(get(root, "images")))
+    if (empty(prompt) && empty(srv_json_get(root, "images")))
         return load_only(r, root, e);
     cJSON *req = cJSON_CreateObject();
     if (!req)
@@ -476,9 +460,9 @@ static cJSON *ollama_calls(const char *openai_calls)
 {
     cJSON *in = cJSON_Parse(openai_calls), *out = cJSON_CreateArray(), *c;
     cJSON_ArrayForEach(c, in) {
-        const cJSON *f = get(c, "function"), *args = get(f, "arguments");
+        const cJSON *f = srv_json_get(c, "function"), *args = srv_json_get(f, "arguments");
         cJSON *x = cJSON_CreateObject(), *fx = cJSON_AddObjectToObject(x, "function");
-        copy_as(fx, f, "name", "name");
+        srv_json_copy_as(fx, f, "name", "name");
         cJSON *a = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
         cJSON_AddItemToObject(fx, "arguments", a ? a : cJSON_CreateObject());
         cJSON_AddItemToArray(out, x);
@@ -706,7 +690,8 @@ char *srv_ollama_show_json(const srv_model_desc *d, const char *body, size_t len
     cJSON *req = srv_json_parse(body, len, e);
     if (!req)
         return NULL;
-    const cJSON *model = get(req, "model") ? get(req, "model") : get(req, "name");
+    const cJSON *model = srv_json_get(req, "model") ? srv_json_get(req, "model")
+                                                    : srv_json_get(req, "name");
     if (!cJSON_IsObject(req) || !cJSON_IsString(model)) {
         cJSON_Delete(req);
         BAD(e, "model", "model is required");

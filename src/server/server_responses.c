@@ -22,23 +22,9 @@
 #include "chat_template.h"
 #include "common.h"
 #include "server.h"
+#include "tool_calls.h"
 
 #define BAD(e, param, ...) srv_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
-
-/* The member `name` of o, NULL when absent or null. */
-static const cJSON *get(const cJSON *o, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-/* Copy root's `from` into chat as `to` when present. */
-static void copy_as(cJSON *chat, const cJSON *root, const char *from, const char *to)
-{
-    const cJSON *v = get(root, from);
-    if (v)
-        cJSON_AddItemToObject(chat, to, cJSON_Duplicate(v, true));
-}
 
 /* ============================================================== request */
 
@@ -64,9 +50,9 @@ static cJSON *content_of(const cJSON *c, const char *param, srv_error *e)
     const cJSON *p;
     int j = 0;
     cJSON_ArrayForEach(p, c) {
-        const cJSON *type = get(p, "type"), *text = get(p, "text");
-        if (!text && cJSON_IsString(get(p, "refusal")))
-            text = get(p, "refusal");
+        const cJSON *type = srv_json_get(p, "type"), *text = srv_json_get(p, "text");
+        if (!text && cJSON_IsString(srv_json_get(p, "refusal")))
+            text = srv_json_get(p, "refusal");
         const char *t = cJSON_IsString(type) ? type->valuestring : "";
         if (strcmp(t, "input_text") && strcmp(t, "output_text") && strcmp(t, "text") &&
             strcmp(t, "refusal")) {
@@ -113,7 +99,7 @@ static cJSON *add_message(xlate *x, const char *role, cJSON *content)
 /* A message item {type?: "message", role, content}. */
 static int message_item(xlate *x, const cJSON *it, const char *param, srv_error *e)
 {
-    const cJSON *role = get(it, "role"), *c = get(it, "content");
+    const cJSON *role = srv_json_get(it, "role"), *c = srv_json_get(it, "content");
     char p[64];
     if (!cJSON_IsString(role))
         return BAD(e, param, "%s.role must be a string", param);
@@ -129,7 +115,8 @@ static int message_item(xlate *x, const cJSON *it, const char *param, srv_error 
  * a new one). */
 static int call_item(xlate *x, const cJSON *it, const char *param, srv_error *e)
 {
-    const cJSON *name = get(it, "name"), *args = get(it, "arguments"), *id = get(it, "call_id");
+    const cJSON *name = srv_json_get(it, "name"), *args = srv_json_get(it, "arguments"),
+                *id = srv_json_get(it, "call_id");
     if (!cJSON_IsString(name) || !cJSON_IsString(args) || !cJSON_IsString(id))
         return BAD(e, param, "%s: a function_call needs string call_id, name and arguments",
                    param);
@@ -138,20 +125,14 @@ static int call_item(xlate *x, const cJSON *it, const char *param, srv_error *e)
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (!calls)
         calls = cJSON_AddArrayToObject(m, "tool_calls");
-    cJSON *c = cJSON_CreateObject(), *f;
-    cJSON_AddStringToObject(c, "id", id->valuestring);
-    cJSON_AddStringToObject(c, "type", "function");
-    f = cJSON_AddObjectToObject(c, "function");
-    cJSON_AddStringToObject(f, "name", name->valuestring);
-    cJSON_AddStringToObject(f, "arguments", args->valuestring);
-    cJSON_AddItemToArray(calls, c);
+    kvc_tool_call_add(calls, id->valuestring, name->valuestring, args->valuestring);
     return 0;
 }
 
 /* A function_call_output item: a tool message. */
 static int output_item(xlate *x, const cJSON *it, const char *param, srv_error *e)
 {
-    const cJSON *id = get(it, "call_id"), *out = get(it, "output");
+    const cJSON *id = srv_json_get(it, "call_id"), *out = srv_json_get(it, "output");
     char p[64];
     if (!cJSON_IsString(id))
         return BAD(e, param, "%s.call_id must be a string", param);
@@ -168,11 +149,11 @@ static int output_item(xlate *x, const cJSON *it, const char *param, srv_error *
  * goes with the next assistant turn. */
 static int reasoning_item(xlate *x, const cJSON *it)
 {
-    const cJSON *parts = get(it, "content"), *p;
+    const cJSON *parts = srv_json_get(it, "content"), *p;
     if (!cJSON_IsArray(parts) || !cJSON_GetArraySize(parts))
-        parts = get(it, "summary");
+        parts = srv_json_get(it, "summary");
     cJSON_ArrayForEach(p, parts) {
-        const cJSON *t = get(p, "text");
+        const cJSON *t = srv_json_get(p, "text");
         if (cJSON_IsString(t))
             x->reasoning = t->valuestring;   /* the last part: models write one */
     }
@@ -193,7 +174,7 @@ static int translate_input(xlate *x, const cJSON *input, srv_error *e)
     cJSON_ArrayForEach(it, input) {
         char param[48];
         snprintf(param, sizeof(param), "input[%d]", i++);
-        const cJSON *type = get(it, "type");
+        const cJSON *type = srv_json_get(it, "type");
         const char *t = cJSON_IsString(type) ? type->valuestring : type ? "" : "message";
         if (!cJSON_IsObject(it))
             return BAD(e, param, "%s must be an object", param);
@@ -214,19 +195,6 @@ static int translate_input(xlate *x, const cJSON *input, srv_error *e)
     return 0;
 }
 
-/* A function tool {type: "function", name, description?, parameters?} in
- * chat's shape, appended to out. */
-static void add_function(cJSON *out, const cJSON *t)
-{
-    cJSON *x = cJSON_CreateObject(), *f;
-    cJSON_AddStringToObject(x, "type", "function");
-    f = cJSON_AddObjectToObject(x, "function");
-    copy_as(f, t, "name", "name");
-    copy_as(f, t, "description", "description");
-    copy_as(f, t, "parameters", "parameters");
-    cJSON_AddItemToArray(out, x);
-}
-
 /* tools in chat's shape: function tools, and those of a namespace (Codex
  * groups tools so). Built-in tools (web_search, file_search, local_shell,
  * custom, mcp, ...) are left out and named in r->ignored: kvchat runs none,
@@ -240,17 +208,17 @@ static int translate_tools(srv_request *r, cJSON *chat, const cJSON *tools, srv_
     const cJSON *t, *inner;
     int i = 0;
     cJSON_ArrayForEach(t, tools) {
-        const cJSON *type = get(t, "type");
+        const cJSON *type = srv_json_get(t, "type");
         const char *ty = cJSON_IsString(type) ? type->valuestring : "";
         char note[64];
         i++;
         if (!strcmp(ty, "function")) {
-            add_function(out, t);
-        } else if (!strcmp(ty, "namespace") && cJSON_IsArray(get(t, "tools"))) {
-            cJSON_ArrayForEach(inner, get(t, "tools"))
-                if (cJSON_IsString(get(inner, "type")) &&
-                    !strcmp(get(inner, "type")->valuestring, "function"))
-                    add_function(out, inner);
+            srv_json_add_function(out, t, "parameters");
+        } else if (!strcmp(ty, "namespace") && cJSON_IsArray(srv_json_get(t, "tools"))) {
+            cJSON_ArrayForEach(inner, srv_json_get(t, "tools"))
+                if (cJSON_IsString(srv_json_get(inner, "type")) &&
+                    !strcmp(srv_json_get(inner, "type")->valuestring, "function"))
+                    srv_json_add_function(out, inner, "parameters");
         } else {
             snprintf(note, sizeof(note), "tools[%d] (%.40s)", i - 1, ty);
             srv_note_ignored(r, note);
@@ -268,7 +236,7 @@ static int translate_tool_choice(cJSON *chat, const cJSON *tc, srv_error *e)
         cJSON_AddStringToObject(chat, "tool_choice", tc->valuestring);
         return 0;
     }
-    const cJSON *type = get(tc, "type"), *name = get(tc, "name");
+    const cJSON *type = srv_json_get(tc, "type"), *name = srv_json_get(tc, "name");
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsString(name))
         return BAD(e, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
                    "{\"type\": \"function\", \"name\": ...}");
@@ -282,20 +250,20 @@ static int translate_tool_choice(cJSON *chat, const cJSON *tc, srv_error *e)
  * strict?}, verbosity?}. */
 static int translate_text(cJSON *chat, const cJSON *text, srv_error *e)
 {
-    const cJSON *f = get(text, "format"), *type;
+    const cJSON *f = srv_json_get(text, "format"), *type;
     if (!cJSON_IsObject(text))
         return BAD(e, "text", "text must be an object");
     if (!f)
         return 0;
-    if (!cJSON_IsObject(f) || !cJSON_IsString(type = get(f, "type")))
+    if (!cJSON_IsObject(f) || !cJSON_IsString(type = srv_json_get(f, "type")))
         return BAD(e, "text.format", "text.format must be an object with a \"type\"");
     cJSON *rf = cJSON_AddObjectToObject(chat, "response_format");
     cJSON_AddStringToObject(rf, "type", type->valuestring);
     if (!strcmp(type->valuestring, "json_schema")) {
         cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
-        copy_as(js, f, "name", "name");
-        copy_as(js, f, "schema", "schema");
-        copy_as(js, f, "strict", "strict");
+        srv_json_copy_as(js, f, "name", "name");
+        srv_json_copy_as(js, f, "schema", "schema");
+        srv_json_copy_as(js, f, "strict", "strict");
     }
     return 0;
 }
@@ -310,19 +278,20 @@ static int translate(srv_request *r, cJSON *chat, const cJSON *root, srv_error *
     };
     const cJSON *v;
     int rc;
-    if ((v = get(root, "previous_response_id")) || (v = get(root, "conversation")))
+    if ((v = srv_json_get(root, "previous_response_id")) ||
+        (v = srv_json_get(root, "conversation")))
         return BAD(e, v->string, "%s is not supported: kvchat stores no responses (as "
                    "llama-server and Ollama); send the whole conversation in input", v->string);
-    if ((v = get(root, "background")) && cJSON_IsTrue(v))
+    if ((v = srv_json_get(root, "background")) && cJSON_IsTrue(v))
         return BAD(e, "background", "background is not supported (only false)");
     for (size_t i = 0; i < KVC_ARRAY_LEN(same); i++)
-        copy_as(chat, root, same[i], same[i]);
+        srv_json_copy_as(chat, root, same[i], same[i]);
     cJSON_ArrayForEach(v, root)        /* the extensions every route honours */
         if (srv_field_use(NULL, v->string) == SRV_FIELD_USED && !cJSON_IsNull(v))
             cJSON_AddItemToObject(chat, v->string, cJSON_Duplicate(v, true));
-    copy_as(chat, root, "max_output_tokens", "max_tokens");
+    srv_json_copy_as(chat, root, "max_output_tokens", "max_tokens");
     xlate x = { .msgs = cJSON_AddArrayToObject(chat, "messages") };
-    const cJSON *ins = get(root, "instructions"), *input = get(root, "input");
+    const cJSON *ins = srv_json_get(root, "instructions"), *input = srv_json_get(root, "input");
     if (ins && !cJSON_IsString(ins))
         return BAD(e, "instructions", "instructions must be a string");
     if (ins)
@@ -331,16 +300,16 @@ static int translate(srv_request *r, cJSON *chat, const cJSON *root, srv_error *
         return BAD(e, "input", "input is required");
     if ((rc = translate_input(&x, input, e)))
         return rc;
-    if ((v = get(root, "tools")) && (rc = translate_tools(r, chat, v, e)))
+    if ((v = srv_json_get(root, "tools")) && (rc = translate_tools(r, chat, v, e)))
         return rc;
-    if ((v = get(root, "tool_choice")) && (rc = translate_tool_choice(chat, v, e)))
+    if ((v = srv_json_get(root, "tool_choice")) && (rc = translate_tool_choice(chat, v, e)))
         return rc;
-    if ((v = get(root, "text")) && (rc = translate_text(chat, v, e)))
+    if ((v = srv_json_get(root, "text")) && (rc = translate_text(chat, v, e)))
         return rc;
-    const cJSON *rs = get(root, "reasoning");
+    const cJSON *rs = srv_json_get(root, "reasoning");
     if (rs && !cJSON_IsObject(rs))
         return BAD(e, "reasoning", "reasoning must be an object");
-    if ((v = get(rs, "effort")))
+    if ((v = srv_json_get(rs, "effort")))
         cJSON_AddItemToObject(chat, "reasoning_effort", cJSON_Duplicate(v, true));
     return 0;
 }
@@ -401,16 +370,16 @@ static cJSON *message_object(const char *iid, const char *status, const char *te
 static cJSON *call_object(const char *iid, const char *status, const cJSON *call,
                           const char *args)
 {
-    const cJSON *f = get(call, "function");
+    const cJSON *f = srv_json_get(call, "function");
     cJSON *it = cJSON_CreateObject();
     cJSON_AddStringToObject(it, "id", iid);
     cJSON_AddStringToObject(it, "type", "function_call");
     cJSON_AddStringToObject(it, "status", status);
-    copy_as(it, f, "arguments", "arguments");
+    srv_json_copy_as(it, f, "arguments", "arguments");
     if (args)
         cJSON_ReplaceItemInObject(it, "arguments", cJSON_CreateString(args));
-    copy_as(it, call, "id", "call_id");
-    copy_as(it, f, "name", "name");
+    srv_json_copy_as(it, call, "id", "call_id");
+    srv_json_copy_as(it, f, "name", "name");
     return it;
 }
 
@@ -621,7 +590,7 @@ static bool resp_text(srv_emit *h, int ch, const char *text, size_t len, void *l
 static bool send_call(srv_emit *h, const cJSON *call, srv_buf *out)
 {
     char iid[64];
-    const cJSON *args = get(get(call, "function"), "arguments");
+    const cJSON *args = srv_json_get(srv_json_get(call, "function"), "arguments");
     const char *a = cJSON_IsString(args) ? args->valuestring : "";
     h->blocks++;
     item_id(iid, sizeof(iid), "fc", h->head.id, h->blocks - 1);

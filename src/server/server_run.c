@@ -295,18 +295,32 @@ static enum MHD_Result run_request(kvc_server *s, struct MHD_Connection *mc, con
     return rq->stream ? run_stream(s, mc, c, rq) : run_choices(s, mc, c, rq);
 }
 
+/* The prompt the chat request rq renders to (malloc'd), exactly as it will be
+ * tokenized; NULL after answering the error (a failing template is a 400)
+ * with *ret the answer's result. */
+static char *render_or_answer(kvc_server *s, struct MHD_Connection *mc, const conn *c,
+                              const srv_request *rq, enum MHD_Result *ret)
+{
+    char err[512] = "", *prompt = NULL;
+    int rc = kvc_engine_render(s->engine, &rq->params, &prompt, err, sizeof(err));
+    if (rc || !prompt) {
+        srv_error e;
+        srv_error_from_status(&e, rc ? rc : KVC_ERR_NOMEM, err);
+        *ret = srv_respond_error(s, mc, c, &e);
+        return NULL;
+    }
+    return prompt;
+}
+
 /* POST /apply-template (as llama-server has it): the prompt a chat request
- * renders to, exactly as it will be tokenized; a failing template is a 400. */
+ * renders to. */
 static enum MHD_Result handle_apply_template(kvc_server *s, struct MHD_Connection *mc,
                                              const conn *c, const srv_request *rq)
 {
-    srv_error e;
-    char err[512] = "", *prompt = NULL;
-    int rc = kvc_engine_render(s->engine, &rq->params, &prompt, err, sizeof(err));
-    if (rc) {
-        srv_error_from_status(&e, rc, err);
-        return srv_respond_error(s, mc, c, &e);
-    }
+    enum MHD_Result ret;
+    char *prompt = render_or_answer(s, mc, c, rq, &ret);
+    if (!prompt)
+        return ret;
     char *json = srv_prompt_json(prompt);
     free(prompt);
     return srv_respond_json(s, mc, json);
@@ -317,12 +331,10 @@ static enum MHD_Result handle_count_tokens(kvc_server *s, struct MHD_Connection 
                                            const conn *c, const srv_request *rq)
 {
     srv_error e;
-    char err[512] = "", *prompt = NULL;
-    int rc = kvc_engine_render(s->engine, &rq->params, &prompt, err, sizeof(err));
-    if (rc) {
-        srv_error_from_status(&e, rc, err);
-        return srv_respond_error(s, mc, c, &e);
-    }
+    enum MHD_Result ret;
+    char *prompt = render_or_answer(s, mc, c, rq, &ret);
+    if (!prompt)
+        return ret;
     size_t n = strlen(prompt);
     int32_t *t = malloc((n + 8) * sizeof(int32_t));
     int64_t k = t ? kvc_model_tokenize(s->lim.model, prompt, n, true, true, t, (int64_t)n + 8)

@@ -1,6 +1,6 @@
 /* session.c - one conversation's state: its tokens, the sequence holding
  * their K/V, and the serial number that tells its states apart. The turn's
- * steps (session_turn.c) and the single-session driver (session_chat.c) build
+ * steps (turn.h) and the single-session driver (session_chat.c) build
  * on it. */
 #include "chat_template.h"
 #include "sampler.h"
@@ -156,12 +156,17 @@ uint64_t kvc_namespace_id(const char *name)
     return h ? h : 1;
 }
 
-int64_t kvc_session_common(const kvc_session *s, const int32_t *tokens, int64_t n)
+int64_t kvc_tokens_common(const int32_t *a, int64_t na, const int32_t *b, int64_t nb)
 {
     int64_t i = 0;
-    while (i < n && i < s->toks.n && tokens[i] == s->toks.v[i])
+    while (i < na && i < nb && a[i] == b[i])
         i++;
     return i;
+}
+
+int64_t kvc_session_common(const kvc_session *s, const int32_t *tokens, int64_t n)
+{
+    return kvc_tokens_common(tokens, n, s->toks.v, s->toks.n);
 }
 
 int64_t kvc_session_find_moved(const int32_t *nw, int64_t n_new, const int32_t *old,

@@ -89,6 +89,9 @@ bool kvc_session_in_use(const kvc_session *s);
  * "", else a 64-bit hash of it that is never 0. */
 uint64_t kvc_namespace_id(const char *name);
 
+/* The length of the longest common prefix of a[0, na) and b[0, nb). */
+int64_t kvc_tokens_common(const int32_t *a, int64_t na, const int32_t *b, int64_t nb);
+
 /* How many of tokens[0, n) the session's conversation starts with. */
 int64_t kvc_session_common(const kvc_session *s, const int32_t *tokens, int64_t n);
 
@@ -106,7 +109,7 @@ int64_t kvc_session_find_moved(const int32_t *nw, int64_t n_new, const int32_t *
 bool kvc_session_continues_shifted(const kvc_session *s, const int32_t *tokens, int64_t n,
                                    int64_t common);
 
-/* ------------------------------------------------------- session_turn.c */
+/* ----------------- session_turn.c, turn_prepare.c, turn_kv.c, turn_reply.c */
 
 typedef struct kvc_turn kvc_turn;
 

@@ -51,14 +51,8 @@ void turn_sample_free(turn_sample *ts)
 /* Record token's logprob and the top ones (the raw logits). */
 static void record(turn_sample *ts, const float *logits, int32_t n_vocab, int32_t token)
 {
-    if (ts->n_lp == ts->cap_lp) {
-        int32_t cap = ts->cap_lp ? 2 * ts->cap_lp : 64;
-        kvc_token_logprob *v = realloc(ts->lp, (size_t)cap * sizeof(*v));
-        if (!v)
-            return;                          /* out of memory: accept finds it missing */
-        ts->lp = v;
-        ts->cap_lp = cap;
-    }
+    if (!kvc_grow((void **)&ts->lp, &ts->cap_lp, (size_t)ts->n_lp, sizeof(*ts->lp)))
+        return;                              /* out of memory: accept finds it missing */
     kvc_token_logprob *e = &ts->lp[ts->n_lp];
     kvc_logprob top[KVC_MAX_TOP_LOGPROBS];
     int32_t n_top = 0;
@@ -114,7 +108,7 @@ int turn_sample_pick(turn_sample *ts, kvc_sampler *smp, const float *logits, int
 int turn_sample_accept(turn_sample *ts, int32_t token, kvc_err *err)
 {
     if (ts->top >= 0) {
-        if (ts->n_lp == ts->cap_lp || ts->lp[ts->n_lp].token != token)
+        if ((size_t)ts->n_lp == ts->cap_lp || ts->lp[ts->n_lp].token != token)
             return kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
         ts->n_lp++;
     }

@@ -2,7 +2,7 @@
  * (issue 13): constrained decoding (a grammar's token mask every step),
  * logit_bias, and the log-probabilities of the reply's tokens.
  *
- * A turn (session_turn.c) owns one turn_sample: made with the turn, asked
+ * A turn (turn.h) owns one turn_sample: made with the turn, asked
  * for each reply token (turn_sample_pick), told which token was kept
  * (turn_sample_accept), freed with the turn. One thread: the context's. */
 #ifndef KVC_TURN_SAMPLE_H
@@ -19,7 +19,8 @@ typedef struct turn_sample {
     int32_t            n_mask;     /* the vocabulary's size */
     int32_t            top;        /* logprobs: -1 = none, else the top count */
     kvc_token_logprob *lp;         /* one per reply token kept (n_lp of cap_lp) */
-    int32_t            n_lp, cap_lp;
+    int32_t            n_lp;
+    size_t             cap_lp;
 } turn_sample;
 
 /* Set up ts for params p on context c: the grammar parsed (c->gvocab made on

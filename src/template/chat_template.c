@@ -164,27 +164,6 @@ typedef struct sbuf {
     size_t nsp, capsp;
 } sbuf;
 
-void kvc_text_append(char **p, size_t *len, size_t *cap, bool *oom, const char *s, size_t n)
-{
-    if (*oom)
-        return;
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *np = realloc(*p, c);
-        if (!np) {
-            *oom = true;
-            return;
-        }
-        *p = np;
-        *cap = c;
-    }
-    memcpy(*p + *len, s, n);
-    *len += n;
-    (*p)[*len] = 0;
-}
-
 static void sb_addn(sbuf *b, const char *s, size_t n)
 {
     kvc_text_append(&b->p, &b->len, &b->cap, &b->oom, s, n);
@@ -221,15 +200,9 @@ static void sb_mark(sbuf *b, size_t off, size_t n)
         b->sp[b->nsp - 1].len += n;
         return;
     }
-    if (b->nsp == b->capsp) {
-        size_t cap = b->capsp ? 2 * b->capsp : 16;
-        kvc_text_span *sp = realloc(b->sp, cap * sizeof(*sp));
-        if (!sp) {
-            b->oom = true;
-            return;
-        }
-        b->sp = sp;
-        b->capsp = cap;
+    if (!kvc_grow((void **)&b->sp, &b->capsp, b->nsp, sizeof(*b->sp))) {
+        b->oom = true;
+        return;
     }
     b->sp[b->nsp++] = (kvc_text_span){ off, n };
 }

@@ -139,11 +139,6 @@ const char *kvc_chat_template_describe(const kvc_chat_template *t);
 const char *const *kvc_chat_template_stop_list(const kvc_chat_template *t);
 const char *kvc_chat_template_sep(const kvc_chat_template *t);
 
-/* Append s[0, n) to a malloc'd NUL-terminated text *p of *len bytes in *cap,
- * growing it by doubling; on allocation failure sets *oom and leaves the
- * text as it was (later appends do nothing). Shared by the builders here. */
-void kvc_text_append(char **p, size_t *len, size_t *cap, bool *oom, const char *s, size_t n);
-
 /* ---------------------------------------------------------------- built-in formats */
 
 typedef struct kvc_chat_msg {

@@ -809,11 +809,9 @@ static int marks_to_spans(const jsb *b, jinja_output *o)
         if (!b->t[i]) { i++; continue; }
         size_t j = i;
         while (j < b->n && b->t[j]) j++;
-        if (n == cap) {
-            jinja_span *ns = realloc(s, 2 * cap * sizeof(*s));
-            if (!ns) { free(s); return KVC_ERR_NOMEM; }
-            s = ns;
-            cap *= 2;
+        if (!kvc_grow((void **)&s, &cap, n, sizeof(*s))) {
+            free(s);
+            return KVC_ERR_NOMEM;
         }
         s[n++] = (jinja_span){ i, j - i };
         i = j;

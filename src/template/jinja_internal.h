@@ -43,6 +43,11 @@ _Noreturn void jfail(jctx *c, int line, const char *fmt, ...) __attribute__((for
 void *jalloc(jctx *c, size_t n);                     /* zeroed */
 void *jalloc_raw(jctx *c, size_t n);                 /* not zeroed: buffers about to be filled */
 void  jarena_free(jarena *a);                        /* the chunks; not the jarena */
+/* Room for one more element in the arena array *arr of n elements of elsize
+ * bytes with room for *cap: when full, *arr becomes a copy in a new arena
+ * block of twice the room (`first` when empty); the old one stays in the
+ * arena. Fails as jalloc does. */
+void  jgrow(jctx *c, void **arr, size_t *cap, size_t n, size_t elsize, size_t first);
 
 /* ---------------------------------------------------------------- values */
 

@@ -20,14 +20,7 @@ typedef struct lexer {
 
 static tok *push(lexer *L, int type, int line)
 {
-    if (L->nt == L->cap) {
-        size_t cap = L->cap ? L->cap * 2 : 256;
-        tok *nt = jalloc(L->c, cap * sizeof(tok));
-        if (L->nt)
-            memcpy(nt, L->toks, L->nt * sizeof(tok));
-        L->toks = nt;
-        L->cap = cap;
-    }
+    jgrow(L->c, (void **)&L->toks, &L->cap, L->nt, sizeof(tok), 256);
     tok *t = &L->toks[L->nt++];
     memset(t, 0, sizeof(*t));
     t->type = (uint8_t)type;

@@ -84,25 +84,13 @@ static jnode *mk(parser *P, int type, int line)
 typedef struct nvec { jnode **v; size_t n, cap; } nvec;
 static void nv_push(parser *P, nvec *v, jnode *x)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 4;
-        jnode **nv = jalloc(P->c, cap * sizeof(jnode *));
-        if (v->n) memcpy(nv, v->v, v->n * sizeof(jnode *));
-        v->v = nv;
-        v->cap = cap;
-    }
+    jgrow(P->c, (void **)&v->v, &v->cap, v->n, sizeof(jnode *), 4);
     v->v[v->n++] = x;
 }
 typedef struct svec { const char **v; size_t n, cap; } svec;
 static void sv_push(parser *P, svec *v, const char *x)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 4;
-        const char **nv = jalloc(P->c, cap * sizeof(char *));
-        if (v->n) memcpy(nv, v->v, v->n * sizeof(char *));
-        v->v = nv;
-        v->cap = cap;
-    }
+    jgrow(P->c, (void **)&v->v, &v->cap, v->n, sizeof(char *), 4);
     v->v[v->n++] = x;
 }
 

@@ -42,6 +42,18 @@ void *jalloc(jctx *c, size_t n)
     return p;
 }
 
+void jgrow(jctx *c, void **arr, size_t *cap, size_t n, size_t elsize, size_t first)
+{
+    if (n < *cap)
+        return;
+    size_t cap2 = *cap ? *cap * 2 : first;
+    void *p = jalloc(c, cap2 * elsize);
+    if (n)
+        memcpy(p, *arr, n * elsize);
+    *arr = p;
+    *cap = cap2;
+}
+
 void *jalloc_raw(jctx *c, size_t n)
 {
     jarena *a = c->a;
@@ -168,14 +180,7 @@ jv *jv_gen(jctx *c, jv *list)
 
 void jv_list_push(jctx *c, jv *l, jv *x)
 {
-    if (l->u.l.n == l->u.l.cap) {
-        size_t cap = l->u.l.cap ? l->u.l.cap * 2 : 8;
-        jv **nv = jalloc(c, cap * sizeof(jv *));
-        if (l->u.l.n)
-            memcpy(nv, l->u.l.v, l->u.l.n * sizeof(jv *));
-        l->u.l.v = nv;
-        l->u.l.cap = cap;
-    }
+    jgrow(c, (void **)&l->u.l.v, &l->u.l.cap, l->u.l.n, sizeof(jv *), 8);
     l->u.l.v[l->u.l.n++] = x;
 }
 
@@ -213,17 +218,9 @@ void jv_dict_set(jctx *c, jv *d, jv *key, jv *val)
             d->u.d.val[i] = val;
             return;
         }
-    if (d->u.d.n == d->u.d.cap) {
-        size_t cap = d->u.d.cap ? d->u.d.cap * 2 : 8;
-        jv **nk = jalloc(c, cap * sizeof(jv *)), **nv = jalloc(c, cap * sizeof(jv *));
-        if (d->u.d.n) {
-            memcpy(nk, d->u.d.key, d->u.d.n * sizeof(jv *));
-            memcpy(nv, d->u.d.val, d->u.d.n * sizeof(jv *));
-        }
-        d->u.d.key = nk;
-        d->u.d.val = nv;
-        d->u.d.cap = cap;
-    }
+    size_t key_cap = d->u.d.cap;         /* the two arrays share their room */
+    jgrow(c, (void **)&d->u.d.key, &key_cap, d->u.d.n, sizeof(jv *), 8);
+    jgrow(c, (void **)&d->u.d.val, &d->u.d.cap, d->u.d.n, sizeof(jv *), 8);
     d->u.d.key[d->u.d.n] = key;
     d->u.d.val[d->u.d.n++] = val;
 }

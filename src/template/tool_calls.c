@@ -60,8 +60,19 @@ int kvc_tool_format_detect(const kvc_chat_template *t)
 
 /* ---------------------------------------------------------------- parsing */
 
-/* Append {"id", "type", "function": {"name", "arguments"}} for call object o
- * (its name and its args_key member); false when o is not a call. */
+void kvc_tool_call_add(cJSON *calls, const char *id, const char *name, const char *args)
+{
+    cJSON *c = cJSON_CreateObject(), *f;
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    f = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddStringToObject(f, "arguments", args);
+    cJSON_AddItemToArray(calls, c);
+}
+
+/* Append the tool call of call object o (its name and its args_key member,
+ * kvc_tool_call_add); false when o is not a call. */
 static bool add_call(cJSON *arr, const cJSON *o, const char *args_key, uint64_t seed)
 {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
@@ -82,14 +93,8 @@ static bool add_call(cJSON *arr, const cJSON *o, const char *args_key, uint64_t 
         free(a);
         a = strdup(args->valuestring);
     }
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "id", id);
-    cJSON_AddStringToObject(c, "type", "function");
-    cJSON *f = cJSON_AddObjectToObject(c, "function");
-    cJSON_AddStringToObject(f, "name", name->valuestring);
-    cJSON_AddStringToObject(f, "arguments", a ? a : "{}");
+    kvc_tool_call_add(arr, id, name->valuestring, a ? a : "{}");
     free(a);
-    cJSON_AddItemToArray(arr, c);
     return true;
 }
 

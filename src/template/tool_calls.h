@@ -30,6 +30,13 @@ enum kvc_tool_format {
     KVC_TOOLS_HARMONY = 3,   /* forcing: one commentary message to=functions.NAME */
 };
 
+/* Append to the cJSON array `calls` one tool call in OpenAI's shape: {"id",
+ * "type": "function", "function": {"name", "arguments"}} (args: JSON text),
+ * as kvc_tool_calls_parse writes them; the server's dialects translate
+ * their clients' calls into it too. */
+struct cJSON;
+void kvc_tool_call_add(struct cJSON *calls, const char *id, const char *name, const char *args);
+
 /* The format template t renders tool calls in (HERMES when not recognised). */
 int kvc_tool_format_detect(const kvc_chat_template *t);
 const char *kvc_tool_format_name(int format);       /* "hermes", "llama3-json", "mistral",

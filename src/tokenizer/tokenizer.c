@@ -65,14 +65,8 @@ int32_t kvc_tok_lookup(const kvc_tokenizer *t, const char *s, size_t len)
 
 int kvc_tok_heap_push(tok_heap *h, tok_bigram b)
 {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        tok_bigram *a = realloc(h->a, cap * sizeof(*a));
-        if (!a)
-            return KVC_ERR_NOMEM;
-        h->a = a;
-        h->cap = cap;
-    }
+    if (!kvc_grow((void **)&h->a, &h->cap, h->n, sizeof(*h->a)))
+        return KVC_ERR_NOMEM;
     size_t i = h->n++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -109,6 +103,28 @@ tok_bigram kvc_tok_heap_pop(tok_heap *h)
     if (h->n > 0)
         h->a[i] = last;
     return top;
+}
+
+int kvc_tok_merge(tok_heap *heap, tok_sym *sym, int32_t count, tok_pair_fn pair, void *ctx)
+{
+    heap->n = 0;
+    for (int32_t i = 1; i < count; i++)
+        if (pair(ctx, i - 1, i) != KVC_OK)
+            return KVC_ERR_NOMEM;
+    while (heap->n > 0) {
+        tok_bigram b = kvc_tok_heap_pop(heap);
+        tok_sym *L = &sym[b.left], *R = &sym[b.right];
+        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size)
+            continue;            /* stale: one side has merged since */
+        L->n += R->n;
+        R->n = 0;
+        L->next = R->next;
+        if (R->next >= 0)
+            sym[R->next].prev = b.left;
+        if (pair(ctx, L->prev, b.left) != KVC_OK || pair(ctx, b.left, L->next) != KVC_OK)
+            return KVC_ERR_NOMEM;
+    }
+    return KVC_OK;
 }
 
 /* ================================================================ accessors */
@@ -160,14 +176,8 @@ typedef struct frags {
 
 static int frags_push(frags *f, size_t start, size_t len, int32_t id)
 {
-    if (f->n == f->cap) {
-        size_t cap = f->cap ? f->cap * 2 : 16;
-        frag *a = realloc(f->a, cap * sizeof(*a));
-        if (!a)
-            return KVC_ERR_NOMEM;
-        f->a = a;
-        f->cap = cap;
-    }
+    if (!kvc_grow((void **)&f->a, &f->cap, f->n, sizeof(*f->a)))
+        return KVC_ERR_NOMEM;
     f->a[f->n++] = (frag){ start, len, id };
     return KVC_OK;
 }

@@ -144,8 +144,10 @@ static int reserve(bpe_ctx *c, size_t n)
     return KVC_OK;
 }
 
-static int add_bigram(bpe_ctx *c, int32_t l, int32_t r)
+/* Queue the merge of symbols l and r when the pair is a merge rule (tok_pair_fn). */
+static int add_bigram(void *ctx, int32_t l, int32_t r)
 {
+    bpe_ctx *c = ctx;
     if (l < 0 || r < 0)
         return KVC_OK;
     const tok_sym *L = &c->sym[l], *R = &c->sym[r];
@@ -173,29 +175,6 @@ static void emit_bytes(bpe_ctx *c, const tok_sym *s)
     }
 }
 
-/* Merge the symbols of the encoded word buf[0..n bytes) of `count` symbols. */
-static int merge_word(bpe_ctx *c, int32_t count)
-{
-    c->heap.n = 0;
-    for (int32_t i = 1; i < count; i++)
-        if (add_bigram(c, i - 1, i) != KVC_OK)
-            return KVC_ERR_NOMEM;
-    while (c->heap.n > 0) {
-        tok_bigram b = kvc_tok_heap_pop(&c->heap);
-        tok_sym *L = &c->sym[b.left], *R = &c->sym[b.right];
-        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size)
-            continue;            /* stale: one side has merged since */
-        L->n += R->n;
-        R->n = 0;
-        L->next = R->next;
-        if (R->next >= 0)
-            c->sym[R->next].prev = b.left;
-        if (add_bigram(c, L->prev, b.left) != KVC_OK || add_bigram(c, b.left, L->next) != KVC_OK)
-            return KVC_ERR_NOMEM;
-    }
-    return KVC_OK;
-}
-
 static int bpe_word(void *ctx, size_t start, size_t end)
 {
     bpe_ctx *c = ctx;
@@ -218,7 +197,7 @@ static int bpe_word(void *ctx, size_t start, size_t end)
             return KVC_OK;
         }
     }
-    if (merge_word(c, (int32_t)n) != KVC_OK)
+    if (kvc_tok_merge(&c->heap, c->sym, (int32_t)n, add_bigram, c) != KVC_OK)
         return KVC_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
         const tok_sym *s = &c->sym[i];

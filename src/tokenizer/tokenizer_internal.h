@@ -133,6 +133,19 @@ typedef struct tok_sym {
     int32_t prev, next;          /* neighbours, -1 at the ends */
 } tok_sym;
 
+/* Offer the pair of symbols l and r (either may be -1: no pair) for merging:
+ * push a tok_bigram onto the queue when the pair may merge (SPM: their text
+ * is a token; BPE: they form a merge rule). KVC_OK or KVC_ERR_NOMEM. */
+typedef int (*tok_pair_fn)(void *ctx, int32_t l, int32_t r);
+
+/* Merge the linked symbols sym[0, count) pair by pair, in the queue's order:
+ * each adjacent pair is offered to pair(ctx, l, r), which pushes onto heap
+ * those that may merge; then the lowest is merged (its right symbol's n
+ * becomes 0, the links skip it), stale entries skipped, and the new pairs
+ * on both sides offered, until the queue is empty. heap is emptied first.
+ * KVC_OK or KVC_ERR_NOMEM (sym then partly merged). */
+int  kvc_tok_merge(tok_heap *heap, tok_sym *sym, int32_t count, tok_pair_fn pair, void *ctx);
+
 /* ------------------------------------------------------------ the parts */
 
 /* SentencePiece: tokenize one text run (no special tokens in it). prefix_space

@@ -266,14 +266,8 @@ typedef struct ends {
 
 static int ends_push(ends *e, size_t v)
 {
-    if (e->n == e->cap) {
-        size_t cap = e->cap ? e->cap * 2 : 64;
-        size_t *a = realloc(e->a, cap * sizeof(*a));
-        if (!a)
-            return KVC_ERR_NOMEM;
-        e->a = a;
-        e->cap = cap;
-    }
+    if (!kvc_grow((void **)&e->a, &e->cap, e->n, sizeof(*e->a)))
+        return KVC_ERR_NOMEM;
     e->a[e->n++] = v;
     return KVC_OK;
 }

@@ -23,9 +23,10 @@ typedef struct spm_ctx {
     tok_heap    heap;
 } spm_ctx;
 
-/* Queue the merge of symbols l and r when their text is a token. */
-static int try_bigram(spm_ctx *c, int32_t l, int32_t r)
+/* Queue the merge of symbols l and r when their text is a token (tok_pair_fn). */
+static int try_bigram(void *ctx, int32_t l, int32_t r)
 {
+    spm_ctx *c = ctx;
     if (l < 0 || r < 0)
         return KVC_OK;
     const tok_sym *L = &c->sym[l], *R = &c->sym[r];
@@ -35,27 +36,6 @@ static int try_bigram(spm_ctx *c, int32_t l, int32_t r)
         return KVC_OK;
     tok_bigram b = { .key = -(double)c->t->score[id], .left = l, .right = r, .size = size };
     return kvc_tok_heap_push(&c->heap, b);
-}
-
-static int merge_all(spm_ctx *c, int32_t count)
-{
-    for (int32_t i = 1; i < count; i++)
-        if (try_bigram(c, i - 1, i) != KVC_OK)
-            return KVC_ERR_NOMEM;
-    while (c->heap.n > 0) {
-        tok_bigram b = kvc_tok_heap_pop(&c->heap);
-        tok_sym *L = &c->sym[b.left], *R = &c->sym[b.right];
-        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size)
-            continue;            /* stale: one side has merged since */
-        L->n += R->n;
-        R->n = 0;
-        L->next = R->next;
-        if (R->next >= 0)
-            c->sym[R->next].prev = b.left;
-        if (try_bigram(c, L->prev, b.left) != KVC_OK || try_bigram(c, b.left, L->next) != KVC_OK)
-            return KVC_ERR_NOMEM;
-    }
-    return KVC_OK;
 }
 
 /* Byte fallback for a symbol that is not a token: all its bytes as byte
@@ -113,7 +93,7 @@ int kvc_tok_spm_encode(const kvc_tokenizer *t, const char *text, size_t len,
     if (count > 0)
         sym[count - 1].next = -1;
     if (rc == KVC_OK)
-        rc = merge_all(&c, count);
+        rc = kvc_tok_merge(&c.heap, c.sym, count, try_bigram, &c);
     for (int32_t i = 0; rc == KVC_OK && i < count; i++) {
         if (sym[i].n == 0)
             continue;

@@ -8,20 +8,15 @@
 // cache.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { fileURLToPath } from 'node:url';
-import path from 'node:path';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
-import { startServer } from './serve.mjs';
+import { startHermesServer } from './serve.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
 const KEY = 'dialects-node-key';
 let server, root, openai, anthropic;
 
 before(async () => {
-  ({ proc: server, root } = await startServer(['--parallel', '2', '--cache-disk', '0',
-                                              '--api-key', KEY, '--chat-template-file',
-                                              path.join(here, 'hermes.jinja')]));
+  ({ proc: server, root } = await startHermesServer(KEY));
   openai = new OpenAI({ baseURL: `${root}/v1`, apiKey: KEY, maxRetries: 0, timeout: 120000 });
   // the SDK sends the key as x-api-key and anthropic-version, as Claude Code does
   anthropic = new Anthropic({ baseURL: root, apiKey: KEY, maxRetries: 0, timeout: 120000 });

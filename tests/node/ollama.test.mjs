@@ -8,27 +8,17 @@
 // the client throws. Skips when the `ollama` package is not installed.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { fileURLToPath } from 'node:url';
-import path from 'node:path';
-import { startServer } from './serve.mjs';
+import { optional, startHermesServer } from './serve.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
 const KEY = 'ollama-node-key';
-let Ollama = null;
-try {
-  ({ Ollama } = await import('ollama'));
-} catch {
-  Ollama = null;     // not installed: every test below skips
-}
+const { Ollama = null } = (await optional('ollama')) ?? {};   // null: every test below skips
 const skip = Ollama ? false : 'the ollama npm package is not installed (scripts/install-node-deps.sh)';
 let server, root, ollama;
 
 before(async () => {
   if (skip)
     return;
-  ({ proc: server, root } = await startServer(['--parallel', '2', '--cache-disk', '0',
-                                              '--api-key', KEY, '--chat-template-file',
-                                              path.join(here, 'hermes.jinja'), '-c', '1024']));
+  ({ proc: server, root } = await startHermesServer(KEY, ['-c', '1024']));
   ollama = new Ollama({ host: root, headers: { Authorization: `Bearer ${KEY}` } });
 });
 

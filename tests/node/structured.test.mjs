@@ -8,24 +8,10 @@
 // when its packages are not installed (scripts/install-node-deps.sh).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { fileURLToPath } from 'node:url';
-import path from 'node:path';
-import { startServer } from './serve.mjs';
+import { optional, startHermesServer } from './serve.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
 const KEY = 'structured-node-key';
 let server, root;
-
-/* The module, or null when it is not installed. */
-async function optional(name) {
-  try {
-    return await import(name);
-  } catch (e) {
-    if (e.code === 'ERR_MODULE_NOT_FOUND')
-      return null;
-    throw e;
-  }
-}
 
 const [ai, compat, lc, zod] = await Promise.all([
   optional('ai'), optional('@ai-sdk/openai-compatible'), optional('@langchain/openai'),
@@ -34,9 +20,7 @@ const skipAI = !(ai && compat && zod) && 'ai / @ai-sdk/openai-compatible / zod n
 const skipLC = !(lc && zod) && '@langchain/openai / zod not installed';
 
 before(async () => {
-  ({ proc: server, root } = await startServer(['--parallel', '2', '--cache-disk', '0',
-                                              '--api-key', KEY, '--chat-template-file',
-                                              path.join(here, 'hermes.jinja')]));
+  ({ proc: server, root } = await startHermesServer(KEY));
 });
 
 after(() => { if (server && server.exitCode === null) server.kill('SIGTERM'); });
