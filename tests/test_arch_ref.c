@@ -6,8 +6,12 @@
  * they were made: its README), within 1e-3 (measured: 3e-5; a logit's scale
  * is about 5), with llama.cpp's top-1 token our top-1 over the whole
  * vocabulary. The tokens go in one batch and in chunks of 7 (the chunked
- * run must be bitwise the same). Needs nothing from ../shared. */
+ * run must be bitwise the same). A KV block holds the attention layers'
+ * K/V only. Needs nothing from ../shared. */
 #include "test.h"
+
+#include "context.h"
+#include "model.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -45,6 +49,17 @@ static void check_preset(const char *dir, const char *preset)
     float *l7 = test_chunked_logits(m, cp, toks, N_TOK, 7);
     CHECKF(l && l7 && memcmp(l, l7, (size_t)N_TOK * info.n_vocab * sizeof(float)) == 0,
            "%s: logits in chunks of 7 differ from one batch", preset);
+    /* K/V only for the attention layers (FFN-only and recurrent layers: none) */
+    kvc_context *ctx = test_new_context(m, 256, 16, 1, 64);
+    size_t want_bytes = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        const kvc_layer *L = &m->layers[il];
+        if (L->attn == KVC_ATTN_FULL)
+            want_bytes += 2 * (size_t)KVC_BLOCK_TOKENS * (size_t)L->n_head_kv * (size_t)L->head_dim * 2;
+    }
+    CHECKF(ctx && kvc_kv_block_bytes(ctx->pool) == want_bytes, "%s: a block of %zu bytes, its attention "
+           "layers' K/V (F16) %zu", preset, ctx ? kvc_kv_block_bytes(ctx->pool) : 0, want_bytes);
+    kvc_context_free(ctx);
     char line[256];
     double worst = 0.0;
     int n = 0, tops = 0, last_pos = -1;

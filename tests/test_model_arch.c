@@ -94,7 +94,7 @@ static void check_one_kind(const kvc_model *m, const kvc_gen_params *p)
         CHECK(!L[il].w_gate.data && !L[il].gate_exps.n && !L[il].shexp_gate.data);   /* ReLU²: no gates */
     }
     CHECK(L[1].no_rope);
-    CHECK_EQ_INT(L[2].n_head_kv, m->hp.n_head_kv);   /* the pool's shape, unused */
+    CHECK_EQ_INT(L[2].n_head_kv, 0);
 }
 
 /* Every runnable row: the generated model loads, and each table tensor's

@@ -745,7 +745,7 @@ static int check_batch(const kvc_compute *c, const kvc_kv_pool *pool, const kvc_
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool shape does not match the model");
     for (int32_t l = 0; l < hp->n_layer; l++) {   /* head sizes and KV heads may differ per layer */
         const kvc_layer *L = &c->m->layers[l];
-        if (L->state_floats == 0 && (kvc_kv_layer_n_kv_head(pool, l) != L->n_head_kv ||
+        if (L->state_floats == 0 && L->attn != KVC_ATTN_NONE && (kvc_kv_layer_n_kv_head(pool, l) != L->n_head_kv ||
                                      kvc_kv_layer_head_dim(pool, l) != L->head_dim))
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool layer %d: %d KV heads of %d, the model's "
                             "%d of %d", l, kvc_kv_layer_n_kv_head(pool, l), kvc_kv_layer_head_dim(pool, l),

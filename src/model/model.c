@@ -297,8 +297,8 @@ static int64_t state_floats(const kvc_hparams *hp, kvc_attn_kind k)
 
 /* kvc_arch.one_kind_per_layer (nemotron_h): layer il is an FFN alone where
  * its feed_forward_length is > 0 (experts when the model has them; every
- * such layer as wide as the widest), else its mixer alone. An FFN layer keeps
- * the pool's K/V shape (kv.h has no layer without either), unused. */
+ * such layer as wide as the widest), else its mixer alone. The pool gives an
+ * FFN layer no K/V (context.c's memory groups). */
 static int one_kind(kvc_model *m, int il, kvc_err *err)
 {
     const kvc_hparams *hp = &m->hp;
@@ -312,7 +312,6 @@ static int one_kind(kvc_model *m, int il, kvc_err *err)
         return kvc_fail(err, KVC_ERR_UNSUPPORTED, "layer %d: feed_forward_length %d, another layer's %d: "
                         "FFNs of different widths are not supported", il, ff, hp->n_ff);
     L->attn = KVC_ATTN_NONE;
-    L->n_head_kv = hp->n_head_kv;
     return KVC_OK;
 }
 
