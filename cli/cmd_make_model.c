@@ -15,7 +15,7 @@ enum { OPT_PRESET = CLI_OPT_CMD, OPT_ARCH, OPT_TYPE, OPT_N_EMBD, OPT_N_LAYER, OP
        OPT_N_EXPERT, OPT_N_EXPERT_USED, OPT_N_FF_EXP, OPT_SWA, OPT_SWA_PATTERN, OPT_ROPE_THETA_SWA,
        OPT_ROPE_SCALING, OPT_ROPE_FACTOR, OPT_ROPE_ORIG_CTX, OPT_LOGIT_SOFTCAP,
        OPT_KV_HEADS, OPT_CONV_L, OPT_SSM_D_CONV, OPT_SSM_D_INNER, OPT_SSM_D_STATE, OPT_SSM_N_HEAD,
-       OPT_SSM_N_GROUP, OPT_N_FF_SHEXP, OPT_N_KV_SHARED };
+       OPT_SSM_N_GROUP, OPT_N_FF_SHEXP, OPT_N_KV_SHARED, OPT_LAYER_PATTERN, OPT_N_DENSE_LEAD };
 
 static const cli_option make_model_opts[] = {
     { "output", 'o', "FILE", 'o', 0, "where to write (required)" },
@@ -25,9 +25,11 @@ static const cli_option make_model_opts[] = {
       "tiny-gemma4, gemma4-e4b, gemma4-26b-a4b,\n"
       "tiny-qwen35, tiny-qwen35moe, qwen3.5-9b, qwen3.6-35b-a3b,\n"
       "tiny-lfm2, tiny-granitehybrid, lfm2-1.2b, granite-4.0-h-tiny,\n"
-      "tiny-qwen3next, qwen3-next-80b-a3b (use --n-layer to cut the large ones)" },
+      "tiny-qwen3next, qwen3-next-80b-a3b, tiny-nemotron_h_moe, tiny-lfm2moe,\n"
+      "tiny-nemotron_h, nemotron-3-nano-30b-a3b, lfm2-8b-a1b, nemotron-h-8b\n"
+      "(use --n-layer to cut the large ones)" },
     { "arch", 0, "A", OPT_ARCH, 0, "llama, qwen2, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, qwen35,\n"
-      "qwen35moe, qwen3next, lfm2, granitehybrid" },
+      "qwen35moe, qwen3next, lfm2, lfm2moe, granitehybrid, nemotron_h, nemotron_h_moe" },
     { "type", 0, "T", OPT_TYPE, 0,
       "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
       "mxfp4_moe (experts MXFP4, the rest Q8_0)" },
@@ -59,7 +61,12 @@ static const cli_option make_model_opts[] = {
     { "ssm-d-state", 0, "N", OPT_SSM_D_STATE, 0, "Mamba-2 state size N (GDN: head size)" },
     { "ssm-n-head", 0, "N", OPT_SSM_N_HEAD, 0, "Mamba-2 heads (GDN: V heads)" },
     { "ssm-n-group", 0, "N", OPT_SSM_N_GROUP, 0, "Mamba-2 groups of B and C (GDN: Q/K heads)" },
-    { "n-ff-shexp", 0, "N", OPT_N_FF_SHEXP, 0, "shared expert width (granitehybrid, qwen35moe)" },
+    { "n-ff-shexp", 0, "N", OPT_N_FF_SHEXP, 0, "shared expert width (granitehybrid, qwen35moe,\n"
+      "nemotron_h_moe)" },
+    { "layer-pattern", 0, "P", OPT_LAYER_PATTERN, 0,
+      "nemotron_h: a letter per layer, repeated: M Mamba-2, * attention,\n"
+      "- (or E) an FFN" },
+    { "n-dense-lead", 0, "N", OPT_N_DENSE_LEAD, 0, "lfm2moe: the first N layers' FFNs are dense" },
     { "n-ctx", 0, "N", OPT_N_CTX, 0, "training context length" },
     { "n-vocab", 0, "N", OPT_N_VOCAB, 0, "vocabulary size" },
     { "vocab", 0, "bpe|spm", OPT_VOCAB, 0, "tokenizer kind" },
@@ -106,6 +113,7 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
         return true;
     case OPT_ROPE_SCALING: p->rope_scaling = v; return true;
     case OPT_KV_HEADS: p->kv_heads = v; return true;
+    case OPT_LAYER_PATTERN: p->layer_pattern = v; return true;
     case OPT_SEED:
         if (!cli_int(opt, v, 0, INT64_MAX, &n))
             return false;
@@ -138,6 +146,7 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
     case OPT_ROPE_THETA_SWA: fp = &p->rope_theta_swa; break;
     case OPT_ROPE_FACTOR: fp = &p->rope_factor; break;
     case OPT_LOGIT_SOFTCAP: fp = &p->logit_softcap; break;
+    case OPT_N_DENSE_LEAD: ip = &p->n_dense_lead; break;
     default: return true;
     }
     if (fp)

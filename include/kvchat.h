@@ -468,6 +468,13 @@ typedef struct kvc_gen_params {
     int32_t     n_rot_swa;
     int32_t     n_embd_per_layer; /* gemma4: per-layer embeddings' width (E models; 0: none) */
     int32_t     n_kv_shared; /* gemma4: the last this many layers reuse earlier layers' K/V */
+    const char *layer_pattern; /* nemotron_h(_moe): each layer's one sublayer, a letter per layer
+                              * repeated over the layers (as Nemotron's hybrid_override_pattern):
+                              * M Mamba-2, * attention, - an FFN (E the same: experts when
+                              * n_expert > 0). NULL: "M-M*" */
+    int32_t     n_dense_lead; /* lfm2moe: leading_dense_block_count, the first layers' FFNs dense */
+    float       expert_weights_scale; /* expert_weights_scale (0: key not written) */
+    bool        expert_weights_norm;  /* expert_weights_norm written true (false: not written) */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -514,6 +521,24 @@ kvc_gen_params kvc_gen_default_params(void);
  *                   (KV 2, 2, 1), 4 heads of 16, 8 experts of 32, top-2, shared expert 48,
  *                   d_inner 128, 8 Mamba heads, 2 groups, N 16, conv 4, NoPE, embedding x12,
  *                   residual x0.5, attention scale 0.125, logits / 4, f32, spm, untied
+ *   "tiny-nemotron_h_moe" nemotron_h_moe, d 64, 10 layers (Mamba-2, MoE, Mamba-2, attention,
+ *                   MoE) x 2, 4/2 heads of 16 (NoPE), 8 ReLU² experts of 32, top-2, shared
+ *                   expert 48, sigmoid router with selection bias, weights renormalised x2.5,
+ *                   d_inner 128, 8 Mamba heads, 2 groups, N 16, conv 4, f32, spm, untied
+ *   "tiny-nemotron_h" nemotron_h, d 64, 7 layers (M - M - M * -: Mamba-2, ReLU² MLP of 96,
+ *                   attention), otherwise as tiny-nemotron_h_moe
+ *   "tiny-lfm2moe"  lfm2moe: tiny-lfm2 with 8 experts of 32, top-2 (sigmoid router with
+ *                   selection bias) after 2 dense layers
+ *   "nemotron-3-nano-30b-a3b" Nemotron 3 Nano 30B-A3B's shapes: 52 layers (23 Mamba-2, 23 MoE,
+ *                   6 attention; cut with n_layer), d 2688, 32/2 heads of 128, 128 experts of
+ *                   1856, top-6, shared expert 3712, x2.5, d_inner 4096, 64 Mamba heads, 8
+ *                   groups, N 128, conv 4, vocab 131072, ctx 262144, untied, bpe, q4_k_m
+ *   "nemotron-h-8b" Nemotron-H 8B's shapes: 52 layers (24 Mamba-2, 24 MLP, 4 attention), d 4096,
+ *                   32/8 heads of 128, ff 21504, d_inner 8192, 128 Mamba heads, 8 groups,
+ *                   N 128, vocab 131072, ctx 8192, untied, bpe, q4_k_m
+ *   "lfm2-8b-a1b"   LFM2-8B-A1B's shapes: 24 layers (attention at 2, 6, 10, 14, 18, 21), d 2048,
+ *                   32/8 heads of 64, 2 dense layers of 7168, then 32 experts of 1792, top-4,
+ *                   vocab 65536, ctx 128000, theta 1e6, tied, bpe, q4_k_m
  *   "lfm2-1.2b"     LFM2-1.2B's shapes: 16 layers (attention at 2, 5, 8, 10, 12, 14; cut with
  *                   n_layer), d 2048, 32/8 heads of 64, ff 8192, l_cache 3, vocab 65536,
  *                   ctx 128000, theta 1e6, tied, bpe, q4_k_m

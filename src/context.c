@@ -127,7 +127,7 @@ static int model_groups(const kvc_model *model, kvc_kv_group *groups, kvc_kv_lay
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const kvc_layer *L = &model->layers[l];
         win[l] = L->window;
-        kvh[l] = L->n_head_kv;
+        kvh[l] = L->attn == KVC_ATTN_NONE ? -1 : L->n_head_kv;   /* no mixer: no K/V (kv.h) */
         hd[l] = L->head_dim;
         plain = plain && !L->window && !L->state_floats && L->kv_layer == l &&
                 L->n_head_kv == hp->n_head_kv && L->head_dim == hp->head_dim;

@@ -48,7 +48,7 @@ static void test_refused(void)
 {
     char path[sizeof(dir) + 32], msg[512];
     snprintf(path, sizeof(path), "%s/stub.gguf", dir);
-    static const char *const later[] = { "gemma3n", "lfm2moe", "nemotron_h" };
+    static const char *const later[] = { "gemma3n", "deepseek2" };
     for (size_t i = 0; i < KVC_ARRAY_LEN(later); i++) {
         write_stub(path, later[i], false);
         kvc_model *m = NULL;
@@ -58,10 +58,10 @@ static void test_refused(void)
                "%s: %s", later[i], msg);
         CHECK(m == NULL);
     }
-    write_stub(path, "nemotron_h", false);
+    write_stub(path, "deepseek2", false);
     kvc_model *m = NULL;
     load(path, &m, msg, sizeof(msg));
-    CHECKF(strstr(msg, "architecture nemotron_h: Mamba-2 recurrent layers are not supported yet"), "%s", msg);
+    CHECKF(strstr(msg, "architecture deepseek2: multi-head latent attention is not supported yet"), "%s", msg);
 
     write_stub(path, "frobnicator", false);
     CHECK_EQ_INT(load(path, &m, msg, sizeof(msg)), KVC_ERR_UNSUPPORTED);
@@ -72,6 +72,30 @@ static void test_refused(void)
     write_stub(path, "qwen3", true);
     CHECK(load(path, &m, msg, sizeof(msg)) != KVC_OK);
     CHECKF(strstr(msg, "metadata key qwen3.embedding_length missing"), "%s", msg);
+}
+
+/* A one_kind_per_layer row (nemotron_h) generated with layers Mamba-2,
+ * attention, FFN (experts as the tiny preset has them): each layer is its
+ * one sublayer, with its one norm, and binds only that sublayer's tensors. */
+static void check_one_kind(const kvc_model *m, const kvc_gen_params *p)
+{
+    const kvc_layer *L = m->layers;
+    CHECK_EQ_INT(m->hp.n_layer, 3);
+    CHECK_EQ_INT(L[0].attn, KVC_ATTN_MAMBA2);
+    CHECK_EQ_INT(L[1].attn, KVC_ATTN_FULL);
+    CHECK_EQ_INT(L[2].attn, KVC_ATTN_NONE);
+    for (int il = 0; il < 3; il++) {
+        CHECK_EQ_INT(L[il].ffn, il < 2 ? KVC_FFN_NONE : p->n_expert > 0 ? KVC_FFN_MOE : KVC_FFN_DENSE);
+        CHECK_EQ_INT(L[il].state_floats > 0, il == 0);
+        CHECK_EQ_INT(L[il].attn_norm != NULL, il < 2);
+        CHECK_EQ_INT(L[il].ffn_norm != NULL, il == 2);
+        CHECK_EQ_INT(L[il].ssm_in.data != NULL, il == 0);
+        CHECK_EQ_INT(L[il].wq.data != NULL, il == 1);
+        CHECK_EQ_INT(L[il].router.data != NULL && L[il].sel_bias && L[il].shexp_up.data, il == 2);
+        CHECK(!L[il].w_gate.data && !L[il].gate_exps.n && !L[il].shexp_gate.data);   /* ReLU²: no gates */
+    }
+    CHECK(L[1].no_rope);
+    CHECK_EQ_INT(L[2].n_head_kv, 0);
 }
 
 /* Every runnable row: the generated model loads, and each table tensor's
@@ -90,6 +114,8 @@ static void test_rows(void)
         p.n_threads = 1;
         p.full_attn_interval = 2;   /* Gated DeltaNet rows: layer 0 recurrent, layer 1 attention */
         const bool gdn = a->layers == kvc_gdn_layers;
+        if (a->one_kind_per_layer)   /* nemotron_h: a layer of each kind */
+            p.n_layer = 3, p.layer_pattern = "M*-";
         kvc_err err = { 0 };
         CHECKF(kvc_gen_model(&p, path, &err) == KVC_OK, "%s: %s", a->name, err.msg);
         kvc_model *m = NULL;
@@ -100,6 +126,11 @@ static void test_rows(void)
         CHECK(m->hp.arch == a);
         CHECK(strcmp(m->hp.arch_name, a->name) == 0);
         CHECK_EQ_INT(m->hp.rope_neox, a->rope_neox);
+        if (a->one_kind_per_layer) {
+            check_one_kind(m, &p);
+            kvc_model_release(m);
+            continue;
+        }
         for (int il = 0; il < m->hp.n_layer; il++) {
             const kvc_layer *L = &m->layers[il];
             const bool rec = gdn && il == 0;
@@ -143,7 +174,7 @@ static void test_rows(void)
             CHECK_EQ_INT(L->q_norm != NULL, strcmp(a->name, "qwen3") == 0 || strcmp(a->name, "qwen3moe") == 0 ||
                                                 strcmp(a->name, "gemma3") == 0 || gdn ||
                                                 strcmp(a->name, "gemma4") == 0 ||
-                                                strcmp(a->name, "lfm2") == 0);
+                                                strncmp(a->name, "lfm2", 4) == 0);
             CHECK_EQ_INT(L->sinks != NULL, strcmp(a->name, "gpt-oss") == 0);
             CHECK_EQ_INT(L->post_ffn_norm != NULL, strcmp(a->name, "gemma3") == 0 ||
                                                    strcmp(a->name, "gemma4") == 0);

@@ -1,5 +1,6 @@
 /* test_recurrent_reuse.c - issue 32's five-turn scenario over HTTP on the
- * hybrid recurrent models (lfm2, qwen35, qwen35moe, qwen3next, granitehybrid): every
+ * hybrid recurrent models (lfm2, lfm2moe, qwen35, qwen35moe, qwen3next, granitehybrid,
+ * nemotron_h, nemotron_h_moe): every
  * turn reuses every prompt token before its divergence point, but T5, which
  * diverges 20 tokens before T1's prompt ends, at least 380 - S (S = 64, the
  * snapshot interval given); every warm reply equals a fresh process's.
@@ -197,6 +198,7 @@ int main(void)
     struct { const char *preset, *file; } models[] = {
         { "tiny-lfm2", NULL }, { "tiny-qwen35", NULL }, { "tiny-granitehybrid", NULL },
         { "tiny-qwen3next", NULL },
+        { "tiny-nemotron_h_moe", NULL }, { "tiny-lfm2moe", NULL }, { "tiny-nemotron_h", NULL },
         { NULL, "tiny-lfm2-f32.gguf" }, { NULL, "tiny-qwen35-f32.gguf" },
         { NULL, "tiny-qwen35moe-f32.gguf" }, { NULL, "tiny-granitehybrid-f32.gguf" },
     };

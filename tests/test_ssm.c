@@ -10,8 +10,9 @@
  *  - sessions: a conversation sharing cached blocks with another, the next
  *    turn and an edited message run and equal a cold run;
  *  - make-model refuses bad hybrid parameters, naming them.
- * Models: make-model's tiny-lfm2 and tiny-granitehybrid (F32, and Q8_0 for
- * the integer matmul paths), an lfm2 with a sliding window of 5 on its
+ * Models: make-model's tiny-lfm2, tiny-granitehybrid and tiny-nemotron_h_moe
+ * (F32, and Q8_0 for the integer matmul paths), tiny-lfm2moe and
+ * tiny-nemotron_h, an lfm2 with a sliding window of 5 on its
  * attention layers, a granitehybrid with a state size N = 12 (the scan's
  * scalar path on every ISA). Needs nothing from ../shared. */
 #include <unistd.h>
@@ -325,6 +326,21 @@ static void check_gen_errors(void)
         CHECK_EQ_INT(kvc_gen_write(&p, path, err, sizeof(err)), KVC_ERR_INVALID_ARG);
         CHECKF(strstr(err, bad[i].want), "%s kv_heads '%s': %s", bad[i].preset, bad[i].kv, err);
     }
+    static const struct { const char *preset, *pattern; int32_t lead; const char *want; } bad2[] = {
+        { "tiny-nemotron_h", "M*x", 0, "layer_pattern \"M*x\": letters M * - E" },
+        { "tiny-nemotron_h", "M-", 0, "no attention layer among the 7 layers" },
+        { "tiny-lfm2", "M*-", 0, "layer_pattern \"M*-\": letters M * - E, for nemotron_h" },
+        { "tiny-lfm2moe", NULL, 9, "n_dense_lead 9: 0 to n_layer, for lfm2moe" },
+        { "tiny-granitehybrid", NULL, 1, "n_dense_lead 1: 0 to n_layer, for lfm2moe" },
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bad2); i++) {
+        kvc_gen_params p;
+        kvc_gen_preset(bad2[i].preset, &p);
+        p.layer_pattern = bad2[i].pattern;
+        p.n_dense_lead = bad2[i].lead;
+        CHECK_EQ_INT(kvc_gen_write(&p, path, err, sizeof(err)), KVC_ERR_INVALID_ARG);
+        CHECKF(strstr(err, bad2[i].want), "%s: %s", bad2[i].preset, err);
+    }
 }
 
 int main(void)
@@ -334,13 +350,17 @@ int main(void)
         return 1;
     check_scan_kernel();
     check_gen_errors();
-    static const struct { const char *preset, *ftype; int32_t d_state, n_swa; } models[] = {
-        { "tiny-lfm2", "f32", 0, 0 },
-        { "tiny-lfm2", "q8_0", 0, 0 },
-        { "tiny-lfm2", "f32", 0, 5 },            /* every attention layer slides, window < 7 */
-        { "tiny-granitehybrid", "f32", 0, 0 },
-        { "tiny-granitehybrid", "q8_0", 0, 0 },
-        { "tiny-granitehybrid", "f32", 12, 0 },  /* N % 8 != 0: the scan's scalar path everywhere */
+    static const struct { const char *preset, *ftype; int32_t d_state, n_swa; bool sessions; } models[] = {
+        { "tiny-lfm2", "f32", 0, 0, true },
+        { "tiny-lfm2", "q8_0", 0, 0, false },
+        { "tiny-lfm2", "f32", 0, 5, false },            /* every attention layer slides, window < 7 */
+        { "tiny-granitehybrid", "f32", 0, 0, true },
+        { "tiny-granitehybrid", "q8_0", 0, 0, false },
+        { "tiny-granitehybrid", "f32", 12, 0, false },  /* N % 8 != 0: the scan's scalar path everywhere */
+        { "tiny-nemotron_h_moe", "f32", 0, 0, true },   /* Mamba-2, attention, MoE: a layer each */
+        { "tiny-nemotron_h_moe", "q8_0", 0, 0, false },
+        { "tiny-lfm2moe", "f32", 0, 0, true },          /* dense first layers, then experts */
+        { "tiny-nemotron_h", "f32", 0, 0, true },       /* ReLU² MLP layers */
     };
     char path[512], label[96];
     for (size_t i = 0; i < KVC_ARRAY_LEN(models); i++) {
@@ -351,7 +371,7 @@ int main(void)
             check_model(path, label, models[i].n_swa);
             if (i == 0)
                 check_shift_refused(path);
-            if (i == 0 || i == 3)
+            if (models[i].sessions)
                 check_sessions(path);
         }
     }

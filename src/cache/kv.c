@@ -99,7 +99,7 @@ static int resolve(const kvc_kv_pool_params *p, kvc_kv_pool_params *q, kvc_kv_gr
         L->state_floats = in.state_floats > 0 ? in.state_floats : 0;
         L->state_off = state_floats;
         state_floats += L->state_floats;
-        L->n_kv_head = in.n_kv_head > 0 ? in.n_kv_head : q->n_kv_head;
+        L->n_kv_head = in.n_kv_head > 0 ? in.n_kv_head : in.n_kv_head < 0 ? 0 : q->n_kv_head;
         L->head_dim = in.head_dim > 0 ? in.head_dim : q->head_dim;
         if (L->group < 0 || L->group >= q->n_groups)
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool: layer %d in memory group %d of %d", l, L->group,
@@ -201,8 +201,8 @@ int kvc_kv_pool_new(const kvc_kv_pool_params *p, kvc_kv_pool **out, kvc_err *err
     kvc_kv_pool_params *q = &pool->p;
     for (int32_t l = 0; l < q->n_layer; l++) {
         const kv_layer *L = &pool->layer[l];
-        pool->l_params[l] = (kvc_kv_layer){ L->group, L->n_kv_head, L->head_dim, L->state_floats,
-                                            l - L->kv_of };
+        pool->l_params[l] = (kvc_kv_layer){ L->group, L->n_kv_head ? L->n_kv_head : -1, L->head_dim,
+                                            L->state_floats, l - L->kv_of };
         pool->state_floats += L->state_floats;
     }
     q->groups = pool->g_params;

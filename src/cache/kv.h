@@ -66,7 +66,8 @@ typedef struct kvc_kv_group {
 
 typedef struct kvc_kv_layer {
     int32_t group;          /* its memory group, < n_groups */
-    int32_t n_kv_head;      /* 0: the pool's n_kv_head */
+    int32_t n_kv_head;      /* 0: the pool's n_kv_head; -1: no K/V and no state (a layer
+                             * without a token mixer: nemotron_h's FFN layers) */
     int32_t head_dim;       /* 0: the pool's head_dim */
     int64_t state_floats;   /* > 0: a recurrent layer: no K/V in any chunk, instead a state of
                              * this many floats per sequence (kvc_kv_seq_state) */

@@ -119,6 +119,35 @@ static const kvc_arch_key keys_granite[] = {
     { 0 }
 };
 
+/* lfm2moe: the first layers dense, then experts under a sigmoid router with
+ * a selection bias; the selected weights always renormalised, never scaled
+ * (llama.cpp reads neither key for it). */
+static const kvc_arch_key keys_lfm2moe[] = {
+    KEY("feed_forward_length",              KVC_KEY_U32, false, n_ff, 0),
+    KEY("expert_count",                     KVC_KEY_U32, true,  n_expert, 0),
+    KEY("expert_used_count",                KVC_KEY_U32, true,  n_expert_used, 0),
+    KEY("expert_feed_forward_length",       KVC_KEY_U32, true,  n_ff_exp, 0),
+    KEY("expert_gating_func",               KVC_KEY_U32, true,  moe_gating, 0),
+    KEY("leading_dense_block_count",        KVC_KEY_U32, false, n_layer_dense_lead, 0),
+    { 0 }
+};
+
+/* Nemotron-H: an FFN width per layer (0: a mixer layer, kvc_arch.one_kind_per_layer);
+ * with experts (nemotron_h_moe) every FFN layer is MoE. NAN: absent leaves the
+ * row's default. */
+static const kvc_arch_key keys_nemotron[] = {
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, true, n_ff, 0),
+    KEY("expert_count",                     KVC_KEY_U32, false, n_expert, 0),
+    KEY("expert_used_count",                KVC_KEY_U32, false, n_expert_used, 0),
+    KEY("expert_feed_forward_length",       KVC_KEY_U32, false, n_ff_exp, 0),
+    KEY("expert_shared_feed_forward_length", KVC_KEY_U32, false, n_ff_shexp, 0),
+    KEY("expert_weights_norm",              KVC_KEY_BOOL, false, moe_norm_w, NAN),
+    KEY("expert_weights_scale",             KVC_KEY_F32, false, moe_w_scale, 0),
+    KEY("moe_latent_size",                  KVC_KEY_U32, false, moe_latent, 0),
+    KEY("nextn_predict_layers",             KVC_KEY_U32, false, n_layer_nextn, 0),
+    { 0 }
+};
+
 #undef KEY
 
 /* ---------------------------------------------------------------- tensors */
@@ -181,6 +210,32 @@ static const kvc_arch_tensor t_mamba2[] = {
     T("ssm_d", KVC_D1, KVC_D_SSM_HEADS, KVC_D1, KVC_ON_RECR, 0, 1, ssm_d),
     T("ssm_norm.weight", KVC_D_SSM_GROUP_W, KVC_D_SSM_GROUPS, KVC_D1, KVC_ON_RECR, 0, 1, ssm_norm),
     MAT("ssm_out.weight", KVC_D_SSM_INNER, KVC_D_EMBD, KVC_ON_RECR, 0, ssm_out),
+    { 0 }
+};
+
+/* Nemotron-H: one norm per layer (attn_norm), the input of its one sublayer;
+ * FFNs are ReLU², not gated (up, down), the experts' too, with a shared
+ * expert; the router is a sigmoid with a selection bias. */
+static const kvc_arch_tensor t_nemotron[] = {
+    VEC("attn_norm.weight", KVC_D_EMBD, KVC_ON_MIXER, 0, attn_norm),
+    VEC("attn_norm.weight", KVC_D_EMBD, KVC_ON_FFN,   0, ffn_norm),
+    MAT("ffn_up.weight",    KVC_D_EMBD, KVC_D_FF,   KVC_ON_DENSE, 0, w_up),
+    MAT("ffn_down.weight",  KVC_D_FF,   KVC_D_EMBD, KVC_ON_DENSE, 0, w_down),
+    MAT("ffn_gate_inp.weight", KVC_D_EMBD, KVC_D_EXP, KVC_ON_MOE, 0, router),
+    VEC("exp_probs_b.bias",    KVC_D_EXP,             KVC_ON_MOE, 0, sel_bias),
+    EXPS("ffn_up_exps.weight",   KVC_D_EMBD, KVC_D_FF_EXP, 0, up_exps),
+    EXPS("ffn_down_exps.weight", KVC_D_FF_EXP, KVC_D_EMBD, 0, down_exps),
+    MAT("ffn_up_shexp.weight",   KVC_D_EMBD, KVC_D_FF_SHEXP, KVC_ON_MOE, 0, shexp_up),
+    MAT("ffn_down_shexp.weight", KVC_D_FF_SHEXP, KVC_D_EMBD, KVC_ON_MOE, 0, shexp_down),
+    { 0 }
+};
+
+/* Nemotron-H's attention: projections and optional biases, no norm of their own. */
+static const kvc_arch_tensor t_attn_proj[] = {
+    MAT("attn_q.weight",      KVC_D_EMBD, KVC_D_Q,   KVC_ON_ATTN, 0, wq),
+    MAT("attn_k.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, 0, wk),
+    MAT("attn_v.weight",      KVC_D_EMBD, KVC_D_KV,  KVC_ON_ATTN, 0, wv),
+    MAT("attn_output.weight", KVC_D_Q,    KVC_D_EMBD, KVC_ON_ATTN, 0, wo),
     { 0 }
 };
 
@@ -424,12 +479,27 @@ static const kvc_arch rows[] = {
       .keys = KEYS(keys_common, keys_granite, keys_ssm),
       .tensors = TENSORS(t_attn, t_attn_bias_opt, t_mamba2, t_ffn_norm, t_ffn_dense, t_ffn_moe) },
 
+    /* LFM2-8B-A1B: lfm2 with experts after leading_dense_block_count dense layers */
+    { .name = "lfm2moe", .rope_neox = true, .ffn = KVC_FFN_MOE, .recurrent = KVC_ATTN_SHORTCONV,
+      .gating = KVC_GATING_SIGMOID, .moe_norm_w = true,
+      .swa_rope_as_global = true, .output_norm = "token_embd_norm.weight",
+      .keys = KEYS(keys_common, keys_lfm2moe, keys_swa, keys_shortconv),
+      .tensors = TENSORS(t_attn, t_qk_norm, t_shortconv, t_ffn_norm, t_ffn_dense, t_ffn_moe) },
+    /* Nemotron-H (dense) and Nemotron 3 (MoE): each layer one of Mamba-2,
+     * attention (NoPE) or a ReLU² FFN (experts when expert_count > 0) */
+#define NEMOTRON_H(nm)                                                                            \
+    { .name = nm, .ffn = KVC_FFN_MOE, .ffn_by_experts = true, .one_kind_per_layer = true,         \
+      .act = KVC_ACT_RELU2, .gating = KVC_GATING_SIGMOID, .moe_norm_w = false,                    \
+      .recurrent = KVC_ATTN_MAMBA2, .nope = true,                                                 \
+      .keys = KEYS(keys_common, keys_nemotron, keys_ssm),                                         \
+      .tensors = TENSORS(t_nemotron, t_attn_proj, t_attn_bias_opt, t_mamba2) }
+    NEMOTRON_H("nemotron_h"),
+    NEMOTRON_H("nemotron_h_moe"),
+#undef NEMOTRON_H
+
     /* known, not run yet (ARCHITECTURES.md) */
 #define LATER(nm, why) { .name = nm, .unsupported = why }
     LATER("gemma3n",        "per-layer embeddings and AltUp are not supported yet"),
-    LATER("lfm2moe",        "short-convolution layers with experts are not supported yet"),
-    LATER("nemotron_h",     "Mamba-2 recurrent layers are not supported yet"),
-    LATER("nemotron_h_moe", "Mamba-2 recurrent layers are not supported yet"),
     LATER("deepseek2",      "multi-head latent attention is not supported yet"),
     LATER("glm4moe",        "partial RoPE is not supported yet"),
     LATER("mistral3",       "YaRN RoPE scaling is not supported yet"),

@@ -21,6 +21,8 @@ typedef enum kvc_attn_kind {
     KVC_ATTN_GDN    = 2,     /* Gated DeltaNet (qwen35, qwen35moe, qwen3next) */
     KVC_ATTN_SHORTCONV = 3,  /* gated short convolution (lfm2) */
     KVC_ATTN_MAMBA2 = 4,     /* Mamba-2 selective state space (granitehybrid, nemotron_h) */
+    KVC_ATTN_NONE   = 5,     /* no token mixer: the layer is its FFN alone (nemotron_h's MLP and
+                              * MoE layers) */
 } kvc_attn_kind;
 
 /* How RoPE's angles are scaled (rope.scaling.type). */
@@ -36,6 +38,8 @@ typedef enum kvc_ffn_kind {
     KVC_FFN_MOE   = 1,       /* a router picks n_expert_used of n_expert such FFNs */
     KVC_FFN_MOE_DENSE = 2,   /* experts beside a dense FFN, each with its own norms, summed
                               * (Gemma 4's MoE layers: forward_moe.c) */
+    KVC_FFN_NONE  = 3,       /* no FFN: the layer is its token mixer alone (nemotron_h's Mamba-2
+                              * and attention layers) */
 } kvc_ffn_kind;
 
 /* How the router turns its logits into the selected experts' weights
@@ -95,6 +99,8 @@ typedef enum kvc_tensor_when {
     KVC_ON_ATTN,             /* layers whose token mixer is attention (full or window) */
     KVC_ON_RECR,             /* layers whose token mixer is recurrent (the row's kind: Gated
                               * DeltaNet, short convolution, Mamba-2) */
+    KVC_ON_MIXER,            /* layers that have a token mixer (attention or recurrent) */
+    KVC_ON_FFN,              /* layers that have an FFN (dense or experts) */
 } kvc_tensor_when;
 
 #define KVC_T_OPTIONAL  1u   /* may be absent: its field stays NULL / empty */
@@ -169,6 +175,11 @@ typedef struct kvc_arch {
                                               * (lfm2, granitehybrid); 0: none such */
     bool        rope_finetuned_switch;       /* rope.scaling.finetuned false => no RoPE at all
                                               * (Granite 4.0-H is NoPE) */
+    bool        nope;                        /* no RoPE at all, whatever the keys (Nemotron-H) */
+    bool        one_kind_per_layer;          /* each layer is one sublayer alone (nemotron_h):
+                                              * an FFN where its feed_forward_length (per layer)
+                                              * is > 0, else attention where it has KV heads,
+                                              * else the row's recurrent kind */
     const char *output_norm;                 /* the final norm's tensor; NULL: output_norm.weight
                                               * (lfm2: token_embd_norm.weight) */
     float       attn_scale;                  /* every layer's score factor (Gemma 4: 1, its

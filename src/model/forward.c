@@ -651,8 +651,12 @@ void kvc_fwd_ffn_dense(fwd *f, float *out)
     const kvc_layer *L = &c->m->layers[f->layer];
     const int64_t n = f->n, d = c->m->hp.n_embd, n_ff = c->m->hp.n_ff;
 
-    kvc_fwd_matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->w_gate, &L->w_up }, (float *[]){ c->gate, c->up },
-             (const int64_t[]){ n_ff, n_ff });
+    if (L->w_gate.data)
+        kvc_fwd_matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->w_gate, &L->w_up },
+                         (float *[]){ c->gate, c->up }, (const int64_t[]){ n_ff, n_ff });
+    else   /* not gated (ReLU²): the activation reads up alone */
+        kvc_fwd_matmul_n(c, c->h, n, 1, (const kvc_weight *[]){ &L->w_up }, (float *[]){ c->up },
+                         (const int64_t[]){ n_ff });
     kvc_threadpool_run(c->tp, n, ffn_act_task, f);
     matmul(c, &L->w_down, c->gate, n, out, d);
 }
@@ -664,18 +668,54 @@ static void ffn_dense_step(fwd *f)
     kvc_fwd_ffn_dense(f, f->c->h);
 }
 
+/* Row i of a layer without a token mixer: x += the previous layer's output,
+ * and nothing for the FFN's norm task to add (h = 0; x + 0 is x). */
+static void no_mixer_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const kvc_hparams *hp = &f->c->m->hp;
+    float *x = f->c->x + i * hp->n_embd, *h = f->c->h + i * hp->n_embd;
+    if (f->layer > 0)
+        ffn_residual(hp, &f->c->m->layers[f->layer - 1], x, h);
+    memset(h, 0, (size_t)hp->n_embd * sizeof(float));
+}
+
+/* A layer that is its FFN alone (nemotron_h). */
+static void no_mixer_step(fwd *f)
+{
+    kvc_threadpool_run(f->c->tp, f->n, no_mixer_task, f);
+}
+
+/* Row i of a layer without an FFN: the mixer's output bias, which the FFN's
+ * norm task would have added (the next step adds h as an FFN's output). */
+static void no_ffn_task(void *ctx, int64_t i, int thread)
+{
+    fwd *f = ctx;
+    const int64_t d = f->c->m->hp.n_embd;
+    add_bias(f->c->h + i * d, f->c->m->layers[f->layer].bo, d);
+}
+
+/* A layer that is its token mixer alone (nemotron_h). */
+static void no_ffn_step(fwd *f)
+{
+    if (f->c->m->layers[f->layer].bo)
+        kvc_threadpool_run(f->c->tp, f->n, no_ffn_task, f);
+}
+
 static const layer_step attn_steps[] = {
     [KVC_ATTN_FULL]   = attn_step,
     [KVC_ATTN_WINDOW] = attn_step,
     [KVC_ATTN_GDN]    = kvc_gdn_step,
     [KVC_ATTN_SHORTCONV] = kvc_shortconv_step,
     [KVC_ATTN_MAMBA2] = kvc_mamba2_step,
+    [KVC_ATTN_NONE]   = no_mixer_step,
 };
 
 static const layer_step ffn_steps[] = {
     [KVC_FFN_DENSE] = ffn_dense_step,
     [KVC_FFN_MOE]   = kvc_moe_step,
     [KVC_FFN_MOE_DENSE] = kvc_moe_dense_step,
+    [KVC_FFN_NONE]  = no_ffn_step,
 };
 
 static void layer_forward(fwd *f)
@@ -705,7 +745,7 @@ static int check_batch(const kvc_compute *c, const kvc_kv_pool *pool, const kvc_
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool shape does not match the model");
     for (int32_t l = 0; l < hp->n_layer; l++) {   /* head sizes and KV heads may differ per layer */
         const kvc_layer *L = &c->m->layers[l];
-        if (L->state_floats == 0 && (kvc_kv_layer_n_kv_head(pool, l) != L->n_head_kv ||
+        if (L->state_floats == 0 && L->attn != KVC_ATTN_NONE && (kvc_kv_layer_n_kv_head(pool, l) != L->n_head_kv ||
                                      kvc_kv_layer_head_dim(pool, l) != L->head_dim))
             return kvc_fail(err, KVC_ERR_INVALID_ARG, "KV pool layer %d: %d KV heads of %d, the model's "
                             "%d of %d", l, kvc_kv_layer_n_kv_head(pool, l), kvc_kv_layer_head_dim(pool, l),

@@ -8,6 +8,7 @@
  *   w      = probs[sel]; softmax over the k (gpt-oss); / sum (norm_w); * scale
  *   out    = sum_j w_j (down_e(act(gate_e h (+b), up_e h (+b))) * s_e (+ b_down))
  *          + sigmoid(w_sg . h) * down_s(act(gate_s h, up_s h))   (shared expert)
+ * (ReLU² experts, shared or not, have no gate: act(up h) = relu(up h)^2.)
  *
  * Gemma 4's MoE layers (KVC_FFN_MOE_DENSE, ARCHITECTURES.md §3.7) run the
  * experts beside the dense FFN, from the same residual stream x:
@@ -321,6 +322,9 @@ static void gate_up_task(void *ctx, int64_t task, int thread)
         const kvc_weight w = kvc_expert(&L->gate_up_exps, e);
         expert_rows(j, &w, x, j->d, e, gu, ld, t->r0, t->r1, thread);
         expert_rows(j, &w, x, j->d, e, gu, ld, ff + t->r0, ff + t->r1, thread);
+    } else if (!L->gate_exps.n) {   /* not gated (ReLU²): the activation reads up alone */
+        const kvc_weight wu = kvc_expert(&L->up_exps, e);
+        expert_rows(j, &wu, x, j->d, e, gu + ff, ld, t->r0, t->r1, thread);
     } else {
         const kvc_weight wg = kvc_expert(&L->gate_exps, e), wu = kvc_expert(&L->up_exps, e);
         expert_rows(j, &wg, x, j->d, e, gu, ld, t->r0, t->r1, thread);
@@ -388,7 +392,7 @@ static void combine_task(void *ctx, int64_t t, int thread)
         for (int64_t i = 0; i < j->d; i++)
             out[i] += w[s] * ys[i];
     }
-    if (j->L->shexp_gate.data) {
+    if (j->L->shexp_up.data) {
         const float g = j->L->shexp_gate_inp.data
                       ? (float)(1.0 / (1.0 + exp(-(double)b->sh_gate[t]))) : 1.0f;
         const float *sy = b->sh_y + t * j->d;
@@ -416,7 +420,8 @@ static void run_experts(moe_job *j)
 
     const bool fused = L->gate_up_exps.n > 0;
     j->act_tok = true;
-    if ((j->act = uses_act(j, fused ? &L->gate_up_exps.w : &L->gate_exps.w, fused ? NULL : &L->up_exps.w)))
+    const kvc_weight *first = fused ? &L->gate_up_exps.w : L->gate_exps.n ? &L->gate_exps.w : &L->up_exps.w;
+    if ((j->act = uses_act(j, first, fused ? NULL : &L->up_exps.w)))
         kvc_threadpool_run(c->tp, (n + MOE_TOK_TASK - 1) / MOE_TOK_TASK, quant_in_task, j);
     else
         kvc_threadpool_run(c->tp, pair_tasks, gather_task, j);
@@ -448,9 +453,13 @@ void kvc_moe_step(fwd *f)
     else
         kvc_fwd_matmul_n(c, c->h, n, 1, (const kvc_weight *[]){ &L->router }, (float *[]){ b->logits },
                          (const int64_t[]){ j.n_exp });
-    if (L->shexp_gate.data) {
+    if (L->shexp_gate.data)
         kvc_fwd_matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->shexp_gate, &L->shexp_up },
                          (float *[]){ b->sh_g, b->sh_u }, (const int64_t[]){ fs, fs });
+    else if (L->shexp_up.data)   /* not gated (ReLU²) */
+        kvc_fwd_matmul_n(c, c->h, n, 1, (const kvc_weight *[]){ &L->shexp_up }, (float *[]){ b->sh_u },
+                         (const int64_t[]){ fs });
+    if (L->shexp_up.data) {
         kvc_threadpool_run(c->tp, n, shexp_act_task, &j);
         kvc_fwd_matmul_n(c, b->sh_g, n, 1, (const kvc_weight *[]){ &L->shexp_down },
                          (float *[]){ b->sh_y }, (const int64_t[]){ j.d });

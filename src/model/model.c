@@ -198,6 +198,13 @@ static int load_hparams(const gguf_file *f, kvc_hparams *hp, kvc_err *err)
         if (hp->moe_gating < KVC_GATING_SOFTMAX || hp->moe_gating > KVC_GATING_SOFTMAX_WEIGHT)
             return kvc_fail(err, KVC_ERR_UNSUPPORTED, "expert gating function %d not supported",
                             hp->moe_gating);
+        if (hp->moe_latent > 0)
+            return kvc_fail(err, KVC_ERR_UNSUPPORTED, "moe_latent_size %d: experts in a latent space "
+                            "(Nemotron 3 Super) are not supported yet", hp->moe_latent);
+        if (hp->n_layer_dense_lead < 0 || hp->n_layer_dense_lead > hp->n_layer ||
+            (hp->n_layer_dense_lead > 0 && (hp->n_ff <= 0 || hp->n_ff > lim)))
+            return kvc_fail(err, KVC_ERR_FORMAT, "bad leading_dense_block_count %d of %d layers (n_ff %d)",
+                            hp->n_layer_dense_lead, hp->n_layer, hp->n_ff);
     }
     if (hp->head_dim == 0)
         hp->head_dim = hp->n_embd / hp->n_head;
@@ -267,8 +274,8 @@ static kvc_ffn_kind layer_ffn(const kvc_model *m, int il)
     const kvc_arch *a = m->hp.arch;
     char name[64];
     if (!a->ffn_by_experts)
-        return a->ffn;
-    if (m->hp.n_expert == 0)
+        return a->ffn == KVC_FFN_MOE && il < m->hp.n_layer_dense_lead ? KVC_FFN_DENSE : a->ffn;
+    if (m->hp.n_expert == 0 || il < m->hp.n_layer_dense_lead)
         return KVC_FFN_DENSE;
     if (a->ffn != KVC_FFN_MOE_DENSE)
         return KVC_FFN_MOE;
@@ -288,6 +295,26 @@ static int64_t state_floats(const kvc_hparams *hp, kvc_attn_kind k)
     }
 }
 
+/* kvc_arch.one_kind_per_layer (nemotron_h): layer il is an FFN alone where
+ * its feed_forward_length is > 0 (experts when the model has them; every
+ * such layer as wide as the widest), else its mixer alone. The pool gives an
+ * FFN layer no K/V (context.c's memory groups). */
+static int one_kind(kvc_model *m, int il, kvc_err *err)
+{
+    const kvc_hparams *hp = &m->hp;
+    kvc_layer *L = &m->layers[il];
+    const int32_t ff = layer_u32(m, "feed_forward_length", il, hp->n_ff);
+    if (ff == 0) {
+        L->ffn = KVC_FFN_NONE;
+        return KVC_OK;
+    }
+    if (hp->n_expert == 0 && ff != hp->n_ff)
+        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "layer %d: feed_forward_length %d, another layer's %d: "
+                        "FFNs of different widths are not supported", il, ff, hp->n_ff);
+    L->attn = KVC_ATTN_NONE;
+    return KVC_OK;
+}
+
 /* Every layer's kinds and attention shape: full or sliding by the pattern,
  * the sliding layers with their own RoPE base (and rotation, forward.c); a
  * layer of no KV heads (a per-layer head_count_kv) is the row's recurrent
@@ -297,6 +324,7 @@ static int layer_hparams(kvc_model *m, kvc_err *err)
     const kvc_hparams *hp = &m->hp;
     const int32_t per_head = hp->arch->attn_scale_embd_layers == hp->n_layer ? hp->n_embd / hp->n_head
                                                                              : hp->head_dim;
+    int rc;
     for (int il = 0; il < hp->n_layer; il++) {
         kvc_layer *L = &m->layers[il];
         const bool slides = layer_slides(m, il);
@@ -313,11 +341,15 @@ static int layer_hparams(kvc_model *m, kvc_err *err)
                       : hp->arch->attn_scale > 0.0f ? hp->arch->attn_scale : 1.0f / sqrtf((float)per_head);
         L->v_norm = hp->arch->v_norm;
         L->kv_layer = il;
-        L->no_rope = hp->arch->rope_finetuned_switch && !hp->rope_finetuned;
+        L->no_rope = hp->arch->nope || (hp->arch->rope_finetuned_switch && !hp->rope_finetuned);
         if (L->n_head_kv == 0 && hp->arch->recurrent == KVC_ATTN_FULL)
             return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: no KV heads, and %s has no recurrent layers",
                             il, hp->arch->name);
-        if (L->n_head_kv == 0) {
+        if (hp->arch->one_kind_per_layer && (rc = one_kind(m, il, err)))
+            return rc;
+        if (L->attn == KVC_ATTN_NONE) {
+            L->window = 0;
+        } else if (L->n_head_kv == 0) {
             L->attn = hp->arch->recurrent;
             L->window = 0;
             L->state_floats = state_floats(hp, L->attn);
@@ -438,9 +470,17 @@ static int bind_one(binder *b, const kvc_arch_tensor *t, const char *name, const
 static bool applies(const kvc_arch_tensor *t, const kvc_layer *L)
 {
     const bool attn = L->attn == KVC_ATTN_FULL || L->attn == KVC_ATTN_WINDOW;
-    return t->when == KVC_ON_ALL || (t->when == KVC_ON_DENSE && L->ffn == KVC_FFN_DENSE) ||
-           (t->when == KVC_ON_MOE && (L->ffn == KVC_FFN_MOE || L->ffn == KVC_FFN_MOE_DENSE)) || (t->when == KVC_ON_ATTN && attn) ||
-           (t->when == KVC_ON_RECR && !attn);
+    const bool recr = !attn && L->attn != KVC_ATTN_NONE;
+    switch ((kvc_tensor_when)t->when) {
+    case KVC_ON_ALL:   return true;
+    case KVC_ON_DENSE: return L->ffn == KVC_FFN_DENSE;
+    case KVC_ON_MOE:   return L->ffn == KVC_FFN_MOE || L->ffn == KVC_FFN_MOE_DENSE;
+    case KVC_ON_ATTN:  return attn;
+    case KVC_ON_RECR:  return recr;
+    case KVC_ON_MIXER: return L->attn != KVC_ATTN_NONE;
+    case KVC_ON_FFN:   return L->ffn != KVC_FFN_NONE;
+    }
+    return false;
 }
 
 static int bind_layer(binder *b, int il)
@@ -459,7 +499,9 @@ static int bind_layer(binder *b, int il)
             if ((rc = bind_one(b, t, name, ne, !(t->flags & (KVC_T_OPTIONAL | KVC_T_FUSED_ALT)), L)))
                 return rc;
         }
-    if (L->ffn != KVC_FFN_DENSE && !L->gate_up_exps.n && (!L->gate_exps.n || !L->up_exps.n))
+    /* ReLU² FFNs have no gate (nemotron_h: its table requires up and down) */
+    if ((L->ffn == KVC_FFN_MOE || L->ffn == KVC_FFN_MOE_DENSE) && hp->ffn_act != KVC_ACT_RELU2 &&
+        !L->gate_up_exps.n && (!L->gate_exps.n || !L->up_exps.n))
         return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor blk.%d.%s missing", il,
                         L->gate_exps.n ? "ffn_up_exps.weight" : "ffn_gate_exps.weight");
     if (L->kv_layer == il && (L->attn == KVC_ATTN_FULL || L->attn == KVC_ATTN_WINDOW) &&

@@ -57,6 +57,9 @@ typedef struct kvc_hparams {
     bool     moe_norm_w;     /* expert_weights_norm: selected weights sum to 1 */
     float    moe_w_scale;    /* expert_weights_scale (0 or 1: none) */
     kvc_ffn_act ffn_act;     /* the FFNs' activation */
+    int32_t  n_layer_dense_lead; /* leading_dense_block_count: the first this many layers' FFNs
+                              * are dense, the rest experts (lfm2moe) */
+    int32_t  moe_latent;     /* moe_latent_size: experts in a smaller latent space (refused) */
     int32_t  n_layer_nextn;  /* nextn_predict_layers: MTP blocks after the main layers (not run;
                               * n_layer excludes them) */
     /* recurrent layers (arch.h's kvc_arch.recurrent or .layers; 0 when the model has none) */

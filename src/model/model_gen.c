@@ -180,6 +180,28 @@ static int32_t gen_head_dim(const kvc_gen_params *p, int l)
     return gen_slides(p, l) ? p->head_dim_swa : p->head_dim;
 }
 
+/* A one_kind_per_layer row's layer l (kvc_gen_params.layer_pattern): 'M'
+ * Mamba-2, '*' attention, '-' an FFN (E is '-'); 0 on other rows. */
+static char gen_kind(const kvc_gen_params *p, int l)
+{
+    const char *pat = p->layer_pattern && *p->layer_pattern ? p->layer_pattern : "M-M*";
+    if (!gen_arch(p->arch)->one_kind_per_layer)
+        return 0;
+    const char k = pat[l % (int)strlen(pat)];
+    return k == 'E' ? '-' : k;
+}
+
+/* Whether layer l has an FFN, and whether it is experts (moe, from gen_moe). */
+static bool gen_has_ffn(const kvc_gen_params *p, int l)
+{
+    return !gen_arch(p->arch)->one_kind_per_layer || gen_kind(p, l) == '-';
+}
+
+static bool gen_layer_moe(const kvc_gen_params *p, int l, bool moe)
+{
+    return moe && gen_has_ffn(p, l) && l >= p->n_dense_lead;
+}
+
 /* The KV heads of each layer (kvc_gen_params.kv_heads) into kv[n_layer]:
  * the list repeated over the layers, or the default (even layers recurrent);
  * every layer n_head_kv for a row without recurrent layers. Returns the
@@ -201,7 +223,8 @@ static int layer_kv_heads(const kvc_gen_params *p, int32_t *kv)
     if (p->kv_heads && n == 0)
         return -1;
     for (int l = 0; l < p->n_layer && l < GEN_MAX_LAYERS; l++)
-        kv[l] = a->layers == kvc_gdn_layers   ? ((l + 1) % p->full_attn_interval ? 0 : p->n_head_kv)
+        kv[l] = a->one_kind_per_layer         ? (gen_kind(p, l) == '*' ? p->n_head_kv : 0)
+              : a->layers == kvc_gdn_layers   ? ((l + 1) % p->full_attn_interval ? 0 : p->n_head_kv)
               : gen_slides(p, l)              ? p->n_head_kv_swa
               : a->recurrent == KVC_ATTN_FULL ? p->n_head_kv
               : n > 0                         ? list[l % n]
@@ -216,6 +239,14 @@ static int check_hybrid(kvc_gen_params *q, kvc_err *err)
     const kvc_arch *a = gen_arch(q->arch);
     int32_t kv[GEN_MAX_LAYERS];
     int rc, n = layer_kv_heads(q, kv);
+    if (q->layer_pattern && (!a->one_kind_per_layer || !*q->layer_pattern ||
+                             strspn(q->layer_pattern, "M*-E") != strlen(q->layer_pattern)))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "layer_pattern \"%s\": letters M * - E, for nemotron_h "
+                        "and nemotron_h_moe", q->layer_pattern);
+    if (q->n_dense_lead && (a->ffn_by_experts || a->ffn != KVC_FFN_MOE || q->n_dense_lead < 0 ||
+                            q->n_dense_lead > q->n_layer))
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "n_dense_lead %d: 0 to n_layer, for lfm2moe",
+                        (int)q->n_dense_lead);
     if (a->recurrent == KVC_ATTN_FULL)
         return q->kv_heads ? kvc_fail(err, KVC_ERR_INVALID_ARG, "arch \"%s\" has no recurrent layers "
                                       "(kv_heads: lfm2, granitehybrid)", q->arch) : KVC_OK;
@@ -573,6 +604,7 @@ static const struct { const char *arch, *name; } gen_optional[] = {
     { "gemma4", "inp_gate.weight" },                /* per-layer embeddings: with */
     { "gemma4", "proj.weight" },                    /* n_embd_per_layer > 0 (gen_writes) */
     { "gemma4", "post_norm.weight" },
+    { "lfm2moe", "exp_probs_b.bias" },
 };
 
 /* Whether table tensor t is written in layer l of kv KV heads (0: recurrent):
@@ -595,13 +627,15 @@ static bool gen_writes(const kvc_gen_params *p, const kvc_arch_tensor *t, int l,
     if (!want && a->recurrent == KVC_ATTN_MAMBA2)
         want = strcmp(t->name, "ssm_conv1d.bias") == 0 ||
                (p->n_ff_shexp > 0 && strstr(t->name, "_shexp.weight") && !strstr(t->name, "gate_inp"));
-    const bool moe = gen_moe(p);
+    const bool ffn = gen_has_ffn(p, l), moe = gen_layer_moe(p, l, gen_moe(p));
     switch ((kvc_tensor_when)t->when) {
     case KVC_ON_ALL:   return want;
-    case KVC_ON_DENSE: return want && !moe;
+    case KVC_ON_DENSE: return want && ffn && !moe;
     case KVC_ON_MOE:   return want && moe;
     case KVC_ON_ATTN:  return want && kv > 0;
-    case KVC_ON_RECR:  return want && kv == 0;
+    case KVC_ON_RECR:  return want && kv == 0 && gen_kind(p, l) != '-';
+    case KVC_ON_MIXER: return want && gen_kind(p, l) != '-';
+    case KVC_ON_FFN:   return want && ffn;
     }
     return false;
 }
@@ -708,7 +742,17 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
     ARCH_U32("context_length", p->n_ctx);
     ARCH_U32("embedding_length", p->n_embd);
     ARCH_U32("block_count", p->n_layer);
-    ARCH_U32("feed_forward_length", p->n_ff);
+    if (gen_arch(p->arch)->one_kind_per_layer) {   /* per layer: 0 = a mixer layer */
+        int32_t ff[GEN_MAX_LAYERS];
+        ARCH_F32("attention.layer_norm_epsilon", p->rms_eps);   /* llama.cpp requires it (MTP head) */
+        for (int l = 0; l < p->n_layer; l++)
+            ff[l] = gen_has_ffn(p, l) ? p->n_ff : 0;
+        snprintf(key, sizeof(key), "%s.feed_forward_length", p->arch);
+        if (!rc)
+            rc = gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, ff, (uint64_t)p->n_layer);
+    } else {
+        ARCH_U32("feed_forward_length", p->n_ff);
+    }
     ARCH_U32("attention.head_count", p->n_head);
     const bool g4 = gen_arch(p->arch)->ffn == KVC_FFN_MOE_DENSE;
     if (gen_arch(p->arch)->recurrent != KVC_ATTN_FULL || g4) {   /* per layer: 0 = recurrent */
@@ -732,6 +776,16 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
             ARCH_U32("expert_feed_forward_length", p->n_ff_exp);
         if (p->n_ff_shexp > 0)
             ARCH_U32("expert_shared_feed_forward_length", p->n_ff_shexp);
+        if (p->expert_weights_scale != 0.0f)
+            ARCH_F32("expert_weights_scale", p->expert_weights_scale);
+        if (p->expert_weights_norm && !rc) {
+            snprintf(key, sizeof(key), "%s.expert_weights_norm", p->arch);
+            rc = gguf_writer_set_bool(w, key, true);
+        }
+        if (gen_arch(p->arch)->recurrent == KVC_ATTN_SHORTCONV) {   /* lfm2moe */
+            ARCH_U32("expert_gating_func", KVC_GATING_SIGMOID);
+            ARCH_U32("leading_dense_block_count", p->n_dense_lead);
+        }
     }
     if (gen_arch(p->arch)->layers == kvc_gdn_layers && !gen_arch(p->arch)->gdn_v_grouped) {
         /* IMRoPE sections (t, h, w, e) of the rotated pairs, as Qwen3.5's [11, 11, 10, 0] */
@@ -751,7 +805,7 @@ static int write_hparams(gguf_writer *w, const kvc_gen_params *p)
         ARCH_U32("ssm.time_step_rank", p->ssm_n_head);
         ARCH_U32("ssm.group_count", p->ssm_n_group);
     }
-    if (gen_arch(p->arch)->recurrent == KVC_ATTN_MAMBA2) {
+    if (gen_arch(p->arch)->rope_finetuned_switch) {
         if (!rc) { snprintf(key, sizeof(key), "%s.rope.scaling.finetuned", p->arch);   /* NoPE, as released */
                    rc = gguf_writer_set_bool(w, key, false); }
     }

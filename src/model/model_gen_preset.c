@@ -26,7 +26,9 @@ static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-
                                             "qwen3.6-35b-a3b", "tiny-lfm2", "tiny-granitehybrid",
                                             "lfm2-1.2b", "granite-4.0-h-tiny", "tiny-gemma4",
                                             "gemma4-e4b", "gemma4-26b-a4b", "tiny-qwen3next",
-                                            "qwen3-next-80b-a3b" };
+                                            "qwen3-next-80b-a3b", "tiny-nemotron_h_moe",
+                                            "tiny-lfm2moe", "tiny-nemotron_h", "nemotron-3-nano-30b-a3b",
+                                            "lfm2-8b-a1b", "nemotron-h-8b" };
 
 const char *kvc_gen_preset_name(int i)
 {
@@ -157,6 +159,40 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.ssm_d_conv = 4, p.ssm_d_inner = 3072, p.ssm_d_state = 128, p.ssm_n_head = 48, p.ssm_n_group = 1;
         p.embedding_scale = 12.0f, p.residual_scale = 0.22f, p.attention_scale = 0.0078125f;
         p.logit_scale = 6.0f;
+    } else if (strcmp(name, "tiny-nemotron_h_moe") == 0 || strcmp(name, "tiny-nemotron_h") == 0) {
+        const bool moe = strcmp(name, "tiny-nemotron_h_moe") == 0;
+        p.arch = moe ? "nemotron_h_moe" : "nemotron_h", p.ftype = "f32", p.vocab = "spm";
+        p.tied = false, p.rms_eps = 1e-5f;
+        p.n_embd = 64, p.n_layer = moe ? 10 : 7, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 16;
+        p.n_ff = moe ? 32 : 96, p.n_ctx = 2048, p.layer_pattern = moe ? "MEM*E" : "M-M-M*-";
+        p.n_expert = moe ? 8 : 0, p.n_expert_used = 2, p.n_ff_exp = 32, p.n_ff_shexp = moe ? 48 : 0;
+        p.expert_weights_scale = moe ? 2.5f : 0.0f, p.expert_weights_norm = moe;
+        p.ssm_d_conv = 4, p.ssm_d_inner = 128, p.ssm_d_state = 16, p.ssm_n_head = 8, p.ssm_n_group = 2;
+    } else if (strcmp(name, "nemotron-3-nano-30b-a3b") == 0) {
+        p.arch = "nemotron_h_moe", p.ftype = "q4_k_m", p.tied = false, p.rms_eps = 1e-5f;
+        p.n_embd = 2688, p.n_layer = 52, p.n_head = 32, p.n_head_kv = 2, p.head_dim = 128;
+        p.n_ff = 1856, p.n_vocab = 131072, p.n_ctx = 262144;
+        p.layer_pattern = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
+        p.n_expert = 128, p.n_expert_used = 6, p.n_ff_exp = 1856, p.n_ff_shexp = 3712;
+        p.expert_weights_scale = 2.5f, p.expert_weights_norm = true;
+        p.ssm_d_conv = 4, p.ssm_d_inner = 4096, p.ssm_d_state = 128, p.ssm_n_head = 64, p.ssm_n_group = 8;
+    } else if (strcmp(name, "nemotron-h-8b") == 0) {
+        p.arch = "nemotron_h", p.ftype = "q4_k_m", p.tied = false, p.rms_eps = 1e-5f;
+        p.n_embd = 4096, p.n_layer = 52, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128;
+        p.n_ff = 21504, p.n_vocab = 131072, p.n_ctx = 8192, p.n_expert = 0;
+        p.layer_pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-";
+        p.ssm_d_conv = 4, p.ssm_d_inner = 8192, p.ssm_d_state = 128, p.ssm_n_head = 128, p.ssm_n_group = 8;
+    } else if (strcmp(name, "tiny-lfm2moe") == 0) {
+        p.arch = "lfm2moe", p.ftype = "f32", p.vocab = "spm", p.rms_eps = 1e-5f;
+        p.n_embd = 64, p.n_layer = 8, p.n_head = 4, p.n_head_kv = 4, p.head_dim = 16;
+        p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f, p.kv_heads = "0,0,2,0,1,0,0,4", p.conv_l = 3;
+        p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 32, p.n_dense_lead = 2;
+    } else if (strcmp(name, "lfm2-8b-a1b") == 0) {
+        p.arch = "lfm2moe", p.ftype = "q4_k_m", p.rms_eps = 1e-5f;
+        p.n_embd = 2048, p.n_layer = 24, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 64;
+        p.n_ff = 7168, p.n_vocab = 65536, p.n_ctx = 128000, p.rope_theta = 1e6f, p.conv_l = 3;
+        p.kv_heads = "0,0,8,0,0,0,8,0,0,0,8,0,0,0,8,0,0,0,8,0,0,8,0,0";
+        p.n_expert = 32, p.n_expert_used = 4, p.n_ff_exp = 1792, p.n_dense_lead = 2;
     } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
         p.n_embd = 896, p.n_layer = 24, p.n_head = 14, p.n_head_kv = 2, p.head_dim = 64;
         p.n_ff = 4864, p.n_vocab = 151936, p.n_ctx = 32768, p.rope_theta = 1e6f;
