@@ -340,10 +340,12 @@ static void test_xml_parse(void)
 
 static void test_xml_holdback(void)
 {
-    const char *t = "Sure.\n<tool_c";
-    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 7);
+    const char *t = "Sure. <tool_c";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 8);
     t = "Sure.\n<func";
-    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 5);
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 6);
+    t = "Sure.\n\n";                            /* may come before a call */
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 2);
     t = "Sure.\n<tool_call>\n<function=get";
     CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), strlen(t));
     t = "a <b> c";

@@ -585,7 +585,12 @@ size_t kvc_tool_calls_holdback(int format, const char *text, size_t len)
 {
     if (format == KVC_TOOLS_QWEN_XML) {       /* <tool_call>, or a bare <function= */
         size_t a = mark_holdback(text, len, XTC), b = mark_holdback(text, len, XFN);
-        return a > b ? a : b;
+        size_t k = a > b ? a : b;
+        /* and the spaces before: the content before a call ends trimmed
+         * (the templates write "\n\n" between them) */
+        while (k < len && strchr(" \t\r\n", text[len - k - 1]))
+            k++;
+        return k;
     }
     const char *mark = format == KVC_TOOLS_HARMONY ? "to=functions."
                      : format == KVC_TOOLS_MISTRAL ? "[TOOL_CALLS]"

@@ -69,7 +69,9 @@ int kvc_tool_calls_parse(int format, const char *reply, size_t len, const char *
 
 /* Bytes at the end of text[0, len) to hold back from a stream because they
  * are, or may begin, a tool call in `format` (len when a call has begun:
- * nothing more is content until the reply ends). */
+ * nothing more is content until the reply ends). QWEN_XML also holds back
+ * the spaces at the end (before those bytes, or alone): the content before
+ * a call ends trimmed, as the whole reply's does. */
 size_t kvc_tool_calls_holdback(int format, const char *text, size_t len);
 
 /* The grammar (grammar.h dialect, start "root") of a reply that is only tool
