@@ -1,7 +1,8 @@
 /* test_qwen_xml_http.c - the XML tool calls of Qwen3-Coder / Qwen3.5 / 3.6
  * (tool format "qwen3-coder-xml") end to end through `kvchat serve`, with
- * Qwen3-Coder's own chat template (tests/templates/qwen3-coder.jinja, as the
- * GGUFs ship it) on a tiny random-weight model.
+ * Qwen3-Coder's and Qwen3.5's own chat templates (tests/templates/, as the
+ * GGUFs ship them; Qwen3.5's with thinking on: its replies begin with the
+ * thought and "</think>") on a tiny random-weight model.
  *
  * What is checked: a reply spelled by a grammar (text, then a call) comes
  * back in every dialect (OpenAI chat, Responses, Anthropic Messages, Ollama),
@@ -22,6 +23,7 @@
 #include "test.h"
 
 static int port;
+static bool think;      /* Qwen3.5's template (thinking on), else Qwen3-Coder's */
 
 static http_resp post(const char *path, const char *body)
 {
@@ -41,6 +43,9 @@ static const char tools_responses[] = "[{\"type\":\"function\",\"name\":\"get_we
                                       "\"description\":\"Weather\",\"parameters\":" SCHEMA "}]";
 static const char tools_anthropic[] = "[{\"name\":\"get_weather\",\"description\":\"Weather\","
                                       "\"input_schema\":" SCHEMA "}]";
+
+/* What a thinking model writes before its answer (GBNF-escaped). */
+#define THOUGHT(t) ((t) ? "Hmm.\\n</think>\\n\\n" : "")
 
 /* The call as the model writes it (GBNF-escaped for the grammar field). */
 #define CALL_G "<tool_call>\\n<function=get_weather>\\n<parameter=city>\\nParis\\n</parameter>" \
@@ -92,7 +97,9 @@ static void content_of(const char *body, char *c, size_t cap)
         const cJSON *it;
         if (object && !strcmp(object, "response")) {
             cJSON_ArrayForEach(it, at(j, "output"))
-                add(c, cap, cJSON_GetStringValue(at(it, "content.0.text")));
+                if (!cJSON_IsString(at(it, "type")) || strcmp(at(it, "type")->valuestring,
+                                                              "reasoning"))
+                    add(c, cap, cJSON_GetStringValue(at(it, "content.0.text")));
         } else if (type && !strcmp(type, "message")) {
             cJSON_ArrayForEach(it, at(j, "content"))
                 add(c, cap, cJSON_GetStringValue(at(it, "text")));
@@ -124,8 +131,9 @@ static void test_dialects(void)
 {
     for (int a = 0; a < 4; a++)
         for (int stream = 0; stream < 2; stream++) {
-            char *b = forced(a, "Let me check.\\n\\n" CALL_G,
-                             stream ? "\"stream\":true" : "\"stream\":false");
+            char reply[1024];
+            snprintf(reply, sizeof(reply), "%sLet me check.\\n\\n%s", THOUGHT(think), CALL_G);
+            char *b = forced(a, reply, stream ? "\"stream\":true" : "\"stream\":false");
             http_resp h = post(paths[a], b);
             char c[512];
             content_of(h.body, c, sizeof(c));
@@ -134,7 +142,7 @@ static void test_dialects(void)
             CHECKF(h.status == 200 && h.body && strstr(h.body, "get_weather") &&
                    strstr(h.body, "Paris") && typed && strstr(h.body, call_mark[a]) &&
                    !strcmp(c, "Let me check.") && no_xml(h.body),
-                   "%s%s: %d content '%s': %s", apis[a], stream ? " streamed" : "", h.status, c,
+                   "%s%s%s: %d content '%s': %s", think ? "qwen3.5 " : "", apis[a], stream ? " streamed" : "", h.status, c,
                    h.body ? h.body : "");
             http_resp_free(&h);
             free(b);
@@ -200,7 +208,9 @@ static int n_tokens(const char *text)
  * and every token before the result is reused. */
 static void test_tool_turn(void)
 {
-    char *b = forced(0, CALL_G, "\"user\":\"qwen-tools\"");
+    char reply[1024];
+    snprintf(reply, sizeof(reply), "%s%s", THOUGHT(think), CALL_G);
+    char *b = forced(0, reply, think ? "\"user\":\"qwen35-tools\"" : "\"user\":\"qwen-tools\"");
     http_resp h = post("/v1/chat/completions", b);
     free(b);
     cJSON *j = h.body ? cJSON_Parse(h.body) : NULL;
@@ -210,26 +220,34 @@ static void test_tool_turn(void)
     CHECK(args != NULL);
     char t2[4096];
     snprintf(t2, sizeof(t2), "{\"messages\":[{\"role\":\"user\",\"content\":\"What is the "
-             "weather in Paris?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+             "weather in Paris?\"},{\"role\":\"assistant\",\"content\":null,%s\"tool_calls\":"
              "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
              "\"arguments\":%s}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":"
-             "\"sunny\"}],\"max_tokens\":4,\"temperature\":0,\"user\":\"qwen-tools\","
-             "\"tools\":%s}", args ? args : "\"\"", tools);
+             "\"sunny\"}],\"max_tokens\":4,\"temperature\":0,\"user\":\"%s\","
+             "\"tools\":%s}", think ? "\"reasoning_content\":\"Hmm.\"," : "",
+             args ? args : "\"\"", think ? "qwen35-tools" : "qwen-tools", tools);
     free(args);
     h = post("/apply-template", t2);
-    static const char want[] =
-        "<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n"
+    /* each template's rendering (Qwen3.5: the thinking kept after the last
+     * user message, the result without a newline before <|im_end|>) */
+    static const char call[] =
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call><|im_end|>\n<|im_start|>"
-        "user\n<tool_response>\nsunny\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n";
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call><|im_end|>\n<|im_start|>";
+    char want[1024];
+    snprintf(want, sizeof(want), "<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n"
+             "<|im_start|>assistant\n%s%suser\n<tool_response>\nsunny\n</tool_response>%s"
+             "<|im_end|>\n<|im_start|>assistant\n%s", think ? "<think>\nHmm.\n</think>\n\n" : "",
+             call, think ? "" : "\n", think ? "<think>\n" : "");
     j = h.body ? cJSON_Parse(h.body) : NULL;
     const char *prompt = cJSON_GetStringValue(at(j, "prompt"));
     CHECKF(prompt && strstr(prompt, want), "turn 2 renders as %s", prompt ? prompt : h.body);
     cJSON_Delete(j);
     http_resp_free(&h);
     /* from the end of the call on: <|im_end|>, the result, the prompt */
-    int n_new = n_tokens("<|im_end|>\\n<|im_start|>user\\n<tool_response>\\nsunny\\n"
-                         "</tool_response>\\n<|im_end|>\\n<|im_start|>assistant\\n");
+    int n_new = n_tokens(think ? "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\nsunny\\n"
+                                 "</tool_response><|im_end|>\\n<|im_start|>assistant\\n<think>\\n"
+                               : "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\nsunny\\n"
+                                 "</tool_response>\\n<|im_end|>\\n<|im_start|>assistant\\n");
     double p2 = 0, cached = 0;
     for (int tries = 0; tries < 50; tries++) {
         usleep(100 * 1000);
@@ -242,7 +260,8 @@ static void test_tool_turn(void)
         if (cached >= p2 - n_new)
             break;
     }
-    printf("tool turn: %g prompt tokens, %g cached, the result's part %d\n", p2, cached, n_new);
+    printf("%s tool turn: %g prompt tokens, %g cached, the result's part %d\n",
+           think ? "qwen3.5" : "qwen3-coder", p2, cached, n_new);
     CHECKF(n_new > 4 && cached >= p2 - n_new, "tool turn: %g of %g cached, want all but the %d "
            "of the result", cached, p2, n_new);
 }
@@ -256,19 +275,23 @@ int main(void)
     kvc_gen_preset("tiny", &gp);
     char path[64], err[256], tmpl[1024];
     snprintf(path, sizeof(path), "/tmp/kvc_qwenxml_%d.gguf", (int)getpid());
-    snprintf(tmpl, sizeof(tmpl), "%s/tests/templates/qwen3-coder.jinja", KVC_SOURCE_DIR);
     CHECK(kvc_gen_write(&gp, path, err, sizeof(err)) == KVC_OK);
-    const char *args[] = { "-m", path, "--chat-template-file", tmpl, "--parallel", "1",
-                           "--cache-disk", "0", NULL };
-    http_server s = { 0 };
-    CHECK(http_server_start(&s, bin, args, 60));
-    port = s.port;
-    if (port > 0) {
-        test_dialects();
-        test_forced();
-        test_tool_turn();
+    for (int k = 0; k < 2; k++) {
+        think = k == 1;
+        snprintf(tmpl, sizeof(tmpl), "%s/tests/templates/%s", KVC_SOURCE_DIR,
+                 think ? "qwen3.5.jinja" : "qwen3-coder.jinja");
+        const char *args[] = { "-m", path, "--chat-template-file", tmpl, "--parallel", "1",
+                               "--cache-disk", "0", NULL };
+        http_server s = { 0 };
+        CHECK(http_server_start(&s, bin, args, 60));
+        port = s.port;
+        if (port > 0) {
+            test_dialects();
+            test_forced();
+            test_tool_turn();
+        }
+        http_server_stop(&s);
     }
-    http_server_stop(&s);
     unlink(path);
     return test_done("test_qwen_xml_http");
 }
