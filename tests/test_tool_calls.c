@@ -338,6 +338,24 @@ static void test_xml_parse(void)
                    "</tool_call>", xtools, "{\"n\":\"5\"}");
 }
 
+/* A reply is len bytes, not a C string: "[TOOL_CALLS]" at its very end was
+ * followed by a read of the byte after it (fuzz_tool_calls, under ASan). */
+static void test_mistral_end(void)
+{
+    char *buf = malloc(12), *calls = NULL, *text = NULL;
+    memcpy(buf, "[TOOL_CALLS]", 12);
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_MISTRAL, buf, 12, NULL, 1, 0, &calls, &text) == KVC_OK &&
+          !calls && !text);
+    free(buf);
+    /* a NUL inside an object parameter's value: JSON parsed up to it only */
+    static const char nul[] = "<function=get_weather>\n<parameter=opts>\nn\0ull\n</parameter>\n"
+                              "</function>";
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_QWEN_XML, nul, sizeof(nul) - 1, xtools, 1, 0, &calls,
+                               &text) == KVC_OK && calls && strstr(calls, "opts"));
+    free(calls);
+    free(text);
+}
+
 static void test_xml_holdback(void)
 {
     const char *t = "Sure. <tool_c";
@@ -388,6 +406,18 @@ static void test_xml_grammar(void)
     CHECK(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, "[{\"type\":\"function\",\"function\":"
                                  "{\"name\":\"a>b\"}}]", NULL, false, &text, &e) ==
           KVC_ERR_INVALID_ARG && !text && strstr(e.msg, "a>b"));
+    /* a name that is not UTF-8 cannot be a grammar literal (fuzz_tool_calls);
+     * an enum value that is not falls back to free text */
+    CHECK(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, "[{\"type\":\"function\",\"function\":"
+                                 "{\"name\":\"a\xff\"}}]", NULL, false, &text, &e) ==
+          KVC_ERR_INVALID_ARG && !text && strstr(e.msg, "UTF-8"));
+    const char *en = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                     "{\"type\":\"object\",\"properties\":{\"u\":{\"type\":\"string\","
+                     "\"enum\":[\"\xc3\"]}}}}}]";
+    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, en, NULL, false, &text, &e) == KVC_OK &&
+           text && kvc_grammar_parse(text, strlen(text), &g, &e) == KVC_OK, "%s", e.msg);
+    free(text);
+    kvc_grammar_free(g);
 }
 
 /* The real templates: detected as QWEN_XML, and a call parsed from a reply
@@ -464,6 +494,7 @@ int main(void)
     test_detect();
     test_xml_parse();
     test_xml_holdback();
+    test_mistral_end();
     test_xml_grammar();
     test_xml_templates();
     return test_done("test_tool_calls");

@@ -2,6 +2,7 @@
  * (tool_calls.h). */
 #include "tool_calls.h"
 #include "grammar.h"
+#include "unicode.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -351,7 +352,7 @@ static cJSON *xml_value(const char *v, size_t n, const cJSON *prop)
     } else if (kind == XK_BOOL) {
         out = cJSON_CreateBool(!strcasecmp(ts, "true"));
     } else if (kind == XK_JSON) {
-        out = cJSON_ParseWithLength(ts, tn);
+        out = cJSON_ParseWithLength(ts, strlen(ts));     /* a NUL in the reply ends it */
     }
     if (!out)
         out = cJSON_CreateString(s);
@@ -532,7 +533,7 @@ int kvc_tool_calls_parse(int format, const char *reply, size_t len, const char *
         const char *m = memmem(r, n, "[TOOL_CALLS]", 12);
         size_t pre = m ? (size_t)(m - r) : n;
         cJSON *tmp = cJSON_CreateArray();
-        bool ok = m && tmp && (m[12] == '[' || m[12] == '{' || m[12] == ' '
+        bool ok = m && tmp && (n - pre > 12 && (m[12] == '[' || m[12] == '{' || m[12] == ' ')
                                    ? parse_list(m + 12, n - pre - 12, "arguments", tmp, id_seed)
                                    : parse_mistral_args(m, n - pre, tmp, id_seed));
         if (ok) {
@@ -756,10 +757,11 @@ static void xml_text_rule(char **b, size_t *l, size_t *c, bool *oom)
     put(b, l, c, oom, ")*\n");
 }
 
-/* A name that can stand in "<function=NAME>" / "<parameter=NAME>". */
+/* A name that can stand in "<function=NAME>" / "<parameter=NAME>" (and in
+ * a grammar literal: valid UTF-8). */
 static bool xml_name_ok(const char *s)
 {
-    return *s && !strpbrk(s, "<>\n\r");
+    return *s && !strpbrk(s, "<>\n\r") && kvc_utf8_valid(s, strlen(s));
 }
 
 /* The XML format's rules for function fn (the i-th): "call-i", the
@@ -777,7 +779,7 @@ static int xml_rules(const cJSON *fn, int i, char **out, kvc_err *err)
     const cJSON *rlist = cJSON_IsArray(req) ? req : NULL;
     if (!xml_name_ok(name))
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "tools: function name '%.80s' cannot be "
-                        "written as <function=NAME> (no <, >, line breaks)", name);
+                        "written as <function=NAME> (UTF-8 without <, >, line breaks)", name);
     char *b = NULL, *rules = NULL, head[64];
     size_t l = 0, c = 0, rl = 0, rc_ = 0;
     bool oom = false;
@@ -814,7 +816,8 @@ static int xml_rules(const cJSON *fn, int i, char **out, kvc_err *err)
         bool str_enum = cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0;
         const cJSON *elist = str_enum ? en : NULL;
         cJSON_ArrayForEach(e, elist)
-            str_enum = str_enum && cJSON_IsString(e) && !strstr(e->valuestring, "</parameter>");
+            str_enum = str_enum && cJSON_IsString(e) && !strstr(e->valuestring, "</parameter>") &&
+                       kvc_utf8_valid(e->valuestring, strlen(e->valuestring));
         if (xml_kind(p) == XK_STRING && str_enum) {
             put(&b, &l, &c, &oom, " (");
             int k = 0;
