@@ -825,7 +825,8 @@ int32_t kvc_engine_n_threads(const kvc_engine *engine);
 const char *kvc_engine_template(const kvc_engine *engine);
 
 /* The syntax the chat template writes tool calls in, found by rendering one:
- * "hermes" (<tool_call>...</tool_call>), "llama3-json", "mistral". */
+ * "hermes" (<tool_call>...</tool_call>), "llama3-json", "mistral", "harmony",
+ * "qwen3-coder-xml" (<tool_call><function=NAME><parameter=P>...). */
 const char *kvc_engine_tool_format(const kvc_engine *engine);
 
 /* The model the engine serves (to tokenize, detokenize, name tokens). */

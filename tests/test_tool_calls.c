@@ -2,6 +2,8 @@
  * rendering, parsing replies of each format into OpenAI tool_calls, the
  * stream hold-back, and the forcing grammars accepting exactly valid calls. */
 #include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "grammar.h"
 #include "test.h"
@@ -13,7 +15,7 @@ static void check_parse(int f, const char *reply, int n, const char *name, const
                         const char *content)
 {
     char *calls = NULL, *text = NULL;
-    CHECK(kvc_tool_calls_parse(f, reply, strlen(reply), 7, 0, &calls, &text) == KVC_OK);
+    CHECK(kvc_tool_calls_parse(f, reply, strlen(reply), NULL, 7, 0, &calls, &text) == KVC_OK);
     cJSON *a = calls ? cJSON_Parse(calls) : NULL;
     CHECKF(cJSON_GetArraySize(a) == n, "%s: %d calls, wanted %d", reply, cJSON_GetArraySize(a), n);
     if (n > 0 && a) {
@@ -81,7 +83,7 @@ static void test_parse(void)
     char *calls = NULL, *text = NULL;
     const char *two = "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>"
                       "<tool_call>{\"name\":\"b\",\"arguments\":{}}</tool_call>";
-    CHECK(kvc_tool_calls_parse(KVC_TOOLS_HERMES, two, strlen(two), 1, 1, &calls, &text) == KVC_OK);
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_HERMES, two, strlen(two), NULL, 1, 1, &calls, &text) == KVC_OK);
     cJSON *a = calls ? cJSON_Parse(calls) : NULL;
     CHECK(cJSON_GetArraySize(a) == 1 && text && !*text);
     cJSON_Delete(a);
@@ -146,7 +148,7 @@ static void test_harmony_grammar(void)
                        "<|message|>{}"));                          /* city is required */
     CHECK(!accepts(gr, "<|channel|>final<|message|>hi"));
     char *calls = NULL, *content = NULL;
-    CHECK(kvc_tool_calls_parse(KVC_TOOLS_HARMONY, call, strlen(call), 1, 8, &calls, &content) == KVC_OK &&
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_HARMONY, call, strlen(call), NULL, 1, 8, &calls, &content) == KVC_OK &&
           calls && strstr(calls, "get_weather") && strstr(calls, "Paris"));
     free(calls);
     free(content);
@@ -260,6 +262,229 @@ static void test_detect(void)
     CHECK_EQ_INT(detect(buf), KVC_TOOLS_HERMES);    /* the default */
 }
 
+/* ------------------------------------------------ Qwen3-Coder / Qwen3.5 XML */
+
+static const char xtools[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+    "\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},"
+    "\"metric\":{\"type\":\"boolean\"},\"opts\":{\"type\":\"object\"},\"tags\":{\"type\":"
+    "\"array\",\"items\":{\"type\":\"string\"}},\"ratio\":{\"type\":\"number\"},\"unit\":"
+    "{\"type\":\"string\",\"enum\":[\"c\",\"f\"]}},\"required\":[\"city\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]";
+
+/* The arguments (JSON text) of call i of the reply parsed with tools tj,
+ * and its content; "" when no call. */
+static char *xml_args(const char *reply, const char *tj, int i, char **content)
+{
+    char *calls = NULL, *text = NULL, *out = NULL;
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_QWEN_XML, reply, strlen(reply), tj, 3, 0, &calls,
+                               &text) == KVC_OK);
+    cJSON *a = calls ? cJSON_Parse(calls) : NULL;
+    cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(a, i), "function");
+    const char *args = cJSON_GetStringValue(cJSON_GetObjectItem(fn, "arguments"));
+    out = strdup(args ? args : "");
+    if (content)
+        *content = text ? text : strdup("(none)");
+    else
+        free(text);
+    cJSON_Delete(a);
+    free(calls);
+    return out;
+}
+
+static void check_xml_args(const char *reply, const char *tj, const char *want)
+{
+    char *got = xml_args(reply, tj, 0, NULL);
+    CHECKF(!strcmp(got, want), "%s: arguments %s, wanted %s", reply, got, want);
+    free(got);
+}
+
+static void test_xml_parse(void)
+{
+    const char *one = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                      "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    check_parse(KVC_TOOLS_QWEN_XML, one, 1, "get_weather", "{\"city\":\"Paris\",\"days\":\"3\"}", "");
+    /* text around the calls is content; several calls; a bare <function= */
+    check_parse(KVC_TOOLS_QWEN_XML, "Let me check.\n\n<tool_call>\n<function=ping>\n</function>\n"
+                "</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n"
+                "</parameter>\n</function>\n</tool_call>", 2, "ping", "{}", "Let me check.");
+    check_parse(KVC_TOOLS_QWEN_XML, "<function=ping>\n<parameter=x>\ny\n</parameter>\n</function>",
+                1, "ping", "{\"x\":\"y\"}", "");
+    check_parse(KVC_TOOLS_QWEN_XML, "plain <b>text</b>", 0, NULL, NULL, NULL);
+    check_parse(KVC_TOOLS_QWEN_XML, "<tool_call>{\"name\":\"f\"}</tool_call>", 0, NULL, NULL, NULL);
+    /* one newline off each end only; inner newlines and markup kept */
+    check_xml_args("<tool_call>\n<function=w>\n<parameter=code>\n\n  if (a<b)\n    x();\n\n"
+                   "</parameter>\n</function>\n</tool_call>", NULL,
+                   "{\"code\":\"\\n  if (a<b)\\n    x();\\n\"}");
+    /* cut short (max_tokens): the parameters so far */
+    check_xml_args("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", xtools,
+                   "{\"city\":\"Par\"}");
+    /* typed by the schema, as vLLM's qwen3_coder parser */
+    check_xml_args("<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n"
+                   "<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n"
+                   "<parameter=opts>\n{\"a\": [1]}\n</parameter>\n<parameter=tags>\n[\"x\"]\n"
+                   "</parameter>\n<parameter=ratio>\n2.5\n</parameter>\n<parameter=unit>\nc\n"
+                   "</parameter>\n</function>\n</tool_call>", xtools,
+                   "{\"city\":\"42\",\"days\":3,\"metric\":true,\"opts\":{\"a\":[1]},"
+                   "\"tags\":[\"x\"],\"ratio\":2.5,\"unit\":\"c\"}");
+    check_xml_args("<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n"
+                   "<parameter=opts>\nnot json\n</parameter>\n<parameter=city>\nnull\n</parameter>\n"
+                   "<parameter=extra>\n7\n</parameter>\n<parameter=days>\n12345678901234567890\n"
+                   "</parameter>\n</function>\n</tool_call>", xtools,
+                   "{\"days\":12345678901234567890,\"opts\":\"not json\",\"city\":null,"
+                   "\"extra\":\"7\"}");
+    /* a function the tools do not declare: values kept as text */
+    check_xml_args("<tool_call>\n<function=other>\n<parameter=n>\n5\n</parameter>\n</function>\n"
+                   "</tool_call>", xtools, "{\"n\":\"5\"}");
+}
+
+/* A reply is len bytes, not a C string: "[TOOL_CALLS]" at its very end was
+ * followed by a read of the byte after it (fuzz_tool_calls, under ASan). */
+static void test_mistral_end(void)
+{
+    char *buf = malloc(12), *calls = NULL, *text = NULL;
+    memcpy(buf, "[TOOL_CALLS]", 12);
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_MISTRAL, buf, 12, NULL, 1, 0, &calls, &text) == KVC_OK &&
+          !calls && !text);
+    free(buf);
+    /* a NUL inside an object parameter's value: JSON parsed up to it only */
+    static const char nul[] = "<function=get_weather>\n<parameter=opts>\nn\0ull\n</parameter>\n"
+                              "</function>";
+    CHECK(kvc_tool_calls_parse(KVC_TOOLS_QWEN_XML, nul, sizeof(nul) - 1, xtools, 1, 0, &calls,
+                               &text) == KVC_OK && calls && strstr(calls, "opts"));
+    free(calls);
+    free(text);
+}
+
+static void test_xml_holdback(void)
+{
+    const char *t = "Sure. <tool_c";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 8);
+    t = "Sure.\n<func";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 6);
+    t = "Sure.\n\n";                            /* may come before a call */
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 2);
+    t = "Sure.\n<tool_call>\n<function=get";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), strlen(t));
+    t = "a <b> c";
+    CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 0);
+}
+
+static void test_xml_grammar(void)
+{
+    char *text = NULL;
+    kvc_err e = { 0 };
+    kvc_grammar *g = NULL;
+    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, xtools, NULL, false, &text, &e) == KVC_OK,
+           "%s", e.msg);
+    CHECKF(text && kvc_grammar_parse(text, strlen(text), &g, &e) == KVC_OK, "%s\n%s", e.msg,
+           text ? text : "");
+    free(text);
+    if (!g)
+        return;
+    const char *ok = "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan <i>Jose</i>\n"
+                     "</param\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=unit>\n"
+                     "f\n</parameter>\n</function>\n</tool_call>";
+    CHECK(accepts(g, ok));
+    CHECK(accepts(g, "<tool_call>\n<function=ping>\n</function>\n</tool_call>"));
+    CHECK(accepts(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\n\n</parameter>\n"
+                     "<parameter=opts>\n{\"k\": [1, 2]}\n</parameter>\n</function>\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>")); /* city */
+    CHECK(!accepts(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n"
+                      "<parameter=days>\nthree\n</parameter>\n</function>\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx</parameter>y\n"
+                      "</parameter>\n</function>\n</tool_call>"));  /* the value ends there */
+    CHECK(!accepts(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n"
+                      "<parameter=unit>\nk\n</parameter>\n</function>\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n<function=nope>\n</function>\n</tool_call>"));
+    /* what the grammar forces, the parser reads back as the schema says */
+    char *args = xml_args(ok, xtools, 0, NULL);
+    CHECKF(!strcmp(args, "{\"city\":\"San <i>Jose</i>\\n</param\",\"days\":3,\"unit\":\"f\"}"),
+           "%s", args);
+    free(args);
+    kvc_grammar_free(g);
+    CHECK(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, "[{\"type\":\"function\",\"function\":"
+                                 "{\"name\":\"a>b\"}}]", NULL, false, &text, &e) ==
+          KVC_ERR_INVALID_ARG && !text && strstr(e.msg, "a>b"));
+    /* a name that is not UTF-8 cannot be a grammar literal (fuzz_tool_calls);
+     * an enum value that is not falls back to free text */
+    CHECK(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, "[{\"type\":\"function\",\"function\":"
+                                 "{\"name\":\"a\xff\"}}]", NULL, false, &text, &e) ==
+          KVC_ERR_INVALID_ARG && !text && strstr(e.msg, "UTF-8"));
+    const char *en = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                     "{\"type\":\"object\",\"properties\":{\"u\":{\"type\":\"string\","
+                     "\"enum\":[\"\xc3\"]}}}}}]";
+    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, en, NULL, false, &text, &e) == KVC_OK &&
+           text && kvc_grammar_parse(text, strlen(text), &g, &e) == KVC_OK, "%s", e.msg);
+    free(text);
+    kvc_grammar_free(g);
+}
+
+/* The real templates: detected as QWEN_XML, and a call parsed from a reply
+ * renders back as the same text in the next turn's prompt (arguments as a
+ * mapping), so the next prompt extends the previous one. */
+static char *read_file_text(const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/templates/%s", KVC_SOURCE_DIR, name);
+    FILE *f = fopen(path, "rb");
+    CHECKF(f, "%s", path);
+    if (!f)
+        return NULL;
+    char *s = calloc(1, 1 << 16);
+    size_t n = s ? fread(s, 1, (1 << 16) - 1, f) : 0;
+    (void)n;
+    fclose(f);
+    return s;
+}
+
+static void test_xml_templates(void)
+{
+    static const char *const files[] = { "qwen3.5.jinja", "qwen3-coder.jinja" };
+    const char *reply = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                        "</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=opts>\n"
+                        "{\"a\": 1}\n</parameter>\n</function>\n</tool_call>";
+    for (int k = 0; k < 2; k++) {
+        char *jinja = read_file_text(files[k]);
+        if (!jinja)
+            continue;
+        CHECKF(detect(jinja) == KVC_TOOLS_QWEN_XML, "%s", files[k]);
+        char *calls = NULL, *content = NULL;
+        CHECK(kvc_tool_calls_parse(KVC_TOOLS_QWEN_XML, reply, strlen(reply), xtools, 1, 0, &calls,
+                                   &content) == KVC_OK && calls);
+        kvc_chat_template_params p = { .jinja = jinja };
+        kvc_chat_template *t = NULL;
+        kvc_err e = { 0 };
+        CHECKF(kvc_chat_template_new(&p, &t, &e) == KVC_OK, "%s", e.msg);
+        kvc_chat_message m[3] = {
+            { .role = "user", .content = "weather?" },
+            { .role = "assistant", .content = "", .tool_calls_json = calls },
+            { .role = "tool", .content = "sunny", .tool_call_id = "x", .name = "get_weather" },
+        };
+        kvc_rendered r = { 0 };
+        /* Qwen3-Coder's template needs every tool to have parameters: not ping */
+        char one[sizeof(xtools)];
+        snprintf(one, sizeof(one), "%.*s]", (int)(strstr(xtools, ",{\"type\":\"function\","
+                                                          "\"function\":{\"name\":\"ping\"") - xtools), xtools);
+        CHECKF(t && kvc_chat_template_apply(t, m, 3, one, NULL, true, &r, &e) == KVC_OK,
+               "%s", e.msg);
+        /* Qwen3.5 writes the object as JSON (tojson), Qwen3-Coder as Python's str() */
+        CHECKF(r.text && strstr(r.text, k == 0 ? reply : "<parameter=days>\n3\n</parameter>\n"),
+               "%s: %s", files[k], r.text ? r.text : "");
+        if (k == 0)
+            CHECKF(r.text && strstr(r.text, "<|im_start|>assistant\n<tool_call>\n<function="
+                                    "get_weather>") && strstr(r.text, "</tool_call><|im_end|>\n"
+                                    "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>"
+                                    "<|im_end|>\n<|im_start|>assistant\n<think>\n"),
+                   "%s", r.text ? r.text : "");
+        kvc_rendered_free(&r);
+        kvc_chat_template_free(t);
+        free(calls);
+        free(content);
+        free(jinja);
+    }
+}
+
 int main(void)
 {
     test_parse();
@@ -267,5 +492,10 @@ int main(void)
     test_grammar();
     test_harmony_grammar();
     test_detect();
+    test_xml_parse();
+    test_xml_holdback();
+    test_mistral_end();
+    test_xml_grammar();
+    test_xml_templates();
     return test_done("test_tool_calls");
 }

@@ -347,7 +347,8 @@ static void end_request(kvc_engine *e, kvc_request *r)
     int rc = kvc_turn_end(r->turn, &reply, &st, &err);
     r->turn = NULL;
     if (!rc && reply && r->chat.parse_tool_calls &&
-        kvc_tool_calls_parse(e->tool_format, reply, strlen(reply), (uint64_t)r->t_submit ^
+        kvc_tool_calls_parse(e->tool_format, reply, strlen(reply), r->chat.tools_json,
+                             (uint64_t)r->t_submit ^
                              (uint64_t)(uintptr_t)r, r->chat.single_tool_call ? 1 : 0,
                              &done.tool_calls, &done.content))
         rc = kvc_fail(&err, KVC_ERR_NOMEM, "out of memory");

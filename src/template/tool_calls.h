@@ -16,6 +16,12 @@
  *                <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
  *            (the recipient may also stand before the channel); the text
  *            before the call's message is content (reasoning.h splits it).
+ *   QWEN_XML Qwen3-Coder(-Next), Qwen3.5, Qwen3.6 (vLLM's qwen3_coder parser):
+ *                <tool_call>\n<function=f>\n<parameter=a>\nvalue\n</parameter>\n
+ *                </function>\n</tool_call>
+ *            a value is the text between the tags less one newline at each
+ *            end, typed by the parameter's schema (kvc_tool_calls_parse);
+ *            the templates render past calls' arguments as a mapping.
  * The format of a template is found by rendering a conversation with one
  * tool call through it and looking at what surrounds the call. */
 #ifndef KVC_TOOL_CALLS_H
@@ -28,6 +34,7 @@ enum kvc_tool_format {
     KVC_TOOLS_LLAMA3 = 1,
     KVC_TOOLS_MISTRAL = 2,
     KVC_TOOLS_HARMONY = 3,   /* forcing: one commentary message to=functions.NAME */
+    KVC_TOOLS_QWEN_XML = 4,  /* Qwen3-Coder, Qwen3.5 / 3.6 */
 };
 
 /* Append to the cJSON array `calls` one tool call in OpenAI's shape: {"id",
@@ -40,7 +47,7 @@ void kvc_tool_call_add(struct cJSON *calls, const char *id, const char *name, co
 /* The format template t renders tool calls in (HERMES when not recognised). */
 int kvc_tool_format_detect(const kvc_chat_template *t);
 const char *kvc_tool_format_name(int format);       /* "hermes", "llama3-json", "mistral",
-                                                       "harmony" */
+                                                       "harmony", "qwen3-coder-xml" */
 int kvc_tool_format_from_name(const char *name);    /* -1 when unknown */
 
 /* Parse reply (len bytes) in `format`, keeping at most max_calls calls (0 =
@@ -50,13 +57,21 @@ int kvc_tool_format_from_name(const char *name);    /* -1 when unknown */
  * "type": "function", "function": {"name", "arguments": JSON text}}]) and
  * *content the text outside the calls (trimmed; "" when none); both
  * malloc'd. With none, both are NULL. ids are "call_" + 24 hex digits from
- * id_seed and the call's index. KVC_OK or KVC_ERR_NOMEM. */
-int kvc_tool_calls_parse(int format, const char *reply, size_t len, uint64_t id_seed,
-                         int max_calls, char **calls_json, char **content);
+ * id_seed and the call's index. tools_json (the request's tools array, or
+ * NULL) types QWEN_XML's parameter values by their schema: "null" is null;
+ * a parameter not declared keeps its text; string types keep it; integer /
+ * number types are numbers when the text is one; boolean ones are true when
+ * the text is "true" (any case), else false; other types are JSON when the
+ * text parses (else the text), as vLLM's qwen3_coder parser does.
+ * KVC_OK or KVC_ERR_NOMEM. */
+int kvc_tool_calls_parse(int format, const char *reply, size_t len, const char *tools_json,
+                         uint64_t id_seed, int max_calls, char **calls_json, char **content);
 
 /* Bytes at the end of text[0, len) to hold back from a stream because they
  * are, or may begin, a tool call in `format` (len when a call has begun:
- * nothing more is content until the reply ends). */
+ * nothing more is content until the reply ends). QWEN_XML also holds back
+ * the spaces at the end (before those bytes, or alone): the content before
+ * a call ends trimmed, as the whole reply's does. */
 size_t kvc_tool_calls_holdback(int format, const char *text, size_t len);
 
 /* The grammar (grammar.h dialect, start "root") of a reply that is only tool
