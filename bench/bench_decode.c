@@ -8,12 +8,20 @@
  * matrix totalling more than the L3 ("cold", as a decode step over a model's
  * layers), times the wall clock (threads run at once), and keeps the best of
  * several trials (a shared machine disturbs some). The threads split the rows
- * as forward.c's pool does: in halves rounded to kvc_matmul_act_row_group,
- * the activations quantized once per product (kvc_matmul_act_quantize).
+ * in halves rounded to kvc_matmul_act_row_group (forward.c's pool takes
+ * smaller ranges dynamically), the activations quantized once per product
+ * (kvc_matmul_act_quantize), as forward.c does.
+ *
+ * Environment: HOT=1 keeps one copy of the matrix (read from cache: the
+ * kernel's own speed); CPUTIME=1 times the process's CPU time instead of the
+ * wall clock (steadier on a busy machine; with 2 threads it counts the
+ * waiting thread too); N_IN=n keeps the shapes of that n_in; N_OUT=n
+ * overrides n_out (N_OUT=512 N_IN=2048 HOT=1 CPUTIME=1: a matrix that fits
+ * in L2, the figure that repeats on a shared machine).
  *
  * Build: cmake -DKVC_BENCH=ON (build/bench_decode).
  * Run: ./bench_decode [seconds-per-case, default 0.4] [type] [isa]
- *   e.g. ./bench_decode 0.4 Q4_K vnni */
+ *   e.g. ./bench_decode 0.4 q4_K vnni */
 #define _GNU_SOURCE
 #include "kernels.h"
 #include "quant.h"
