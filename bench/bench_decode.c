@@ -22,7 +22,6 @@
  * Build: cmake -DKVC_BENCH=ON (build/bench_decode).
  * Run: ./bench_decode [seconds-per-case, default 0.4] [type] [isa]
  *   e.g. ./bench_decode 0.4 q4_K vnni */
-#define _GNU_SOURCE
 #include "kernels.h"
 #include "quant.h"
 
