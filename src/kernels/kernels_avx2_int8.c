@@ -189,13 +189,18 @@ AI void k_scales(const int kind, const uint8_t *const rows[GR], int n, int64_t s
 /* The F16 scale d of block b of up to 8 rows (the blocks of Q8_0, Q4_0,
  * Q5_0, Q4_1 and Q5_1 start with it; MXFP4's, 2^(e - 128), comes from its
  * first byte e), row r in lane r, and for Q4_1 and
- * Q5_1 their min as the scheme has it, -m (the F16 after d), in *neg_m;
- * goff: row r's offset from rows[0] (rows past n repeat the last one, whose
- * scales then fill their lanes, unused). */
-AI __m256 block_scales(const int kind, const uint8_t *const rows[GR], __m256i goff, int64_t b, __m256 *neg_m)
+ * Q5_1 their min as the scheme has it, -m (the F16 after d), in *neg_m
+ * (rows past n repeat the last one, whose scales then fill their lanes,
+ * unused). The dwords come by 8 scalar loads through the stack, which cost
+ * the vector ports nothing (a VPGATHERDD is microcoded on AMD's cores). */
+AI __m256 block_scales(const int kind, const uint8_t *const rows[GR], int64_t b, __m256 *neg_m)
 {
-    const uint8_t *first = rows[0] + (size_t)b * kvc_i8_block_bytes(kind);
-    const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)first, goff, 1);
+    const size_t off = (size_t)b * kvc_i8_block_bytes(kind);
+    _Alignas(32) uint32_t v[GR];
+#pragma GCC unroll 8
+    for (int r = 0; r < GR; r++)
+        memcpy(&v[r], rows[r] + off, 4);
+    const __m256i g = _mm256_load_si256((const __m256i *)(const void *)v);
     if (kind == I8_MXFP4)
         return kvc_i8_e8m0_half8(g);
     /* the low halves of the dwords (d) in the low 8 bytes of each lane, the high ones (m) in the others */
@@ -205,15 +210,6 @@ AI __m256 block_scales(const int kind, const uint8_t *const rows[GR], __m256i go
     if (kind == I8_Q4_1 || kind == I8_Q5_1)
         *neg_m = _mm256_xor_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_set1_ps(-0.0f));
     return _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-}
-
-/* Offsets of rows[r] from rows[0], for block_scales. */
-AI __m256i row_offsets(const uint8_t *const rows[GR])
-{
-    int32_t o[GR];
-    for (int r = 0; r < GR; r++)
-        o[r] = (int32_t)(rows[r] - rows[0]);
-    return _mm256_loadu_si256((const __m256i *)o);
 }
 
 /* ------------------------------------------------------------------ decode */
@@ -319,7 +315,6 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         hx[t] = kvc_i8_h(ar[t], n_in);
     }
     _Alignas(32) float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
-    const __m256i goff = row_offsets(rows);
     for (int64_t b = 0; b < nb; b++) {
         if (kvc_i8_k_quant(kind) && b % 8 == 0)
             k_scales(kind, rows, n, b / 8, ks, km);
@@ -333,7 +328,7 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
             dw = _mm256_load_ps(ks[b % 8]);
             dm = _mm256_load_ps(km[b % 8]);
         } else {
-            dw = block_scales(kind, rows, goff, b, &dm);
+            dw = block_scales(kind, rows, b, &dm);
         }
         /* One token: each row's weights go from the bytes into the madds.
          * More (and Q6_K, two dot products a row): the weights of elements
@@ -484,7 +479,6 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
         for (int l = 0; l < GR; l++)
             rows[l] = base + (size_t)(v * GR + KVC_MIN(l, n - 1)) * rb;
         _Alignas(32) float ks[8][GR], km[8][GR];
-        const __m256i goff = row_offsets(rows);
         for (int64_t b = 0; b < nb; b++) {
             __m256i r0[GR], r1[GR];     /* q_0..15 and q_16..31 of each row as int16 */
 #pragma GCC unroll 8
@@ -502,7 +496,7 @@ AI void repack(const int kind, const kvc_weight *w, int64_t rg, int nr, int nv, 
                 _mm256_store_ps(msc + (b * nv + v) * GR, _mm256_load_ps(km[b % 8]));
             } else {
                 __m256 neg_m = _mm256_setzero_ps();
-                _mm256_store_ps(dsc + (b * nv + v) * GR, block_scales(kind, rows, goff, b, &neg_m));
+                _mm256_store_ps(dsc + (b * nv + v) * GR, block_scales(kind, rows, b, &neg_m));
                 if (kvc_i8_has_min(kind))
                     _mm256_store_ps(msc + (b * nv + v) * GR, neg_m);
             }

@@ -197,6 +197,19 @@ static void dq_q8_0(const block_q8_0 *b, float *y, int64_t nb)
     }
 }
 
+/* MXFP4: the block's 16 values (float)kvc_mxfp4_values[c] * d, the
+ * reference's product, as a table; each element looked up by its code. */
+static void dq_mxfp4(const block_mxfp4 *b, float *y, int64_t nb)
+{
+    const __m512 values = i32f(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)kvc_mxfp4_values)));
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_MXFP4) {
+        const __m512 t = _mm512_mul_ps(values, _mm512_set1_ps(kvc_e8m0_half(b->e)));
+        const __m512i c = u8x16(b->qs);            /* lut16 reads bits 0-3: the low nibble */
+        _mm512_storeu_ps(y, lut16(c, t));
+        _mm512_storeu_ps(y + QK_MXFP4 / 2, lut16(_mm512_srli_epi32(c, 4), t));
+    }
+}
+
 /* The table of sub-block values d1 * q - m1 for codes q = 0..15 (or 16..31). */
 AI __m512 k4_table(__m512 codes, float ds, float dm)
 {
@@ -317,6 +330,7 @@ static void avx512_dequantize_row(uint32_t type, const void *src, float *dst, in
     case KVC_TYPE_Q4_K: dq_q4_K(src, dst, nb); break;
     case KVC_TYPE_Q5_K: dq_q5_K(src, dst, nb); break;
     case KVC_TYPE_Q6_K: dq_q6_K(src, dst, nb); break;
+    case KVC_TYPE_MXFP4: dq_mxfp4(src, dst, nb); break;
     default:            kvc_dequantize_row_ref(type, src, dst, n); break;
     }
 }

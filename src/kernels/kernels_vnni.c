@@ -113,6 +113,24 @@ AI __m512i reduce_rows(const __m512i z[8])
                             _mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* reduce_rows without its last add: h0 lane l = row l's sum over the
+ * 128-bit lanes 0 and 2 of z (the low 128 bits of each row's half), h1 over
+ * lanes 1 and 3. */
+AI void reduce_rows_halves(const __m512i z[8], __m512i *h0, __m512i *h1)
+{
+    __m512i c[4], e[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]),
+                                _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+        e[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(c[2 * i], c[2 * i + 1]),
+                                _mm512_unpackhi_epi64(c[2 * i], c[2 * i + 1]));
+    *h0 = _mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0));
+    *h1 = _mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1));
+}
+
 /* The weights of a block as bytes, two rows per vector (32 + 32).
  *   I8_Q8_0: signed q; dotted with the sign trick (|w| times x with w's sign:
  *           |-128| = 128 fits the unsigned byte, and x is never -128, so the
@@ -274,10 +292,107 @@ typedef struct {
     const uint8_t *next;          /* next group's first byte, or NULL */
 } prefetch_plan;
 
+/* The dword at byte off of each of 16 rows, row l in lane l: 16 scalar
+ * loads through the stack, which cost the vector ports nothing, where a
+ * VPGATHERDD took a fifth of the Q8_0 kernel's time (Zen 5). */
+AI __m512i row_dwords(const uint8_t *const rows[GR], size_t off)
+{
+    _Alignas(64) uint32_t v[GR];
+#pragma GCC unroll 16
+    for (int l = 0; l < GR; l++)
+        memcpy(&v[l], rows[l] + off, 4);
+    return _mm512_load_si512(v);
+}
+
+/* The 32 codes q + 32 of Q6_K block b of rows ra (low 256 bits) and rb
+ * (high), as kvc_i8_k6_codes does for one row, both rows in each step. */
+AI __m512i k6_codes2(const uint8_t *ra, const uint8_t *rb, int64_t b)
+{
+    const block_q6_K *ka = (const block_q6_K *)(const void *)ra + b / 8, *kb = (const block_q6_K *)(const void *)rb + b / 8;
+    const int j = (int)(b % 8), h = j / 4, kq = j % 4;
+    const size_t ql = (size_t)(64 * h + 32 * (kq & 1));
+    __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ka->ql + ql))),
+                                    _mm256_loadu_si256((const __m256i *)(kb->ql + ql)), 1);
+    if (kq >= 2)
+        lo = _mm512_srli_epi16(lo, 4);
+    __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ka->qh + 32 * h))),
+                                    _mm256_loadu_si256((const __m256i *)(kb->qh + 32 * h)), 1);
+    /* bits 2kq, 2kq + 1 of each qh byte to bits 4, 5 */
+    hb = kq <= 2 ? _mm512_slli_epi16(hb, 4 - 2 * kq) : _mm512_srli_epi16(hb, 2);
+    /* (lo & 0x0f) | (hb & 0x30) */
+    return _mm512_ternarylogic_epi32(_mm512_and_si512(lo, _mm512_set1_epi8(0x0f)), hb, _mm512_set1_epi8(0x30), 0xf8);
+}
+
+/* Block b of a group (see decode_group) against T tokens: acc[t] lane l
+ * accumulates y[t][row l]. ks, km: the K-quants' current super-block scales. */
+AI void decode_block(const int kind, const int T, const uint8_t *const rows[GR], int64_t b,
+                     const float ks[8][GR], const float km[8][GR], const uint8_t *const *a, int64_t n_in,
+                     __m512 acc[TC])
+{
+    const size_t off = (size_t)b * kvc_i8_block_bytes(kind);
+    /* the 16 rows' scales: low half of the dword at each block start */
+    __m512 dw, dm = _mm512_setzero_ps();
+    if (kvc_i8_k_quant(kind)) {
+        dw = _mm512_load_ps(ks[b % 8]);
+        dm = _mm512_load_ps(km[b % 8]);
+    } else {
+        dw = block_scales(kind, row_dwords(rows, off));
+    }
+    __m512i w[8];
+    __mmask64 neg[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++) {
+        if (kind == I8_Q4_K) {
+            const __m512i c = load_pair(kind, kvc_i8_k4_codes(kind, rows[pair_lo[p]], b),
+                                        kvc_i8_k4_codes(kind, rows[pair_hi[p]], b));
+            w[p] = _mm512_and_si512(b & 1 ? _mm512_srli_epi16(c, 4) : c, _mm512_set1_epi8(0x0f));
+        } else if (kind == I8_Q6_K) {
+            w[p] = k6_codes2(rows[pair_lo[p]], rows[pair_hi[p]], b);
+        } else {
+            w[p] = load_pair(kind, rows[pair_lo[p]] + off, rows[pair_hi[p]] + off);
+        }
+        if (kind == I8_Q8_0) {
+            neg[p] = _mm512_movepi8_mask(w[p]);
+            w[p] = _mm512_abs_epi8(w[p]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const __m512i xh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(kvc_i8_hi(a[t]) + 32 * b)));
+        const __m512i xl = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(kvc_i8_lo(a[t], n_in) + 32 * b)));
+        __m512i z[8];
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++)
+            z[p] = kind == I8_Q8_0 ? dot_signed(w[p], neg[p], xh, xl) : dot_codes(w[p], xh, xl);
+        if (kind == I8_Q6_K) {
+            /* 128-bit lanes 0 and 2 of a pair vector hold its rows' first
+             * halves, 1 and 3 the second: reduce_rows but for its last add */
+            __m512i h0, h1;
+            reduce_rows_halves(z, &h0, &h1);
+            const int32_t *hx = kvc_i8_h(a[t], n_in) + 2 * b;
+            const __m512i d0 = _mm512_sub_epi32(h0, _mm512_set1_epi32(32 * hx[0]));
+            const __m512i d1 = _mm512_sub_epi32(h1, _mm512_set1_epi32(32 * hx[1]));
+            const __m512 xs = _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(dw, xs), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(dm, xs), acc[t]);
+            continue;
+        }
+        __m512i d = reduce_rows(z);
+        if (code_offset(kind))
+            d = _mm512_sub_epi32(d, _mm512_set1_epi32(code_offset(kind) * kvc_i8_s(a[t], n_in)[b]));
+        const __m512 xs = _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(dw, xs), acc[t]);
+        if (kind == I8_Q4_K)
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)kvc_i8_s(a[t], n_in)[b]), _mm512_mul_ps(dm, xs), acc[t]);
+    }
+}
+
 /* One group of up to 16 rows (rows[l]: row l's bytes; missing rows repeat the
- * last) against T <= TC tokens; out[t] lane l accumulates y[t][row l]. */
-AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR], const __m512i goff,
-                     prefetch_plan pf, const uint8_t *const *a, int64_t n_in, __m512 out[TC])
+ * last) against T <= TC tokens; out[t] lane l accumulates y[t][row l].
+ * K-quants go a super-block at a time, its 8 blocks unrolled, so that where
+ * a block's codes sit in the super-block is known when compiling. */
+AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR], prefetch_plan pf,
+                     const uint8_t *const *a, int64_t n_in, __m512 out[TC])
 {
     __m512 acc[TC];       /* in registers (see prefill_pass) */
 #pragma GCC unroll 4
@@ -286,74 +401,30 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
     const int64_t nb = n_in / 32;
     const size_t bsz = kvc_i8_block_bytes(kind);
     _Alignas(64) float ks[8][GR], km[8][GR];          /* K-quants: the current super-block's scales */
-    for (int64_t b = 0; b < nb; b++) {
-        const size_t off = (size_t)b * bsz;
-        if (kind == I8_Q4_K && b % 8 == 0)
-            k4_group_scales(rows, b / 8, ks, km);
-        if (kind == I8_Q6_K && b % 8 == 0)
-            k6_group_scales(rows, b / 8, ks, km);
-        if (pf.next) {
-            for (int i = 0; i < GR * (int)bsz; i += 64)
-                _mm_prefetch((const char *)pf.next + i, _MM_HINT_T1);
-            pf.next += GR * bsz;
-        }
-        /* the 16 rows' scales: low half of the dword at each block start */
-        __m512 dw, dm = _mm512_setzero_ps();
-        if (kvc_i8_k_quant(kind)) {
-            dw = _mm512_loadu_ps(ks[b % 8]);
-            dm = _mm512_loadu_ps(km[b % 8]);
-        } else {
-            dw = block_scales(kind, _mm512_i32gather_epi32(goff, rows[0] + off, 1));
-        }
-        __m512i w[8];
-        __mmask64 neg[8];
-#pragma GCC unroll 8
-        for (int p = 0; p < 8; p++) {
-            if (kind == I8_Q4_K) {
-                const __m512i c = load_pair(kind, kvc_i8_k4_codes(kind, rows[pair_lo[p]], b),
-                                            kvc_i8_k4_codes(kind, rows[pair_hi[p]], b));
-                w[p] = _mm512_and_si512(b & 1 ? _mm512_srli_epi16(c, 4) : c, _mm512_set1_epi8(0x0f));
-            } else if (kind == I8_Q6_K) {
-                w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(kvc_i8_k6_codes(rows[pair_lo[p]], b)),
-                                          kvc_i8_k6_codes(rows[pair_hi[p]], b), 1);
-            } else {
-                w[p] = load_pair(kind, rows[pair_lo[p]] + off, rows[pair_hi[p]] + off);
-            }
-            if (kind == I8_Q8_0) {
-                neg[p] = _mm512_movepi8_mask(w[p]);
-                w[p] = _mm512_abs_epi8(w[p]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const __m512i xh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(kvc_i8_hi(a[t]) + 32 * b)));
-            const __m512i xl = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(kvc_i8_lo(a[t], n_in) + 32 * b)));
-            __m512i z[8];
-#pragma GCC unroll 8
-            for (int p = 0; p < 8; p++)
-                z[p] = kind == I8_Q8_0 ? dot_signed(w[p], neg[p], xh, xl) : dot_codes(w[p], xh, xl);
-            if (kind == I8_Q6_K) {      /* lanes 0-3 of each row hold the first half */
-                __m512i z1[8];
-#pragma GCC unroll 8
-                for (int p = 0; p < 8; p++) {
-                    z1[p] = _mm512_maskz_mov_epi32(0xf0f0, z[p]);
-                    z[p] = _mm512_maskz_mov_epi32(0x0f0f, z[p]);
-                }
-                const int32_t *hx = kvc_i8_h(a[t], n_in) + 2 * b;
-                const __m512i d0 = _mm512_sub_epi32(reduce_rows(z), _mm512_set1_epi32(32 * hx[0]));
-                const __m512i d1 = _mm512_sub_epi32(reduce_rows(z1), _mm512_set1_epi32(32 * hx[1]));
-                const __m512 xs = _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]);
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(dw, xs), acc[t]);
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(dm, xs), acc[t]);
-                continue;
-            }
-            __m512i d = reduce_rows(z);
-            if (code_offset(kind))
-                d = _mm512_sub_epi32(d, _mm512_set1_epi32(code_offset(kind) * kvc_i8_s(a[t], n_in)[b]));
-            const __m512 xs = _mm512_set1_ps(kvc_i8_d(a[t], n_in)[b]);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(dw, xs), acc[t]);
+    if (kvc_i8_k_quant(kind)) {
+        for (int64_t b0 = 0; b0 < nb; b0 += 8) {
             if (kind == I8_Q4_K)
-                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(-(float)kvc_i8_s(a[t], n_in)[b]), _mm512_mul_ps(dm, xs), acc[t]);
+                k4_group_scales(rows, b0 / 8, ks, km);
+            else
+                k6_group_scales(rows, b0 / 8, ks, km);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                if (pf.next) {
+                    for (int i = 0; i < GR * (int)bsz; i += 64)
+                        _mm_prefetch((const char *)pf.next + i, _MM_HINT_T1);
+                    pf.next += GR * bsz;
+                }
+                decode_block(kind, T, rows, b0 + j, ks, km, a, n_in, acc);
+            }
+        }
+    } else {
+        for (int64_t b = 0; b < nb; b++) {
+            if (pf.next) {
+                for (int i = 0; i < GR * (int)bsz; i += 64)
+                    _mm_prefetch((const char *)pf.next + i, _MM_HINT_T1);
+                pf.next += GR * bsz;
+            }
+            decode_block(kind, T, rows, b, ks, km, a, n_in, acc);
         }
     }
 #pragma GCC unroll 4
@@ -361,14 +432,14 @@ AI void decode_group(const int kind, const int T, const uint8_t *const rows[GR],
         out[t] = acc[t];
 }
 
-typedef void (*group_fn)(const uint8_t *const rows[GR], __m512i goff, prefetch_plan pf, const uint8_t *const *a,
+typedef void (*group_fn)(const uint8_t *const rows[GR], prefetch_plan pf, const uint8_t *const *a,
                          int64_t n_in, __m512 acc[TC]);
 
 #define GROUP_FN(name, kind, T)                                                                       \
-    static void name##T(const uint8_t *const rows[GR], __m512i goff, prefetch_plan pf,                \
+    static void name##T(const uint8_t *const rows[GR], prefetch_plan pf,                              \
                         const uint8_t *const *a, int64_t n_in, __m512 acc[TC])                        \
     {                                                                                                 \
-        decode_group(kind, T, rows, goff, pf, a, n_in, acc);                                          \
+        decode_group(kind, T, rows, pf, a, n_in, acc);                                                \
     }
 #define GROUP_FNS(name, kind) GROUP_FN(name, kind, 1) GROUP_FN(name, kind, 2) GROUP_FN(name, kind, 3) \
                               GROUP_FN(name, kind, 4)
@@ -397,13 +468,8 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, const int32_t *t
     for (int64_t rg = r0; rg < r1; rg += GR) {
         const int nr = (int)KVC_MIN(GR, r1 - rg);
         const uint8_t *rows[GR];
-        int32_t offs[GR];
-        for (int l = 0; l < GR; l++) {
-            const int lr = KVC_MIN(l, nr - 1);
-            rows[l] = base + (size_t)(rg + lr) * rb;
-            offs[l] = (int32_t)((size_t)lr * rb);
-        }
-        const __m512i goff = _mm512_loadu_si512(offs);
+        for (int l = 0; l < GR; l++)
+            rows[l] = base + (size_t)(rg + KVC_MIN(l, nr - 1)) * rb;
         prefetch_plan pf = { NULL };   /* for the first pass, which brings the rows in */
         if (rg + GR < r1)
             pf.next = base + (size_t)(rg + GR) * rb;
@@ -415,7 +481,7 @@ static void decode_act(const kvc_weight *w, const uint8_t *act, const int32_t *t
                 acc[t] = _mm512_setzero_ps();
                 a[t] = kvc_i8_tok_row(act, as, tok, t0 + KVC_MIN(t, T - 1));
             }
-            group_fns[kind][T - 1](rows, goff, pf, a, w->n_in, acc);
+            group_fns[kind][T - 1](rows, pf, a, w->n_in, acc);
             for (int t = 0; t < T; t++)
                 _mm512_mask_storeu_ps(y + (t0 + t) * ldy + rg, (__mmask16)((1u << nr) - 1), acc[t]);
             pf = (prefetch_plan){ NULL };
