@@ -184,8 +184,8 @@ static void check_scan_kernel(void)
 
 /* The convolution's AVX2 path against the scalar reference, bitwise: outputs
  * and the state over three tokens, for K 1..4 (lfm2 3, Mamba-2 and GDN 4),
- * channel counts with and without a tail, bias and silu on and off, in
- * place (y = u, GDN) and not; inputs reaching silu's regions (< -80, -0, big). */
+ * channel counts with and without a tail, bias, silu, u_mul and y_mul (lfm2)
+ * on and off, in place (y = u, GDN) and not; inputs reaching silu's regions (< -80, -0, big). */
 static void check_conv_kernel(void)
 {
     const kvc_isa def = kvc_kernels_isa();
@@ -199,9 +199,9 @@ static void check_conv_kernel(void)
     uint64_t r = 777;
     for (int32_t K = 1; K <= 4; K++)
         for (size_t a = 0; a < KVC_ARRAY_LEN(ns); a++)
-            for (int v = 0; v < 8; v++) {   /* bit 0: bias, bit 1: silu, bit 2: in place */
+            for (int v = 0; v < 32; v++) {   /* bits: 0 bias, 1 silu, 2 in place, 3 u_mul, 4 y_mul */
                 const int64_t n = ns[a];
-                float st[2][3 * LD], wt[4 * LD], bias[LD], u[2][LD], y[2][LD];
+                float st[2][3 * LD], wt[4 * LD], bias[LD], u[2][LD], y[2][LD], um[LD], ym[LD];
                 for (int64_t i = 0; i < 3 * LD; i++) {
                     r = r * 6364136223846793005ull + 1442695040888963407ull;
                     st[0][i] = st[1][i] = (float)((int64_t)(r >> 33) % 20001 - 10000) / 400.0f;
@@ -210,8 +210,11 @@ static void check_conv_kernel(void)
                     r = r * 6364136223846793005ull + 1442695040888963407ull;
                     wt[i] = (float)((int64_t)(r >> 33) % 2001 - 1000) / 300.0f;
                 }
-                for (int64_t i = 0; i < LD; i++)
+                for (int64_t i = 0; i < LD; i++) {
                     bias[i] = (float)(i % 11) / 4.0f - 1.2f;
+                    um[i] = (float)(i % 7) / 3.0f - 0.9f;
+                    ym[i] = (float)(i % 5) / 2.0f - 1.1f;
+                }
                 for (int step = 0; step < 3; step++) {
                     for (int64_t i = 0; i < LD; i++) {
                         r = r * 6364136223846793005ull + 1442695040888963407ull;
@@ -221,7 +224,8 @@ static void check_conv_kernel(void)
                     for (int p = 0; p < 2; p++)
                         kvc_conv_step_isa(p ? KVC_ISA_AVX2 : KVC_ISA_SCALAR, &(kvc_conv_args){
                             .st = st[p], .ld_st = LD, .wt = wt, .ld_w = LD, .K = K, .u = u[p],
-                            .bias = v & 1 ? bias : NULL, .silu = v & 2, .y = v & 4 ? u[p] : y[p], .n = n });
+                            .u_mul = v & 8 ? um : NULL, .bias = v & 1 ? bias : NULL, .silu = v & 2,
+                            .y_mul = v & 16 ? ym : NULL, .y = v & 4 ? u[p] : y[p], .n = n });
                     const float *y0 = v & 4 ? u[0] : y[0], *y1 = v & 4 ? u[1] : y[1];
                     CHECKF(memcmp(st[0], st[1], sizeof(st[0])) == 0 && memcmp(y0, y1, (size_t)n * sizeof(float)) == 0,
                            "conv: AVX2 differs from the scalar reference (K %d, n %lld, variant %d, token %d)",

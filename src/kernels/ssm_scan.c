@@ -42,7 +42,7 @@ void kvc_conv_step_ref(const kvc_conv_args *a, int64_t ch0)
 {
     const int32_t K = a->K;
     for (int64_t ch = ch0; ch < a->n; ch++) {
-        const float x = a->u[ch];
+        const float x = a->u_mul ? a->u[ch] * a->u_mul[ch] : a->u[ch];
         float acc = 0.0f;
         for (int32_t k = 0; k < K - 1; k++)
             acc = acc + a->wt[k * a->ld_w + ch] * a->st[k * a->ld_st + ch];
@@ -57,7 +57,7 @@ void kvc_conv_step_ref(const kvc_conv_args *a, int64_t ch0)
             const float e = fabsf(acc) <= 80.0f ? kvc_exp_neg(-fabsf(acc)) : 0.0f;
             acc = (acc >= 0.0f ? acc : acc * e) / (1.0f + e);
         }
-        a->y[ch] = acc;
+        a->y[ch] = a->y_mul ? acc * a->y_mul[ch] : acc;
     }
 }
 

@@ -16,13 +16,15 @@
  *
  * The causal convolution of one token (ggml_ssm_conv; the short convolution of
  * lfm2, Mamba-2's and Gated DeltaNet's conv), channel by channel:
+ *   x = u[ch], or u[ch] * u_mul[ch] when there is a u_mul (lfm2's b * x)
  *   acc = 0;  acc = acc + w[k][ch] * s_k  for k = 0 .. K-1      (multiply, add)
- *     where s_0 .. s_{K-2} are the state's rows (oldest first) and s_{K-1} = u[ch]
+ *     where s_0 .. s_{K-2} are the state's rows (oldest first) and s_{K-1} = x
  *   acc = acc + bias[ch]                        (when there is a bias)
- *   y[ch] = silu(acc)                           (when asked; else acc), with
+ *   acc = silu(acc)                             (when asked), with
  *     e = |a| <= 80 ? kvc_exp_neg(-|a|) : 0,  silu(a) = (a >= 0 ? a : a * e) / (1 + e)
  *     (kernels.h's kvc_swiglu with u = 1)
- *   the state moves on: row k takes row k + 1, row K-2 takes u[ch].
+ *   y[ch] = acc, or acc * y_mul[ch] when there is a y_mul (lfm2's gate c)
+ *   the state moves on: row k takes row k + 1, row K-2 takes x.
  * Channels are independent, so the SIMD path runs 8 of them per vector with
  * exactly these operations. */
 #ifndef KVC_SSM_SCAN_H
@@ -55,9 +57,11 @@ typedef struct kvc_conv_args {
     int64_t      ld_w;
     int32_t      K;       /* taps, >= 1 (K = 1: no state) */
     const float *u;       /* [n] the token's inputs */
+    const float *u_mul;   /* [n] or NULL: factors of the inputs */
     const float *bias;    /* [n] or NULL */
     bool         silu;
-    float       *y;       /* [n] the output; may be u */
+    const float *y_mul;   /* [n] or NULL: factors of the outputs */
+    float       *y;       /* [n] the output; may be u, u_mul or y_mul */
     int64_t      n;
 } kvc_conv_args;
 

@@ -46,7 +46,9 @@ void kvc_conv_step_avx2(const kvc_conv_args *a)
     const int32_t K = a->K;
     int64_t ch = 0;
     for (; ch + 8 <= a->n; ch += 8) {
-        const __m256 x = _mm256_loadu_ps(a->u + ch);
+        __m256 x = _mm256_loadu_ps(a->u + ch);
+        if (a->u_mul)
+            x = _mm256_mul_ps(x, _mm256_loadu_ps(a->u_mul + ch));
         __m256 acc = _mm256_setzero_ps();
         for (int32_t k = 0; k < K - 1; k++)
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a->wt + k * a->ld_w + ch),
@@ -60,6 +62,8 @@ void kvc_conv_step_avx2(const kvc_conv_args *a)
             acc = _mm256_add_ps(acc, _mm256_loadu_ps(a->bias + ch));
         if (a->silu)
             acc = silu8(acc);
+        if (a->y_mul)
+            acc = _mm256_mul_ps(acc, _mm256_loadu_ps(a->y_mul + ch));
         _mm256_storeu_ps(a->y + ch, acc);
     }
     kvc_conv_step_ref(a, ch);

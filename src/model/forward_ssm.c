@@ -147,17 +147,12 @@ static void shortconv_task(void *ctx, int64_t task, int thread)
     const int64_t E = c->m->hp.n_embd, n_ch = (E + SSM_CH_TASK - 1) / SSM_CH_TASK;
     const int32_t K = c->m->hp.shortconv_l, s = (int32_t)(task / n_ch);
     const int64_t c0 = task % n_ch * SSM_CH_TASK, c1 = KVC_MIN(c0 + SSM_CH_TASK, E);
-    float u[SSM_CH_TASK];
     for (int32_t j = b->run[s]; j < b->run[s + 1]; j++) {
         const int32_t i = b->order[j];
         const float *p = b->proj + (int64_t)i * 3 * E;   /* b | c | x */
-        float *y = b->y + (int64_t)i * E;
-        for (int64_t ch = c0; ch < c1; ch++)
-            u[ch - c0] = p[ch] * p[2 * E + ch];
         kvc_conv_step(&(kvc_conv_args){ .st = b->state[s] + c0, .ld_st = E, .wt = b->conv_t[f->layer] + c0,
-                                        .ld_w = E, .K = K, .u = u, .y = y + c0, .n = c1 - c0 });
-        for (int64_t ch = c0; ch < c1; ch++)
-            y[ch] = p[E + ch] * y[ch];
+                                        .ld_w = E, .K = K, .u = p + c0, .u_mul = p + 2 * E + c0,
+                                        .y_mul = p + E + c0, .y = b->y + (int64_t)i * E + c0, .n = c1 - c0 });
     }
 }
 
