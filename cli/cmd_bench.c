@@ -41,20 +41,27 @@ static int32_t *synthetic_tokens(const kvc_model_info *info, int32_t first, int3
 
 /* Sequence 0 holding exactly the first `depth` synthetic tokens. A run's test
  * tokens continue the same series, so a longer sequence is cut back; a
- * shorter one is filled up (not timed). */
+ * shorter one is filled up (not timed). A cut may keep less than asked (a
+ * recurrent model's state cannot go back to a position it kept no snapshot
+ * of: kvc_context_seq_truncate): the rest is filled up again. */
 static int set_depth(kvc_context *ctx, const kvc_model_info *info, int32_t depth, char *err,
                      size_t err_size)
 {
-    int32_t len = kvc_context_seq_len(ctx, 0);
-    if (len >= depth)
-        return kvc_context_seq_truncate(ctx, 0, depth);
-    int32_t *toks = synthetic_tokens(info, len, depth - len);
-    if (!toks) {
-        snprintf(err, err_size, "out of memory for %d depth tokens", depth);
-        return KVC_ERR_NOMEM;
+    int rc = kvc_context_seq_len(ctx, 0) > depth ? kvc_context_seq_truncate(ctx, 0, depth) : KVC_OK;
+    const int32_t len = kvc_context_seq_len(ctx, 0);
+    if (!rc && len < depth) {
+        int32_t *toks = synthetic_tokens(info, len, depth - len);
+        if (!toks) {
+            snprintf(err, err_size, "out of memory for %d depth tokens", depth);
+            return KVC_ERR_NOMEM;
+        }
+        rc = kvc_context_decode(ctx, 0, toks, depth - len, false, err, err_size);
+        free(toks);
     }
-    int rc = kvc_context_decode(ctx, 0, toks, depth - len, false, err, err_size);
-    free(toks);
+    if (!rc && kvc_context_seq_len(ctx, 0) != depth) {   /* never time a run at another depth */
+        snprintf(err, err_size, "depth %d asked, the sequence holds %d", depth, kvc_context_seq_len(ctx, 0));
+        return KVC_ERR_INVALID_ARG;
+    }
     return rc;
 }
 

@@ -227,6 +227,17 @@ int main(void)
     rc = run(&out, "%s bench -m %s -p 16 -n 4 -r 1", bin, model);
     CHECKF(rc == 0 && strstr(out, "pp16") && strstr(out, "tg4"), "bench: %s", out);
     free(out);
+    /* at a depth, on a hybrid model whose state cannot be cut back to it: each
+     * run is after exactly that depth (it used to run after 0 tokens) */
+    char hybrid[600];
+    snprintf(hybrid, sizeof(hybrid), "%s.qwen35.gguf", model);
+    rc = run(&out, "%s make-model --preset tiny-qwen35 -o %s", bin, hybrid);
+    CHECKF(rc == 0, "make-model tiny-qwen35: %s", out);
+    free(out);
+    rc = run(&out, "%s bench -m %s -p 8 -n 4 -d 40 -r 2", bin, hybrid);
+    CHECKF(rc == 0 && strstr(out, "pp8 @ d40") && strstr(out, "tg4 @ d40"), "bench at a depth: %s", out);
+    free(out);
+    unlink(hybrid);
     /* bench chat: its reruns on fresh contexts reply as the first run did, and
      * the medians follow; the pairs side by side compute as many tokens as the
      * conversation's turn 1 and turn 3 did */

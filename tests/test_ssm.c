@@ -183,6 +183,58 @@ static void check_scan_kernel(void)
         }
 }
 
+/* The convolution's AVX2 path against the scalar reference, bitwise: outputs
+ * and the state over three tokens, for K 1..4 (lfm2 3, Mamba-2 and GDN 4),
+ * channel counts with and without a tail, bias, silu, u_mul and y_mul (lfm2)
+ * on and off, in place (y = u, GDN) and not; inputs reaching silu's regions (< -80, -0, big). */
+static void check_conv_kernel(void)
+{
+    const kvc_isa def = kvc_kernels_isa();
+    if (kvc_kernels_set_isa(KVC_ISA_AVX2) != KVC_OK) {
+        printf("test_ssm: no AVX2, conv kernel comparison skipped\n");
+        return;
+    }
+    kvc_kernels_set_isa(def);
+    enum { LD = 80 };
+    const int64_t ns[] = { 1, 7, 8, 13, 64, 80 };
+    uint64_t r = 777;
+    for (int32_t K = 1; K <= 4; K++)
+        for (size_t a = 0; a < KVC_ARRAY_LEN(ns); a++)
+            for (int v = 0; v < 32; v++) {   /* bits: 0 bias, 1 silu, 2 in place, 3 u_mul, 4 y_mul */
+                const int64_t n = ns[a];
+                float st[2][3 * LD], wt[4 * LD], bias[LD], u[2][LD], y[2][LD], um[LD], ym[LD];
+                for (int64_t i = 0; i < 3 * LD; i++) {
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    st[0][i] = st[1][i] = (float)((int64_t)(r >> 33) % 20001 - 10000) / 400.0f;
+                }
+                for (int64_t i = 0; i < 4 * LD; i++) {
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    wt[i] = (float)((int64_t)(r >> 33) % 2001 - 1000) / 300.0f;
+                }
+                for (int64_t i = 0; i < LD; i++) {
+                    bias[i] = (float)(i % 11) / 4.0f - 1.2f;
+                    um[i] = (float)(i % 7) / 3.0f - 0.9f;
+                    ym[i] = (float)(i % 5) / 2.0f - 1.1f;
+                }
+                for (int step = 0; step < 3; step++) {
+                    for (int64_t i = 0; i < LD; i++) {
+                        r = r * 6364136223846793005ull + 1442695040888963407ull;
+                        u[0][i] = u[1][i] = i % 9 == 4 ? -0.0f : i % 9 == 5 ? -900.0f
+                                          : (float)((int64_t)(r >> 33) % 20001 - 10000) / 500.0f;
+                    }
+                    for (int p = 0; p < 2; p++)
+                        kvc_conv_step_isa(p ? KVC_ISA_AVX2 : KVC_ISA_SCALAR, &(kvc_conv_args){
+                            .st = st[p], .ld_st = LD, .wt = wt, .ld_w = LD, .K = K, .u = u[p],
+                            .u_mul = v & 8 ? um : NULL, .bias = v & 1 ? bias : NULL, .silu = v & 2,
+                            .y_mul = v & 16 ? ym : NULL, .y = v & 4 ? u[p] : y[p], .n = n });
+                    const float *y0 = v & 4 ? u[0] : y[0], *y1 = v & 4 ? u[1] : y[1];
+                    CHECKF(memcmp(st[0], st[1], sizeof(st[0])) == 0 && memcmp(y0, y1, (size_t)n * sizeof(float)) == 0,
+                           "conv: AVX2 differs from the scalar reference (K %d, n %lld, variant %d, token %d)",
+                           K, (long long)n, v, step);
+                }
+            }
+}
+
 /* A context shift on a hybrid model: refused, saying why. */
 static void check_shift_refused(const char *path)
 {
@@ -349,6 +401,7 @@ int main(void)
     if (!mkdtemp(tmpdir))
         return 1;
     check_scan_kernel();
+    check_conv_kernel();
     check_gen_errors();
     static const struct { const char *preset, *ftype; int32_t d_state, n_swa; bool sessions; } models[] = {
         { "tiny-lfm2", "f32", 0, 0, true },

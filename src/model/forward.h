@@ -41,10 +41,10 @@ typedef struct kvc_moe_buf {
 typedef struct kvc_gdn_buf {
     float   *qkv;         /* [n][conv_dim] the projection, then (in place) silu(conv(.)), q and k
                            * l2-normalised */
-    float   *z;           /* [n][n_v * d_v] the output gate */
+    float   *z;           /* [n][n_v * d_v] the output gate, then silu(z) * the normalised o: out_proj's input */
     float   *beta;        /* [n][n_v] beta's logits (beta = sigmoid of it) */
     float   *g;           /* [n][n_v] alpha (the decay: exp(softplus(alpha + dt) * a)) */
-    float   *o;           /* [n][n_v * d_v] the recurrence's output, then gated-normalised */
+    float   *o;           /* [n][n_v * d_v] the recurrence's output, then rms-normalised */
     float   *qg;          /* [n][2 * n_head * hd] gated attention: per head query, then gate */
     float   *qkvz;        /* [n][conv_dim + n_v * d_v] qwen3next's ssm_in projection (grouped per K
                            * head), split into qkv and z; NULL for the other rows */
@@ -53,6 +53,8 @@ typedef struct kvc_gdn_buf {
     int32_t *run;         /* [n + 1] the groups' starts in order; n_runs groups */
     int32_t  n_runs;
     float  **state;       /* [n] each group's state of the current layer */
+    float  **conv_t;      /* [n_layer] a GDN layer's conv taps transposed [K][conv_dim] (ssm_scan.h),
+                           * NULL for the others */
 } kvc_gdn_buf;
 
 /* The recurrent steps' buffers (forward_ssm.c), sized at kvc_compute_new for
@@ -67,6 +69,8 @@ typedef struct kvc_ssm_buf {
     int32_t *run;         /* [n + 1] */
     float  **state;       /* [n] each sequence's state of the current layer */
     int32_t  n_seq;       /* sequences in the batch */
+    float  **conv_t;      /* [n_layer] a recurrent layer's conv taps transposed [K][channels]
+                           * (ssm_scan.h), NULL for the others */
 } kvc_ssm_buf;
 
 /* The per-layer embeddings' buffers (forward_ple.c), sized at
@@ -161,6 +165,11 @@ void kvc_shortconv_step(fwd *f);
 void kvc_mamba2_step(fwd *f);
 int  kvc_ssm_alloc(kvc_compute *c);      /* KVC_OK, or KVC_ERR_NOMEM */
 void kvc_ssm_free(kvc_compute *c);
+/* Per layer of the model whose attn is `kind` (a recurrent kind), its conv
+ * taps transposed for kvc_conv_step (ssm_scan.h); NULL for the other layers.
+ * NULL when out of memory. Freed by kvc_fwd_conv_taps_free (NULL ok). */
+float **kvc_fwd_conv_taps(const kvc_model *m, kvc_attn_kind kind);
+void    kvc_fwd_conv_taps_free(float **t, int32_t n_layer);
 
 /* The Gated DeltaNet step (forward_gdn.c): the layer's token mixer, its
  * output left in h; its buffers; and the arch row's layer setup (arch.h). */

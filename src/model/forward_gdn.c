@@ -13,6 +13,7 @@
  *   per V head h:  S *= exp(g_h);  delta = (v_h - S^T k) beta_h;  S += k delta^T;
  *                  o_h = S^T q / sqrt(d)
  *   o_h = rmsnorm(o_h) * ssm_norm * silu(z_h);  out = W_out o
+ * (silu: ssm_scan.h's, the convolution's and kvc_swiglu's formula)
  *
  * The layer's state (kvc_kv_seq_state, f32, zero at position 0):
  *   conv  [K - 1][conv_dim]   the inputs u of the K - 1 previous positions, oldest first
@@ -28,6 +29,7 @@
  * once, in chunks or token by token, alone or beside other sequences, on any
  * thread count. */
 #include "forward.h"
+#include "ssm_scan.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -134,7 +136,8 @@ int kvc_gdn_alloc(kvc_compute *c)
     b->order = malloc(B * sizeof(int32_t));
     b->run = malloc((B + 1) * sizeof(int32_t));
     b->state = malloc(B * sizeof(float *));
-    return b->qkv && b->z && b->beta && b->g && b->o && b->qg && b->order && b->run && b->state
+    b->conv_t = kvc_fwd_conv_taps(m, KVC_ATTN_GDN);
+    return b->qkv && b->z && b->beta && b->g && b->o && b->qg && b->order && b->run && b->state && b->conv_t
          ? KVC_OK : KVC_ERR_NOMEM;
 }
 
@@ -147,6 +150,7 @@ void kvc_gdn_free(kvc_compute *c)
     free(b->order);
     free(b->run);
     free(b->state);
+    kvc_fwd_conv_taps_free(b->conv_t, c->m->hp.n_layer);
     memset(b, 0, sizeof(*b));
 }
 
@@ -228,28 +232,15 @@ static void group_batch(fwd *f)
     b->n_runs = n_runs;
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
-/* The causal convolution of one token's channels [ch0, ch1), silu applied,
- * in place in u; the conv state st ([K - 1][cd], oldest first) advances. Per
- * channel y = sum_k w[k] s[k] over the K - 1 kept inputs then the new one, k
- * increasing (ggml_ssm_conv's order). */
-static void conv_channels(float *st, const float *w, float *u, int64_t cd, int32_t K, int64_t ch0,
+/* The causal convolution of one token's channels [ch0, ch1) of u, silu
+ * applied, in place; the conv state st ([K - 1][cd], oldest first) advances
+ * (ssm_scan.h's kvc_conv_step). */
+static void conv_channels(float *st, const float *wt, float *u, int64_t cd, int32_t K, int64_t ch0,
                           int64_t ch1)
 {
-    for (int64_t ch = ch0; ch < ch1; ch++) {
-        const float *wc = w + ch * K;
-        float y = 0.0f;
-        for (int32_t k = 0; k < K - 1; k++)
-            y += st[k * cd + ch] * wc[k];
-        const float x = u[ch];
-        y += x * wc[K - 1];
-        for (int32_t k = 0; k + 1 < K - 1; k++)
-            st[k * cd + ch] = st[(k + 1) * cd + ch];
-        if (K > 1)
-            st[(int64_t)(K - 2) * cd + ch] = x;
-        u[ch] = silu(y);
-    }
+    kvc_conv_step(&(kvc_conv_args){ .st = st + ch0, .ld_st = cd, .wt = wt + ch0, .ld_w = cd, .K = K,
+                                    .u = u + ch0, .silu = true, .y = u + ch0, .n = ch1 - ch0 });
 }
 
 /* x / max(|x|, eps) over n (ggml_l2_norm: the sum of squares in double). */
@@ -284,14 +275,14 @@ static void head_task(void *ctx, int64_t task, int thread)
         const int64_t i = b->order[t];
         float *u = b->qkv + i * cd;
         float *q = u + hk * d, *k = u + ((int64_t)n_k + hk) * d;
-        conv_channels(st, L->ssm_conv, u, cd, K, hk * d, (hk + 1) * d);
-        conv_channels(st, L->ssm_conv, u, cd, K, ((int64_t)n_k + hk) * d, ((int64_t)n_k + hk + 1) * d);
+        conv_channels(st, b->conv_t[j->f->layer], u, cd, K, hk * d, (hk + 1) * d);
+        conv_channels(st, b->conv_t[j->f->layer], u, cd, K, ((int64_t)n_k + hk) * d, ((int64_t)n_k + hk + 1) * d);
         l2norm(q, d, eps);
         l2norm(k, d, eps);
         for (int64_t vi = 0; vi < n_v / n_k; vi++) {
             const int64_t h = v_head(&j->g, hk, vi);
             const int64_t v0 = 2 * (int64_t)n_k * d + h * d;
-            conv_channels(st, L->ssm_conv, u, cd, K, v0, v0 + d);
+            conv_channels(st, b->conv_t[j->f->layer], u, cd, K, v0, v0 + d);
             const float *v = u + v0;
             const float beta = 1.0f / (1.0f + expf(-b->beta[i * n_v + h]));
             const float a = b->g[i * n_v + h] + L->ssm_dt_b[h];
@@ -300,10 +291,9 @@ static void head_task(void *ctx, int64_t task, int thread)
             float *S = S0 + h * (int64_t)d * d, *o = b->o + i * j->g.inner + h * d;
             for (int32_t jv = 0; jv < d; jv++)
                 o[jv] = kvc_gdn_row(S + (int64_t)jv * d, k, q, decay, v[jv], beta, d) * scale;
-            const float *z = b->z + i * j->g.inner + h * d;
+            float *z = b->z + i * j->g.inner + h * d;
             kvc_fwd_rmsnorm(o, o, L->ssm_norm, d, eps);
-            for (int32_t e = 0; e < d; e++)
-                o[e] *= silu(z[e]);
+            kvc_swiglu(z, o, d);   /* z = silu(z) o: W_out reads z */
         }
     }
 }
@@ -377,6 +367,6 @@ void kvc_gdn_step(fwd *f)
     kvc_threadpool_run(c->tp, n, kvc_fwd_attn_norm_task, f);
     project(&j);
     kvc_threadpool_run(c->tp, (int64_t)b->n_runs * j.g.n_k, head_task, &j);
-    kvc_fwd_matmul_n(c, b->o, n, 1, (const kvc_weight *[]){ &L->ssm_out }, (float *[]){ c->h },
+    kvc_fwd_matmul_n(c, b->z, n, 1, (const kvc_weight *[]){ &L->ssm_out }, (float *[]){ c->h },
                      (const int64_t[]){ c->m->hp.n_embd });
 }

@@ -44,6 +44,36 @@ static int64_t proj_width(const kvc_hparams *hp)
     return KVC_MAX(3 * (int64_t)hp->n_embd, (int64_t)hp->ssm_d_inner + conv + hp->ssm_n_head);
 }
 
+float **kvc_fwd_conv_taps(const kvc_model *m, kvc_attn_kind kind)
+{
+    const kvc_hparams *hp = &m->hp;
+    float **t = calloc((size_t)hp->n_layer, sizeof(float *));
+    if (!t)
+        return NULL;
+    /* GDN and Mamba-2 convolve x|B|C (q|k|v): d_inner + 2 G N channels */
+    const bool sc = kind == KVC_ATTN_SHORTCONV;
+    const int64_t n = sc ? hp->n_embd : hp->ssm_d_inner + 2 * (int64_t)hp->ssm_n_group * hp->ssm_d_state;
+    const int32_t K = sc ? hp->shortconv_l : hp->ssm_d_conv;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kvc_layer *L = &m->layers[il];
+        if (L->attn != kind)
+            continue;
+        if (!(t[il] = kvc_alloc_aligned((size_t)KVC_MAX(n * K, 1) * sizeof(float)))) {
+            kvc_fwd_conv_taps_free(t, hp->n_layer);
+            return NULL;
+        }
+        kvc_conv_taps_transpose(sc ? L->conv : L->ssm_conv, n, K, t[il]);
+    }
+    return t;
+}
+
+void kvc_fwd_conv_taps_free(float **t, int32_t n_layer)
+{
+    for (int32_t il = 0; t && il < n_layer; il++)
+        kvc_free_aligned(t[il]);
+    free(t);
+}
+
 int kvc_ssm_alloc(kvc_compute *c)
 {
     const kvc_hparams *hp = &c->m->hp;
@@ -56,7 +86,8 @@ int kvc_ssm_alloc(kvc_compute *c)
     b->order = malloc(B * sizeof(int32_t));
     b->run = malloc((B + 1) * sizeof(int32_t));
     b->state = malloc(B * sizeof(float *));
-    return b->proj && b->xbc && b->y && b->order && b->run && b->state ? KVC_OK : KVC_ERR_NOMEM;
+    b->conv_t = kvc_fwd_conv_taps(c->m, hp->arch->recurrent);
+    return b->proj && b->xbc && b->y && b->order && b->run && b->state && b->conv_t ? KVC_OK : KVC_ERR_NOMEM;
 }
 
 void kvc_ssm_free(kvc_compute *c)
@@ -68,6 +99,7 @@ void kvc_ssm_free(kvc_compute *c)
     free(b->order);
     free(b->run);
     free(b->state);
+    kvc_fwd_conv_taps_free(b->conv_t, c->m->hp.n_layer);
     memset(b, 0, sizeof(*b));
 }
 
@@ -104,27 +136,6 @@ static bool group_by_seq(fwd *f)
     return true;
 }
 
-/* y = sum_{i<K} w[i] u_{t-K+1+i} for channels [c0, c1) of one token, the
- * state st [K-1][width] holding u_{t-K+1} .. u_{t-1}; then the state moves on
- * by one (u_t in, the oldest out). u: the token's inputs [width]. */
-static void conv_step(float *st, int64_t width, const float *w, int32_t K, const float *u, float *y,
-                      int64_t c0, int64_t c1)
-{
-    for (int64_t ch = c0; ch < c1; ch++) {
-        const float *wc = w + ch * K;
-        float acc = 0.0f;
-        for (int32_t i = 0; i < K - 1; i++)
-            acc += st[i * width + ch] * wc[i];
-        acc += u[ch] * wc[K - 1];
-        for (int32_t i = 0; i + 1 < K - 1; i++)
-            st[i * width + ch] = st[(i + 1) * width + ch];
-        st[(int64_t)(K - 2) * width + ch] = u[ch];
-        y[ch] = acc;
-    }
-}
-
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-
 /* -------------------------------------------------- lfm2: short convolution */
 
 /* Channels [c0, c1) of one sequence (task / channel tasks) over its tokens. */
@@ -132,21 +143,16 @@ static void shortconv_task(void *ctx, int64_t task, int thread)
 {
     fwd *f = ctx;
     kvc_compute *c = f->c;
-    const kvc_layer *L = &c->m->layers[f->layer];
     const kvc_ssm_buf *b = &c->ssm;
     const int64_t E = c->m->hp.n_embd, n_ch = (E + SSM_CH_TASK - 1) / SSM_CH_TASK;
     const int32_t K = c->m->hp.shortconv_l, s = (int32_t)(task / n_ch);
     const int64_t c0 = task % n_ch * SSM_CH_TASK, c1 = KVC_MIN(c0 + SSM_CH_TASK, E);
-    float u[SSM_CH_TASK];
     for (int32_t j = b->run[s]; j < b->run[s + 1]; j++) {
         const int32_t i = b->order[j];
         const float *p = b->proj + (int64_t)i * 3 * E;   /* b | c | x */
-        float *y = b->y + (int64_t)i * E;
-        for (int64_t ch = c0; ch < c1; ch++)
-            u[ch - c0] = p[ch] * p[2 * E + ch];
-        conv_step(b->state[s] + c0, E, L->conv + c0 * K, K, u, y + c0, 0, c1 - c0);
-        for (int64_t ch = c0; ch < c1; ch++)
-            y[ch] = p[E + ch] * y[ch];
+        kvc_conv_step(&(kvc_conv_args){ .st = b->state[s] + c0, .ld_st = E, .wt = b->conv_t[f->layer] + c0,
+                                        .ld_w = E, .K = K, .u = p + c0, .u_mul = p + 2 * E + c0,
+                                        .y_mul = p + E + c0, .y = b->y + (int64_t)i * E + c0, .n = c1 - c0 });
     }
 }
 
@@ -189,7 +195,8 @@ static mamba_dims dims_of(const kvc_hparams *hp)
     return d;
 }
 
-/* Conv channels [c0, c1) of one sequence over its tokens: xbc = silu(conv + bias). */
+/* Conv channels [c0, c1) of one sequence over its tokens: xbc = silu(conv + bias)
+ * (ssm_scan.h's kvc_conv_step). */
 static void mamba_conv_task(void *ctx, int64_t task, int thread)
 {
     fwd *f = ctx;
@@ -202,15 +209,10 @@ static void mamba_conv_task(void *ctx, int64_t task, int thread)
     const int64_t c0 = task % n_ch * SSM_CH_TASK, c1 = KVC_MIN(c0 + SSM_CH_TASK, d.conv);
     for (int32_t j = b->run[s]; j < b->run[s + 1]; j++) {
         const int32_t i = b->order[j];
-        float *y = b->xbc + (int64_t)i * d.conv;
-        if (d.K == 1) {   /* no state: the kernel sees the token alone */
-            for (int64_t ch = c0; ch < c1; ch++)
-                y[ch] = b->proj[(int64_t)i * d.in + d.d_inner + ch] * L->ssm_conv[ch];
-        } else {
-            conv_step(b->state[s], d.conv, L->ssm_conv, d.K, b->proj + (int64_t)i * d.in + d.d_inner, y, c0, c1);
-        }
-        for (int64_t ch = c0; ch < c1; ch++)
-            y[ch] = silu(L->ssm_conv_b ? y[ch] + L->ssm_conv_b[ch] : y[ch]);
+        kvc_conv_step(&(kvc_conv_args){
+            .st = b->state[s] + c0, .ld_st = d.conv, .wt = b->conv_t[f->layer] + c0, .ld_w = d.conv, .K = d.K,
+            .u = b->proj + (int64_t)i * d.in + d.d_inner + c0, .bias = L->ssm_conv_b ? L->ssm_conv_b + c0 : NULL,
+            .silu = true, .y = b->xbc + (int64_t)i * d.conv + c0, .n = c1 - c0 });
     }
 }
 
@@ -231,13 +233,15 @@ static void mamba_scan_task(void *ctx, int64_t task, int thread)
         const float *p = b->proj + (int64_t)i * d.in;
         const float *xbc = b->xbc + (int64_t)i * d.conv;
         const float *x = xbc + h * d.hd, *B = xbc + d.d_inner + g * d.N, *C = xbc + d.d_inner + (d.G + g) * d.N;
-        const float *z = p + h * d.hd;
+        float *z = b->proj + (int64_t)i * d.in + h * d.hd;
         float *y = b->y + (int64_t)i * d.d_inner + h * d.hd;
         const float v = p[d.d_inner + d.conv + h] + L->ssm_dt_b[h];
         const float dt = v > 20.0f ? v : logf(1.0f + expf(v));    /* softplus, as ggml */
         kvc_ssm_scan_head(S, x, B, C, expf(dt * L->ssm_a[h]), dt, (int32_t)d.hd, (int32_t)d.N, y);
         for (int64_t r = 0; r < d.hd; r++)
-            y[r] = silu(z[r]) * (y[r] + x[r] * L->ssm_d[h]);
+            y[r] = y[r] + x[r] * L->ssm_d[h];
+        kvc_swiglu(z, y, d.hd);   /* z = silu(z) y: z is read nowhere else */
+        memcpy(y, z, (size_t)d.hd * sizeof(float));
     }
 }
 
