@@ -27,6 +27,7 @@
 #include "reasoning.h"
 #include "tokenizer.h"
 
+#include "answer_http.h"
 #include "http_client.h"
 #include "json_at.h"
 #include "kvchat.h"
@@ -260,62 +261,6 @@ static char *forced(const char *api, const char *reply, const char *extra)
     return out;
 }
 
-/* Append s to buf (cap bytes). */
-static void add(char *buf, size_t cap, const char *s)
-{
-    if (s)
-        snprintf(buf + strlen(buf), cap - strlen(buf), "%s", s);
-}
-
-/* The reasoning and content of an answer, whole or streamed (SSE data
- * lines or Ollama's NDJSON), by each dialect's fields. */
-static void parts(const char *body, char *r, char *c, size_t cap)
-{
-    r[0] = c[0] = 0;
-    for (const char *p = body; p && *p;) {
-        const char *e = strchr(p, '\n');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        if (n > 6 && !strncmp(p, "data: ", 6))
-            p += 6, n -= 6;
-        char *line = strndup(p, n);
-        cJSON *j = line ? cJSON_Parse(line) : NULL;
-        free(line);
-        const char *type = cJSON_GetStringValue(at(j, "type")),
-                   *object = cJSON_GetStringValue(at(j, "object"));
-        /* chat, whole and streamed */
-        add(r, cap, cJSON_GetStringValue(at(j, "choices.0.message.reasoning_content")));
-        add(c, cap, cJSON_GetStringValue(at(j, "choices.0.message.content")));
-        add(r, cap, cJSON_GetStringValue(at(j, "choices.0.delta.reasoning_content")));
-        add(c, cap, cJSON_GetStringValue(at(j, "choices.0.delta.content")));
-        /* Ollama, whole and streamed */
-        add(r, cap, cJSON_GetStringValue(at(j, "message.thinking")));
-        add(c, cap, cJSON_GetStringValue(at(j, "message.content")));
-        if (object && !strcmp(object, "response")) {         /* Responses, whole */
-            const cJSON *it;
-            cJSON_ArrayForEach(it, at(j, "output")) {
-                const char *k = cJSON_GetStringValue(at(it, "type"));
-                add(k && !strcmp(k, "reasoning") ? r : c, cap,
-                    cJSON_GetStringValue(at(it, "content.0.text")));
-            }
-        } else if (type && !strcmp(type, "message")) {       /* Messages, whole */
-            const cJSON *it;
-            cJSON_ArrayForEach(it, at(j, "content")) {
-                add(r, cap, cJSON_GetStringValue(at(it, "thinking")));
-                add(c, cap, cJSON_GetStringValue(at(it, "text")));
-            }
-        } else if (type && !strcmp(type, "response.reasoning_text.delta")) {
-            add(r, cap, cJSON_GetStringValue(at(j, "delta")));
-        } else if (type && !strcmp(type, "response.output_text.delta")) {
-            add(c, cap, cJSON_GetStringValue(at(j, "delta")));
-        } else if (type && !strcmp(type, "content_block_delta")) {
-            add(r, cap, cJSON_GetStringValue(at(j, "delta.thinking")));
-            add(c, cap, cJSON_GetStringValue(at(j, "delta.text")));
-        }
-        cJSON_Delete(j);
-        p = e ? e + 1 : NULL;
-    }
-}
-
 static const char *const apis[] = { "chat", "responses", "messages", "ollama" };
 static const char *const paths[] = { "/v1/chat/completions", "/v1/responses", "/v1/messages",
                                      "/api/chat" };
@@ -331,7 +276,7 @@ static void test_channels(void)
             char *b = forced(apis[a], reply, stream ? "\"stream\":true" : "\"stream\":false");
             http_resp h = post(paths[a], b);
             char r[512], c[512];
-            parts(h.body, r, c, sizeof(r));
+            answer_parts(h.body, r, c, sizeof(r));
             CHECKF(h.status == 200 && !strcmp(r, "abc") && !strcmp(c, "hello"),
                    "%s%s: %d reasoning '%s' content '%s'", apis[a], stream ? " streamed" : "",
                    h.status, r, c);
@@ -414,7 +359,7 @@ static void test_tool_call(void)
             char *b = forced(apis[a], call, extra);
             http_resp h = post(paths[a], b);
             char r[512], c[512];
-            parts(h.body, r, c, sizeof(r));
+            answer_parts(h.body, r, c, sizeof(r));
             const char *done = a == 0 ? "\"finish_reason\":\"tool_calls\""
                              : a == 1 ? "\"type\":\"function_call\""
                              : a == 2 ? "\"stop_reason\":\"tool_use\"" : "\"tool_calls\"";
@@ -442,7 +387,7 @@ static void test_final_then_call(void)
                          "\\\"Paris\\\"}", extra);
         http_resp h = post("/v1/chat/completions", b);
         char r[512], c[512];
-        parts(h.body, r, c, sizeof(r));
+        answer_parts(h.body, r, c, sizeof(r));
         CHECKF(h.status == 200 && h.body && strstr(h.body, "get_weather") && !strstr(h.body, "<|") &&
                (!strcmp(c, "hi") || !*c) && !*r, "final then call%s: %d content '%s': %s",
                stream ? " streamed" : "", h.status, c, h.body ? h.body : "");
@@ -492,20 +437,6 @@ static void test_forced_call(void)
         }
 }
 
-/* How many tokens /tokenize makes of text (JSON-escaped), special tokens
- * parsed; 0 when it fails. */
-static int n_tokens(const char *text)
-{
-    char body[1024];
-    snprintf(body, sizeof(body), "{\"content\":\"%s\",\"parse_special\":true}", text);
-    http_resp tk = post("/tokenize", body);
-    cJSON *tj = tk.body ? cJSON_Parse(tk.body) : NULL;
-    int n = cJSON_GetArraySize(at(tj, "tokens"));
-    cJSON_Delete(tj);
-    http_resp_free(&tk);
-    return n;
-}
-
 /* Post the chat request body until all but its last n_new prompt tokens are
  * cached (the background turn that canonicalizes the previous reply runs
  * when the server is idle), 50 tries 100 ms apart; the last answer's
@@ -546,7 +477,7 @@ static void test_next_turn(void)
         "{\"role\":\"user\",\"content\":\"more\"}],\"max_tokens\":4,\"temperature\":0,"
         "\"user\":\"harmony-turns\"}";
     /* what the new message adds: its tokens after the previous turn's end */
-    int n_new = n_tokens("<|start|>user<|message|>more<|end|><|start|>assistant");
+    int n_new = answer_n_tokens(port, "<|start|>user<|message|>more<|end|><|start|>assistant");
     double p2, cached;
     post_until_cached(t2, n_new, &p2, &cached);
     printf("next turn: turn 1 %g prompt tokens; turn 2 %g, %g cached, the new message %d\n", p1, p2,
@@ -581,7 +512,7 @@ static void test_tool_turn(void)
              "\"user\":\"harmony-tools\",\"tools\":%s}", args ? args : "\"\"", tools);
     free(args);
     /* the result's text on: "sunny" (as tojson writes it), <|end|>, the prompt */
-    int n_new = n_tokens("\\\"sunny\\\"<|end|><|start|>assistant");
+    int n_new = answer_n_tokens(port, "\\\"sunny\\\"<|end|><|start|>assistant");
     double p2, cached;
     post_until_cached(t2, n_new, &p2, &cached);
     printf("tool turn: %g prompt tokens, %g cached, the result's text %d\n", p2, cached, n_new);

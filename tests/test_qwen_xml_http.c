@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <unistd.h>
 
+#include "answer_http.h"
 #include "http_client.h"
 #include "json_at.h"
 #include "kvchat.h"
@@ -70,49 +71,6 @@ static char *forced(int api, const char *reply, const char *extra)
     return out;
 }
 
-static void add(char *buf, size_t cap, const char *s)
-{
-    if (s)
-        snprintf(buf + strlen(buf), cap - strlen(buf), "%s", s);
-}
-
-/* The content of an answer, whole or streamed (SSE data lines or Ollama's
- * NDJSON), by each dialect's fields. */
-static void content_of(const char *body, char *c, size_t cap)
-{
-    c[0] = 0;
-    for (const char *p = body; p && *p;) {
-        const char *e = strchr(p, '\n');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        if (n > 6 && !strncmp(p, "data: ", 6))
-            p += 6, n -= 6;
-        char *line = strndup(p, n);
-        cJSON *j = line ? cJSON_Parse(line) : NULL;
-        free(line);
-        const char *type = cJSON_GetStringValue(at(j, "type")),
-                   *object = cJSON_GetStringValue(at(j, "object"));
-        add(c, cap, cJSON_GetStringValue(at(j, "choices.0.message.content")));
-        add(c, cap, cJSON_GetStringValue(at(j, "choices.0.delta.content")));
-        add(c, cap, cJSON_GetStringValue(at(j, "message.content")));
-        const cJSON *it;
-        if (object && !strcmp(object, "response")) {
-            cJSON_ArrayForEach(it, at(j, "output"))
-                if (!cJSON_IsString(at(it, "type")) || strcmp(at(it, "type")->valuestring,
-                                                              "reasoning"))
-                    add(c, cap, cJSON_GetStringValue(at(it, "content.0.text")));
-        } else if (type && !strcmp(type, "message")) {
-            cJSON_ArrayForEach(it, at(j, "content"))
-                add(c, cap, cJSON_GetStringValue(at(it, "text")));
-        } else if (type && !strcmp(type, "response.output_text.delta")) {
-            add(c, cap, cJSON_GetStringValue(at(j, "delta")));
-        } else if (type && !strcmp(type, "content_block_delta")) {
-            add(c, cap, cJSON_GetStringValue(at(j, "delta.text")));
-        }
-        cJSON_Delete(j);
-        p = e ? e + 1 : NULL;
-    }
-}
-
 /* What marks a finished call in each dialect's answer. */
 static const char *const call_mark[] = { "\"finish_reason\":\"tool_calls\"",
                                          "\"type\":\"function_call\"",
@@ -136,7 +94,7 @@ static void test_dialects(void)
             char *b = forced(a, reply, stream ? "\"stream\":true" : "\"stream\":false");
             http_resp h = post(paths[a], b);
             char c[512];
-            content_of(h.body, c, sizeof(c));
+            answer_parts(h.body, NULL, c, sizeof(c));
             bool typed = h.body && (strstr(h.body, "\"days\":3") ||
                                     strstr(h.body, "\\\"days\\\":3"));
             CHECKF(h.status == 200 && h.body && strstr(h.body, "get_weather") &&
@@ -189,20 +147,6 @@ static void test_forced(void)
         }
 }
 
-/* How many tokens /tokenize makes of text (JSON-escaped), special tokens
- * parsed; 0 when it fails. */
-static int n_tokens(const char *text)
-{
-    char body[1024];
-    snprintf(body, sizeof(body), "{\"content\":\"%s\",\"parse_special\":true}", text);
-    http_resp tk = post("/tokenize", body);
-    cJSON *tj = tk.body ? cJSON_Parse(tk.body) : NULL;
-    int n = cJSON_GetArraySize(at(tj, "tokens"));
-    cJSON_Delete(tj);
-    http_resp_free(&tk);
-    return n;
-}
-
 /* The tool loop: turn 1's call sent back with the tool's result renders as
  * the model wrote it (the template iterates the arguments as a mapping),
  * and every token before the result is reused. */
@@ -244,10 +188,12 @@ static void test_tool_turn(void)
     cJSON_Delete(j);
     http_resp_free(&h);
     /* from the end of the call on: <|im_end|>, the result, the prompt */
-    int n_new = n_tokens(think ? "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\nsunny\\n"
-                                 "</tool_response><|im_end|>\\n<|im_start|>assistant\\n<think>\\n"
-                               : "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\nsunny\\n"
-                                 "</tool_response>\\n<|im_end|>\\n<|im_start|>assistant\\n");
+    static const char *const tail[] = {
+        "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\nsunny\\n"
+        "</tool_response>\\n<|im_end|>\\n<|im_start|>assistant\\n",
+        "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\nsunny\\n"
+        "</tool_response><|im_end|>\\n<|im_start|>assistant\\n<think>\\n" };
+    int n_new = answer_n_tokens(port, tail[think]);
     double p2 = 0, cached = 0;
     for (int tries = 0; tries < 50; tries++) {
         usleep(100 * 1000);
