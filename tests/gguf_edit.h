@@ -9,16 +9,20 @@
 
 #include "gguf.h"
 
-/* Copy every key of f but `skip` (NULL: none) into w (the types the
- * generator writes). */
-static inline bool test_gguf_copy_keys(const gguf_file *f, gguf_writer *w, const char *skip)
+/* Copy every key of f but those of skip (NULL-terminated; NULL: none) into
+ * w (the types the generator writes). */
+static inline bool test_gguf_copy_keys_except(const gguf_file *f, gguf_writer *w,
+                                              const char *const *skip)
 {
     bool ok = true;
     for (int64_t i = 0; ok && i < gguf_n_kv(f); i++) {
         const gguf_kv *kv = gguf_kv_at(f, i);
         char key[256];
         snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.s);
-        if (skip && strcmp(key, skip) == 0)
+        bool skipped = false;
+        for (const char *const *s = skip; s && *s && !skipped; s++)
+            skipped = strcmp(key, *s) == 0;
+        if (skipped)
             continue;
         switch (kv->type) {
         case GGUF_TYPE_UINT32:  ok = gguf_writer_set_u32(w, key, (uint32_t)kv->v.u64) == KVC_OK; break;
@@ -49,6 +53,13 @@ static inline bool test_gguf_copy_keys(const gguf_file *f, gguf_writer *w, const
         }
     }
     return ok;
+}
+
+/* Copy every key of f but `skip` (NULL: none) into w. */
+static inline bool test_gguf_copy_keys(const gguf_file *f, gguf_writer *w, const char *skip)
+{
+    const char *const list[] = { skip, NULL };
+    return test_gguf_copy_keys_except(f, w, list);
 }
 
 #endif

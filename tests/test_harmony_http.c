@@ -28,6 +28,7 @@
 #include "tokenizer.h"
 
 #include "answer_http.h"
+#include "gguf_edit.h"
 #include "http_client.h"
 #include "json_at.h"
 #include "kvchat.h"
@@ -74,12 +75,17 @@ static bool make_harmony_model(const char *path)
     char *tmpl = read_template();
     CHECK(tmpl != NULL);
     gguf_writer *w = gguf_writer_new();
-    bool ok = f && tmpl && w;
-    for (int64_t i = 0; ok && i < gguf_n_kv(f); i++) {
-        const gguf_kv *kv = gguf_kv_at(f, i);
-        char key[256];
-        snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.s);
-        if (!strcmp(key, "tokenizer.ggml.tokens")) {
+    /* every key as generated but these, rewritten when the file has them */
+    static const char *const own[] = { "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                                       "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                       "tokenizer.chat_template", NULL };
+    bool ok = f && tmpl && w && test_gguf_copy_keys_except(f, w, own);
+    for (int o = 0; ok && own[o]; o++) {
+        const gguf_kv *kv = gguf_find_kv(f, own[o]);
+        const char *key = own[o];
+        if (!kv) {
+            continue;
+        } else if (o == 0) {
             uint64_t n = kv->v.arr.n;
             char **v = calloc(n, sizeof(char *));
             for (uint64_t k = 0; v && k < n; k++)
@@ -90,7 +96,7 @@ static bool make_harmony_model(const char *path)
             for (uint64_t k = 0; v && k < n; k++)
                 free(v[k]);
             free(v);
-        } else if (!strcmp(key, "tokenizer.ggml.token_type")) {
+        } else if (o == 1) {
             int32_t *t = malloc(kv->v.arr.n * sizeof(int32_t));
             ok = t != NULL;
             for (uint64_t k = 0; ok && k < kv->v.arr.n; k++)
@@ -98,35 +104,10 @@ static bool make_harmony_model(const char *path)
                      ? KVC_TOKEN_CONTROL : (int32_t)gguf_arr_i64(kv, k);
             ok = ok && gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, t, kv->v.arr.n) == KVC_OK;
             free(t);
-        } else if (!strcmp(key, "tokenizer.ggml.eos_token_id") ||
-                   !strcmp(key, "tokenizer.ggml.eot_token_id")) {
+        } else if (o <= 3) {
             ok = gguf_writer_set_u32(w, key, (uint32_t)natural + H_RETURN) == KVC_OK;
-        } else if (!strcmp(key, "tokenizer.chat_template")) {
-            ok = gguf_writer_set_str(w, key, tmpl) == KVC_OK;
-        } else if (kv->type == GGUF_TYPE_UINT32) {
-            ok = gguf_writer_set_u32(w, key, (uint32_t)kv->v.u64) == KVC_OK;
-        } else if (kv->type == GGUF_TYPE_INT32) {
-            ok = gguf_writer_set_i32(w, key, (int32_t)kv->v.i64) == KVC_OK;
-        } else if (kv->type == GGUF_TYPE_FLOAT32) {
-            ok = gguf_writer_set_f32(w, key, (float)kv->v.f64) == KVC_OK;
-        } else if (kv->type == GGUF_TYPE_BOOL) {
-            ok = gguf_writer_set_bool(w, key, kv->v.u64 != 0) == KVC_OK;
-        } else if (kv->type == GGUF_TYPE_STRING) {
-            char *v = strndup(kv->v.str.s, kv->v.str.len);
-            ok = v && gguf_writer_set_str(w, key, v) == KVC_OK;
-            free(v);
-        } else if (kv->type == GGUF_TYPE_ARRAY && kv->v.arr.type == GGUF_TYPE_STRING) {
-            char **v = calloc(kv->v.arr.n + 1, sizeof(char *));
-            for (uint64_t k = 0; v && k < kv->v.arr.n; k++)
-                v[k] = strndup(kv->v.arr.strs[k].s, kv->v.arr.strs[k].len);
-            ok = v && gguf_writer_set_arr_str(w, key, (const char *const *)v, kv->v.arr.n) == KVC_OK;
-            for (uint64_t k = 0; v && k < kv->v.arr.n; k++)
-                free(v[k]);
-            free(v);
-        } else if (kv->type == GGUF_TYPE_ARRAY) {
-            ok = gguf_writer_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n) == KVC_OK;
         } else {
-            ok = false;
+            ok = gguf_writer_set_str(w, key, tmpl) == KVC_OK;
         }
     }
     for (int64_t i = 0; ok && i < gguf_n_tensors(f); i++) {
