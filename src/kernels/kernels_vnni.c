@@ -96,24 +96,7 @@ void kvc_vnni_quantize_rows(const float *x, int64_t ldx, int64_t n_in, int64_t t
 static const int pair_lo[8] = { 0, 1, 2, 3, 8, 9, 10, 11 };
 static const int pair_hi[8] = { 4, 5, 6, 7, 12, 13, 14, 15 };
 
-/* Sum the 8 lanes of each row-half of z[0..8): result lane l = row l. */
-AI __m512i reduce_rows(const __m512i z[8])
-{
-    __m512i c[4], e[2];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++)
-        c[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]),
-                                _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]));
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++)
-        e[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(c[2 * i], c[2 * i + 1]),
-                                _mm512_unpackhi_epi64(c[2 * i], c[2 * i + 1]));
-    /* 128-bit lane j of e[i]: row sums over that lane for z[4i..4i+4) */
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                            _mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-/* reduce_rows without its last add: h0 lane l = row l's sum over the
+/* The row sums of z[0..8) in two halves: h0 lane l = row l's sum over the
  * 128-bit lanes 0 and 2 of z (the low 128 bits of each row's half), h1 over
  * lanes 1 and 3. */
 AI void reduce_rows_halves(const __m512i z[8], __m512i *h0, __m512i *h1)
@@ -129,6 +112,14 @@ AI void reduce_rows_halves(const __m512i z[8], __m512i *h0, __m512i *h1)
                                 _mm512_unpackhi_epi64(c[2 * i], c[2 * i + 1]));
     *h0 = _mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0));
     *h1 = _mm512_shuffle_i32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+/* Sum the 8 lanes of each row-half of z[0..8): result lane l = row l. */
+AI __m512i reduce_rows(const __m512i z[8])
+{
+    __m512i h0, h1;
+    reduce_rows_halves(z, &h0, &h1);
+    return _mm512_add_epi32(h0, h1);
 }
 
 /* The weights of a block as bytes, two rows per vector (32 + 32).
