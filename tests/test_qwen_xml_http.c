@@ -9,7 +9,8 @@
  * whole and streamed, as the dialect's tool call with arguments typed by the
  * tool's schema, the text before it as content and no XML anywhere;
  * tool_choice "required" / a named function / Anthropic's "any" force a call
- * the schema allows; and the next turn (the call sent back, then the tool's
+ * the schema allows; a tool without parameters is served (its call's
+ * arguments are {}); and the next turn (the call sent back, then the tool's
  * result) renders the call exactly as the model wrote it, so every token
  * before the result is reused.
  *
@@ -147,6 +148,54 @@ static void test_forced(void)
         }
 }
 
+/* A tool without parameters (OpenAI allows it; agents send a "get_time"):
+ * Qwen3-Coder's template reads tool.parameters.properties, which fails
+ * unless the request is given the empty schema. Served in every dialect,
+ * whole and streamed, a call to it has arguments {}; tool_choice naming it
+ * forces exactly that call. */
+static void test_no_parameters(void)
+{
+    static const char *const tl[] = {
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+        SCHEMA "}},{\"type\":\"function\",\"function\":{\"name\":\"get_time\","
+        "\"description\":\"The time\"}}]",
+        "[{\"type\":\"function\",\"name\":\"get_weather\",\"parameters\":" SCHEMA "},"
+        "{\"type\":\"function\",\"name\":\"get_time\",\"parameters\":null}]",
+        "[{\"name\":\"get_weather\",\"input_schema\":" SCHEMA "},{\"name\":\"get_time\"}]",
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+        SCHEMA "}},{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}]",
+    };
+    static const char *const empty_args[] = { "\"arguments\":\"{}\"", "\"arguments\":\"{}\"",
+                                              "\"input\":{}", "\"arguments\":{}" };
+    for (int a = 0; a < 4; a++)
+        for (int stream = 0; stream < 2; stream++) {
+            char body[4096];
+            snprintf(body, sizeof(body), "{%s,\"%s\":100,%s\"stream\":%s,\"grammar\":"
+                     "\"root ::= \\\"%s<tool_call>\\\\n<function=get_time>\\\\n</function>"
+                     "\\\\n</tool_call>\\\"\",\"tools\":%s}",
+                     a == 1 ? "\"input\":\"Time?\"" : "\"messages\":[{\"role\":\"user\","
+                     "\"content\":\"Time?\"}]", a == 1 ? "max_output_tokens" : "max_tokens",
+                     a == 3 ? "\"model\":\"q\",\"options\":{\"temperature\":0}," :
+                     "\"temperature\":0,", stream ? "true" : "false", THOUGHT(think), tl[a]);
+            http_resp h = post(paths[a], body);
+            CHECKF(h.status == 200 && h.body && strstr(h.body, "get_time") &&
+                   strstr(h.body, call_mark[a]) && no_xml(h.body) &&
+                   (stream || strstr(h.body, empty_args[a])),
+                   "no parameters, %s%s: %d %s", apis[a], stream ? " streamed" : "", h.status,
+                   h.body ? h.body : "");
+            http_resp_free(&h);
+        }
+    char body[2048];
+    snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+             "\"max_tokens\":100,\"temperature\":0,\"tools\":%s,\"tool_choice\":{\"type\":"
+             "\"function\",\"function\":{\"name\":\"get_time\"}}}", tl[0]);
+    http_resp h = post("/v1/chat/completions", body);
+    CHECKF(h.status == 200 && h.body && strstr(h.body, "\"name\":\"get_time\",\"arguments\":"
+           "\"{}\"") && strstr(h.body, call_mark[0]), "forced get_time: %d %s", h.status,
+           h.body ? h.body : "");
+    http_resp_free(&h);
+}
+
 /* The tool loop: turn 1's call sent back with the tool's result renders as
  * the model wrote it (the template iterates the arguments as a mapping),
  * and every token before the result is reused. */
@@ -234,6 +283,7 @@ int main(void)
         if (port > 0) {
             test_dialects();
             test_forced();
+            test_no_parameters();
             test_tool_turn();
         }
         http_server_stop(&s);

@@ -12,9 +12,13 @@
  *   content and, when given, name, tool_call_id, tool_calls, reasoning_content;
  *   a tool call's function.arguments given as a JSON string is passed as the
  *   object it encodes, as llama.cpp does, since templates iterate over it),
- *   `tools` (when given), `add_generation_prompt`, `bos_token`, `eos_token`,
- *   and every member of the kwargs object (`enable_thinking`...) as a
- *   variable of its own. A message's NULL content is passed as "".
+ *   `tools` (when given; a function without `parameters`, or with null, is
+ *   given the empty schema {"type": "object", "properties": {}}, as OpenAI
+ *   reads it: templates such as Qwen3-Coder's read tool.parameters.properties
+ *   and fail without it, under Python's jinja2 too), `add_generation_prompt`,
+ *   `bos_token`, `eos_token`, and every member of the kwargs object
+ *   (`enable_thinking`...) as a variable of its own. A message's NULL
+ *   content is passed as "".
  *
  *   Provenance: kvc_rendered.content lists the ranges of the text that came
  *   from the caller (message fields, tools, kwargs). Tokenize those without

@@ -256,6 +256,53 @@ int kvc_chat_kwargs_merge(const char *defaults, const char *request, char **out,
     return KVC_OK;
 }
 
+/* The function of tool t: its "function" member, or t itself when it is a
+ * bare function ({"name": ...}, which templates accept too); NULL else. */
+static cJSON *tool_function(cJSON *t)
+{
+    cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+    if (cJSON_IsObject(f))
+        return f;
+    return cJSON_IsObject(t) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(t, "name")) ? t
+                                                                                         : NULL;
+}
+
+/* tools as the templates read them: a function without "parameters" (or
+ * with null) gets the empty schema {"type": "object", "properties": {}},
+ * which OpenAI says omitting them means. Templates read
+ * tool.parameters.properties (Qwen3-Coder's errors on it under Python's
+ * jinja2 too) or print the schema (tojson). *out: the tools' JSON text,
+ * malloc'd, or NULL when nothing was missing (use tools_json as it is). */
+static int fill_parameters(const char *tools_json, char **out, kvc_err *err)
+{
+    *out = NULL;
+    cJSON *tools = cJSON_Parse(tools_json), *t;
+    if (!cJSON_IsArray(tools)) {
+        cJSON_Delete(tools);
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "tools: not a JSON array");
+    }
+    bool changed = false, oom = false;
+    cJSON_ArrayForEach(t, tools) {
+        cJSON *f = tool_function(t), *p = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        if (!f || (p && !cJSON_IsNull(p)))
+            continue;
+        cJSON *e = cJSON_CreateObject();
+        oom |= !e || !cJSON_AddStringToObject(e, "type", "object") ||
+               !cJSON_AddObjectToObject(e, "properties");
+        if (oom || !(p ? cJSON_ReplaceItemInObjectCaseSensitive(f, "parameters", e)
+                       : cJSON_AddItemToObject(f, "parameters", e))) {
+            cJSON_Delete(e);
+            oom = true;
+            break;
+        }
+        changed = true;
+    }
+    if (changed && !oom)
+        oom = !(*out = cJSON_PrintUnformatted(tools));
+    cJSON_Delete(tools);
+    return oom ? kvc_fail(err, KVC_ERR_NOMEM, "chat template: out of memory") : KVC_OK;
+}
+
 /* thinking: reasoning_content is also given as "thinking" (harmony templates
  * read that, as llama-server gives it); a message with calls and reasoning
  * then goes without its content, which gpt-oss's template refuses beside
@@ -302,13 +349,13 @@ static int build_data(const kvc_chat_message *msgs, size_t n, const char *tools_
     }
     jb_puts(b, "]");
     if (tools_json) {
-        cJSON *t = cJSON_Parse(tools_json);
-        bool ok = cJSON_IsArray(t);
-        cJSON_Delete(t);
-        if (!ok)
-            return kvc_fail(err, KVC_ERR_INVALID_ARG, "tools: not a JSON array");
+        char *filled = NULL;
+        int rc = fill_parameters(tools_json, &filled, err);
+        if (rc)
+            return rc;
         jb_puts(b, ", \"tools\": ");
-        jb_puts(b, tools_json);
+        jb_puts(b, filled ? filled : tools_json);
+        free(filled);
     }
     jb_puts(b, "}");
     return b->oom ? kvc_fail(err, KVC_ERR_NOMEM, "chat template: out of memory") : KVC_OK;
