@@ -420,6 +420,57 @@ static void test_xml_grammar(void)
     kvc_grammar_free(g);
 }
 
+/* Parameters typed through $ref / $defs (definitions, chains, a name with
+ * "/" in it, a $ref inside an object parameter): the parser types the
+ * value by the definition, and the forcing grammar follows it too. */
+static void test_xml_refs(void)
+{
+    static const char tj[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+        "\"object\",\"$defs\":{\"n\":{\"type\":\"integer\"},\"k\":{\"$ref\":\"#/$defs/n\"},"
+        "\"m\":{\"type\":\"string\",\"enum\":[\"a\",\"b\"]},\"o\":{\"type\":\"object\","
+        "\"properties\":{\"x\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"x\"]}},"
+        "\"definitions\":{\"s\":{\"type\":\"string\"}},\"properties\":{"
+        "\"count\":{\"$ref\":\"#/$defs/n\"},\"label\":{\"$ref\":\"#/definitions/s\"},"
+        "\"a/b\":{\"$ref\":\"#/$defs/k\"},\"mode\":{\"$ref\":\"#/$defs/m\"},"
+        "\"opt\":{\"$ref\":\"#/$defs/o\"},\"lost\":{\"$ref\":\"#/$defs/none\"}},"
+        "\"required\":[\"count\"]}}}]";
+    const char *call = "<tool_call>\n<function=f>\n<parameter=count>\n5\n</parameter>\n"
+                       "<parameter=label>\n7\n</parameter>\n<parameter=a/b>\n-2\n</parameter>\n"
+                       "<parameter=mode>\nb\n</parameter>\n<parameter=opt>\n{\"x\": 1}\n"
+                       "</parameter>\n</function>\n</tool_call>";
+    check_xml_args(call, tj, "{\"count\":5,\"label\":\"7\",\"a/b\":-2,\"mode\":\"b\","
+                   "\"opt\":{\"x\":1}}");
+    /* a $ref that does not resolve: text, as a schema without a type (the
+     * grammar too) */
+    check_xml_args("<function=f>\n<parameter=lost>\n3\n</parameter>\n</function>", tj,
+                   "{\"lost\":\"3\"}");
+    char *text = NULL;
+    kvc_err e = { 0 };
+    kvc_grammar *g = NULL;
+    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, tj, NULL, false, &text, &e) == KVC_OK,
+           "%s", e.msg);
+    CHECKF(text && kvc_grammar_parse(text, strlen(text), &g, &e) == KVC_OK, "%s\n%s", e.msg,
+           text ? text : "");
+    free(text);
+    if (!g)
+        return;
+    CHECK(accepts(g, call));
+    CHECK(accepts(g, "<tool_call>\n<function=f>\n<parameter=count>\n12\n</parameter>\n"
+                     "</function>\n</tool_call>"));
+    CHECK(accepts(g, "<tool_call>\n<function=f>\n<parameter=count>\n1\n</parameter>\n"
+                     "<parameter=lost>\nany text\n</parameter>\n</function>\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n<function=f>\n<parameter=count>\nfive\n</parameter>\n"
+                      "</function>\n</tool_call>"));           /* an integer, not text */
+    CHECK(!accepts(g, "<tool_call>\n<function=f>\n<parameter=count>\n1\n</parameter>\n"
+                      "<parameter=a/b>\nx\n</parameter>\n</function>\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n<function=f>\n<parameter=count>\n1\n</parameter>\n"
+                      "<parameter=mode>\nc\n</parameter>\n</function>\n</tool_call>"));
+    CHECK(!accepts(g, "<tool_call>\n<function=f>\n<parameter=count>\n1\n</parameter>\n"
+                      "<parameter=opt>\n{\"x\": \"1\"}\n</parameter>\n</function>\n</tool_call>"));
+    kvc_grammar_free(g);
+}
+
 /* The real templates: detected as QWEN_XML, and a call parsed from a reply
  * renders back as the same text in the next turn's prompt (arguments as a
  * mapping), so the next prompt extends the previous one. */
@@ -512,6 +563,7 @@ int main(void)
     test_xml_holdback();
     test_mistral_end();
     test_xml_grammar();
+    test_xml_refs();
     test_xml_templates();
     return test_done("test_tool_calls");
 }

@@ -95,7 +95,17 @@ typedef struct kvc_schema_opts {
     const char *root;        /* name of the rule the schema becomes; NULL = "root" */
     const char *prefix;      /* prefix of every helper rule's name (to compose
                               * several schemas in one grammar); NULL = "" */
+    const char *at;          /* the schema to compile, as a local $ref into the
+                              * document ("#/properties/x"), whose $refs still
+                              * resolve against the whole document; NULL = "#" */
 } kvc_schema_opts;
+
+/* The node local reference `ref` ("#", "#/$defs/x", JSON-pointer escapes ~0
+ * ~1, array indices) points to in the schema document `root`; borrowed from
+ * root. NULL when ref is not local (#...) or does not resolve. The one
+ * resolver of $ref: the schema compiler and the tool-call parsers use it. */
+struct cJSON;
+const struct cJSON *kvc_schema_resolve(const struct cJSON *root, const char *ref);
 
 /* The grammar text for JSON schema `schema` (JSON text, len bytes), as rules
  * of the dialect above, in *out (malloc'd, NUL-terminated; caller frees).

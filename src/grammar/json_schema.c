@@ -277,13 +277,11 @@ static int gen_enum(conv *c, const cJSON *e, const char *path, gsbuf *body)
 
 /* ---------------------------------------------------------------- $ref */
 
-static const cJSON *resolve_ref(conv *c, const char *ref, const char *path)
+const cJSON *kvc_schema_resolve(const cJSON *root, const char *ref)
 {
-    if (ref[0] != '#') {
-        bad(c, path, "$ref '%s': only local references (#...) are supported", ref);
+    if (!root || !ref || ref[0] != '#')
         return NULL;
-    }
-    const cJSON *node = c->root;
+    const cJSON *node = root;
     const char *p = ref + 1;
     while (*p == '/' && node) {
         p++;
@@ -306,9 +304,19 @@ static const cJSON *resolve_ref(conv *c, const char *ref, const char *path)
             node = cJSON_GetObjectItemCaseSensitive(node, tok);
         }
     }
-    if (*p || !node)
-        bad(c, path, "$ref '%s' does not resolve", ref);
     return *p ? NULL : node;
+}
+
+static const cJSON *resolve_ref(conv *c, const char *ref, const char *path)
+{
+    if (ref[0] != '#') {
+        bad(c, path, "$ref '%s': only local references (#...) are supported", ref);
+        return NULL;
+    }
+    const cJSON *node = kvc_schema_resolve(c->root, ref);
+    if (!node)
+        bad(c, path, "$ref '%s' does not resolve", ref);
+    return node;
 }
 
 /* The rule for $ref `ref`, generated the first time (recursion reaches the
@@ -863,7 +871,10 @@ int kvc_schema_to_gbnf(const char *schema, size_t len, const kvc_schema_opts *op
     for (int p = 0; p < P_COUNT; p++)
         name_of(&c, p, c.pname[p], sizeof(c.pname[p]));
     const char *rname = opts && opts->root ? opts->root : "root";
-    gen(&c, root, "#", rname);
+    const char *at = opts && opts->at ? opts->at : "#";
+    const cJSON *start = resolve_ref(&c, at, "#");
+    if (start)
+        gen(&c, start, at, rname);
     for (size_t i = 0; i < c.n_refs; i++) {
         free(c.refs[i].ref);
         free(c.refs[i].name);

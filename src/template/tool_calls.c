@@ -291,8 +291,25 @@ static bool has_prefix_ci(const char *s, const char *p)
     return !strncasecmp(s, p, strlen(p));
 }
 
+/* The schema of parameter schema prop with its $refs followed (into params,
+ * the function's parameters document, by grammar.h's resolver); prop itself
+ * when it has no $ref, or one that does not resolve or loops. */
+static const cJSON *xml_schema(const cJSON *params, const cJSON *prop)
+{
+    for (int hops = 0; hops < 16; hops++) {
+        const cJSON *ref = cJSON_GetObjectItemCaseSensitive(prop, "$ref");
+        const cJSON *to = cJSON_IsString(ref) ? kvc_schema_resolve(params, ref->valuestring)
+                                              : NULL;
+        if (!to)
+            return prop;
+        prop = to;
+    }
+    return prop;
+}
+
 /* The kind of value a parameter schema asks for (XK_STRING without a type;
- * of a type list, "string" when it is among them, else the first not null). */
+ * of a type list, "string" when it is among them, else the first not null).
+ * prop: with its $refs followed (xml_schema). */
 static int xml_kind(const cJSON *prop)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(prop, "type"), *x;
@@ -324,8 +341,9 @@ static int xml_kind(const cJSON *prop)
     return XK_JSON;
 }
 
-/* The value text v[0, n) of a parameter whose schema is prop (NULL: not
- * declared) as a JSON value (xml_kind's rules). NULL when out of memory. */
+/* The value text v[0, n) of a parameter whose schema is prop (its $refs
+ * followed; NULL: not declared) as a JSON value (xml_kind's rules). NULL
+ * when out of memory. */
 static cJSON *xml_value(const char *v, size_t n, const cJSON *prop)
 {
     const char *t = v;
@@ -361,17 +379,16 @@ static cJSON *xml_value(const char *v, size_t n, const cJSON *prop)
     return out;
 }
 
-/* The "properties" of function `name`'s parameters in tools (NULL when
- * the function or its properties are unknown). */
-static const cJSON *xml_props(const cJSON *tools, const char *name)
+/* The "parameters" schema of function `name` in tools (NULL when the
+ * function or its parameters are unknown). */
+static const cJSON *xml_params(const cJSON *tools, const char *name)
 {
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (cJSON_IsString(nm) && !strcmp(nm->valuestring, name))
-            return cJSON_GetObjectItemCaseSensitive(
-                cJSON_GetObjectItemCaseSensitive(fn, "parameters"), "properties");
+            return cJSON_GetObjectItemCaseSensitive(fn, "parameters");
     }
     return NULL;
 }
@@ -420,7 +437,8 @@ static size_t xml_call(const char *r, size_t at, size_t len, bool wrapped, const
         cJSON_Delete(args);
         return len;
     }
-    const cJSON *props = xml_props(tools, name);
+    const cJSON *params = xml_params(tools, name);
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
     size_t p = ne + 1;
     for (;;) {
         p = skip_ws(r, p, len);
@@ -442,8 +460,8 @@ static size_t xml_call(const char *r, size_t at, size_t len, bool wrapped, const
         if (ve > vs && r[ve - 1] == '\n')
             ve--;
         char *pname = strndup(r + pn, pe - pn);
-        cJSON *val = pname ? xml_value(r + vs, ve - vs, cJSON_GetObjectItemCaseSensitive(props,
-                                                                                       pname))
+        const cJSON *prop = pname ? cJSON_GetObjectItemCaseSensitive(props, pname) : NULL;
+        cJSON *val = pname ? xml_value(r + vs, ve - vs, prop ? xml_schema(params, prop) : NULL)
                            : NULL;
         if (!val) {
             *oom = true;
@@ -768,7 +786,8 @@ static bool xml_name_ok(const char *s)
  * <function=...> block whose parameters follow the schema, in its order:
  * required ones always, optional ones may be left out; string values as
  * xml-text (a string enum as its literals), others as JSON per their
- * schema (rules "fI-pJ"). */
+ * schema (rules "fI-pJ"); a parameter's $refs are followed (into the
+ * function's parameters, as the parser types values). */
 static int xml_rules(const cJSON *fn, int i, char **out, kvc_err *err)
 {
     const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
@@ -786,8 +805,9 @@ static int xml_rules(const cJSON *fn, int i, char **out, kvc_err *err)
     int rc = KVC_OK, j = 0;
     snprintf(head, sizeof(head), "call-%d ::= ", i);
     kvc_text_append(&b, &l, &c, &oom, head, strlen(head));
-    char *open = NULL;
+    char *open = NULL, *doc = plist ? cJSON_PrintUnformatted(params) : NULL;
     size_t ol = 0, oc = 0;
+    oom |= plist && !doc;
     put(&open, &ol, &oc, &oom, "<function=");
     kvc_text_append(&open, &ol, &oc, &oom, name, strlen(name));
     put(&open, &ol, &oc, &oom, ">\n");
@@ -812,13 +832,14 @@ static int xml_rules(const cJSON *fn, int i, char **out, kvc_err *err)
         put(&b, &l, &c, &oom, " ( ");
         gbnf_lit(&b, &l, &c, &oom, pl ? pl : "");
         free(pl);
-        const cJSON *en = cJSON_GetObjectItemCaseSensitive(p, "enum"), *e;
+        const cJSON *ps = xml_schema(params, p);
+        const cJSON *en = cJSON_GetObjectItemCaseSensitive(ps, "enum"), *e;
         bool str_enum = cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0;
         const cJSON *elist = str_enum ? en : NULL;
         cJSON_ArrayForEach(e, elist)
             str_enum = str_enum && cJSON_IsString(e) && !strstr(e->valuestring, "</parameter>") &&
                        kvc_utf8_valid(e->valuestring, strlen(e->valuestring));
-        if (xml_kind(p) == XK_STRING && str_enum) {
+        if (xml_kind(ps) == XK_STRING && str_enum) {
             put(&b, &l, &c, &oom, " (");
             int k = 0;
             cJSON_ArrayForEach(e, en) {
@@ -827,16 +848,22 @@ static int xml_rules(const cJSON *fn, int i, char **out, kvc_err *err)
                 gbnf_lit(&b, &l, &c, &oom, e->valuestring);
             }
             put(&b, &l, &c, &oom, " )");
-        } else if (xml_kind(p) == XK_STRING) {
+        } else if (xml_kind(ps) == XK_STRING) {
             put(&b, &l, &c, &oom, " xml-text");
         } else {
-            char root[48], prefix[48], *text = cJSON_PrintUnformatted(p), *pr = NULL;
+            /* the property within the parameters, so that its $refs resolve */
+            char root[48], prefix[48], *at = NULL, *pr = NULL;
+            size_t atl = 0, atc = 0;
+            put(&at, &atl, &atc, &oom, "#/properties/");
+            for (const char *q = p->string; *q; q++)
+                kvc_text_append(&at, &atl, &atc, &oom, *q == '~' ? "~0" : *q == '/' ? "~1" : q,
+                                *q == '~' || *q == '/' ? 2 : 1);
             snprintf(root, sizeof(root), "f%d-p%d", i, j);
             snprintf(prefix, sizeof(prefix), "f%d-p%d-", i, j);
-            kvc_schema_opts o = { .root = root, .prefix = prefix };
-            rc = text ? kvc_schema_to_gbnf(text, strlen(text), &o, &pr, err)
-                      : kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
-            free(text);
+            kvc_schema_opts o = { .root = root, .prefix = prefix, .at = at };
+            rc = doc && at && !oom ? kvc_schema_to_gbnf(doc, strlen(doc), &o, &pr, err)
+                               : kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
+            free(at);
             if (rc) {
                 char msg[sizeof(err->msg)];
                 memcpy(msg, err->msg, sizeof(msg));
@@ -857,6 +884,7 @@ static int xml_rules(const cJSON *fn, int i, char **out, kvc_err *err)
     put(&b, &l, &c, &oom, " \"</function>\"\n");
     kvc_text_append(&b, &l, &c, &oom, rules ? rules : "", rl);
     free(rules);
+    free(doc);
     if (!rc && oom)
         rc = kvc_fail(err, KVC_ERR_NOMEM, "out of memory");
     if (rc)
