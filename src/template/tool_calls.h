@@ -23,7 +23,9 @@
  *            end, typed by the parameter's schema (kvc_tool_calls_parse);
  *            the templates render past calls' arguments as a mapping.
  * The format of a template is found by rendering a conversation with one
- * tool call through it and looking at what surrounds the call. */
+ * tool call through it and looking at what surrounds the call. Each format
+ * is a row of one table (tool_calls_internal.h): its parser, hold-back and
+ * grammar rules; Qwen3-Coder's XML row is in tool_calls_xml.c. */
 #ifndef KVC_TOOL_CALLS_H
 #define KVC_TOOL_CALLS_H
 
