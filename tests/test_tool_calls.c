@@ -469,6 +469,26 @@ static void test_xml_refs(void)
     CHECK(!accepts(g, "<tool_call>\n<function=f>\n<parameter=count>\n1\n</parameter>\n"
                       "<parameter=opt>\n{\"x\": \"1\"}\n</parameter>\n</function>\n</tool_call>"));
     kvc_grammar_free(g);
+    /* an object whose required member is itself: no finite call, a clear
+     * error naming the function, not a grammar that fails to parse later
+     * (fuzz_tool_calls, seed xml_unfinishable) */
+    static const char loop[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"ok\"}},{\"type\":\"function\","
+        "\"function\":{\"name\":\"loops\",\"parameters\":{\"type\":\"object\",\"$defs\":{\"o\":"
+        "{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/o\"}},\"required\":"
+        "[\"x\"]}},\"properties\":{\"opt\":{\"$ref\":\"#/$defs/o\"}}}}}]";
+    for (int f = 0; f <= KVC_TOOLS_QWEN_XML; f++) {
+        e.msg[0] = 0;
+        CHECKF(kvc_tool_calls_grammar(f, loop, NULL, false, &text, &e) == KVC_ERR_INVALID_ARG &&
+               !text && strstr(e.msg, "'loops'") && strstr(e.msg, "no call"), "format %d: %s",
+               f, e.msg);
+        free(text);
+        text = NULL;
+        CHECKF(kvc_tool_calls_grammar(f, loop, "ok", false, &text, &e) == KVC_OK && text,
+               "format %d: %s", f, e.msg);
+        free(text);
+        text = NULL;
+    }
 }
 
 /* The real templates: detected as QWEN_XML, and a call parsed from a reply

@@ -547,6 +547,35 @@ size_t kvc_tool_calls_holdback(int format, const char *text, size_t len)
     return row(format)->holdback(text, len);
 }
 
+/* That a call to function `name` (expression call over rules, with the
+ * format's shared rules) can be written at all: a schema may allow no
+ * finite JSON (a required property whose schema is its own object), and
+ * the grammar would then fail to parse later with a message about a rule
+ * the client never wrote. KVC_ERR_INVALID_ARG naming the function. */
+static int check_call(const tc_format *f, const char *name, const char *call, const char *rules,
+                      kvc_err *err)
+{
+    char *g = NULL;
+    size_t l = 0, c = 0;
+    bool oom = false;
+    kvc_text_append(&g, &l, &c, &oom, "root ::= ", 9);
+    kvc_text_append(&g, &l, &c, &oom, call, strlen(call));
+    kvc_text_append(&g, &l, &c, &oom, "\n", 1);
+    kvc_text_append(&g, &l, &c, &oom, rules, strlen(rules));
+    if (f->shared_rules)
+        f->shared_rules(&g, &l, &c, &oom);
+    kvc_err ge = { 0 };
+    kvc_grammar *gr = NULL;
+    int rc = oom ? KVC_ERR_NOMEM : kvc_grammar_parse(g, l, &gr, &ge);
+    kvc_grammar_free(gr);
+    free(g);
+    if (rc == KVC_ERR_NOMEM)
+        return kvc_fail(err, rc, "out of memory");
+    return rc ? kvc_fail(err, KVC_ERR_INVALID_ARG, "tools: function '%.80s': no call can "
+                         "follow its parameters' schema (%.300s)", name, ge.msg)
+              : KVC_OK;
+}
+
 int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only, bool parallel,
                            char **out, kvc_err *err)
 {
@@ -569,8 +598,11 @@ int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only,
         if (!cJSON_IsString(name) || (only && strcmp(only, name->valuestring)))
             continue;
         char *rules = NULL, call[224];
-        if ((rc = f->rules(fn, i, &rules, call, sizeof(call), err)))
+        if ((rc = f->rules(fn, i, &rules, call, sizeof(call), err)) ||
+            (rc = check_call(f, name->valuestring, call, rules, err))) {
+            free(rules);
             break;
+        }
         kvc_text_append(&g, &gl, &gc, &oom, rules, strlen(rules));
         kvc_text_append(&g, &gl, &gc, &oom, "\n", 1);
         if (n)

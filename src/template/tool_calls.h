@@ -82,8 +82,8 @@ size_t kvc_tool_calls_holdback(int format, const char *text, size_t len);
  * functions of tools_json (the request's tools array) whose name is `only`
  * (NULL = any of them); each call's arguments follow the function's
  * "parameters" schema. *out malloc'd. KVC_ERR_INVALID_ARG naming what is
- * wrong (an unsupported schema keyword and the function, an unknown name),
- * KVC_ERR_NOMEM. */
+ * wrong (an unsupported schema keyword and the function, an unknown name, a
+ * schema no finite call can follow), KVC_ERR_NOMEM. */
 int kvc_tool_calls_grammar(int format, const char *tools_json, const char *only, bool parallel,
                            char **out, kvc_err *err);
 
