@@ -1,7 +1,9 @@
 /* model_gen_preset.c - the generator's parameters: defaults and the named
  * presets (include/kvchat.h lists them). The generator is model_gen.c. */
 #include "model_gen.h"
+#include "arch.h"
 
+#include <math.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------ params */
@@ -201,4 +203,16 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
     }
     *out = p;
     return KVC_OK;
+}
+
+void kvc_gen_cut_layers(kvc_gen_params *p, int32_t n_layer)
+{
+    const kvc_arch *a = kvc_arch_find(p->arch);
+    const int32_t period = p->swa_pattern > 0 ? p->swa_pattern : a && a->swa_period > 0 ? a->swa_period : 1;
+    if (p->n_kv_shared > 0 && p->n_layer > 0 && n_layer > 0) {
+        const double keep = (double)n_layer * (p->n_layer - p->n_kv_shared) / p->n_layer;
+        const int32_t first = KVC_MAX((int32_t)lround(keep / period) * period, period);
+        p->n_kv_shared = first < n_layer ? n_layer - first : 0;
+    }
+    p->n_layer = n_layer;
 }
