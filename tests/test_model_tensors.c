@@ -5,7 +5,8 @@
  * architecture, where it once loaded and gave wrong logits; the blocks of
  * multi-token prediction (nextn_predict_layers) are skipped on purpose;
  * every model in ../shared/models and every make-model preset (widths cut,
- * their tensor set kept) loads. */
+ * their tensor set kept) loads; Gemma 4 E4B's preset has its KV-shared
+ * layers, kept in proportion when its layers are cut. */
 #include "test.h"
 #include "gguf_edit.h"
 
@@ -209,6 +210,47 @@ static void test_presets(void)
     CHECK(n >= 30);
 }
 
+/* Gemma 4 E4B's preset has its 18 KV-shared layers of 42 (it once had none);
+ * cut to fewer layers they keep their share, the layers keeping K/V ending
+ * with a whole sliding pattern of 6 (a sliding and a global layer for the
+ * shared ones to read), and the cut model loads with them. */
+static void test_kv_shared_cut(void)
+{
+    kvc_gen_params p;
+    CHECK_EQ_INT(kvc_gen_preset("gemma4-e4b", &p), KVC_OK);
+    CHECK(p.n_layer == 42 && p.n_kv_shared == 18 && p.swa_pattern == 6 && p.n_embd_per_layer == 256);
+    static const int32_t cut[][2] = { { 42, 18 }, { 24, 12 }, { 12, 6 }, { 7, 1 }, { 6, 0 }, { 3, 0 } };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(cut); i++) {
+        kvc_gen_preset("gemma4-e4b", &p);
+        kvc_gen_cut_layers(&p, cut[i][0]);
+        CHECKF(p.n_layer == cut[i][0] && p.n_kv_shared == cut[i][1], "cut to %d: %d layers, %d shared",
+               cut[i][0], p.n_layer, p.n_kv_shared);
+    }
+    CHECK_EQ_INT(kvc_gen_preset("gemma4-26b-a4b", &p), KVC_OK);
+    kvc_gen_cut_layers(&p, 12);
+    CHECK(p.n_layer == 12 && p.n_kv_shared == 0);
+    /* the cut E4B shape, narrow: layers 6-11 read layers 4 (sliding) and 5 (global) */
+    kvc_gen_preset("gemma4-e4b", &p);
+    kvc_gen_cut_layers(&p, 12);
+    p.n_embd = 64, p.n_ff = 64, p.n_vocab = 0, p.ftype = "f32", p.n_embd_per_layer = 16, p.n_threads = 1;
+    void *buf = NULL;
+    size_t size = 0;
+    kvc_err err = { 0 };
+    CHECKF(kvc_gen_model_memory(&p, &buf, &size, &err) == KVC_OK, "%s", err.msg);
+    char path[] = "/tmp/kvc_gen_e4b_XXXXXX";
+    const int fd = buf ? mkstemp(path) : -1;
+    CHECK(fd >= 0 && write(fd, buf, size) == (ssize_t)size);
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    kvc_model *m = NULL;
+    CHECKF(fd >= 0 && kvc_model_load_file(path, NULL, NULL, &m, &err) == KVC_OK, "%s", err.msg);
+    for (int il = 0; m && il < 12; il++)
+        CHECK_EQ_INT(m->layers[il].kv_layer, il < 6 ? il : il % 6 == 5 ? 5 : 4);
+    kvc_model_release(m);
+    unlink(path);
+}
+
 int main(void)
 {
     CHECK(mkdtemp(dir) != NULL);
@@ -216,6 +258,7 @@ int main(void)
     test_mtp_skipped();
     test_shared_models();
     test_presets();
+    test_kv_shared_cut();
     char cmd[sizeof(dir) + 16];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

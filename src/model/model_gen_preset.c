@@ -103,6 +103,7 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.rope_theta = 1e6f, p.rope_theta_swa = 1e4f, p.logit_softcap = 30.0f;
         p.n_expert = moe ? 128 : 0, p.n_expert_used = moe ? 8 : 0, p.n_ff_exp = 704;
         p.n_embd_per_layer = moe ? 0 : 256;
+        p.n_kv_shared = moe ? 0 : 18;   /* E4B: layers 24-41 read layers 22 and 23's K/V */
     } else if (strcmp(name, "tiny-qwen35") == 0 || strcmp(name, "tiny-qwen35moe") == 0) {
         const bool moe = strcmp(name, "tiny-qwen35moe") == 0;
         p.arch = moe ? "qwen35moe" : "qwen35", p.ftype = "f32", p.vocab = moe ? "spm" : "bpe";
