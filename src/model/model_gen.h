@@ -65,6 +65,11 @@ int kvc_gen_tensor_type(const char *ftype, const char *name, int layer, int n_la
  * rest of p is untouched (layer patterns repeat over the layers). */
 void kvc_gen_cut_layers(kvc_gen_params *p, int32_t n_layer);
 
+/* File type `ftype` (kvc_gen_params.ftype, case-insensitive): false when
+ * unknown; else its general.file_type (llama_ftype) into *file_type and
+ * whether its weights are quantized into *quantized (each may be NULL). */
+bool kvc_gen_ftype(const char *ftype, uint32_t *file_type, bool *quantized);
+
 /* ------------------------------------------------------------ vocabulary */
 
 typedef struct kvc_gen_vocab_info {
