@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model_gen.h"
 
 static const char help[] =
     "usage: kvchat make-model -o OUT.gguf [--preset NAME] [shape and type options]\n\n"
@@ -34,7 +35,7 @@ static const cli_option make_model_opts[] = {
       "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
       "mxfp4_moe (experts MXFP4, the rest Q8_0)" },
     { "n-embd", 0, "N", OPT_N_EMBD, 0, "embedding width" },
-    { "n-layer", 0, "N", OPT_N_LAYER, 0, "layers" },
+    { "n-layer", 0, "N", OPT_N_LAYER, 0, "layers (a preset's KV-shared layers keep their share)" },
     { "n-head", 0, "N", OPT_N_HEAD, 0, "attention heads" },
     { "n-head-kv", 0, "N", OPT_N_HEAD_KV, 0, "key/value heads" },
     { "head-dim", 0, "N", OPT_HEAD_DIM, 0, "width of a head" },
@@ -189,10 +190,18 @@ int cmd_make_model(int argc, char **argv)
         fputc('\n', stderr);
         return 2;
     }
-    bool tied_set = false;
-    for (int i = 0; i < n_given; i++)
+    bool tied_set = false, shared_set = false;
+    const int32_t preset_layers = p.n_layer;
+    for (int i = 0; i < n_given; i++) {
         if (!apply(&p, given[i].id, given[i].name, given[i].value, &out, &tied_set))
             return 2;
+        shared_set |= given[i].id == OPT_N_KV_SHARED;
+    }
+    if (!shared_set && p.n_layer != preset_layers) {   /* a cut keeps the KV-shared layers' share */
+        const int32_t n_layer = p.n_layer;
+        p.n_layer = preset_layers;
+        kvc_gen_cut_layers(&p, n_layer);
+    }
     if (!out) {
         fprintf(stderr, "kvchat make-model: -o OUT.gguf is required\n");
         return 2;

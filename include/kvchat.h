@@ -508,8 +508,8 @@ kvc_gen_params kvc_gen_default_params(void);
  *   "gemma4-e4b"    Gemma 4 E4B's shapes: 42 layers (cut with n_layer), d 2560, 8 heads,
  *                   sliding 2 KV of 256 (window 512), global 2 KV of 512, pattern 6, ff 10240,
  *                   per-layer embeddings of 256, vocab 262144, ctx 131072, soft-cap 30, tied,
- *                   bpe, q4_k_m; without its 18 KV-shared layers (n_kv_shared, which
- *                   must leave 2 layers: set it after cutting n_layer)
+ *                   bpe, q4_k_m, the last 18 layers KV-shared (n_kv_shared, which must
+ *                   leave 2 layers: make-model --n-layer keeps their share, e.g. 6 of 12)
  *   "gemma4-26b-a4b" Gemma 4 26B-A4B's shapes: 30 layers (cut with n_layer), d 2816, 16 heads,
  *                   sliding 8 KV of 256 (window 1024), global 2 KV of 512, pattern 6, ff 2112
  *                   beside 128 experts of 704, top-8, vocab 262144, ctx 262144, soft-cap 30,

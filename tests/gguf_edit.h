@@ -62,4 +62,18 @@ static inline bool test_gguf_copy_keys(const gguf_file *f, gguf_writer *w, const
     return test_gguf_copy_keys_except(f, w, list);
 }
 
+/* Add every tensor of f to w as it is (the data stays f's: keep f open until
+ * w is written). */
+static inline bool test_gguf_copy_tensors(const gguf_file *f, gguf_writer *w)
+{
+    bool ok = true;
+    for (int64_t i = 0; ok && i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        char name[256];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.s);
+        ok = gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->size) == KVC_OK;
+    }
+    return ok;
+}
+
 #endif

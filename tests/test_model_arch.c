@@ -286,12 +286,7 @@ static void with_key(const char *src, const char *dst, const char *key, uint32_t
     gguf_writer *w = gguf_writer_new();
     CHECK(test_gguf_copy_keys(f, w, key));
     CHECK(gguf_writer_set_u32(w, key, v) == KVC_OK);
-    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const gguf_tensor *t = gguf_tensor_at(f, i);
-        char name[128];
-        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.s);
-        CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->size) == KVC_OK);
-    }
+    CHECK(test_gguf_copy_tensors(f, w));
     CHECKF(gguf_writer_write(w, dst, &err) == KVC_OK, "%s", err.msg);
     gguf_writer_free(w);
     gguf_close(f);
@@ -380,12 +375,7 @@ static void with_rope_freqs(const char *src, const char *dst, uint32_t type, int
         return;
     gguf_writer *w = gguf_writer_new();
     CHECK(test_gguf_copy_keys(f, w, NULL));
-    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const gguf_tensor *t = gguf_tensor_at(f, i);
-        char name[128];
-        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.s);
-        CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->size) == KVC_OK);
-    }
+    CHECK(test_gguf_copy_tensors(f, w));
     kvc_fp16 h[64];
     for (int64_t i = 0; i < n && i < 64; i++)
         h[i] = kvc_fp32_to_fp16(v[i]);

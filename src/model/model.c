@@ -378,7 +378,18 @@ typedef struct binder {
     kvc_model *m;
     kvc_err   *err;
     float     *owned_next;    /* where the next converted 1-D weight goes */
+    const gguf_tensor **used; /* (n_used) every tensor bound, to find those that were not */
+    size_t     n_used, cap_used;
 } binder;
+
+/* Record that tensor t is read (check_all_used); false when out of memory. */
+static bool mark_used(binder *b, const gguf_tensor *t)
+{
+    if (!kvc_grow((void **)&b->used, &b->cap_used, b->n_used, sizeof(*b->used)))
+        return false;
+    b->used[b->n_used++] = t;
+    return true;
+}
 
 static int shape_error(kvc_err *err, const gguf_tensor *t, const char *name, const int64_t ne[3])
 {
@@ -434,6 +445,8 @@ static int bind_one(binder *b, const kvc_arch_tensor *t, const char *name, const
     void *field = (uint8_t *)base + t->field;
     if (!g)
         return required ? kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor %s missing", name) : KVC_OK;
+    if (!mark_used(b, g))
+        return kvc_fail(b->err, KVC_ERR_NOMEM, "out of memory binding tensors");
     if (g->ne[0] != ne[0] || g->ne[1] != ne[1] || g->ne[2] != ne[2] || g->ne[3] != 1)
         return shape_error(b->err, g, name, ne);
     const kvc_type_traits *tr = kvc_type_info(g->type);
@@ -534,6 +547,98 @@ static int64_t owned_floats(const kvc_model *m)
     return n;
 }
 
+/* Llama 3.1+'s RoPE scaling, as llama.cpp's converter stores it: one factor
+ * per rotated pair, every layer's frequencies divided by it (Gemma 4: the
+ * global layers'). Absent: none. */
+static int bind_rope_freqs(binder *b)
+{
+    kvc_model *m = b->m;
+    const kvc_hparams *hp = &m->hp;
+    const gguf_tensor *rf = gguf_find_tensor(m->gguf, "rope_freqs.weight");
+    if (!rf)
+        return KVC_OK;
+    if (rf->type != KVC_TYPE_F32 || ((uintptr_t)rf->data & 3) != 0)
+        return kvc_fail(b->err, KVC_ERR_UNSUPPORTED, "tensor rope_freqs.weight: type %u, only F32 is supported",
+                        rf->type);
+    if (rf->ne[0] != hp->n_rot / 2 || rf->ne[1] != 1 || rf->ne[2] != 1)
+        return shape_error(b->err, rf, "rope_freqs.weight", (const int64_t[3]){ hp->n_rot / 2, 1, 1 });
+    m->rope_freqs = rf->data;
+    for (int32_t i = 0; i < hp->n_rot / 2; i++)
+        if (!(m->rope_freqs[i] > 0.0f) || isinf(m->rope_freqs[i]))
+            return kvc_fail(b->err, KVC_ERR_FORMAT, "tensor rope_freqs.weight: factor %d is %g, not a positive number",
+                            i, (double)m->rope_freqs[i]);
+    return mark_used(b, rf) ? KVC_OK : kvc_fail(b->err, KVC_ERR_NOMEM, "out of memory binding tensors");
+}
+
+/* The global tensors, then every layer's, then rope_freqs. */
+static int bind_all(binder *b)
+{
+    kvc_model *m = b->m;
+    const kvc_hparams *hp = &m->hp;
+    int rc;
+    for (const kvc_arch_tensor *t = kvc_arch_globals; t->name; t++) {
+        const int64_t ne[3] = { dim_of(hp, NULL, t->ne[0]), dim_of(hp, NULL, t->ne[1]), 1 };
+        const char *name = t->field == offsetof(kvc_model, output_norm) && hp->arch->output_norm
+                         ? hp->arch->output_norm : t->name;
+        if ((rc = bind_one(b, t, name, ne, !(t->flags & KVC_T_OPTIONAL), m)))
+            return rc;
+    }
+    if (hp->n_embd_per_layer > 0 && (!m->ple_embd.data || !m->ple_proj.data || !m->ple_proj_norm))
+        return kvc_fail(b->err, KVC_ERR_NOT_FOUND, "tensor %s missing", !m->ple_embd.data ? "per_layer_token_embd.weight"
+                        : !m->ple_proj.data ? "per_layer_model_proj.weight" : "per_layer_proj_norm.weight");
+    if (!m->output.data) {
+        m->output = m->tok_embd;
+        m->hp.tied = true;
+    }
+    for (int il = 0; il < hp->n_layer; il++)
+        if ((rc = bind_layer(b, il)))
+            return rc;
+    return bind_rope_freqs(b);
+}
+
+static int cmp_ptr(const void *a, const void *b)
+{
+    const uintptr_t x = (uintptr_t)*(const gguf_tensor *const *)a, y = (uintptr_t)*(const gguf_tensor *const *)b;
+    return (x > y) - (x < y);
+}
+
+/* Whether tensor `name` belongs to one of the multi-token-prediction blocks
+ * after the main layers (nextn_predict_layers): not run, skipped on purpose
+ * as llama.cpp skips them unless it drafts with them. */
+static bool is_mtp(const kvc_hparams *hp, const char *name)
+{
+    int il = -1, n = 0;
+    return hp->n_layer_nextn > 0 && sscanf(name, "blk.%d.%n", &il, &n) == 1 && n > 0 &&
+           il >= hp->n_layer && il < hp->n_layer + hp->n_layer_nextn;
+}
+
+/* Every tensor of the file must have been bound (b->used) or be skipped on
+ * purpose (is_mtp): one the row does not know (a bias, a norm, another
+ * layer kind's tensor, a newer variant's) would otherwise be ignored and
+ * the logits silently wrong. llama.cpp refuses such files too ("wrong
+ * number of tensors"). The error names the first one in file order. */
+static int check_all_used(binder *b)
+{
+    const gguf_file *f = b->m->gguf;
+    const kvc_hparams *hp = &b->m->hp;
+    qsort(b->used, b->n_used, sizeof(*b->used), cmp_ptr);
+    int64_t n_unused = 0;
+    char first[160] = "";
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        char name[160];
+        snprintf(name, sizeof(name), "%.*s", (int)KVC_MIN(t->name.len, sizeof(name) - 1), t->name.s);
+        if (bsearch(&t, b->used, b->n_used, sizeof(*b->used), cmp_ptr) || is_mtp(hp, name))
+            continue;
+        if (n_unused++ == 0)
+            snprintf(first, sizeof(first), "%s", name);
+    }
+    if (n_unused == 0)
+        return KVC_OK;
+    return kvc_fail(b->err, KVC_ERR_UNSUPPORTED, "architecture %s: tensor %s is not supported (%lld tensor%s of the "
+                    "file not read)", hp->arch->name, first, (long long)n_unused, n_unused == 1 ? "" : "s");
+}
+
 static int bind_tensors(kvc_model *m, kvc_err *err)
 {
     const kvc_hparams *hp = &m->hp;
@@ -552,40 +657,12 @@ static int bind_tensors(kvc_model *m, kvc_err *err)
     m->owned = malloc((size_t)owned_floats(m) * sizeof(float));
     if (!m->owned)
         return kvc_fail(err, KVC_ERR_NOMEM, "out of memory binding tensors");
-    binder b = { m, err, m->owned };
-    for (const kvc_arch_tensor *t = kvc_arch_globals; t->name; t++) {
-        const int64_t ne[3] = { dim_of(hp, NULL, t->ne[0]), dim_of(hp, NULL, t->ne[1]), 1 };
-        const char *name = t->field == offsetof(kvc_model, output_norm) && hp->arch->output_norm
-                         ? hp->arch->output_norm : t->name;
-        if ((rc = bind_one(&b, t, name, ne, !(t->flags & KVC_T_OPTIONAL), m)))
-            return rc;
-    }
-    if (hp->n_embd_per_layer > 0 && (!m->ple_embd.data || !m->ple_proj.data || !m->ple_proj_norm))
-        return kvc_fail(err, KVC_ERR_NOT_FOUND, "tensor %s missing", !m->ple_embd.data ? "per_layer_token_embd.weight"
-                        : !m->ple_proj.data ? "per_layer_model_proj.weight" : "per_layer_proj_norm.weight");
-    if (!m->output.data) {
-        m->output = m->tok_embd;
-        m->hp.tied = true;
-    }
-    for (int il = 0; il < hp->n_layer; il++)
-        if ((rc = bind_layer(&b, il)))
-            return rc;
-    /* Llama 3.1+'s RoPE scaling, as llama.cpp's converter stores it: one
-     * factor per rotated pair, every layer's frequencies divided by it */
-    const gguf_tensor *rf = gguf_find_tensor(m->gguf, "rope_freqs.weight");
-    if (rf) {
-        if (rf->type != KVC_TYPE_F32 || ((uintptr_t)rf->data & 3) != 0)
-            return kvc_fail(err, KVC_ERR_UNSUPPORTED, "tensor rope_freqs.weight: type %u, only F32 is supported",
-                            rf->type);
-        if (rf->ne[0] != hp->n_rot / 2 || rf->ne[1] != 1 || rf->ne[2] != 1)
-            return shape_error(err, rf, "rope_freqs.weight", (const int64_t[3]){ hp->n_rot / 2, 1, 1 });
-        m->rope_freqs = rf->data;
-        for (int32_t i = 0; i < hp->n_rot / 2; i++)
-            if (!(m->rope_freqs[i] > 0.0f) || isinf(m->rope_freqs[i]))
-                return kvc_fail(err, KVC_ERR_FORMAT, "tensor rope_freqs.weight: factor %d is %g, not a positive number",
-                                i, (double)m->rope_freqs[i]);
-    }
-    return KVC_OK;
+    binder b = { m, err, m->owned, NULL, 0, 0 };
+    rc = bind_all(&b);
+    if (!rc)
+        rc = check_all_used(&b);
+    free(b.used);
+    return rc;
 }
 
 /* Read one byte per page of every tensor so the first forward pass does not

@@ -216,7 +216,10 @@ typedef struct kvc_model {
 typedef void (*kvc_progress_fn)(float fraction, void *user);
 
 /* Load and validate a model: every tensor the architecture needs must exist
- * with the right shape and a supported type; errors name the tensor or key.
+ * with the right shape and a supported type, and every tensor of the file
+ * must be one the architecture reads (KVC_ERR_UNSUPPORTED naming the first
+ * other one: ignoring it would give wrong logits), but for the
+ * multi-token-prediction blocks, skipped; errors name the tensor or key.
  * `progress` (may be NULL) is called with fractions in [0, 1] while the weights
  * are touched (paged in). */
 int  kvc_model_load_file(const char *path, kvc_progress_fn progress, void *user,

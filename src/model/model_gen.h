@@ -57,6 +57,19 @@ int kvc_gen_model_memory(const kvc_gen_params *p, void **out, size_t *out_size, 
 int kvc_gen_tensor_type(const char *ftype, const char *name, int layer, int n_layer,
                         int64_t ne0, bool tied);
 
+/* Cut the model p describes (a preset's) to n_layer > 0 layers as a smaller
+ * sibling of the real model would be: its KV-shared layers (Gemma 4 E
+ * models) keep their share of the layers, rounded so that the layers that
+ * keep K/V end with a whole sliding pattern (the shared ones read its last
+ * sliding and global layers); none when that leaves no layer shared. The
+ * rest of p is untouched (layer patterns repeat over the layers). */
+void kvc_gen_cut_layers(kvc_gen_params *p, int32_t n_layer);
+
+/* File type `ftype` (kvc_gen_params.ftype, case-insensitive): false when
+ * unknown; else its general.file_type (llama_ftype) into *file_type and
+ * whether its weights are quantized into *quantized (each may be NULL). */
+bool kvc_gen_ftype(const char *ftype, uint32_t *file_type, bool *quantized);
+
 /* ------------------------------------------------------------ vocabulary */
 
 typedef struct kvc_gen_vocab_info {

@@ -1,7 +1,9 @@
 /* model_gen_preset.c - the generator's parameters: defaults and the named
  * presets (include/kvchat.h lists them). The generator is model_gen.c. */
 #include "model_gen.h"
+#include "arch.h"
 
+#include <math.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------ params */
@@ -101,6 +103,7 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.rope_theta = 1e6f, p.rope_theta_swa = 1e4f, p.logit_softcap = 30.0f;
         p.n_expert = moe ? 128 : 0, p.n_expert_used = moe ? 8 : 0, p.n_ff_exp = 704;
         p.n_embd_per_layer = moe ? 0 : 256;
+        p.n_kv_shared = moe ? 0 : 18;   /* E4B: layers 24-41 read layers 22 and 23's K/V */
     } else if (strcmp(name, "tiny-qwen35") == 0 || strcmp(name, "tiny-qwen35moe") == 0) {
         const bool moe = strcmp(name, "tiny-qwen35moe") == 0;
         p.arch = moe ? "qwen35moe" : "qwen35", p.ftype = "f32", p.vocab = moe ? "spm" : "bpe";
@@ -201,4 +204,16 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
     }
     *out = p;
     return KVC_OK;
+}
+
+void kvc_gen_cut_layers(kvc_gen_params *p, int32_t n_layer)
+{
+    const kvc_arch *a = kvc_arch_find(p->arch);
+    const int32_t period = p->swa_pattern > 0 ? p->swa_pattern : a && a->swa_period > 0 ? a->swa_period : 1;
+    if (p->n_kv_shared > 0 && p->n_layer > 0 && n_layer > 0) {
+        const double keep = (double)n_layer * (p->n_layer - p->n_kv_shared) / p->n_layer;
+        const int32_t first = KVC_MAX((int32_t)lround(keep / period) * period, period);
+        p->n_kv_shared = first < n_layer ? n_layer - first : 0;
+    }
+    p->n_layer = n_layer;
 }
