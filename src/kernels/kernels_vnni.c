@@ -166,6 +166,18 @@ AI void transpose_16x8(const __m256i r[GR], __m512i *p)
     }
 }
 
+/* The dword at byte off of each of 16 rows, row l in lane l: 16 scalar
+ * loads through the stack, which cost the vector ports nothing, where a
+ * VPGATHERDD took a fifth of the Q8_0 kernel's time (Zen 5). */
+AI __m512i row_dwords(const uint8_t *const rows[GR], size_t off)
+{
+    _Alignas(64) uint32_t v[GR];
+#pragma GCC unroll 16
+    for (int l = 0; l < GR; l++)
+        memcpy(&v[l], rows[l] + off, 4);
+    return _mm512_load_si512(v);
+}
+
 /* Scales of the halves of Q6_K super-block s of 16 rows: ds[j][l], dm[j][l]
  * for the first and second half of block j of row l (d * sc, as the
  * reference). ds, dm: 64-byte aligned. */
@@ -186,20 +198,36 @@ AI void k6_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR
 }
 
 /* Scales and mins of Q4_K super-block s of 16 rows: ds[j][l], dm[j][l] for
- * sub-block j of row l. ds, dm: 64-byte aligned. */
+ * sub-block j of row l. ds, dm: 64-byte aligned. Row l in lane l from the
+ * start: the dwords of d/dmin and of the 12 scale bytes, 16 rows at a time
+ * (row_dwords), unpacked as kvc_k4_scales unpacks one row and multiplied in
+ * the same single-precision product d * sc, so the same bits. Done per row
+ * and transposed, this took about as many instructions as the super-block's
+ * dot products. */
 AI void k4_group_scales(const uint8_t *const rows[GR], int64_t s, float ds[8][GR], float dm[8][GR])
 {
-    __m256i r0[GR], r1[GR];
-#pragma GCC unroll 16
-    for (int l = 0; l < GR; l++) {
-        const block_q4_K *k = (const block_q4_K *)(const void *)rows[l] + s;
-        float a[8], m[8];
-        kvc_k4_scales(k->scales, _cvtsh_ss(k->d), _cvtsh_ss(k->dmin), a, m);
-        r0[l] = _mm256_castps_si256(_mm256_loadu_ps(a));
-        r1[l] = _mm256_castps_si256(_mm256_loadu_ps(m));
+    const size_t at = (size_t)s * sizeof(block_q4_K);
+    const __m512i h = row_dwords(rows, at + offsetof(block_q4_K, d));
+    const __m512i u0 = row_dwords(rows, at + offsetof(block_q4_K, scales));
+    const __m512i u1 = row_dwords(rows, at + offsetof(block_q4_K, scales) + 4);
+    const __m512i u2 = row_dwords(rows, at + offsetof(block_q4_K, scales) + 8);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+    const __m512i m6 = _mm512_set1_epi32(0x3f), m4 = _mm512_set1_epi32(0x0f), m2 = _mm512_set1_epi32(0x30);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(u0, 8 * j), m6);
+        const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(u1, 8 * j), m6);
+        /* bytes j of u2 (low / high nibble) below bits 6-7 of bytes j of u0 / u1 */
+        const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 8 * j), m4),
+                                              _mm512_and_si512(_mm512_srli_epi32(u0, 8 * j + 2), m2));
+        const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 8 * j + 4), m4),
+                                              _mm512_and_si512(_mm512_srli_epi32(u1, 8 * j + 2), m2));
+        _mm512_store_ps(ds[j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+        _mm512_store_ps(dm[j], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn)));
+        _mm512_store_ps(ds[j + 4], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_hi)));
+        _mm512_store_ps(dm[j + 4], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn_hi)));
     }
-    transpose_16x8(r0, (__m512i *)(void *)ds);
-    transpose_16x8(r1, (__m512i *)(void *)dm);
 }
 
 AI int code_offset(const int kind)
@@ -282,18 +310,6 @@ AI __m512i dot_codes(__m512i c, __m512i xh, __m512i xl)
 typedef struct {
     const uint8_t *next;          /* next group's first byte, or NULL */
 } prefetch_plan;
-
-/* The dword at byte off of each of 16 rows, row l in lane l: 16 scalar
- * loads through the stack, which cost the vector ports nothing, where a
- * VPGATHERDD took a fifth of the Q8_0 kernel's time (Zen 5). */
-AI __m512i row_dwords(const uint8_t *const rows[GR], size_t off)
-{
-    _Alignas(64) uint32_t v[GR];
-#pragma GCC unroll 16
-    for (int l = 0; l < GR; l++)
-        memcpy(&v[l], rows[l] + off, 4);
-    return _mm512_load_si512(v);
-}
 
 /* The 32 codes q + 32 of Q6_K block b of rows ra (low 256 bits) and rb
  * (high), as kvc_i8_k6_codes does for one row, both rows in each step. */

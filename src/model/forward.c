@@ -268,6 +268,8 @@ void kvc_fwd_matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, cons
         const int64_t align = m->act ? kvc_matmul_act_row_group(n_tok) : 16, ranges = align > 16 ? 2 : 4;
         int64_t per = (w[i]->n_out + ranges * nt - 1) / (ranges * nt);
         per = (per + align - 1) / align * align;
+        if (align == 16 && n_tok <= KVC_DECODE_TOK)
+            per = kvc_fwd_decode_rows(w[i]->row_bytes, per);
         m->per = per < 16 ? 16 : per;
         m->first = tasks;
         tasks += (w[i]->n_out + m->per - 1) / m->per;
@@ -275,6 +277,22 @@ void kvc_fwd_matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, cons
     if (any_act)
         kvc_threadpool_run(c->tp, (n_tok + ACT_TOK_TASK - 1) / ACT_TOK_TASK, act_task, &j);
     kvc_threadpool_run(c->tp, tasks, mm_task, &j);
+}
+
+/* WHY small ranges in decode: the pool hands tasks out one at a time, so a
+ * thread that runs slower (a vCPU shared with other processes, or one the
+ * OS takes away for a while) holds back the matmul by at most the range it
+ * holds. Cut into 4 ranges a thread, the 151936-row output matrix of
+ * Qwen3-30B-A3B was ranges of 31 MB each: one thread descheduled for a few
+ * ms left the other spinning at the end of nearly every matmul. A range of
+ * 1 MB costs two contended atomics (a claim, a done: ~0.5 us) per ~70 us of
+ * streaming, and the kernel's prefetch of its first row group; matrices
+ * under 8 MB keep their 4 ranges a thread. */
+int64_t kvc_fwd_decode_rows(size_t row_bytes, int64_t per)
+{
+    int64_t rows = (int64_t)(KVC_DECODE_TASK_BYTES / KVC_MAX(row_bytes, 1)) / 16 * 16;
+    rows = rows < 16 ? 16 : rows;
+    return rows < per ? rows : per;
 }
 
 static void matmul(kvc_compute *c, const kvc_weight *w, const float *x, int64_t n_tok, float *y, int64_t ldy)

@@ -141,6 +141,13 @@ typedef struct fwd {
 
 /* y_i = W_i x for n <= 3 weights of one n_in, split by rows over the
  * threads (forward.c). */
+/* Rows per task for a decode-kernel matmul (row group 16) over rows of
+ * row_bytes each: about KVC_DECODE_TASK_BYTES of weights, a multiple of 16,
+ * at most `per` (the caller's split by threads). Any split gives the same
+ * values (kernels.h). */
+#define KVC_DECODE_TASK_BYTES (1u << 20)
+#define KVC_DECODE_TOK        4     /* up to this many tokens a matmul is decode */
+int64_t kvc_fwd_decode_rows(size_t row_bytes, int64_t per);
 void kvc_fwd_matmul_n(kvc_compute *c, const float *x, int64_t n_tok, int n, const kvc_weight *const w[],
                       float *const y[], const int64_t ldy[]);
 /* g = act(g, u) over n elements, in place: the activation of a gated FFN,

@@ -53,6 +53,7 @@ typedef struct moe_job {
 
 #define MOE_PAIR_TASK 32     /* pairs per gather or down-quantization task */
 #define MOE_TOK_TASK  16     /* tokens per input-quantization task */
+#define MOE_DECODE_SPLIT 16  /* at most this many more tasks per decode expert (plan_rows) */
 
 /* ------------------------------------------------------------ buffers */
 
@@ -79,7 +80,7 @@ int kvc_moe_alloc(kvc_compute *c)
     b->sh_gate = malloc(B * sizeof(float));
     b->dense = kvc_alloc_aligned(B * d * sizeof(float));
     b->rin = kvc_alloc_aligned(B * d * sizeof(float));
-    b->max_tasks = (int64_t)(2 * N + 4 * (size_t)nt + 64);
+    b->max_tasks = (int64_t)((2 + MOE_DECODE_SPLIT) * N + 4 * (size_t)nt + 64);   /* plan_rows */
     b->tasks = malloc((size_t)b->max_tasks * sizeof(moe_task));
     /* the token rows of the input, or later the pair rows of the down input */
     const size_t act_bytes = KVC_MAX(kvc_matmul_act_bytes((int64_t)d, (int64_t)B),
@@ -243,8 +244,13 @@ void kvc_fwd_ffn_act(kvc_ffn_act act, float *g, const float *u, int64_t n)
 
 /* Split each active expert's n_rows rows into tasks of about equal work
  * (tokens x rows) over the threads; rows in multiples of the kernels' group.
- * At most 4 * threads + (active experts) tasks, within b->max_tasks. */
-static void plan_rows(moe_job *j, int64_t n_rows)
+ * An expert of at most KVC_DECODE_TOK pairs (decode) is cut further, into
+ * ranges of about KVC_DECODE_TASK_BYTES of its weights (row_bytes a row,
+ * over the matrices a task reads), at most MOE_DECODE_SPLIT more, so that a
+ * slow thread holds back little (kvc_fwd_decode_rows). At most
+ * 4 * threads + (2 + MOE_DECODE_SPLIT) * (active experts) tasks, within
+ * b->max_tasks. */
+static void plan_rows(moe_job *j, int64_t n_rows, size_t row_bytes)
 {
     kvc_compute *c = j->f->c;
     kvc_moe_buf *b = &c->moe;
@@ -259,8 +265,13 @@ static void plan_rows(moe_job *j, int64_t n_rows)
         const int64_t chunks = KVC_MAX(1, (n_e * n_rows + target - 1) / target);
         int64_t per = (n_rows + chunks - 1) / chunks;
         per = (per + align - 1) / align * align;
-        for (int64_t r = 0; r < n_rows && j->n_tasks < b->max_tasks; r += per)
+        if (align == 16 && n_e <= KVC_DECODE_TOK)
+            per = KVC_MIN(per, KVC_MAX(kvc_fwd_decode_rows(row_bytes, per),
+                                       (n_rows / MOE_DECODE_SPLIT + 15) / 16 * 16));
+        int64_t r = 0;
+        for (; r < n_rows && j->n_tasks < b->max_tasks; r += per)
             b->tasks[j->n_tasks++] = (moe_task){ e, r, KVC_MIN(r + per, n_rows) };
+        KVC_ASSERT(r >= n_rows);   /* max_tasks holds every plan */
     }
 }
 
@@ -425,13 +436,15 @@ static void run_experts(moe_job *j)
         kvc_threadpool_run(c->tp, (n + MOE_TOK_TASK - 1) / MOE_TOK_TASK, quant_in_task, j);
     else
         kvc_threadpool_run(c->tp, pair_tasks, gather_task, j);
-    plan_rows(j, j->ff);
+    const size_t gu_bytes = fused ? 2 * L->gate_up_exps.w.row_bytes
+                          : L->up_exps.w.row_bytes + (L->gate_exps.n ? L->gate_exps.w.row_bytes : 0);
+    plan_rows(j, j->ff, gu_bytes);
     kvc_threadpool_run(c->tp, j->n_tasks, gate_up_task, j);
 
     j->act_tok = false;
     if ((j->act = uses_act(j, &L->down_exps.w, NULL)))
         kvc_threadpool_run(c->tp, pair_tasks, quant_down_task, j);
-    plan_rows(j, j->d);
+    plan_rows(j, j->d, L->down_exps.w.row_bytes);
     kvc_threadpool_run(c->tp, j->n_tasks, down_task, j);
 
     kvc_threadpool_run(c->tp, n, combine_task, j);
