@@ -260,17 +260,6 @@ static void put_one_now(kvc_tiers *t, const kvc_block_desc *d, const void *kv, s
     pthread_mutex_unlock(&t->q_mu);
 }
 
-/* Write d at once, every chunk. */
-static void put_now(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
-{
-    for (int32_t g = 0; g < t->n_groups; g++) {
-        const void *kv = kvc_kv_chunk_data(t->pool, block, g);
-        const kvc_block_desc dg = group_desc(d, g);
-        if (kv)
-            put_one_now(t, &dg, kv, t->chunk_bytes[g]);
-    }
-}
-
 /* Send node n's record of group g down, unless the queue or the store has
  * it: queued (a copy), or at once when the queue is full (the chunk is
  * about to go). Whether it was sent. */
@@ -672,6 +661,34 @@ static uint64_t tail_hash(uint64_t parent, const int32_t *tokens, int32_t k)
     return XXH3_64bits_withSeed(tokens, (size_t)k * sizeof(int32_t), parent ^ TAIL_SALT);
 }
 
+/* Send tail d (its d->n_tokens < B positions written in pool block
+ * `block`) down, every chunk: a copy whose positions past the tail are
+ * zeroed (kvc_kv_chunk_clear_rows), so that the record holds no undefined
+ * bytes (valgrind: the disk's writev and Redis's write read them) and none of
+ * an earlier owner of the block, and the same tail is the same bytes on
+ * every write. Queued, or written at once when the queue is full. */
+static void send_tail(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
+{
+    uint8_t *buf = malloc(t->max_bytes);
+    for (int32_t g = 0; g < t->n_groups; g++) {
+        const void *kv = kvc_kv_chunk_data(t->pool, block, g);
+        if (!kv)
+            continue;
+        if (!buf) {
+            pthread_mutex_lock(&t->q_mu);
+            t->st.write_failures++;
+            pthread_mutex_unlock(&t->q_mu);
+            continue;
+        }
+        memcpy(buf, kv, t->chunk_bytes[g]);
+        kvc_kv_chunk_clear_rows(t->pool, g, buf, d->n_tokens);
+        const kvc_block_desc dg = group_desc(d, g);
+        if (!enqueue_one(t, &dg, buf, t->chunk_bytes[g]))
+            put_one_now(t, &dg, buf, t->chunk_bytes[g]);
+    }
+    free(buf);
+}
+
 void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
                           int32_t block)
 {
@@ -688,8 +705,7 @@ void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int6
     pthread_mutex_lock(&t->q_mu);
     t->st.tails_written++;
     pthread_mutex_unlock(&t->q_mu);
-    if (!enqueue_desc(t, &d, block))
-        put_now(t, &d, block);
+    send_tail(t, &d, block);
 }
 
 /* The tail of k tokens after the match m: its key and where it is. */
