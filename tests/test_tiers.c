@@ -256,6 +256,8 @@ static void test_window_records(kvc_model *m)
     kvc_tiers_stats st;
     kvc_tiers_stats_get(t, &st);
     CHECK_EQ_INT(st.blocks_written, 12);                   /* 6 blocks, 2 records each */
+    const uint64_t cb = kvc_kv_group_chunk_bytes(a->pool, 1);
+    CHECK(st.window_chunks_written == 6 && st.window_bytes_written == 6 * cb);
     kvc_tiers_free(t);
     kvc_bs_close(bs);
     char path[600];
@@ -278,6 +280,10 @@ static void test_window_records(kvc_model *m)
     kvc_bs_stats bst;
     kvc_tiers_store_stats(t, &bst);
     CHECK_EQ_INT(bst.checksum_failures, 1);
+    kvc_tiers_stats_get(t, &st);                           /* the corrupt one missed */
+    CHECKF(st.window_chunks_fetched == 5 && st.window_bytes_read == 5 * cb && st.window_chunks_missed == 1,
+           "window chunks: %llu fetched (%llu bytes), %llu missed", (unsigned long long)st.window_chunks_fetched,
+           (unsigned long long)st.window_bytes_read, (unsigned long long)st.window_chunks_missed);
     CHECK(!kvc_kv_block_has(b->pool, mt.last->block, 1) && kvc_kv_block_has(b->pool, mt.last->parent->block, 1));
     kvc_pc_lookup(b->pc, 0, toks, N_TOK, &mt);
     CHECK_EQ_INT(mt.n_full, 5);
@@ -420,6 +426,14 @@ static void test_window_chunks_down(kvc_model *m)
     CHECK_EQ_INT(mt.n_full, 6);
     kvc_tiers_stats_get(t, &st);
     CHECK(st.chunks_fetched > 0 && st.fetch_failures == 0);
+    const uint64_t cb = kvc_kv_group_chunk_bytes(c->pool, 1);
+    CHECKF(st.window_chunks_fetched == st.chunks_fetched && st.window_bytes_read == st.chunks_fetched * cb &&
+           st.window_chunks_missed == 0 && st.window_chunks_written >= st.chunks_written &&
+           st.window_bytes_written == st.window_chunks_written * cb,
+           "window chunks: %llu written (%llu bytes), %llu fetched (%llu bytes), %llu missed",
+           (unsigned long long)st.window_chunks_written, (unsigned long long)st.window_bytes_written,
+           (unsigned long long)st.window_chunks_fetched, (unsigned long long)st.window_bytes_read,
+           (unsigned long long)st.window_chunks_missed);
     int32_t blocks[6];
     for (kvc_pc_node *n = mt.last; n != kvc_pc_root(c->pc); n = n->parent)
         blocks[n->depth] = n->block;
