@@ -811,6 +811,16 @@ typedef struct kvc_engine_metrics {
     uint64_t snapshots_fetched;        /* read back from it */
     int64_t  live_states;              /* sequences holding recurrent states now */
     int64_t  live_state_bytes;         /* what those states take */
+    /* sliding-window layers' chunks in the tiers below RAM (issue 31; 0
+     * without a disk/Redis tier or window layers), each chunk a record */
+    uint64_t window_chunks_written;    /* written down: the chunk or its block evicted,
+                                          written through, a tail */
+    uint64_t window_bytes_written;
+    uint64_t window_chunks_fetched;    /* read back into RAM (with their block, or into a
+                                          block in RAM whose chunk had been evicted) */
+    uint64_t window_bytes_read;
+    uint64_t window_chunks_missed;     /* needed and neither in RAM nor readable below it
+                                          (missing, corrupt): their window is computed again */
 } kvc_engine_metrics;
 
 void kvc_engine_get_metrics(kvc_engine *engine, kvc_engine_metrics *out);

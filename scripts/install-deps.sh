@@ -18,6 +18,7 @@ test=(clang                          # libFuzzer targets (-DKVC_FUZZ=ON)
       python3-jsonschema             # test_grammar_schema checks its outputs with it too
       python3-cffi python3-pytest    # the Python package's tests (python/)
       redis-server haproxy curl      # the shared tier's tests, and deploy/cluster.sh
+      valgrind                       # test_attention_valgrind: never-written K/V is never used
       chromium chromium-driver)      # the chat page's browser test (tests/webui)
 services=(redis-server haproxy)      # packages that would start a service
 

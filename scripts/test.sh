@@ -3,7 +3,9 @@
 # cannot rot), then the same tests under AddressSanitizer +
 # UndefinedBehaviorSanitizer without NDEBUG (every assert() runs; KVC_ASSERT
 # runs in both), then the libFuzzer targets, each fuzzed for a minute on its
-# seeds (scripts/fuzz.sh). Tests that need ../shared (reference models,
+# seeds (scripts/fuzz.sh). The Release tests include test_attention under
+# valgrind (installed by --test): K/V the pool never wrote must never be
+# used, even where it could not change a bit. Tests that need ../shared (reference models,
 # vocabularies) skip their cases when it is absent.
 #   scripts/test.sh           all three
 #   scripts/test.sh --quick   the Release build only

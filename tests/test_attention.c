@@ -10,11 +10,28 @@
  * The same with a sliding window (smaller and larger than a block and than
  * the tile; blocks wholly below the window are NULL, so reading one
  * crashes; positions below the window are poisoned), attention sinks and
- * another scale; a window wider than everything gives the bits of none. */
+ * another scale; a window wider than everything gives the bits of none.
+ *
+ * Under valgrind (test_attention_valgrind, when valgrind is installed) the
+ * poisoned positions are also marked undefined, as a block's positions the
+ * pool never wrote are: any use of them, even one that cannot change a bit
+ * (times 0, or a lane blended away after a VCVTPH2PS valgrind taints whole),
+ * is an error; a smaller set of cases runs (valgrind hides AVX-512: the
+ * avx2 kernels, float and integer, and the scalar ones). */
 #include "attention.h"
 #include "kernels.h"
 #include "quant.h"
 #include "test.h"
+
+#if defined(__has_include)
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h>
+#endif
+#endif
+#ifndef RUNNING_ON_VALGRIND
+#define RUNNING_ON_VALGRIND 0
+#define VALGRIND_MAKE_MEM_UNDEFINED(p, n) ((void)(p), (void)(n))
+#endif
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void)
@@ -70,6 +87,10 @@ static void kv_make(kv_case *c, int hd, int64_t n_total, int64_t lo, bool f16, b
                 } else {
                     ((float *)c->kb[b])[ki] = k;
                     ((float *)c->vb[b])[vi] = v;
+                }
+                if (b * B + r >= n_total || b * B + r < lo) {   /* as never written */
+                    VALGRIND_MAKE_MEM_UNDEFINED((const uint8_t *)c->kb[b] + ki * elt, elt);
+                    VALGRIND_MAKE_MEM_UNDEFINED((const uint8_t *)c->vb[b] + vi * elt, elt);
                 }
                 c->kd[(b * B + r) * hd + d] = k;
                 c->vd[(b * B + r) * hd + d] = v;
@@ -255,8 +276,30 @@ static void window_cases(void)
         }
 }
 
+/* Under valgrind: lengths ending inside a block and windows whose lower
+ * edge cuts one, on the integer scheme (hd 64, 32) and the float one (80). */
+static void valgrind_cases(void)
+{
+    const int64_t lens[] = { 5, 17, 33 };
+    const int toks[] = { 1, 5 };
+    const int32_t wins[] = { 0, 5, 23 };
+    for (int f16 = 0; f16 <= 1; f16++)
+        for (size_t l = 0; l < KVC_ARRAY_LEN(lens); l++)
+            for (size_t t = 0; t < KVC_ARRAY_LEN(toks); t++)
+                for (size_t w = 0; w < KVC_ARRAY_LEN(wins); w++) {
+                    const attn_opts op = { wins[w], w == 1, 0.0f };
+                    run_case_opts(8, 64, lens[l], toks[t], f16, false, op);
+                    run_case_opts(4, 32, lens[l], toks[t], f16, false, op);
+                    run_case_opts(3, 80, lens[l], toks[t], f16, false, op);
+                }
+}
+
 int main(void)
 {
+    if (RUNNING_ON_VALGRIND) {
+        valgrind_cases();
+        return test_done("test_attention (valgrind)");
+    }
     kvc_isa best = kvc_kernels_isa();
     const int64_t lens[] = { 1, 5, 16, 17, 60, 100, 333 };   /* 60: whole blocks two at a time and one alone */
     const int toks[] = { 1, 3, 16, 40 };

@@ -127,6 +127,28 @@ static void run_deep(const char *path, const char *name, int n_vocab)
 #define N_DISK 8
 #define N_LONG_DISK 700
 
+/* /metrics after those probes: the window chunks that went to the disk tier
+ * and came back are counted, with their bytes (each chunk at most every
+ * window size's chunk of a block, kvchat_kv_window_chunk_bytes), and none
+ * was missed. */
+static void window_metrics(int port, const char *name)
+{
+    http_resp r = http_request(port, "GET", "/metrics", NULL, 10);
+    const char *t = r.body ? r.body : "";
+    const double cb = http_prom(t, "kvchat_kv_window_chunk_bytes"),
+                 wr = http_prom(t, "kvchat_tier_window_chunks_written_total"),
+                 wb = http_prom(t, "kvchat_tier_window_written_bytes_total"),
+                 fe = http_prom(t, "kvchat_tier_window_chunks_fetched_total"),
+                 rb = http_prom(t, "kvchat_tier_window_read_bytes_total"),
+                 mi = http_prom(t, "kvchat_tier_window_chunks_missed_total");
+    printf("  %s window chunks below RAM: %.0f written (%.0f bytes), %.0f fetched (%.0f bytes), "
+           "%.0f missed; a block's window chunks %.0f bytes\n", name, wr, wb, fe, rb, mi, cb);
+    CHECKF(cb > 0 && wr > 0 && wb >= wr && wb <= wr * cb && fe > 0 && rb >= fe && rb <= fe * cb && fe <= wr,
+           "%s: window chunk metrics", name);
+    CHECKF(mi == 0, "%s: %.0f window chunks missed", name, mi);
+    http_resp_free(&r);
+}
+
 static void run_deep_disk(const char *path, const char *name, int n_vocab)
 {
     char dir[] = "/tmp/kvc_swa_disk_XXXXXX";
@@ -158,6 +180,7 @@ static void run_deep_disk(const char *path, const char *name, int n_vocab)
         free(w.text);
         free(f.text);
     }
+    window_metrics(warm.port, name);
     http_server_stop(&warm);
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

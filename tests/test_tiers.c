@@ -256,6 +256,8 @@ static void test_window_records(kvc_model *m)
     kvc_tiers_stats st;
     kvc_tiers_stats_get(t, &st);
     CHECK_EQ_INT(st.blocks_written, 12);                   /* 6 blocks, 2 records each */
+    const uint64_t cb = kvc_kv_group_chunk_bytes(a->pool, 1);
+    CHECK(st.window_chunks_written == 6 && st.window_bytes_written == 6 * cb);
     kvc_tiers_free(t);
     kvc_bs_close(bs);
     char path[600];
@@ -278,6 +280,10 @@ static void test_window_records(kvc_model *m)
     kvc_bs_stats bst;
     kvc_tiers_store_stats(t, &bst);
     CHECK_EQ_INT(bst.checksum_failures, 1);
+    kvc_tiers_stats_get(t, &st);                           /* the corrupt one missed */
+    CHECKF(st.window_chunks_fetched == 5 && st.window_bytes_read == 5 * cb && st.window_chunks_missed == 1,
+           "window chunks: %llu fetched (%llu bytes), %llu missed", (unsigned long long)st.window_chunks_fetched,
+           (unsigned long long)st.window_bytes_read, (unsigned long long)st.window_chunks_missed);
     CHECK(!kvc_kv_block_has(b->pool, mt.last->block, 1) && kvc_kv_block_has(b->pool, mt.last->parent->block, 1));
     kvc_pc_lookup(b->pc, 0, toks, N_TOK, &mt);
     CHECK_EQ_INT(mt.n_full, 5);
@@ -296,6 +302,75 @@ static void test_window_records(kvc_model *m)
     kvc_context_free(a);
     kvc_context_free(b);
     kvc_context_free(cold);
+}
+
+/* The bytes of a tail's records over `garbage` in the pool's unused memory
+ * (every chunk of every block filled with it first): a conversation of
+ * N_TOK tokens computed, its 4-token tail sent down alone; the store's
+ * files (group 0's record and the window group's), in name order. */
+static uint8_t *tail_files(kvc_model *m, int garbage, size_t *len)
+{
+    *len = 0;
+    int32_t toks[N_TOK], win[64];
+    for (int i = 0; i < N_TOK; i++)
+        toks[i] = (int32_t)((i * 7919 + 3) % m->hp.n_vocab);
+    for (int32_t l = 0; l < m->hp.n_layer && l < 64; l++)
+        win[l] = m->layers[l].window;
+    char name[32], dir[512];
+    snprintf(name, sizeof(name), "tail%02x", garbage);
+    snprintf(dir, sizeof(dir), "%s/%s", tmpdir, name);
+    kvc_context *c = test_new_context(m, 256, 64, 1, 40);
+    kvc_block_store *bs = open_store(name);
+    kvc_err e = { 0 };
+    char err[512];
+    kvc_tiers *t = NULL;
+    uint8_t *out = NULL;
+    if (!c || !bs || kvc_context_set_windows(c, win, 0, &e) != KVC_OK || !(t = new_tiers(c, bs, 0)))
+        goto done;
+    int32_t held[64], n_held = 0;   /* every block, each chunk of it filled */
+    for (int32_t b; n_held < 64 && (b = kvc_kv_block_alloc(c->pool)) >= 0; held[n_held++] = b)
+        for (int32_t g = 0; g < kvc_kv_n_groups(c->pool); g++)
+            memset(kvc_kv_chunk_data(c->pool, b, g), garbage, kvc_kv_group_chunk_bytes(c->pool, g));
+    while (n_held > 0)
+        kvc_kv_block_unref(c->pool, held[--n_held]);
+    CHECKF(kvc_context_decode(c, 0, toks, N_TOK, false, err, sizeof(err)) == KVC_OK, "%s", err);
+    CHECK(kvc_kv_n_groups(c->pool) == 2 && c->seqs[0].n_blocks == 7);
+    kvc_tiers_write_tail(t, 0, toks, N_TOK, c->seqs[0].blocks[6]);
+    kvc_tiers_flush(t);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "cat $(ls %s/*.kvb | sort)", dir);
+    FILE *f = popen(cmd, "r");
+    size_t cap = 0;
+    for (size_t got = 1; f && got > 0; *len += got) {
+        if (*len + 4096 > cap && !(out = realloc(out, cap = cap * 2 + 65536)))
+            break;
+        got = fread(out + *len, 1, 4096, f);
+    }
+    if (f)
+        pclose(f);
+done:
+    kvc_tiers_free(t);
+    kvc_bs_close(bs);
+    kvc_context_free(c);
+    return out;
+}
+
+/* A tail's records are the same bytes whatever the pool's unused memory
+ * held (tiny-gemma3: a full and a window group). Its block's positions past
+ * the tail were never written: before, they went to disk (and Redis) as
+ * they were, valgrind's "writev points to uninitialised bytes", and as an
+ * earlier owner's K/V; now they are zeros. */
+static void test_tail_bytes(kvc_model *m)
+{
+    size_t la = 0, lb = 0;
+    uint8_t *a = tail_files(m, 0x00, &la), *b = tail_files(m, 0xA5, &lb);
+    CHECKF(a && b && la == lb && la > 2 * 64, "tail records: %zu and %zu bytes", la, lb);
+    size_t diff = 0;
+    for (size_t i = 0; a && b && i < KVC_MIN(la, lb); i++)
+        diff += a[i] != b[i];
+    CHECKF(diff == 0, "tail records: %zu of %zu bytes depend on the pool's unused memory", diff, la);
+    free(a);
+    free(b);
 }
 
 /* Window chunks evicted from RAM go down the tier (tiny-gemma3, window 12,
@@ -351,6 +426,14 @@ static void test_window_chunks_down(kvc_model *m)
     CHECK_EQ_INT(mt.n_full, 6);
     kvc_tiers_stats_get(t, &st);
     CHECK(st.chunks_fetched > 0 && st.fetch_failures == 0);
+    const uint64_t cb = kvc_kv_group_chunk_bytes(c->pool, 1);
+    CHECKF(st.window_chunks_fetched == st.chunks_fetched && st.window_bytes_read == st.chunks_fetched * cb &&
+           st.window_chunks_missed == 0 && st.window_chunks_written >= st.chunks_written &&
+           st.window_bytes_written == st.window_chunks_written * cb,
+           "window chunks: %llu written (%llu bytes), %llu fetched (%llu bytes), %llu missed",
+           (unsigned long long)st.window_chunks_written, (unsigned long long)st.window_bytes_written,
+           (unsigned long long)st.window_chunks_fetched, (unsigned long long)st.window_bytes_read,
+           (unsigned long long)st.window_chunks_missed);
     int32_t blocks[6];
     for (kvc_pc_node *n = mt.last; n != kvc_pc_root(c->pc); n = n->parent)
         blocks[n->depth] = n->block;
@@ -757,6 +840,7 @@ int main(void)
         if (w && i == 0) {
             test_window_records(w);
             test_window_chunks_down(w);
+            test_tail_bytes(w);
         }
         if (w)
             test_engine_restart(w, model_path, swa[i]);

@@ -519,6 +519,29 @@ void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g)
     return c < 0 ? NULL : pool->slab[g].data + (size_t)c * pool->slab[g].chunk_bytes;
 }
 
+void kvc_kv_chunk_clear_rows(const kvc_kv_pool *pool, int32_t g, void *chunk, int32_t from)
+{
+    const size_t B = (size_t)pool->p.block_tokens;
+    KVC_ASSERT(from >= 0 && (size_t)from <= B);
+    const bool transposed = pool->p.type != KVC_TYPE_Q8_0;   /* K [head_dim][B], else B rows */
+    for (int32_t l = 0; l < pool->p.n_layer; l++) {
+        const kv_layer *L = &pool->layer[l];
+        if (L->group != g || L->kv_of != l || L->n_kv_head == 0 || L->state_floats)
+            continue;
+        const size_t head_bytes = L->row_bytes * B;
+        for (int32_t h = 0; h < 2 * L->n_kv_head; h++) {   /* K heads, then V heads */
+            uint8_t *p = (uint8_t *)chunk + L->off + (size_t)h * head_bytes;
+            if (h < L->n_kv_head && transposed) {
+                const size_t es = L->row_bytes / (size_t)L->head_dim;
+                for (int32_t d = 0; d < L->head_dim; d++)
+                    memset(p + ((size_t)d * B + (size_t)from) * es, 0, (B - (size_t)from) * es);
+            } else {
+                memset(p + (size_t)from * L->row_bytes, 0, (B - (size_t)from) * L->row_bytes);
+            }
+        }
+    }
+}
+
 void kvc_kv_block_drop_chunk(kvc_kv_pool *pool, int32_t block, int32_t g)
 {
     kv_slab *s = &pool->slab[g];

@@ -180,6 +180,12 @@ void *kvc_kv_block_data(kvc_kv_pool *pool, int32_t block);
 /* Group g's chunk of the block (kvc_kv_group_chunk_bytes(pool, g) bytes),
  * or NULL when it is gone: what a tier stores as the record of (block, g). */
 void *kvc_kv_chunk_data(kvc_kv_pool *pool, int32_t block, int32_t g);
+/* Zero positions [from, B) of `chunk`, a copy of group g's chunk (layout
+ * above; from in [0, B]): what a tier stores of a partly written block, so
+ * that the bytes past its tokens are defined (the same on every write, and
+ * no earlier owner's K/V leaves the pool with it). The pool's own chunks
+ * are not touched: their unwritten positions stay undefined. */
+void  kvc_kv_chunk_clear_rows(const kvc_kv_pool *pool, int32_t g, void *chunk, int32_t from);
 /* Let the block's chunk of window group g > 0 go (a block read back from a
  * tier without its window record), as an eviction would; no sequence may
  * hold it. */

@@ -497,8 +497,10 @@ static void write_down(kvc_snaps *S, const kvc_snap *sn)
     if (!buf)
         return;
     payload_io(S, sn, (float *)buf, 0, nf, false);
-    if (sn->r > 0)
+    if (sn->r > 0) {   /* the partial block: its positions past r defined (zeros), as a tail's */
         memcpy(buf + nf * sizeof(float), kvc_kv_block_data(S->pool, sn->partial), S->chunk);
+        kvc_kv_chunk_clear_rows(S->pool, 0, buf + nf * sizeof(float), sn->r);
+    }
     kvc_block_desc d;
     record_desc(S, sn->node, sn->ns, sn->tokens, sn->r, sn->has_logits, toks, &d);
     if (kvc_tiers_queue_record(S->tiers, &d, buf, bytes) == KVC_OK)   /* buf is the tiers' */

@@ -27,6 +27,7 @@ typedef struct slot {
     uint8_t *kv;              /* [max_bytes]; NULL in a record's slot */
     uint8_t *rec;             /* a record's own data (kvc_tiers_queue_record), or NULL */
     size_t   kv_bytes;        /* its group's chunk bytes, or the record's */
+    int32_t  group;           /* the memory group of its chunk (0 for a record) */
 } slot;
 
 /* What a slot writes: its K/V copy or its record. */
@@ -89,6 +90,31 @@ static slot *slot_new(const kvc_tiers *t)
     return s;
 }
 
+/* Count a put of group g's record (bytes) that returned rc. Under q_mu. */
+static void count_put_locked(kvc_tiers *t, int32_t g, size_t bytes, int rc)
+{
+    t->st.blocks_written += rc == KVC_OK;
+    t->st.write_failures += rc != KVC_OK;
+    if (g > 0 && rc == KVC_OK) {
+        t->st.window_chunks_written++;
+        t->st.window_bytes_written += bytes;
+    }
+}
+
+/* Count a read of n window records (bytes each) into RAM: ok, or missing
+ * or corrupt. */
+static void count_window_read(kvc_tiers *t, uint64_t n, size_t bytes, bool ok)
+{
+    pthread_mutex_lock(&t->q_mu);
+    if (ok) {
+        t->st.window_chunks_fetched += n;
+        t->st.window_bytes_read += n * bytes;
+    } else {
+        t->st.window_chunks_missed += n;
+    }
+    pthread_mutex_unlock(&t->q_mu);
+}
+
 static void *writer_main(void *arg)
 {
     kvc_tiers *t = arg;
@@ -105,8 +131,7 @@ static void *writer_main(void *arg)
         int rc = kvc_bs_put(t->store, &d, slot_data(s), s->kv_bytes, NULL);
         pthread_mutex_unlock(&t->store_mu);
         pthread_mutex_lock(&t->q_mu);
-        t->st.blocks_written += rc == KVC_OK;
-        t->st.write_failures += rc != KVC_OK;
+        count_put_locked(t, s->group, s->kv_bytes, rc);
         t->head = s->next;
         if (!t->head)
             t->tail = NULL;
@@ -203,7 +228,7 @@ static void queue_push_locked(kvc_tiers *t, slot *s, const kvc_block_desc *d)
 
 /* Copy record d (K/V: kv_bytes at kv) into a free slot. false when none is
  * left. */
-static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *d, const void *kv, size_t kv_bytes)
+static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *d, int32_t g, const void *kv, size_t kv_bytes)
 {
     pthread_mutex_lock(&t->q_mu);
     if (queued_locked(t, d, NULL, 0)) {
@@ -220,6 +245,7 @@ static bool enqueue_one(kvc_tiers *t, const kvc_block_desc *d, const void *kv, s
     if (ok) {
         memcpy(s->kv, kv, kv_bytes);
         s->kv_bytes = kv_bytes;
+        s->group = g;
         queue_push_locked(t, s, d);
     }
     pthread_mutex_unlock(&t->q_mu);
@@ -235,7 +261,7 @@ static bool enqueue_desc(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
         const void *kv = kvc_kv_chunk_data(t->pool, block, g);
         const kvc_block_desc dg = group_desc(d, g);
         if (kv)
-            ok = enqueue_one(t, &dg, kv, t->chunk_bytes[g]) && ok;
+            ok = enqueue_one(t, &dg, g, kv, t->chunk_bytes[g]) && ok;
     }
     return ok;
 }
@@ -249,26 +275,14 @@ static bool enqueue(kvc_tiers *t, const kvc_pc_node *n)
 
 /* Write record d (kv_bytes at kv) at once (the queue is full and it would
  * be lost otherwise). */
-static void put_one_now(kvc_tiers *t, const kvc_block_desc *d, const void *kv, size_t kv_bytes)
+static void put_one_now(kvc_tiers *t, const kvc_block_desc *d, int32_t g, const void *kv, size_t kv_bytes)
 {
     pthread_mutex_lock(&t->store_mu);
     int rc = kvc_bs_put(t->store, d, kv, kv_bytes, NULL);
     pthread_mutex_unlock(&t->store_mu);
     pthread_mutex_lock(&t->q_mu);
-    t->st.blocks_written += rc == KVC_OK;
-    t->st.write_failures += rc != KVC_OK;
+    count_put_locked(t, g, kv_bytes, rc);
     pthread_mutex_unlock(&t->q_mu);
-}
-
-/* Write d at once, every chunk. */
-static void put_now(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
-{
-    for (int32_t g = 0; g < t->n_groups; g++) {
-        const void *kv = kvc_kv_chunk_data(t->pool, block, g);
-        const kvc_block_desc dg = group_desc(d, g);
-        if (kv)
-            put_one_now(t, &dg, kv, t->chunk_bytes[g]);
-    }
 }
 
 /* Send node n's record of group g down, unless the queue or the store has
@@ -282,8 +296,8 @@ static bool send_down(kvc_tiers *t, const kvc_pc_node *n, int32_t g)
     const kvc_block_desc dg = group_desc(&d, g);
     if (!kv || queued(t, &dg, NULL, 0) || stored(t, dg.hash))
         return false;
-    if (!enqueue_one(t, &dg, kv, t->chunk_bytes[g]))
-        put_one_now(t, &dg, kv, t->chunk_bytes[g]);
+    if (!enqueue_one(t, &dg, g, kv, t->chunk_bytes[g]))
+        put_one_now(t, &dg, g, kv, t->chunk_bytes[g]);
     return true;
 }
 
@@ -478,7 +492,11 @@ static bool read_into(kvc_tiers *t, const kvc_block_desc *d, int32_t b)
     for (int32_t g = 1; g < t->n_groups; g++) {
         const kvc_block_desc dg = group_desc(d, g);
         void *kv = kvc_kv_chunk_data(t->pool, b, g);
-        if (kv && !read_one(t, &dg, kv, t->chunk_bytes[g]))
+        if (!kv)
+            continue;
+        const bool ok = read_one(t, &dg, kv, t->chunk_bytes[g]);
+        count_window_read(t, 1, t->chunk_bytes[g], ok);
+        if (!ok)
             kvc_kv_block_drop_chunk(t->pool, b, g);
     }
     return true;
@@ -534,17 +552,22 @@ static bool has_record(kvc_tiers *t, const kvc_pc_node *x, int32_t g)
     return queued(t, &dg, NULL, 0) || stored(t, dg.hash);
 }
 
-/* Whether a hit after path[0, end) has every window chunk it needs (kv.h's
- * kvc_kv_servable) in RAM, the queue or the store. */
-static bool window_there(kvc_tiers *t, kvc_pc_node *const *path, int64_t end)
+/* The window chunks a hit after path[0, end) needs (kv.h's
+ * kvc_kv_servable) that neither RAM, the queue nor the store holds: 0 when
+ * the tiers can complete it; counting stops at the first unless `all`. */
+static int64_t window_missing(kvc_tiers *t, kvc_pc_node *const *path, int64_t end, bool all)
 {
+    int64_t missing = 0;
     for (int32_t g = 1; g < t->n_groups; g++) {
         const int64_t w = kvc_kv_group_of(t->pool, g)->window, L = end * t->B;
         for (int64_t i = L > w ? (L - w) / t->B : 0; i < end; i++)
-            if (!kvc_kv_block_has(t->pool, path[i]->block, g) && !has_record(t, path[i], g))
-                return false;
+            if (!kvc_kv_block_has(t->pool, path[i]->block, g) && !has_record(t, path[i], g)) {
+                missing++;
+                if (!all)
+                    return missing;
+            }
     }
-    return true;
+    return missing;
 }
 
 /* Give the blocks of that window their missing chunks, read from the tiers
@@ -564,9 +587,10 @@ static int64_t read_window(kvc_tiers *t, kvc_pc_node *const *path, int64_t end)
             kvc_block_desc d;
             desc_of(t, path[i], &d);
             const kvc_block_desc dg = group_desc(&d, g);
-            if (read_one(t, &dg, kv, t->chunk_bytes[g]))
-                got++;
-            else
+            const bool ok = read_one(t, &dg, kv, t->chunk_bytes[g]);
+            count_window_read(t, 1, t->chunk_bytes[g], ok);
+            got += ok;
+            if (!ok)
                 kvc_kv_block_drop_chunk(t->pool, path[i]->block, g);
         }
     }
@@ -593,9 +617,14 @@ int64_t kvc_tiers_fetch_windows(kvc_tiers *t, uint64_t ns, const int32_t *tokens
         path[end] = x;
     }
     int64_t got = 0;
-    for (; end > m->n_full && !got; end--)    /* the deepest hit the tiers complete */
-        if (window_there(t, path, end))
+    const int64_t deepest = end;
+    for (; end > m->n_full && !got; end--) {  /* the deepest hit the tiers complete */
+        const int64_t missing = window_missing(t, path, end, end == deepest);
+        if (end == deepest && missing > 0)    /* the request's deepest hit lacks them */
+            count_window_read(t, (uint64_t)missing, 0, false);
+        if (missing == 0)
             got = read_window(t, path, end);
+    }
     free(path);
     pthread_mutex_lock(&t->q_mu);
     t->st.chunks_fetched += (uint64_t)got;
@@ -672,6 +701,34 @@ static uint64_t tail_hash(uint64_t parent, const int32_t *tokens, int32_t k)
     return XXH3_64bits_withSeed(tokens, (size_t)k * sizeof(int32_t), parent ^ TAIL_SALT);
 }
 
+/* Send tail d (its d->n_tokens < B positions written in pool block
+ * `block`) down, every chunk: a copy whose positions past the tail are
+ * zeroed (kvc_kv_chunk_clear_rows), so that the record holds no undefined
+ * bytes (valgrind: the disk's writev and Redis's write read them) and none of
+ * an earlier owner of the block, and the same tail is the same bytes on
+ * every write. Queued, or written at once when the queue is full. */
+static void send_tail(kvc_tiers *t, const kvc_block_desc *d, int32_t block)
+{
+    uint8_t *buf = malloc(t->max_bytes);
+    for (int32_t g = 0; g < t->n_groups; g++) {
+        const void *kv = kvc_kv_chunk_data(t->pool, block, g);
+        if (!kv)
+            continue;
+        if (!buf) {
+            pthread_mutex_lock(&t->q_mu);
+            t->st.write_failures++;
+            pthread_mutex_unlock(&t->q_mu);
+            continue;
+        }
+        memcpy(buf, kv, t->chunk_bytes[g]);
+        kvc_kv_chunk_clear_rows(t->pool, g, buf, d->n_tokens);
+        const kvc_block_desc dg = group_desc(d, g);
+        if (!enqueue_one(t, &dg, g, buf, t->chunk_bytes[g]))
+            put_one_now(t, &dg, g, buf, t->chunk_bytes[g]);
+    }
+    free(buf);
+}
+
 void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int64_t n,
                           int32_t block)
 {
@@ -688,8 +745,7 @@ void kvc_tiers_write_tail(kvc_tiers *t, uint64_t ns, const int32_t *tokens, int6
     pthread_mutex_lock(&t->q_mu);
     t->st.tails_written++;
     pthread_mutex_unlock(&t->q_mu);
-    if (!enqueue_desc(t, &d, block))
-        put_now(t, &d, block);
+    send_tail(t, &d, block);
 }
 
 /* The tail of k tokens after the match m: its key and where it is. */
@@ -773,8 +829,7 @@ int kvc_tiers_queue_record(kvc_tiers *t, const kvc_block_desc *d, void *data, si
     pthread_mutex_unlock(&t->store_mu);
     free(data);
     pthread_mutex_lock(&t->q_mu);
-    t->st.blocks_written += rc == KVC_OK;
-    t->st.write_failures += rc != KVC_OK;
+    count_put_locked(t, 0, bytes, rc);
     pthread_mutex_unlock(&t->q_mu);
     return rc;
 }

@@ -41,6 +41,17 @@ typedef struct kvc_tiers_stats {
     uint64_t write_failures;       /* puts that failed (the medium) */
     uint64_t tails_written;        /* sequences' tails sent down (kvc_tiers_write_tail) */
     uint64_t tails_fetched;        /* and read back into the pool */
+    /* window chunks (kv.h), each a record of its own: */
+    uint64_t window_chunks_written;/* written to the store (any reason: the chunk or its block
+                                      evicted, write-through, a tail) */
+    uint64_t window_bytes_written;
+    uint64_t window_chunks_fetched;/* read back into RAM: with their block (kvc_tiers_fetch,
+                                      a tail), or into a block in RAM (kvc_tiers_fetch_windows) */
+    uint64_t window_bytes_read;
+    uint64_t window_chunks_missed; /* needed and not given: a record read that failed (missing,
+                                      corrupt), and the chunks the deepest hit of a
+                                      kvc_tiers_fetch_windows lacked everywhere (counted per
+                                      call): their window is computed again */
     int32_t  writes_pending;       /* blocks queued or being written, now */
 } kvc_tiers_stats;
 

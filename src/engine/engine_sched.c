@@ -137,6 +137,11 @@ void kvc_engine_tier_gauges(kvc_engine *e, kvc_engine_metrics *m)
     m->disk_writes_dropped = ts.writes_dropped;
     m->tier_write_failures = ts.write_failures;
     m->tier_fetch_failures = ts.fetch_failures;
+    m->window_chunks_written = ts.window_chunks_written;
+    m->window_bytes_written = ts.window_bytes_written;
+    m->window_chunks_fetched = ts.window_chunks_fetched;
+    m->window_bytes_read = ts.window_bytes_read;
+    m->window_chunks_missed = ts.window_chunks_missed;
     m->disk_full_events = bs.full_events;
     m->tier_writes_pending = ts.writes_pending + bs.shared_pending;   /* Redis's too */
     m->disk_bytes_read = bs.bytes_read;

@@ -41,12 +41,21 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
         from[r] = kvc_attn_seen_lo(a, b, r0 + r);
         full = full && seen[r] == 16 && from[r] == 0;
     }
+    int32_t lo_any = from[0], hi_any = seen[0];   /* the positions some row sees: K is read there only */
+    #pragma GCC unroll 6
+    for (int r = 1; r < R; r++) {
+        lo_any = from[r] < lo_any ? from[r] : lo_any;
+        hi_any = seen[r] > hi_any ? seen[r] : hi_any;
+    }
+    const __m256i any0 = _mm256_andnot_si256(kvc_first_lanes8(lo_any), kvc_first_lanes8(hi_any));
+    const __m256i any1 = _mm256_andnot_si256(kvc_first_lanes8(lo_any - 8), kvc_first_lanes8(hi_any - 8));
     __m256 lo[6], hi[6];
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
         lo[r] = hi[r] = _mm256_setzero_ps();
     for (int32_t d = 0; d < hd; d++) {
-        __m256 k0 = load8(a->f16, kb, (int64_t)d * 16), k1 = load8(a->f16, kb, (int64_t)d * 16 + 8);
+        __m256 k0 = kvc_load8_seen(a->f16, kb, (int64_t)d * 16, any0),
+               k1 = kvc_load8_seen(a->f16, kb, (int64_t)d * 16 + 8, any1);
         #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             __m256 qd = _mm256_set1_ps(q[r][d]);
@@ -92,7 +101,7 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
         #pragma GCC unroll 6
         for (int r = 0; r < R; r++)
             acc[r] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + d0), _mm256_set1_ps(alpha[r]));
-        for (int j = 0; j < 16; j++) {
+        for (int j = lo_any; j < hi_any; j++) {
             __m256 v = load8(a->f16, vb, (int64_t)j * hd + d0);
             #pragma GCC unroll 6
             for (int r = 0; r < R; r++)

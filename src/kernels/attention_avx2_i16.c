@@ -142,19 +142,21 @@ AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n, con
     const void *kb = a->k[b], *vb = a->v[b];
     /* K: lane j is position 8h + j; the squared norm as four fma chains over d */
     for (int h = 0; h < 2; h++) {
+        const __m256 seen = seen_mask(8 * h, j0, n);
+        const __m256i seeni = _mm256_castps_si256(seen);
         __m256 c[4], mx[4];
         for (int i = 0; i < 4; i++)
             c[i] = mx[i] = _mm256_setzero_ps();
         for (int32_t d = 0; d < hd; d += 4)
             #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
-                const __m256 x = load8(f16, kb, (int64_t)(d + i) * B + 8 * h);
+                const __m256 x = kvc_load8_seen(f16, kb, (int64_t)(d + i) * B + 8 * h, seeni);
                 c[i] = _mm256_fmadd_ps(x, x, c[i]);
                 mx[i] = _mm256_max_ps(abs8(x), mx[i]);   /* a NaN x leaves mx */
             }
         const __m256 n2 = _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3]));
         const __m256 amax = _mm256_max_ps(_mm256_max_ps(mx[0], mx[1]), _mm256_max_ps(mx[2], mx[3]));
-        const __m256 ok = _mm256_and_ps(_mm256_and_ps(seen_mask(8 * h, j0, n),
+        const __m256 ok = _mm256_and_ps(_mm256_and_ps(seen,
                                                       _mm256_cmp_ps(amax, _mm256_set1_ps(KVC_I8_AMIN), _CMP_GE_OQ)),
                                         _mm256_cmp_ps(n2, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ));
         const __m256 inv = _mm256_and_ps(ok, _mm256_min_ps(
@@ -162,8 +164,9 @@ AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n, con
             _mm256_div_ps(_mm256_set1_ps(32767.0f), amax)));
         _mm256_storeu_ps(ib->sk + 8 * h, _mm256_and_ps(ok, _mm256_div_ps(_mm256_set1_ps(1.0f), inv)));
         for (int32_t p = 0; p < hd / 2; p++) {   /* inv = 0 where !ok: 0, or NaN -> 0 */
-            const __m256i lo = rint32(_mm256_mul_ps(load8(f16, kb, (int64_t)(2 * p) * B + 8 * h), inv));
-            const __m256i hi = rint32(_mm256_mul_ps(load8(f16, kb, (int64_t)(2 * p + 1) * B + 8 * h), inv));
+            const int64_t i0 = (int64_t)(2 * p) * B + 8 * h, i1 = i0 + B;
+            const __m256i lo = rint32(_mm256_mul_ps(kvc_load8_seen(f16, kb, i0, seeni), inv));
+            const __m256i hi = rint32(_mm256_mul_ps(kvc_load8_seen(f16, kb, i1, seeni), inv));
             _mm256_storeu_si256((__m256i *)(ib->kp + 16 * p + 8 * h), pair16(lo, hi));
         }
     }

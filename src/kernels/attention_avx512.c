@@ -28,6 +28,7 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
     const float *q[16];
     float *o[16], alpha[16], e[16][16];
     __mmask16 mask[16];   /* the positions row r sees */
+    __mmask16 any = 0;    /* some row sees: K and V are read there only */
     bool full = true;
     #pragma GCC unroll 16
     for (int r = 0; r < R; r++) {
@@ -35,13 +36,14 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
         o[r] = kvc_attn_o_row(a, r0 + r);
         mask[r] = (__mmask16)kvc_attn_span_mask(kvc_attn_seen_lo(a, b, r0 + r), kvc_attn_seen(a, b, r0 + r));
         full = full && mask[r] == 0xFFFF;
+        any |= mask[r];
     }
     __m512 acc[16];
     #pragma GCC unroll 16
     for (int r = 0; r < R; r++)
         acc[r] = _mm512_setzero_ps();
     for (int32_t d = 0; d < hd; d++) {
-        __m512 k = load16(a->f16, kb, (int64_t)d * 16);
+        __m512 k = kvc_load16_seen(a->f16, kb, (int64_t)d * 16, any);
         #pragma GCC unroll 16
         for (int r = 0; r < R; r++)
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k, acc[r]);
@@ -80,6 +82,8 @@ static inline __attribute__((always_inline)) void block_rows(const kvc_attn_args
         } else {
             /* positions a row does not see may hold anything (even inf): skip, not times 0 */
             for (int j = 0; j < 16; j++) {
+                if (!((any >> j) & 1))
+                    continue;
                 __m512 v = load16(a->f16, vb, (int64_t)j * hd + d0);
                 #pragma GCC unroll 16
                 for (int r = 0; r < R; r++)

@@ -35,6 +35,7 @@ AI __m512 load16(bool f16, const void *base, int64_t i)
     return _mm512_loadu_ps((const float *)base + i);
 }
 
+
 /* rint(x) per lane, in int32 lanes whose low word is the int16; a NaN gives
  * 0x80000000, whose low word (all that pair16 and the packs keep) is 0. */
 AI __m512i rint32(__m512 x)
@@ -80,7 +81,7 @@ AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n, con
     for (int32_t d = 0; d < hd; d += 4)
         #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            const __m512 x = load16(f16, kb, (int64_t)(d + i) * B);
+            const __m512 x = kvc_load16_seen(f16, kb, (int64_t)(d + i) * B, seen);
             c[i] = _mm512_fmadd_ps(x, x, c[i]);
             mx[i] = _mm512_max_ps(_mm512_abs_ps(x), mx[i]);   /* a NaN x leaves mx */
         }
@@ -93,8 +94,8 @@ AI void convert_kv(const kvc_attn_args *a, int64_t b, int32_t j0, int32_t n, con
         _mm512_div_ps(_mm512_set1_ps(32767.0f), amax)));
     _mm512_storeu_ps(ib->sk, _mm512_maskz_div_ps(ok, _mm512_set1_ps(1.0f), inv));
     for (int32_t p = 0; p < hd / 2; p++) {   /* inv = 0 where !ok: 0, or NaN -> 0 */
-        const __m512i lo = rint32(_mm512_mul_ps(load16(f16, kb, (int64_t)(2 * p) * B), inv));
-        const __m512i hi = rint32(_mm512_mul_ps(load16(f16, kb, (int64_t)(2 * p + 1) * B), inv));
+        const __m512i lo = rint32(_mm512_mul_ps(kvc_load16_seen(f16, kb, (int64_t)(2 * p) * B, seen), inv));
+        const __m512i hi = rint32(_mm512_mul_ps(kvc_load16_seen(f16, kb, (int64_t)(2 * p + 1) * B, seen), inv));
         _mm512_storeu_si512(ib->kp + 16 * p, pair16(lo, hi));
     }
     /* V: lane d; the scales over the n positions seen */

@@ -9,6 +9,7 @@
 #include "attention.h"   /* the constants of kvc_exp2_neg */
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -19,6 +20,34 @@ static inline __attribute__((always_inline)) __m256i kvc_first_lanes8(int64_t n)
 {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+
+/* 8 K values (F16 or F32, at element i of base) as floats, the lanes not
+ * set in `seen` (all-ones int32 lanes: the positions some row sees) 0
+ * before any use: the pool never wrote them (a block's positions past the
+ * sequence's end) or they are behind every row's window, so no value of
+ * theirs may take part, not even times 0 (a NaN), nor to valgrind, for
+ * which one undefined half makes every lane of a VCVTPH2PS undefined. */
+static inline __attribute__((always_inline)) __m256 kvc_load8_seen(bool f16, const void *base, int64_t i,
+                                                                   __m256i seen)
+{
+    if (f16) {
+        const __m128i seen16 = _mm_packs_epi32(_mm256_castsi256_si128(seen), _mm256_extracti128_si256(seen, 1));
+        return _mm256_cvtph_ps(_mm_and_si128(seen16, _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i))));
+    }
+    return _mm256_and_ps(_mm256_castsi256_ps(seen), _mm256_loadu_ps((const float *)base + i));
+}
+
+#ifdef __AVX512BW__
+/* The same for 16 positions with masked loads: the lanes not in `seen` are
+ * not read at all, and are 0. */
+static inline __attribute__((always_inline)) __m512 kvc_load16_seen(bool f16, const void *base, int64_t i,
+                                                                    __mmask16 seen)
+{
+    if (f16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(seen, (const uint16_t *)base + i));
+    return _mm512_maskz_loadu_ps(seen, (const float *)base + i);
+}
+#endif
 
 /* The 8 sub-block scales and mins of a Q4_K / Q5_K super-block, as quant.c's
  * reference dequantization makes them: ds[j] = d * sc_j, dm[j] = dmin * m_j

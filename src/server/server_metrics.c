@@ -282,6 +282,20 @@ static void put_tiers(text *t, const kvc_engine_metrics *e)
         COUNTER("kvchat_disk_full_total",
                 "Disk tier writes that found the disk full; the budget was lowered to what fits.",
                 e->disk_full_events),
+        COUNTER("kvchat_tier_window_chunks_written_total",
+                "Window chunks (the sliding-window layers' K/V of a block) written below RAM.",
+                e->window_chunks_written),
+        COUNTER("kvchat_tier_window_written_bytes_total", "Bytes of window chunks written below RAM.",
+                e->window_bytes_written),
+        COUNTER("kvchat_tier_window_chunks_fetched_total",
+                "Window chunks read back from below RAM (with their block, or into a block in RAM).",
+                e->window_chunks_fetched),
+        COUNTER("kvchat_tier_window_read_bytes_total", "Bytes of window chunks read back from below RAM.",
+                e->window_bytes_read),
+        COUNTER("kvchat_tier_window_chunks_missed_total",
+                "Window chunks a hit needed that neither RAM nor the tiers below could give "
+                "(missing, corrupt): their window was computed again.",
+                e->window_chunks_missed),
     };
     put_rows(t, rows, KVC_ARRAY_LEN(rows));
 }
