@@ -151,8 +151,8 @@ int cmd_bench(int argc, char **argv)
         return 2;
     if (c.n_ctx == 0)
         c.n_ctx = (int32_t)(n_depth + KVC_MAX(n_prompt, n_gen) + 16);
-    if (c.n_batch == 0)
-        c.n_batch = (int32_t)KVC_MAX(n_prompt, 1);
+    if (c.n_batch == 0)   /* the prompt in one batch; the depth's fill in batches of up to 512 (untimed) */
+        c.n_batch = (int32_t)KVC_MAX(KVC_MAX(n_prompt, KVC_MIN(n_depth, 512)), 1);
     kvc_model *m = cli_load_model(&c);
     kvc_context *ctx = m ? cli_new_context(&c, m, 1) : NULL;
     if (!ctx) {
