@@ -62,13 +62,13 @@ static const kvc_arch_key keys_gemma4[] = {
 };
 
 static const kvc_arch_key keys_dense[] = {
-    KEY("feed_forward_length",              KVC_KEY_U32, true,  n_ff, 0),
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, true,  n_ff, 0),
     { 0 }
 };
 
 /* NAN: absent leaves the row's default (kvc_arch.gating, .moe_norm_w). */
 static const kvc_arch_key keys_moe[] = {
-    KEY("feed_forward_length",              KVC_KEY_U32, false, n_ff, 0),
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, false, n_ff, 0),
     KEY("expert_count",                     KVC_KEY_U32, true,  n_expert, 0),
     KEY("expert_used_count",                KVC_KEY_U32, true,  n_expert_used, 0),
     KEY("expert_feed_forward_length",       KVC_KEY_U32, false, n_ff_exp, 0),
@@ -112,7 +112,7 @@ static const kvc_arch_key keys_granite[] = {
     KEY("attention.scale",                  KVC_KEY_F32, false, attn_scale, 0),
     KEY("logit_scale",                      KVC_KEY_F32, false, logit_scale, 0),
     KEY("rope.scaling.finetuned",           KVC_KEY_BOOL, false, rope_finetuned, 1),
-    KEY("feed_forward_length",              KVC_KEY_U32, true,  n_ff, 0),
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, true,  n_ff, 0),
     KEY("expert_count",                     KVC_KEY_U32, false, n_expert, 0),
     KEY("expert_used_count",                KVC_KEY_U32, false, n_expert_used, 0),
     KEY("expert_shared_feed_forward_length", KVC_KEY_U32, false, n_ff_shexp, 0),
@@ -123,7 +123,7 @@ static const kvc_arch_key keys_granite[] = {
  * a selection bias; the selected weights always renormalised, never scaled
  * (llama.cpp reads neither key for it). */
 static const kvc_arch_key keys_lfm2moe[] = {
-    KEY("feed_forward_length",              KVC_KEY_U32, false, n_ff, 0),
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, false, n_ff, 0),
     KEY("expert_count",                     KVC_KEY_U32, true,  n_expert, 0),
     KEY("expert_used_count",                KVC_KEY_U32, true,  n_expert_used, 0),
     KEY("expert_feed_forward_length",       KVC_KEY_U32, true,  n_ff_exp, 0),
