@@ -42,9 +42,9 @@ static const kvc_arch_key keys_swa[] = {
 };
 
 /* Gemma 4: a sliding-window pattern per layer, the sliding layers' own head
- * size and rotated dims; per-layer embeddings and KV-shared layers are read
- * to be refused (model.c) until they run. Experts are optional (E2B/E4B have
- * none; 26B-A4B puts them beside the dense FFN). */
+ * size and rotated dims, per-layer embeddings and KV-shared layers (E2B's
+ * double-wide MLPs: a feed_forward_length per layer, keys_dense). Experts
+ * are optional (E2B/E4B have none; 26B-A4B puts them beside the dense FFN). */
 static const kvc_arch_key keys_gemma4[] = {
     KEY("attention.sliding_window",         KVC_KEY_U32, true,  n_swa, 0),
     KEY("attention.sliding_window_pattern", KVC_KEY_SWA_PATTERN, true, swa_period, 0),
