@@ -39,7 +39,8 @@ static const cli_option make_model_opts[] = {
     { "n-head", 0, "N", OPT_N_HEAD, 0, "attention heads" },
     { "n-head-kv", 0, "N", OPT_N_HEAD_KV, 0, "key/value heads" },
     { "head-dim", 0, "N", OPT_HEAD_DIM, 0, "width of a head" },
-    { "n-ff", 0, "N", OPT_N_FF, 0, "feed-forward width" },
+    { "n-ff", 0, "N|LIST", OPT_N_FF, 0, "feed-forward width (a preset's double-wide layers: twice it);\n"
+      "a comma-separated list: each layer's width, repeated over the layers" },
     { "n-expert", 0, "N", OPT_N_EXPERT, 0, "experts (mixture of experts: qwen3moe)" },
     { "n-expert-used", 0, "N", OPT_N_EXPERT_USED, 0, "experts each token uses (top-k)" },
     { "n-ff-exp", 0, "N", OPT_N_FF_EXP, 0, "one expert's feed-forward width" },
@@ -125,7 +126,15 @@ static bool apply(kvc_gen_params *p, int id, const char *name, const char *v, co
     case OPT_N_HEAD: ip = &p->n_head; break;
     case OPT_N_HEAD_KV: ip = &p->n_head_kv; break;
     case OPT_HEAD_DIM: ip = &p->head_dim; break;
-    case OPT_N_FF: ip = &p->n_ff; break;
+    case OPT_N_FF:
+        if (strchr(v, ',')) {   /* widths per layer, as given: no doubling */
+            p->ff_layers = v;
+            p->double_wide_mlp = false;
+            return true;
+        }
+        p->ff_layers = NULL;
+        ip = &p->n_ff;
+        break;
     case OPT_N_EXPERT: ip = &p->n_expert; break;
     case OPT_N_EXPERT_USED: ip = &p->n_expert_used; break;
     case OPT_N_FF_EXP: ip = &p->n_ff_exp; break;

@@ -475,6 +475,11 @@ typedef struct kvc_gen_params {
     int32_t     n_dense_lead; /* lfm2moe: leading_dense_block_count, the first layers' FFNs dense */
     float       expert_weights_scale; /* expert_weights_scale (0: key not written) */
     bool        expert_weights_norm;  /* expert_weights_norm written true (false: not written) */
+    const char *ff_layers;   /* dense FFN width per layer, comma-separated ("64,64,128"), repeated
+                              * over the layers (pruned models); NULL: n_ff everywhere. Widths
+                              * that differ are written as the feed_forward_length array */
+    bool        double_wide_mlp; /* gemma4: the KV-shared layers' FFNs are twice as wide (Gemma 4
+                              * E2B's use_double_wide_mlp) */
 } kvc_gen_params;
 
 /* The "demo" preset: qwen2, n_embd 128, 2 layers, 4 heads (2 KV), head_dim 32,
@@ -510,6 +515,13 @@ kvc_gen_params kvc_gen_default_params(void);
  *                   per-layer embeddings of 256, vocab 262144, ctx 131072, soft-cap 30, tied,
  *                   bpe, q4_k_m, the last 18 layers KV-shared (n_kv_shared, which must
  *                   leave 2 layers: make-model --n-layer keeps their share, e.g. 6 of 12)
+ *   "tiny-gemma4-dw" gemma4 as tiny-gemma4 but no experts, FFN widths 96, 64 in turn (ff_layers),
+ *                   the last 3 layers KV-shared with double-wide MLPs (2x), per-layer embeddings of
+ *                   16: E2B's per-layer widths in small
+ *   "gemma4-e2b"    Gemma 4 E2B's shapes: 35 layers (cut with n_layer), d 1536, 8 heads, sliding
+ *                   1 KV of 256 (window 512), global 1 KV of 512, pattern 5, ff 6144, the last 20
+ *                   layers KV-shared and double-wide (ff 12288: use_double_wide_mlp), per-layer
+ *                   embeddings of 256, vocab 262144, ctx 131072, soft-cap 30, tied, bpe, q4_k_m
  *   "gemma4-26b-a4b" Gemma 4 26B-A4B's shapes: 30 layers (cut with n_layer), d 2816, 16 heads,
  *                   sliding 8 KV of 256 (window 1024), global 2 KV of 512, pattern 6, ff 2112
  *                   beside 128 experts of 704, top-8, vocab 262144, ctx 262144, soft-cap 30,

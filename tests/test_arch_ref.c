@@ -7,7 +7,13 @@
  * is about 5), with llama.cpp's top-1 token our top-1 over the whole
  * vocabulary. The tokens go in one batch and in chunks of 7 (the chunked
  * run must be bitwise the same). A KV block holds the attention layers'
- * K/V only. Needs nothing from ../shared. */
+ * K/V only. tiny-gemma4-dw (gemma4 with FFN widths 96, 64, ... and
+ * double-wide KV-shared layers, as Gemma 4 E2B) has a wider tolerance:
+ * llama.cpp's CPU GELU goes through an fp16 table, ours is exact (measured:
+ * 0.067 over these logits, 0.115 over the whole vocabulary, 0.006 at position
+ * 0; one width for every
+ * layer, as the uniform build reads it, is off by several units). Needs
+ * nothing from ../shared. */
 #include "test.h"
 
 #include "context.h"
@@ -20,10 +26,10 @@
 #include <unistd.h>
 
 #define N_TOK 40
-#define TOL   1e-3
 
-/* One reference file against the model generated from its preset. */
-static void check_preset(const char *dir, const char *preset)
+/* One reference file against the model generated from its preset, within
+ * tol of llama.cpp's logits. */
+static void check_preset(const char *dir, const char *preset, double tol)
 {
     char path[512], ref[512];
     kvc_model *m = test_gen_model(dir, preset, path, sizeof(path));
@@ -49,15 +55,17 @@ static void check_preset(const char *dir, const char *preset)
     float *l7 = test_chunked_logits(m, cp, toks, N_TOK, 7);
     CHECKF(l && l7 && memcmp(l, l7, (size_t)N_TOK * info.n_vocab * sizeof(float)) == 0,
            "%s: logits in chunks of 7 differ from one batch", preset);
-    /* K/V only for the attention layers (FFN-only and recurrent layers: none) */
-    kvc_context *ctx = test_new_context(m, 256, 16, 1, 64);
+    /* K/V only for the attention layers (FFN-only and recurrent layers: none;
+     * the sliding and KV-shared ones of gemma4 are other memory groups) */
+    const bool g4 = strcmp(m->hp.arch->name, "gemma4") == 0;
+    kvc_context *ctx = g4 ? NULL : test_new_context(m, 256, 16, 1, 64);
     size_t want_bytes = 0;
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
         const kvc_layer *L = &m->layers[il];
         if (L->attn == KVC_ATTN_FULL)
             want_bytes += 2 * (size_t)KVC_BLOCK_TOKENS * (size_t)L->n_head_kv * (size_t)L->head_dim * 2;
     }
-    CHECKF(ctx && kvc_kv_block_bytes(ctx->pool) == want_bytes, "%s: a block of %zu bytes, its attention "
+    CHECKF(g4 || (ctx && kvc_kv_block_bytes(ctx->pool) == want_bytes), "%s: a block of %zu bytes, its attention "
            "layers' K/V (F16) %zu", preset, ctx ? kvc_kv_block_bytes(ctx->pool) : 0, want_bytes);
     kvc_context_free(ctx);
     char line[256];
@@ -79,7 +87,7 @@ static void check_preset(const char *dir, const char *preset)
             int best = 0;
             for (int v = 1; v < info.n_vocab; v++)
                 best = row[v] > row[best] ? v : best;
-            CHECKF(best == id || row[best] - row[id] < TOL, "%s: position %d: top-1 %d (%g), llama.cpp's %d (%g)",
+            CHECKF(best == id || row[best] - row[id] < tol, "%s: position %d: top-1 %d (%g), llama.cpp's %d (%g)",
                    preset, pos, best, row[best], id, row[id]);
             tops++;
             last_pos = pos;
@@ -87,10 +95,27 @@ static void check_preset(const char *dir, const char *preset)
     }
     fclose(f);
     CHECKF(n >= 100 && tops >= 6, "%s: only %d reference logits at %d positions", ref, n, tops);
-    CHECKF(worst <= TOL, "%s: max |ours - llama.cpp| %.3g over %d logits (tolerance %g)", preset, worst, n, TOL);
+    CHECKF(worst <= tol, "%s: max |ours - llama.cpp| %.3g over %d logits (tolerance %g)", preset, worst, n, tol);
     printf("  %-22s max |ours - llama.cpp| %.2e over %d logits at %d positions\n", preset, worst, n, tops);
     free(l);
     free(l7);
+    kvc_model_free(m);
+    unlink(path);
+}
+
+/* tiny-gemma4-dw's layers have their own FFN widths: ff_layers 96, 64 in
+ * turn, doubled on the three KV-shared layers (E2B's double-wide MLPs), the
+ * widest as hp.n_ff; read back from the file's feed_forward_length array. */
+static void check_dw_widths(const char *dir)
+{
+    char path[512];
+    kvc_model *m = test_gen_model(dir, "tiny-gemma4-dw", path, sizeof(path));
+    static const int32_t want[9] = { 96, 64, 96, 64, 96, 64, 192, 128, 192 };
+    CHECK(m != NULL && m->hp.n_layer == 9);
+    for (int il = 0; m && il < m->hp.n_layer && il < 9; il++)
+        CHECKF(m->layers[il].n_ff == want[il] && m->layers[il].w_down.n_in == want[il],
+               "tiny-gemma4-dw layer %d: n_ff %d, expected %d", il, m->layers[il].n_ff, want[il]);
+    CHECK(m && m->hp.n_ff == 192);
     kvc_model_free(m);
     unlink(path);
 }
@@ -99,9 +124,13 @@ int main(void)
 {
     char dir[] = "/tmp/kvc_arch_ref_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    static const char *const presets[] = { "tiny-nemotron_h_moe", "tiny-lfm2moe", "tiny-nemotron_h" };
+    static const struct { const char *name; double tol; } presets[] = {
+        { "tiny-nemotron_h_moe", 1e-3 }, { "tiny-lfm2moe", 1e-3 }, { "tiny-nemotron_h", 1e-3 },
+        { "tiny-gemma4-dw", 0.1 },
+    };
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
-        check_preset(dir, presets[i]);
+        check_preset(dir, presets[i].name, presets[i].tol);
+    check_dw_widths(dir);
     rmdir(dir);
     return test_done("test_arch_ref");
 }

@@ -9,6 +9,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "model_gen.h"
+#include "model_gen_params.h"
 #include "quant.h"
 #include "tokenizer.h"
 
@@ -888,12 +889,59 @@ static void test_roundtrips(void)
     roundtrip("spm", "llama");
 }
 
+/* Per-layer FFN widths: ff_layers repeated over the layers, double_wide_mlp
+ * (gemma4's KV-shared layers twice as wide), Gemma 4 E2B's shape and its cut,
+ * the feed_forward_length array and the tensors' shapes; bad lists refused. */
+static void test_ff_layers(void)
+{
+    kvc_gen_params p;
+    int32_t ff[64];
+    CHECK_EQ_INT(kvc_gen_preset("gemma4-e2b", &p), KVC_OK);
+    CHECK(strcmp(p.arch, "gemma4") == 0 && p.n_layer == 35 && p.n_embd == 1536 && p.n_head == 8 &&
+          p.n_head_kv == 1 && p.head_dim == 512 && p.head_dim_swa == 256 && p.n_swa == 512 &&
+          p.swa_pattern == 5 && p.n_embd_per_layer == 256 && p.n_kv_shared == 20 && p.double_wide_mlp);
+    CHECK_EQ_INT(kvc_gen_layer_ff(&p, ff), 1);
+    CHECK(ff[0] == 6144 && ff[14] == 6144 && ff[15] == 12288 && ff[34] == 12288);
+    kvc_gen_cut_layers(&p, 10);              /* 5 layers keep K/V (a whole pattern), 5 shared */
+    CHECK_EQ_INT(p.n_kv_shared, 5);
+    CHECK_EQ_INT(kvc_gen_layer_ff(&p, ff), 1);
+    CHECK(ff[4] == 6144 && ff[5] == 12288 && ff[9] == 12288);
+
+    void *buf = NULL;
+    size_t size = 0;
+    p = small("llama", "f32");
+    p.n_layer = 3, p.ff_layers = "96,64";
+    gguf_file *f = gen_open(&p, &buf, &size);
+    if (f) {
+        const gguf_kv *kv = gguf_find_kv(f, "llama.feed_forward_length");
+        CHECK(kv && kv->type == GGUF_TYPE_ARRAY && kv->v.arr.n == 3 && gguf_arr_i64(kv, 0) == 96 &&
+              gguf_arr_i64(kv, 1) == 64 && gguf_arr_i64(kv, 2) == 96);
+        expect_tensor(f, "blk.1.ffn_gate.weight", 64, 64, KVC_TYPE_F32);
+        expect_tensor(f, "blk.1.ffn_down.weight", 64, 64, KVC_TYPE_F32);
+        expect_tensor(f, "blk.2.ffn_down.weight", 96, 64, KVC_TYPE_F32);
+        gguf_close(f);
+        free(buf);
+    }
+    p.ff_layers = "80";                      /* one width: the scalar key */
+    if ((f = gen_open(&p, &buf, &size))) {
+        CHECK_EQ_INT(get_i64(f, "llama.feed_forward_length"), 80);
+        expect_tensor(f, "blk.0.ffn_up.weight", 64, 80, KVC_TYPE_F32);
+        gguf_close(f);
+        free(buf);
+    }
+    p = small("llama", "f32"); p.ff_layers = "96,x";     expect_invalid(&p, "ff_layers");
+    p = small("llama", "f32"); p.ff_layers = "96,0";     expect_invalid(&p, "ff_layers");
+    p = small("llama", "f32"); p.ff_layers = "";         expect_invalid(&p, "ff_layers");
+    p = small("llama", "f32"); p.double_wide_mlp = true; expect_invalid(&p, "double_wide_mlp");
+}
+
 int main(void)
 {
     int64_t t0 = kvc_time_us();
     RUN(test_presets);
     RUN(test_moe);
     RUN(test_swa);
+    RUN(test_ff_layers);
     RUN(test_bad_params);
     RUN(test_type_rules);
     RUN(test_archs_and_types);

@@ -7,8 +7,9 @@
  * T4 = T1's 400 + other tokens (diverges right after T1's prompt); T5 = T1's
  * first 380 + other tokens. The conversation outgrows every window (tiny-gemma3
  * 12, tiny-gpt-oss 8, tiny-gemma4 8 with its global layers' own head size and
- * KV heads, and with its last 3 layers KV-shared; the generated ones of
- * make-model, and ../shared's when
+ * KV heads, and with its last 3 layers KV-shared; tiny-gemma4-dw, FFNs of
+ * per-layer widths as Gemma 4 E2B's; the generated ones of make-model, and
+ * ../shared's when
  * present). Checked: usage.prompt_tokens_details.cached_tokens is at least the
  * longest prefix the turn shares with an earlier prompt (the replies' tokens
  * are not counted: what more the server reuses is a bonus), the reply equals
@@ -201,6 +202,7 @@ int main(void)
     struct { const char *preset, *file; int32_t n_kv_shared; } models[] = {
         { "tiny-gemma3", NULL, 0 }, { "tiny-gpt-oss", NULL, 0 }, { "tiny-gemma4", NULL, 0 },
         { "tiny-gemma4", NULL, 3 },   /* the last 3 layers KV-shared: no memory of their own */
+        { "tiny-gemma4-dw", NULL, 3 },   /* FFN widths per layer, double-wide KV-shared layers */
         { NULL, "tiny-gemma3-f32.gguf", 0 }, { NULL, "tiny-gpt-oss-f32.gguf", 0 },
         { NULL, "tiny-gemma4-f32.gguf", 0 },
     };

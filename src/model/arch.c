@@ -42,9 +42,9 @@ static const kvc_arch_key keys_swa[] = {
 };
 
 /* Gemma 4: a sliding-window pattern per layer, the sliding layers' own head
- * size and rotated dims; per-layer embeddings and KV-shared layers are read
- * to be refused (model.c) until they run. Experts are optional (E2B/E4B have
- * none; 26B-A4B puts them beside the dense FFN). */
+ * size and rotated dims, per-layer embeddings and KV-shared layers (E2B's
+ * double-wide MLPs: a feed_forward_length per layer, keys_dense). Experts
+ * are optional (E2B/E4B have none; 26B-A4B puts them beside the dense FFN). */
 static const kvc_arch_key keys_gemma4[] = {
     KEY("attention.sliding_window",         KVC_KEY_U32, true,  n_swa, 0),
     KEY("attention.sliding_window_pattern", KVC_KEY_SWA_PATTERN, true, swa_period, 0),
@@ -62,13 +62,13 @@ static const kvc_arch_key keys_gemma4[] = {
 };
 
 static const kvc_arch_key keys_dense[] = {
-    KEY("feed_forward_length",              KVC_KEY_U32, true,  n_ff, 0),
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, true,  n_ff, 0),
     { 0 }
 };
 
 /* NAN: absent leaves the row's default (kvc_arch.gating, .moe_norm_w). */
 static const kvc_arch_key keys_moe[] = {
-    KEY("feed_forward_length",              KVC_KEY_U32, false, n_ff, 0),
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, false, n_ff, 0),
     KEY("expert_count",                     KVC_KEY_U32, true,  n_expert, 0),
     KEY("expert_used_count",                KVC_KEY_U32, true,  n_expert_used, 0),
     KEY("expert_feed_forward_length",       KVC_KEY_U32, false, n_ff_exp, 0),
@@ -112,7 +112,7 @@ static const kvc_arch_key keys_granite[] = {
     KEY("attention.scale",                  KVC_KEY_F32, false, attn_scale, 0),
     KEY("logit_scale",                      KVC_KEY_F32, false, logit_scale, 0),
     KEY("rope.scaling.finetuned",           KVC_KEY_BOOL, false, rope_finetuned, 1),
-    KEY("feed_forward_length",              KVC_KEY_U32, true,  n_ff, 0),
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, true,  n_ff, 0),
     KEY("expert_count",                     KVC_KEY_U32, false, n_expert, 0),
     KEY("expert_used_count",                KVC_KEY_U32, false, n_expert_used, 0),
     KEY("expert_shared_feed_forward_length", KVC_KEY_U32, false, n_ff_shexp, 0),
@@ -123,7 +123,7 @@ static const kvc_arch_key keys_granite[] = {
  * a selection bias; the selected weights always renormalised, never scaled
  * (llama.cpp reads neither key for it). */
 static const kvc_arch_key keys_lfm2moe[] = {
-    KEY("feed_forward_length",              KVC_KEY_U32, false, n_ff, 0),
+    KEY("feed_forward_length",              KVC_KEY_U32_LAYERS, false, n_ff, 0),
     KEY("expert_count",                     KVC_KEY_U32, true,  n_expert, 0),
     KEY("expert_used_count",                KVC_KEY_U32, true,  n_expert_used, 0),
     KEY("expert_feed_forward_length",       KVC_KEY_U32, true,  n_ff_exp, 0),

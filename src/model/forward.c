@@ -93,7 +93,7 @@ int kvc_compute_new(const kvc_model *m, int32_t max_batch, int32_t max_ctx, int 
     c->k = alloc_f(B * nkv);
     c->v = alloc_f(B * nkv);
     c->att = alloc_f(B * nq);
-    c->gate = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));       /* n_ff is 0 in some MoE files */
+    c->gate = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));       /* the widest layer's; 0 in some MoE files */
     c->up = alloc_f(B * (size_t)KVC_MAX(hp->n_ff, 1));
     const size_t half = (size_t)KVC_MAX(hp->n_rot, hp->n_rot_swa) / 2;
     c->rope_half = (int32_t)half;
@@ -474,7 +474,7 @@ void kvc_fwd_ffn_norm_task(void *ctx, int64_t i, int thread)
 static void ffn_act_task(void *ctx, int64_t i, int thread)
 {
     fwd *f = ctx;
-    const int64_t n_ff = f->c->m->hp.n_ff;
+    const int64_t n_ff = f->c->m->layers[f->layer].n_ff;
     kvc_fwd_ffn_act(f->c->m->hp.ffn_act, f->c->gate + i * n_ff, f->c->up + i * n_ff, n_ff);
 }
 
@@ -667,7 +667,7 @@ void kvc_fwd_ffn_dense(fwd *f, float *out)
 {
     kvc_compute *c = f->c;
     const kvc_layer *L = &c->m->layers[f->layer];
-    const int64_t n = f->n, d = c->m->hp.n_embd, n_ff = c->m->hp.n_ff;
+    const int64_t n = f->n, d = c->m->hp.n_embd, n_ff = L->n_ff;
 
     if (L->w_gate.data)
         kvc_fwd_matmul_n(c, c->h, n, 2, (const kvc_weight *[]){ &L->w_gate, &L->w_up },

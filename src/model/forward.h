@@ -104,8 +104,8 @@ struct kvc_compute {
     float   *k;           /* [n][n_head_kv * hd] */
     float   *v;           /* [n][n_head_kv * hd] */
     float   *att;         /* [n][n_head * hd] attention output */
-    float   *gate;        /* [n][n_ff] */
-    float   *up;          /* [n][n_ff] */
+    float   *gate;        /* [n][the layer's n_ff] (sized by the widest) */
+    float   *up;          /* [n][the layer's n_ff] */
     float   *rope_cos;    /* [n][n_rope][rope_half] (rotation r's first rope[r].n_rot / 2) */
     float   *rope_sin;    /* [n][n_rope][rope_half] */
     int32_t  rope_half;   /* the largest n_rot / 2 of the rotations */

@@ -295,24 +295,16 @@ static int64_t state_floats(const kvc_hparams *hp, kvc_attn_kind k)
     }
 }
 
-/* kvc_arch.one_kind_per_layer (nemotron_h): layer il is an FFN alone where
- * its feed_forward_length is > 0 (experts when the model has them; every
- * such layer as wide as the widest), else its mixer alone. The pool gives an
- * FFN layer no K/V (context.c's memory groups). */
-static int one_kind(kvc_model *m, int il, kvc_err *err)
+/* kvc_arch.one_kind_per_layer (nemotron_h): layer il is an FFN alone (of
+ * its own width L->n_ff; experts when the model has them) where its
+ * feed_forward_length is > 0, else its mixer alone. The pool gives an FFN
+ * layer no K/V (context.c's memory groups). */
+static void one_kind(kvc_layer *L)
 {
-    const kvc_hparams *hp = &m->hp;
-    kvc_layer *L = &m->layers[il];
-    const int32_t ff = layer_u32(m, "feed_forward_length", il, hp->n_ff);
-    if (ff == 0) {
+    if (L->n_ff == 0)
         L->ffn = KVC_FFN_NONE;
-        return KVC_OK;
-    }
-    if (hp->n_expert == 0 && ff != hp->n_ff)
-        return kvc_fail(err, KVC_ERR_UNSUPPORTED, "layer %d: feed_forward_length %d, another layer's %d: "
-                        "FFNs of different widths are not supported", il, ff, hp->n_ff);
-    L->attn = KVC_ATTN_NONE;
-    return KVC_OK;
+    else
+        L->attn = KVC_ATTN_NONE;
 }
 
 /* Every layer's kinds and attention shape: full or sliding by the pattern,
@@ -324,7 +316,6 @@ static int layer_hparams(kvc_model *m, kvc_err *err)
     const kvc_hparams *hp = &m->hp;
     const int32_t per_head = hp->arch->attn_scale_embd_layers == hp->n_layer ? hp->n_embd / hp->n_head
                                                                              : hp->head_dim;
-    int rc;
     for (int il = 0; il < hp->n_layer; il++) {
         kvc_layer *L = &m->layers[il];
         const bool slides = layer_slides(m, il);
@@ -345,8 +336,11 @@ static int layer_hparams(kvc_model *m, kvc_err *err)
         if (L->n_head_kv == 0 && hp->arch->recurrent == KVC_ATTN_FULL)
             return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: no KV heads, and %s has no recurrent layers",
                             il, hp->arch->name);
-        if (hp->arch->one_kind_per_layer && (rc = one_kind(m, il, err)))
-            return rc;
+        L->n_ff = layer_u32(m, "feed_forward_length", il, hp->n_ff);
+        if (hp->arch->one_kind_per_layer)
+            one_kind(L);
+        else if ((L->ffn == KVC_FFN_DENSE || L->ffn == KVC_FFN_MOE_DENSE) && L->n_ff == 0)
+            return kvc_fail(err, KVC_ERR_FORMAT, "layer %d: feed_forward_length 0 for a dense FFN", il);
         if (L->attn == KVC_ATTN_NONE) {
             L->window = 0;
         } else if (L->n_head_kv == 0) {
@@ -411,7 +405,7 @@ static int64_t dim_of(const kvc_hparams *hp, const kvc_layer *L, uint8_t d)
     case KVC_D_KV:       return (L ? L->n_head_kv : hp->n_head_kv) * hd;
     case KVC_D_HEAD:     return hd;
     case KVC_D_HEADS:    return L ? L->n_head : hp->n_head;
-    case KVC_D_FF:       return hp->n_ff;
+    case KVC_D_FF:       return L ? L->n_ff : hp->n_ff;
     case KVC_D_EXP:      return hp->n_expert;
     case KVC_D_FF_EXP:   return hp->n_ff_exp;
     case KVC_D_FF_EXP2:  return 2 * (int64_t)hp->n_ff_exp;

@@ -26,7 +26,7 @@ typedef struct kvc_hparams {
     int32_t  n_head_kv;
     int32_t  head_dim;       /* attention.key_length, else n_embd / n_head */
     int32_t  value_dim;      /* attention.value_length, else head_dim (must equal it) */
-    int32_t  n_ff;           /* dense FFN width (0 when no layer is dense) */
+    int32_t  n_ff;           /* dense FFN width, the widest layer's (0 when no layer is dense) */
     float    rms_eps;
     float    rope_theta;     /* rope.freq_base, default 10000 */
     bool     rope_neox;      /* rotate (i, i + hd/2) rather than (2i, 2i+1) */
@@ -138,6 +138,9 @@ typedef struct kvc_layer {
     kvc_weight   ple_out;            /* blk.N.proj: P -> n_embd */
     const float *ple_post_norm;      /* blk.N.post_norm [n_embd] */
     /* dense FFN */
+    int32_t      n_ff;               /* its width: feed_forward_length, or that array's entry for
+                                      * the layer (Gemma 4 E2B's double-wide MLPs; pruned models);
+                                      * hp.n_ff is the widest, buffers are sized by it */
     kvc_weight   w_gate;             /* n_embd -> n_ff */
     kvc_weight   w_up;               /* n_embd -> n_ff */
     kvc_weight   w_down;             /* n_ff -> n_embd */

@@ -263,8 +263,8 @@ static int gen_tensor_add(gguf_writer *w, const gen_tensor *t, uint64_t seed,
 /* ------------------------------------------------------------------ layout */
 
 /* The value of a table dimension (arch.h) for generator parameters p, in a
- * layer of kv KV heads of hd. */
-static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, int32_t kv, int32_t hd, uint8_t d)
+ * layer of kv KV heads of hd and a dense FFN ff wide. */
+static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, int32_t kv, int32_t hd, int32_t ff, uint8_t d)
 {
     const int64_t conv = p->ssm_d_inner + 2 * (int64_t)p->ssm_n_group * p->ssm_d_state;
     switch ((kvc_dim)d) {
@@ -275,7 +275,7 @@ static int64_t gen_dim(const kvc_gen_params *p, int64_t n_vocab, int32_t kv, int
     case KVC_D_KV:       return (int64_t)kv * hd;
     case KVC_D_HEAD:     return hd;
     case KVC_D_HEADS:    return p->n_head;
-    case KVC_D_FF:       return p->n_ff;
+    case KVC_D_FF:       return ff;
     case KVC_D_EXP:      return p->n_expert;
     case KVC_D_FF_EXP:   return p->n_ff_exp;
     case KVC_D_FF_EXP2:  return 2 * (int64_t)p->n_ff_exp;
@@ -385,8 +385,9 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
         t_->mean = (mean_), t_->std = (std_), t_->quiet = (quiet_);                          \
     } while (0)
 
-    int32_t kv[GEN_MAX_LAYERS];
+    int32_t kv[GEN_MAX_LAYERS], ff[GEN_MAX_LAYERS];
     kvc_gen_layer_kv_heads(p, kv);                       /* valid: kvc_gen_resolve */
+    kvc_gen_layer_ff(p, ff);
     ADD(-1, "token_embd.weight", 2, false, d, n_vocab, 1, 0.0f, emb_std, p->tied ? quiet : NULL);
     for (int l = 0; l < p->n_layer; l++)
         for (const kvc_arch_tensor *const *list = a->tensors; *list; list++)
@@ -394,9 +395,9 @@ static gen_tensor *plan_tensors(const kvc_gen_params *p, int64_t n_vocab, const 
                 if (!gen_writes(p, t, l, kv[l]))
                     continue;
                 const int32_t hd = kvc_gen_head_dim(p, l);
-                const int64_t ne0 = gen_dim(p, n_vocab, kv[l], hd, t->ne[0]),
-                              ne1 = gen_dim(p, n_vocab, kv[l], hd, t->ne[1]),
-                              ne2 = gen_dim(p, n_vocab, kv[l], hd, t->ne[2]);
+                const int64_t ne0 = gen_dim(p, n_vocab, kv[l], hd, ff[l], t->ne[0]),
+                              ne1 = gen_dim(p, n_vocab, kv[l], hd, ff[l], t->ne[1]),
+                              ne2 = gen_dim(p, n_vocab, kv[l], hd, ff[l], t->ne[2]);
                 const int dims = t->ne[2] != KVC_D1 ? 3 : t->ne[1] != KVC_D1 || !t->is_float ? 2 : 1;
                 if (strcmp(t->name, "ssm_a") == 0)           /* -exp(A_log): a decay, < 0 */
                     ADD(l, t->name, dims, true, ne0, ne1, ne2, -1.0f, 0.25f, NULL);

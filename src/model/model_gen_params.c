@@ -112,6 +112,34 @@ int kvc_gen_layer_kv_heads(const kvc_gen_params *p, int32_t *kv)
     return n;
 }
 
+int kvc_gen_layer_ff(const kvc_gen_params *p, int32_t *ff)
+{
+    int32_t list[GEN_MAX_LAYERS];
+    int n = 0, differ = 0;
+    for (const char *s = p->ff_layers; s && *s && n < GEN_MAX_LAYERS;) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > GEN_MAX_DIM || (*end && *end != ','))
+            return -1;
+        list[n++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    if (p->ff_layers && n == 0)
+        return -1;
+    int32_t first = 0;
+    for (int l = 0; l < p->n_layer && l < GEN_MAX_LAYERS; l++) {
+        const bool wide = p->double_wide_mlp && l >= p->n_layer - p->n_kv_shared;
+        const int64_t w = (int64_t)(n > 0 ? list[l % n] : p->n_ff) * (wide ? 2 : 1);
+        if (kvc_gen_has_ffn(p, l) && (w < 1 || w > GEN_MAX_DIM))
+            return -1;
+        ff[l] = kvc_gen_has_ffn(p, l) ? (int32_t)w : 0;
+        if (ff[l] && first && ff[l] != first)
+            differ = 1;
+        first = first ? first : ff[l];
+    }
+    return differ;
+}
+
 /* The hybrid rows' parameters (lfm2, granitehybrid): defaults filled in,
  * the per-layer KV heads valid, at least one attention layer. */
 static int check_hybrid(kvc_gen_params *q, kvc_err *err)
@@ -278,6 +306,14 @@ int kvc_gen_resolve(const kvc_gen_params *p, kvc_gen_params *q, kvc_err *err)
         return kvc_fail(err, KVC_ERR_INVALID_ARG, "rope_theta and rms_eps must be positive");
     if ((rc = check_swa(q, err)) || (rc = check_hybrid(q, err)) || (rc = check_gemma4(q, err)))
         return rc;
+    if (q->double_wide_mlp && kvc_gen_arch(q->arch)->ffn != KVC_FFN_MOE_DENSE)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "double_wide_mlp: arch \"%s\" has no KV-shared layers "
+                        "(gemma4)", q->arch);
+    int32_t ff[GEN_MAX_LAYERS];
+    if (kvc_gen_layer_ff(q, ff) < 0)
+        return kvc_fail(err, KVC_ERR_INVALID_ARG, "ff_layers \"%s\": expected comma-separated widths "
+                        "1..%d (doubled on the KV-shared layers with double_wide_mlp)",
+                        q->ff_layers ? q->ff_layers : "", GEN_MAX_DIM);
     int32_t natural = kvc_gen_vocab_size(q->vocab);
     if (natural < 0)
         return kvc_fail(err, KVC_ERR_NOMEM, "building the %s vocabulary: out of memory", q->vocab);
@@ -314,16 +350,16 @@ int kvc_gen_write_keys(gguf_writer *w, const kvc_gen_params *p)
     ARCH_U32("context_length", p->n_ctx);
     ARCH_U32("embedding_length", p->n_embd);
     ARCH_U32("block_count", p->n_layer);
-    if (kvc_gen_arch(p->arch)->one_kind_per_layer) {   /* per layer: 0 = a mixer layer */
-        int32_t ff[GEN_MAX_LAYERS];
-        ARCH_F32("attention.layer_norm_epsilon", p->rms_eps);   /* llama.cpp requires it (MTP head) */
-        for (int l = 0; l < p->n_layer; l++)
-            ff[l] = kvc_gen_has_ffn(p, l) ? p->n_ff : 0;
+    int32_t ff[GEN_MAX_LAYERS];
+    const bool ff_differ = kvc_gen_layer_ff(p, ff) > 0;   /* valid: kvc_gen_resolve */
+    if (kvc_gen_arch(p->arch)->one_kind_per_layer)   /* llama.cpp requires it (MTP head) */
+        ARCH_F32("attention.layer_norm_epsilon", p->rms_eps);
+    if (kvc_gen_arch(p->arch)->one_kind_per_layer || ff_differ) {   /* per layer: 0 = a mixer layer */
         snprintf(key, sizeof(key), "%s.feed_forward_length", p->arch);
         if (!rc)
             rc = gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, ff, (uint64_t)p->n_layer);
     } else {
-        ARCH_U32("feed_forward_length", p->n_ff);
+        ARCH_U32("feed_forward_length", ff[0]);
     }
     ARCH_U32("attention.head_count", p->n_head);
     const bool g4 = kvc_gen_arch(p->arch)->ffn == KVC_FFN_MOE_DENSE;

@@ -51,4 +51,11 @@ bool kvc_gen_layer_moe(const kvc_gen_params *p, int l, bool moe);
  * 0 but on every full_attn_interval-th layer (resolved: >= 1). */
 int kvc_gen_layer_kv_heads(const kvc_gen_params *p, int32_t *kv);
 
+/* The dense FFN width of each layer into ff[n_layer]: ff_layers' entry
+ * repeated over the layers (else n_ff), twice that on the KV-shared layers
+ * with double_wide_mlp, 0 on a layer without an FFN (kvc_gen_has_ffn).
+ * Returns whether the widths of the FFN layers differ, -1 when ff_layers is
+ * malformed or an FFN layer's width is not in 1..GEN_MAX_DIM. */
+int kvc_gen_layer_ff(const kvc_gen_params *p, int32_t *ff);
+
 #endif

@@ -27,7 +27,8 @@ static const char *const preset_names[] = { "demo", "tiny", "tiny-llama", "tiny-
                                             "tiny-qwen35", "tiny-qwen35moe", "qwen3.5-9b",
                                             "qwen3.6-35b-a3b", "tiny-lfm2", "tiny-granitehybrid",
                                             "lfm2-1.2b", "granite-4.0-h-tiny", "tiny-gemma4",
-                                            "gemma4-e4b", "gemma4-26b-a4b", "tiny-qwen3next",
+                                            "gemma4-e4b", "gemma4-26b-a4b", "tiny-gemma4-dw",
+                                            "gemma4-e2b", "tiny-qwen3next",
                                             "qwen3-next-80b-a3b", "tiny-nemotron_h_moe",
                                             "tiny-lfm2moe", "tiny-nemotron_h", "nemotron-3-nano-30b-a3b",
                                             "lfm2-8b-a1b", "nemotron-h-8b" };
@@ -93,6 +94,23 @@ int kvc_gen_preset(const char *name, kvc_gen_params *out)
         p.n_head_kv_swa = 2, p.head_dim_swa = 16, p.n_swa = 8, p.swa_pattern = 3;
         p.n_ff = 128, p.n_ctx = 2048, p.rope_theta = 1e6f, p.rope_theta_swa = 1e4f, p.logit_softcap = 30.0f;
         p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 32;
+    } else if (strcmp(name, "tiny-gemma4-dw") == 0) {
+        /* Gemma 4 E2B's FFNs in small: per-layer widths (96 and 64 in turn), doubled on the
+         * KV-shared layers 6-8 (double-wide MLPs), per-layer embeddings, no experts */
+        p.arch = "gemma4", p.ftype = "f32", p.vocab = "spm";
+        p.n_embd = 64, p.n_layer = 9, p.n_head = 4, p.n_head_kv = 1, p.head_dim = 32;
+        p.n_head_kv_swa = 2, p.head_dim_swa = 16, p.n_swa = 8, p.swa_pattern = 3;
+        p.n_ff = 96, p.ff_layers = "96,64", p.double_wide_mlp = true, p.n_kv_shared = 3;
+        p.n_embd_per_layer = 16, p.n_expert = 0;
+        p.n_ctx = 2048, p.rope_theta = 1e6f, p.rope_theta_swa = 1e4f, p.logit_softcap = 30.0f;
+    } else if (strcmp(name, "gemma4-e2b") == 0) {
+        /* E2B: layers 15-34 read layers 13 and 14's K/V, and their MLPs are double-wide (12288) */
+        p.arch = "gemma4", p.ftype = "q4_k_m";
+        p.n_embd = 1536, p.n_layer = 35, p.n_head = 8, p.n_head_kv = 1, p.head_dim = 512;
+        p.n_head_kv_swa = 1, p.head_dim_swa = 256, p.n_swa = 512, p.swa_pattern = 5;
+        p.n_ff = 6144, p.double_wide_mlp = true, p.n_vocab = 262144, p.n_ctx = 131072;
+        p.rope_theta = 1e6f, p.rope_theta_swa = 1e4f, p.logit_softcap = 30.0f;
+        p.n_expert = 0, p.n_embd_per_layer = 256, p.n_kv_shared = 20;
     } else if (strcmp(name, "gemma4-e4b") == 0 || strcmp(name, "gemma4-26b-a4b") == 0) {
         const bool moe = strcmp(name, "gemma4-26b-a4b") == 0;
         p.arch = "gemma4", p.ftype = "q4_k_m";
