@@ -370,18 +370,28 @@ static void test_xml_holdback(void)
     CHECK_EQ_INT(kvc_tool_calls_holdback(KVC_TOOLS_QWEN_XML, t, strlen(t)), 0);
 }
 
-static void test_xml_grammar(void)
+/* The forcing grammar of the XML format for `tools` (any number of calls),
+ * parsed; NULL (and a failed check) when either step fails. */
+static kvc_grammar *xml_grammar(const char *tools)
 {
     char *text = NULL;
     kvc_err e = { 0 };
     kvc_grammar *g = NULL;
-    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, xtools, NULL, false, &text, &e) == KVC_OK,
+    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, tools, NULL, false, &text, &e) == KVC_OK,
            "%s", e.msg);
     CHECKF(text && kvc_grammar_parse(text, strlen(text), &g, &e) == KVC_OK, "%s\n%s", e.msg,
            text ? text : "");
     free(text);
+    return g;
+}
+
+static void test_xml_grammar(void)
+{
+    kvc_grammar *g = xml_grammar(xtools);
     if (!g)
         return;
+    char *text = NULL;
+    kvc_err e = { 0 };
     const char *ok = "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan <i>Jose</i>\n"
                      "</param\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=unit>\n"
                      "f\n</parameter>\n</function>\n</tool_call>";
@@ -445,16 +455,11 @@ static void test_xml_refs(void)
      * grammar too) */
     check_xml_args("<function=f>\n<parameter=lost>\n3\n</parameter>\n</function>", tj,
                    "{\"lost\":\"3\"}");
-    char *text = NULL;
-    kvc_err e = { 0 };
-    kvc_grammar *g = NULL;
-    CHECKF(kvc_tool_calls_grammar(KVC_TOOLS_QWEN_XML, tj, NULL, false, &text, &e) == KVC_OK,
-           "%s", e.msg);
-    CHECKF(text && kvc_grammar_parse(text, strlen(text), &g, &e) == KVC_OK, "%s\n%s", e.msg,
-           text ? text : "");
-    free(text);
+    kvc_grammar *g = xml_grammar(tj);
     if (!g)
         return;
+    char *text = NULL;
+    kvc_err e = { 0 };
     CHECK(accepts(g, call));
     CHECK(accepts(g, "<tool_call>\n<function=f>\n<parameter=count>\n12\n</parameter>\n"
                      "</function>\n</tool_call>"));
