@@ -87,20 +87,29 @@ bool kvc_gen_layer_moe(const kvc_gen_params *p, int l, bool moe)
     return moe && kvc_gen_has_ffn(p, l) && l >= p->n_dense_lead;
 }
 
+/* The numbers of a comma-separated list `s` (NULL: none), each in
+ * [lo, GEN_MAX_DIM], at most GEN_MAX_LAYERS of them, into list: how many,
+ * or -1 when one is malformed or out of range, or a given list is empty. */
+static int int_list(const char *s, long lo, int32_t *list)
+{
+    int n = 0;
+    for (const char *c = s; c && *c && n < GEN_MAX_LAYERS;) {
+        char *end;
+        long v = strtol(c, &end, 10);
+        if (end == c || v < lo || v > GEN_MAX_DIM || (*end && *end != ','))
+            return -1;
+        list[n++] = (int32_t)v;
+        c = *end ? end + 1 : end;
+    }
+    return s && n == 0 ? -1 : n;
+}
+
 int kvc_gen_layer_kv_heads(const kvc_gen_params *p, int32_t *kv)
 {
     const kvc_arch *a = kvc_gen_arch(p->arch);
     int32_t list[GEN_MAX_LAYERS];
-    int n = 0;
-    for (const char *s = p->kv_heads; s && *s && n < GEN_MAX_LAYERS;) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 0 || v > GEN_MAX_DIM || (*end && *end != ','))
-            return -1;
-        list[n++] = (int32_t)v;
-        s = *end ? end + 1 : end;
-    }
-    if (p->kv_heads && n == 0)
+    const int n = int_list(p->kv_heads, 0, list);
+    if (n < 0)
         return -1;
     for (int l = 0; l < p->n_layer && l < GEN_MAX_LAYERS; l++)
         kv[l] = a->one_kind_per_layer         ? (kvc_gen_kind(p, l) == '*' ? p->n_head_kv : 0)
@@ -115,16 +124,9 @@ int kvc_gen_layer_kv_heads(const kvc_gen_params *p, int32_t *kv)
 int kvc_gen_layer_ff(const kvc_gen_params *p, int32_t *ff)
 {
     int32_t list[GEN_MAX_LAYERS];
-    int n = 0, differ = 0;
-    for (const char *s = p->ff_layers; s && *s && n < GEN_MAX_LAYERS;) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > GEN_MAX_DIM || (*end && *end != ','))
-            return -1;
-        list[n++] = (int32_t)v;
-        s = *end ? end + 1 : end;
-    }
-    if (p->ff_layers && n == 0)
+    const int n = int_list(p->ff_layers, 1, list);
+    int differ = 0;
+    if (n < 0)
         return -1;
     int32_t first = 0;
     for (int l = 0; l < p->n_layer && l < GEN_MAX_LAYERS; l++) {
